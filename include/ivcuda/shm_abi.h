@@ -1,0 +1,218 @@
+// The shared-memory ABI of the ivcuda BAR: the one header both the guest
+// library and the host daemon compile against.
+//
+// Everything here lives in memory that the guest can write. The host copies
+// what it needs out of it once and validates the copy; see ring/validate.h.
+//
+// Rules for this file (docs/shm-abi.md has the same as tables):
+//  - fixed-width, standard-layout structs only: no pointers, bool or atomics;
+//  - each field's comment names the side that writes it ("host", "guest");
+//  - every field's offset and every struct's size is asserted below;
+//  - growth goes into the reserved fields and raises kAbiMinor; an
+//    incompatible change raises kAbiMajor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace ivcuda::abi {
+
+// The cache-line size is part of the ABI: both sides lay out producer and
+// consumer state on separate lines of this size, whatever the compiler thinks
+// the machine's line is.
+inline constexpr std::uint32_t kCacheLine = 64;
+
+// "IVCUDA" followed by 0x00 0x01, read as a little-endian u64.
+inline constexpr std::uint64_t kMagic = 0x0100414455435649ull;
+inline constexpr std::uint16_t kAbiMajor = 1;
+inline constexpr std::uint16_t kAbiMinor = 0;
+
+// Feature bits in Superblock::features (host-written).
+inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
+inline constexpr std::uint64_t kFeatArenaRegistered = 1ull << 1;  // arena is GPU-registered
+
+// Superblock::host_state values.
+inline constexpr std::uint32_t kHostStarting = 0;
+inline constexpr std::uint32_t kHostReady = 1;
+inline constexpr std::uint32_t kHostStopped = 2;
+
+inline constexpr std::uint32_t kMaxChannels = 256;
+inline constexpr std::uint32_t kChannelMaskWords = kMaxChannels / 64;
+
+// The ivshmem doorbell vector the guest rings to wake the host worker.
+inline constexpr std::uint32_t kHostVector = 0;
+
+// ---------------------------------------------------------------------------
+// Superblock, at offset 0 of the BAR. One page.
+// ---------------------------------------------------------------------------
+struct Superblock {
+  // Line 0: identity and layout, written by the host before host_state
+  // becomes kHostReady and never again.
+  std::uint64_t magic;               // host: kMagic
+  std::uint16_t abi_major;           // host
+  std::uint16_t abi_minor;           // host
+  std::uint32_t cache_line;          // host: kCacheLine
+  std::uint64_t features;            // host: kFeat* bits
+  std::uint64_t shm_size;            // host: bytes of the whole BAR
+  std::uint64_t generation;          // host: new value at every daemon start
+  std::uint32_t host_peer_id;        // host: ivshmem peer id of the daemon
+  std::uint32_t host_vectors;        // host: doorbell vectors the host listens on
+  std::uint32_t host_state;          // host: kHost* (release-stored last)
+  std::uint32_t reserved0;           // zero
+  std::uint64_t reserved1;           // zero
+
+  // Line 1: the offsets block (host-written, immutable once ready).
+  std::uint64_t channel_table_off;   // host: offset of ChannelDesc[channel_count]
+  std::uint32_t channel_count;       // host: <= kMaxChannels
+  std::uint32_t ring_bytes;          // host: data bytes of each ring, power of two
+  std::uint64_t rings_off;           // host: offset of the first channel's rings
+  std::uint64_t channel_stride;      // host: bytes between two channels' rings
+  std::uint64_t arena_off;           // host: offset of the bulk arena
+  std::uint64_t arena_size;          // host: bytes of the arena
+  std::uint64_t staging_bytes;       // host: arena bytes reserved per channel for staging
+  std::uint64_t reserved2;           // zero
+
+  // Line 2: guest-written state shared by all guest threads.
+  std::uint64_t next_ticket;         // guest: global request order (fetch_add)
+  std::uint64_t active_mask[kChannelMaskWords];  // guest: bit c = channel c claimed
+  std::uint64_t reserved3[3];        // zero
+
+  // Line 3: host-written wake-up state.
+  std::uint32_t host_sleeping;       // host: 1 while the worker is (about to be) asleep
+  std::uint32_t reserved4;           // zero
+  std::uint64_t host_heartbeat;      // host: bumped by the worker loop (liveness)
+  std::uint64_t reserved5[6];        // zero
+
+  std::uint8_t reserved_page[4096 - 4 * kCacheLine];  // zero; room to grow
+};
+
+// ---------------------------------------------------------------------------
+// Channel descriptors, at channel_table_off: one per channel.
+// ---------------------------------------------------------------------------
+inline constexpr std::uint32_t kChanFree = 0;
+inline constexpr std::uint32_t kChanClaimed = 1;
+
+struct ChannelDesc {
+  // Line 0: guest-written. Guest threads coordinate channel ownership here;
+  // the host reads nothing from this line that it acts on except as a hint.
+  std::uint32_t guest_state;         // guest: kChanFree / kChanClaimed (CAS)
+  std::uint32_t guest_vector;        // guest: doorbell vector the guest waits on
+  std::uint64_t guest_owner;         // guest: opaque owner id (pid << 32 | tid)
+  std::uint64_t reserved0[6];        // zero
+
+  // Line 1: host-written.
+  std::uint64_t staging_off;         // host: arena offset of this channel's staging
+  std::uint64_t staging_size;        // host: its size in bytes
+  std::uint64_t reserved1[6];        // zero
+};
+
+// ---------------------------------------------------------------------------
+// Ring control. Each channel has two rings laid out back to back:
+//   [RingCtl req][req data ring_bytes][RingCtl cpl][cpl data ring_bytes]
+// req: guest produces, host consumes. cpl: host produces, guest consumes.
+// ---------------------------------------------------------------------------
+struct RingCtl {
+  // Line 0: producer-written.
+  std::uint32_t tail;                // producer: free-running cell index (release)
+  std::uint32_t reserved0;
+  std::uint64_t reserved1[7];
+
+  // Line 1: consumer-written.
+  std::uint32_t head;                // consumer: free-running cell index (release)
+  std::uint32_t consumer_sleeping;   // consumer: 1 = will block; producer must ring
+  std::uint64_t reserved2[7];
+};
+
+// Ring data is an array of 64-byte cells. A record starts at a cell with a
+// RecordHeader and occupies ceil((sizeof(RecordHeader) + len) / 64) cells. A
+// record never wraps: when it would, the producer fills the rest of the ring
+// with one kOpPad record and starts again at cell 0.
+inline constexpr std::uint32_t kCellBytes = kCacheLine;
+inline constexpr std::uint16_t kOpPad = 0xffff;
+
+struct RecordHeader {
+  std::uint32_t len;                 // producer: payload bytes after the header
+  std::uint16_t op;                  // producer: opcode (proto.h), kOpPad = skip
+  std::uint16_t flags;               // producer: kRec* bits
+  std::uint32_t seq;                 // producer: request ticket (cpl: echoed)
+  std::int32_t status;               // cpl: CUresult; req: zero
+};
+
+inline constexpr std::uint16_t kRecNeedsReply = 1u << 0;  // req: sender waits
+
+// ---------------------------------------------------------------------------
+// Compile-time layout checks: the ABI must not move by accident.
+// ---------------------------------------------------------------------------
+#define IVCUDA_ABI_FIELD(T, f, off, sz)                      \
+  static_assert(offsetof(T, f) == (off), #T "." #f " offset"); \
+  static_assert(sizeof(T::f) == (sz), #T "." #f " size")
+
+static_assert(std::is_standard_layout_v<Superblock>);
+static_assert(std::is_trivially_copyable_v<Superblock>);
+IVCUDA_ABI_FIELD(Superblock, magic, 0, 8);
+IVCUDA_ABI_FIELD(Superblock, abi_major, 8, 2);
+IVCUDA_ABI_FIELD(Superblock, abi_minor, 10, 2);
+IVCUDA_ABI_FIELD(Superblock, cache_line, 12, 4);
+IVCUDA_ABI_FIELD(Superblock, features, 16, 8);
+IVCUDA_ABI_FIELD(Superblock, shm_size, 24, 8);
+IVCUDA_ABI_FIELD(Superblock, generation, 32, 8);
+IVCUDA_ABI_FIELD(Superblock, host_peer_id, 40, 4);
+IVCUDA_ABI_FIELD(Superblock, host_vectors, 44, 4);
+IVCUDA_ABI_FIELD(Superblock, host_state, 48, 4);
+IVCUDA_ABI_FIELD(Superblock, reserved0, 52, 4);
+IVCUDA_ABI_FIELD(Superblock, reserved1, 56, 8);
+IVCUDA_ABI_FIELD(Superblock, channel_table_off, 64, 8);
+IVCUDA_ABI_FIELD(Superblock, channel_count, 72, 4);
+IVCUDA_ABI_FIELD(Superblock, ring_bytes, 76, 4);
+IVCUDA_ABI_FIELD(Superblock, rings_off, 80, 8);
+IVCUDA_ABI_FIELD(Superblock, channel_stride, 88, 8);
+IVCUDA_ABI_FIELD(Superblock, arena_off, 96, 8);
+IVCUDA_ABI_FIELD(Superblock, arena_size, 104, 8);
+IVCUDA_ABI_FIELD(Superblock, staging_bytes, 112, 8);
+IVCUDA_ABI_FIELD(Superblock, reserved2, 120, 8);
+IVCUDA_ABI_FIELD(Superblock, next_ticket, 128, 8);
+IVCUDA_ABI_FIELD(Superblock, active_mask, 136, 32);
+IVCUDA_ABI_FIELD(Superblock, reserved3, 168, 24);
+IVCUDA_ABI_FIELD(Superblock, host_sleeping, 192, 4);
+IVCUDA_ABI_FIELD(Superblock, reserved4, 196, 4);
+IVCUDA_ABI_FIELD(Superblock, host_heartbeat, 200, 8);
+IVCUDA_ABI_FIELD(Superblock, reserved5, 208, 48);
+IVCUDA_ABI_FIELD(Superblock, reserved_page, 256, 3840);
+static_assert(sizeof(Superblock) == 4096);
+
+static_assert(std::is_standard_layout_v<ChannelDesc>);
+IVCUDA_ABI_FIELD(ChannelDesc, guest_state, 0, 4);
+IVCUDA_ABI_FIELD(ChannelDesc, guest_vector, 4, 4);
+IVCUDA_ABI_FIELD(ChannelDesc, guest_owner, 8, 8);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved0, 16, 48);
+IVCUDA_ABI_FIELD(ChannelDesc, staging_off, 64, 8);
+IVCUDA_ABI_FIELD(ChannelDesc, staging_size, 72, 8);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved1, 80, 48);
+static_assert(sizeof(ChannelDesc) == 2 * kCacheLine);
+
+static_assert(std::is_standard_layout_v<RingCtl>);
+IVCUDA_ABI_FIELD(RingCtl, tail, 0, 4);
+IVCUDA_ABI_FIELD(RingCtl, reserved0, 4, 4);
+IVCUDA_ABI_FIELD(RingCtl, reserved1, 8, 56);
+IVCUDA_ABI_FIELD(RingCtl, head, 64, 4);
+IVCUDA_ABI_FIELD(RingCtl, consumer_sleeping, 68, 4);
+IVCUDA_ABI_FIELD(RingCtl, reserved2, 72, 56);
+static_assert(sizeof(RingCtl) == 2 * kCacheLine);
+
+static_assert(std::is_standard_layout_v<RecordHeader>);
+IVCUDA_ABI_FIELD(RecordHeader, len, 0, 4);
+IVCUDA_ABI_FIELD(RecordHeader, op, 4, 2);
+IVCUDA_ABI_FIELD(RecordHeader, flags, 6, 2);
+IVCUDA_ABI_FIELD(RecordHeader, seq, 8, 4);
+IVCUDA_ABI_FIELD(RecordHeader, status, 12, 4);
+static_assert(sizeof(RecordHeader) == 16);
+
+#undef IVCUDA_ABI_FIELD
+
+// Bytes one channel's two rings take, given the ring data size.
+constexpr std::uint64_t channel_rings_bytes(std::uint32_t ring_bytes) {
+  return 2 * (sizeof(RingCtl) + std::uint64_t{ring_bytes});
+}
+
+}  // namespace ivcuda::abi

@@ -1,0 +1,68 @@
+// The wait strategy both sides use: spin briefly on shared memory, then
+// announce sleep and block on a notifier until the peer rings.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "ring/spsc_ring.h"
+#include "ring/sys.h"
+
+namespace ivcuda::ring {
+
+// Something a sleeper blocks on: an eventfd in process mode, the UIO device
+// in VM mode.
+class Waiter {
+ public:
+  virtual ~Waiter() = default;
+  // Blocks until rung or timeout; spurious returns are allowed.
+  virtual void wait(int timeout_ms) noexcept = 0;
+};
+
+class EventfdDoorbell final : public Doorbell {
+ public:
+  explicit EventfdDoorbell(int fd) noexcept : fd_(fd) {}
+  void ring() noexcept override { sys::eventfd_signal(fd_); }
+
+ private:
+  int fd_;
+};
+
+class EventfdWaiter final : public Waiter {
+ public:
+  explicit EventfdWaiter(int fd) noexcept : fd_(fd) {}
+  void wait(int timeout_ms) noexcept override {
+    if (sys::wait_readable(fd_, timeout_ms)) sys::eventfd_drain(fd_);
+  }
+
+ private:
+  int fd_;  // non-blocking eventfd
+};
+
+struct SpinPolicy {
+  std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
+  int block_timeout_ms = 100;  // a lost doorbell costs at most this much
+};
+
+// Waits until ready() is true. announce(true) must publish the sleeping flag
+// and issue the [F1] fence; announce(false) clears it. Returns when ready.
+template <class Ready, class Announce>
+void spin_then_block(Ready&& ready, Announce&& announce, Waiter& waiter, const SpinPolicy& pol) {
+  const auto until = std::chrono::steady_clock::now() + pol.spin;
+  unsigned n = 0;
+  while (!ready()) {
+    cpu_relax();
+    if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= until) break;
+  }
+  while (!ready()) {
+    announce(true);
+    if (ready()) {  // re-check after the fence: a record may have landed
+      announce(false);
+      return;
+    }
+    waiter.wait(pol.block_timeout_ms);
+    announce(false);
+  }
+}
+
+}  // namespace ivcuda::ring
