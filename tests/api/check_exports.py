@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""The dynamic symbols a library defines must be exactly the generated API table.
+
+usage: check_exports.py LIBRARY cuda_api_table.inc
+"""
+import re
+import shutil
+import subprocess
+import sys
+
+
+def main():
+    lib, table = sys.argv[1:3]
+    if shutil.which("nm") is None:
+        print("SKIPPED: nm (binutils) is not installed")
+        return 0
+    res = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"check_exports: nm failed on {lib}: {res.stderr}")
+    exported = {f[2] for f in (l.split() for l in res.stdout.splitlines()) if len(f) >= 3}
+    with open(table) as f:
+        rows = set(re.findall(r"^IVCUDA_API_ROW\((\w+),", f.read(), re.M))
+    extra, missing = sorted(exported - rows), sorted(rows - exported)
+    print(f"{lib}: {len(exported)} exported, table has {len(rows)}")
+    for name in extra:
+        print(f"EXTRA   {name}")
+    for name in missing:
+        print(f"MISSING {name}")
+    return 1 if extra or missing or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
