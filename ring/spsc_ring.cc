@@ -14,7 +14,9 @@ abi::RecordHeader* header_at(const RingView& v, std::uint32_t idx) noexcept {
 Producer::Producer(RingView view, Doorbell* bell) noexcept : v_(view), bell_(bell) {
   // Our own index: relaxed, nobody else writes it in a well-behaved ring.
   tail_ = published_ = load_relaxed(v_.ctl->tail);
-  head_cache_ = tail_;
+  // The oldest head that can be valid: refresh_head() accepts any head in
+  // [tail - cells, tail] now, and only forward moves after.
+  head_cache_ = tail_ - v_.cells;
   refresh_head();
 }
 
@@ -25,9 +27,11 @@ std::uint32_t Producer::max_payload() const noexcept {
 bool Producer::refresh_head() noexcept {
   // [A2] pairs with [R2]: cells the consumer released are free to reuse.
   const std::uint32_t head = load_acquire(v_.ctl->head);
-  // A consumer can only release what was published: anything else is a
-  // hostile or broken peer.
-  if (published_ - head > v_.cells) {
+  // A consumer can only release what was published, and cannot take back
+  // what it released: anything else is a hostile or broken peer. Accepting a
+  // head that moved back would put more than `cells` in flight, and the next
+  // reserve would overwrite unconsumed cells.
+  if (head - head_cache_ > published_ - head_cache_) {
     corrupt_ = true;
     return false;
   }
@@ -107,7 +111,9 @@ Consumer::Consumer(RingView view) noexcept : v_(view) {
 bool Consumer::refresh_tail() noexcept {
   // [A1] pairs with [R1]: records up to tail are fully written.
   const std::uint32_t tail = load_acquire(v_.ctl->tail);
-  if (tail - head_ > v_.cells) {
+  // Published records cannot be taken back: a tail behind the last one seen
+  // would let poll() walk (after skipping a pad) past the published tail.
+  if (tail - head_ > v_.cells || tail - head_ < tail_cache_ - head_) {
     corrupt_ = true;
     return false;
   }

@@ -16,9 +16,9 @@
 //
 // Each side keeps a private shadow of the index it owns and never reads it
 // back from shared memory: a hostile peer may scribble on it. The index it
-// reads from the peer is validated (0 <= tail - head <= cells) before use;
-// a ring that fails validation is reported Corrupt and never touched again
-// by the caller.
+// reads from the peer is validated (0 <= tail - head <= cells, and it never
+// moves backwards) before use; a ring that fails validation is reported
+// Corrupt and never touched again by the caller.
 //
 // Records are variable length in 64-byte cells (see abi::RecordHeader); a
 // batch of records is written against the private tail and made visible with
@@ -54,7 +54,19 @@ template <class T>
 inline void store_relaxed(T& shared, T v) noexcept {
   std::atomic_ref<T>(shared).store(v, std::memory_order_relaxed);
 }
-inline void full_fence() noexcept { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void full_fence() noexcept {
+#if defined(__SANITIZE_THREAD__) && defined(__GNUC__) && !defined(__clang__)
+  // g++ >= 12 rejects fences under TSan (-Wtsan, an error with -Werror):
+  // TSan does not model them. The fence still orders the hardware; the
+  // accesses it orders ([F1]/[F2]) are all atomic, so TSan needs nothing.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wtsan"
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#pragma GCC diagnostic pop
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)

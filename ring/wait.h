@@ -48,13 +48,16 @@ struct SpinPolicy {
 // and issue the [F1] fence; announce(false) clears it. Returns when ready.
 template <class Ready, class Announce>
 void spin_then_block(Ready&& ready, Announce&& announce, Waiter& waiter, const SpinPolicy& pol) {
+  // ready() may consume what it finds, so it is never called again after it
+  // returned true.
   const auto until = std::chrono::steady_clock::now() + pol.spin;
   unsigned n = 0;
-  while (!ready()) {
+  for (;;) {
+    if (ready()) return;
     cpu_relax();
     if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= until) break;
   }
-  while (!ready()) {
+  for (;;) {
     announce(true);
     if (ready()) {  // re-check after the fence: a record may have landed
       announce(false);
@@ -62,6 +65,7 @@ void spin_then_block(Ready&& ready, Announce&& announce, Waiter& waiter, const S
     }
     waiter.wait(pol.block_timeout_ms);
     announce(false);
+    if (ready()) return;
   }
 }
 
