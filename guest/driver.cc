@@ -1,0 +1,1288 @@
+// The forwarded core of the Driver API. Each function here is the strong
+// definition of a symbol that the generated table otherwise stubs out.
+//
+// Definitions use the plain cuda.h names: its macros select the ABI variant a
+// CUDA 13 caller links against (cuMemAlloc -> cuMemAlloc_v2). Exceptions
+// never cross this boundary: every body runs inside guard().
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "guest/errors.h"
+#include "guest/runtime.h"
+
+using ivcuda::guest::current_ctx;
+using ivcuda::guest::ctx_stack;
+using ivcuda::guest::Runtime;
+namespace proto = ivcuda::proto;
+using proto::Op;
+
+namespace {
+
+template <class F>
+CUresult guard(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+// The runtime, or the reason there is none (before cuInit: NOT_INITIALIZED).
+Runtime* rt_or(CUresult* st) {
+  Runtime* rt = Runtime::current();
+  if (rt == nullptr) {
+    *st = CUDA_ERROR_NOT_INITIALIZED;
+    return nullptr;
+  }
+  if (rt->dead()) {
+    *st = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    return nullptr;
+  }
+  *st = CUDA_SUCCESS;
+  return rt;
+}
+
+#define NEED_RT()                 \
+  CUresult st_rt_;                \
+  Runtime* rt = rt_or(&st_rt_);   \
+  if (rt == nullptr) return st_rt_
+
+#define NEED_CTX()                                    \
+  const std::uint64_t ctx = current_ctx();            \
+  if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT
+
+constexpr std::uint64_t kInlineCopy = 8 * 1024;  // HtoD at most this size rides in the record
+
+std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
+
+bool known_stream(Runtime* rt, CUstream s) {
+  const auto v = h(s);
+  if (v == 0 || v == reinterpret_cast<std::uint64_t>(CU_STREAM_LEGACY) ||
+      v == reinterpret_cast<std::uint64_t>(CU_STREAM_PER_THREAD))
+    return true;
+  std::lock_guard lk(rt->books_mu);
+  return rt->streams.count(v) != 0;
+}
+
+bool known_event(Runtime* rt, CUevent e) {
+  std::lock_guard lk(rt->books_mu);
+  return rt->events.count(h(e)) != 0;
+}
+
+// Is [p, p+n) device memory this process allocated (for cuMemcpy's unified
+// addressing)?
+bool is_device(Runtime* rt, std::uint64_t p) {
+  std::lock_guard lk(rt->books_mu);
+  auto it = rt->dev_allocs.upper_bound(p);
+  if (it == rt->dev_allocs.begin()) return false;
+  --it;
+  return p - it->first < it->second;
+}
+
+// Host-to-device from guest memory: page-locked memory DMAs straight from the
+// arena; small pageable copies ride inline; large ones go through the
+// channel's staging area in two halves, so that the guest's memcpy of one
+// half overlaps the host's DMA of the other.
+CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
+                   bool async) {
+  if (n == 0) return CUDA_SUCCESS;
+  if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqCopy r{};
+  r.ctx = ctx;
+  r.stream = h(s);
+  r.dst = dst;
+  r.bytes = n;
+  r.flags = async ? proto::kAsync : 0;
+  if (auto off = rt->pinned_offset(src, n)) {
+    r.arena_off = *off;
+    return async ? rt->post<Op::kMemcpyHtoDArena>(r) : rt->call<Op::kMemcpyHtoDArena>(r);
+  }
+  if (n <= kInlineCopy) {
+    std::span<const std::byte> data(static_cast<const std::byte*>(src), n);
+    // A pageable async copy may return once the source is captured: the
+    // record holds its own copy.
+    return async ? rt->post<Op::kMemcpyHtoDInline>(r, data) : rt->call<Op::kMemcpyHtoDInline>(r, data);
+  }
+  const std::uint64_t base = rt->staging_off();
+  const std::uint64_t half = rt->staging_size() / 2;
+  // Staged copies complete before the staging half is reused; an Async one
+  // still runs in its stream, ordered after the work already queued there.
+  r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
+  const auto* p = static_cast<const std::byte*>(src);
+  // Chunk by chunk through the two staging halves. Each chunk waits for its
+  // reply; pipelining the guest's memcpy of chunk k+1 against the host's DMA
+  // of chunk k is the next step (see docs/design.md).
+  CUresult first_err = CUDA_SUCCESS;
+  for (size_t done = 0, k = 0; done < n; ++k) {
+    const size_t len = std::min<size_t>(half, n - done);
+    const std::uint64_t off = base + (k % 2) * half;
+    std::memcpy(rt->bar() + off, p + done, len);
+    r.dst = dst + done;
+    r.bytes = len;
+    r.arena_off = off;
+    const CUresult st = rt->call<Op::kMemcpyHtoDArena>(r);
+    if (st != CUDA_SUCCESS && first_err == CUDA_SUCCESS) first_err = st;
+    done += len;
+  }
+  return first_err;
+}
+
+CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
+  if (n == 0) return CUDA_SUCCESS;
+  if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqCopy r{};
+  r.ctx = ctx;
+  r.stream = h(s);
+  r.src = src;
+  r.bytes = n;
+  r.flags = async ? proto::kAsync : 0;
+  if (auto off = rt->pinned_offset(dst, n)) {
+    r.arena_off = *off;
+    return async ? rt->post<Op::kMemcpyDtoHArena>(r) : rt->call<Op::kMemcpyDtoHArena>(r);
+  }
+  // Pageable destination: the copy is synchronous, as CUDA's is, but an
+  // Async one is ordered in its stream.
+  r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
+  const std::uint64_t base = rt->staging_off();
+  const std::uint64_t chunk = rt->staging_size();
+  auto* p = static_cast<std::byte*>(dst);
+  for (size_t done = 0; done < n;) {
+    const size_t len = std::min<size_t>(chunk, n - done);
+    r.src = src + done;
+    r.bytes = len;
+    r.arena_off = base;
+    const CUresult st = rt->call<Op::kMemcpyDtoHArena>(r);
+    if (st != CUDA_SUCCESS) return st;
+    std::memcpy(p + done, rt->bar() + base, len);
+    done += len;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult copy_dtod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
+                   bool async) {
+  proto::ReqCopy r{};
+  r.ctx = ctx;
+  r.stream = h(s);
+  r.dst = dst;
+  r.src = src;
+  r.bytes = n;
+  r.flags = async ? proto::kAsync : 0;
+  return async ? rt->post<Op::kMemcpyDtoD>(r) : rt->call<Op::kMemcpyDtoD>(r);
+}
+
+CUresult memset_any(CUdeviceptr d, unsigned value, unsigned elem, size_t pitch, size_t width, size_t height,
+                    CUstream s, bool async) {
+  NEED_RT();
+  NEED_CTX();
+  if (async && !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+  proto::ReqMemset r{};
+  r.ctx = ctx;
+  r.stream = h(s);
+  r.dptr = d;
+  r.pitch = pitch;
+  r.width = width;
+  r.height = height;
+  r.value = value;
+  r.elem_size = elem;
+  r.flags = async ? proto::kAsync : 0;
+  return async ? rt->post<Op::kMemset>(r) : rt->call<Op::kMemset>(r);
+}
+
+// 2D copies: host memory must be in the arena for the host to reach it. A
+// pageable side is staged row by row through the staging area, in as many
+// bands of rows as it takes.
+CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned) {
+  NEED_RT();
+  NEED_CTX();
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (async && !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+  CUDA_MEMCPY2D c = *p;
+  auto resolve = [&](CUmemorytype& t, const void* host, CUdeviceptr dev) {
+    if (t == CU_MEMORYTYPE_UNIFIED) {
+      t = is_device(rt, dev) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      return t == CU_MEMORYTYPE_HOST ? reinterpret_cast<const void*>(dev) : host;
+    }
+    return host;
+  };
+  const void* src_host = resolve(c.srcMemoryType, c.srcHost, c.srcDevice);
+  const void* dst_host = resolve(c.dstMemoryType, c.dstHost, c.dstDevice);
+  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+    ivcuda::guest::log_once("cuMemcpy2D-array", "cuMemcpy2D with CUDA arrays is not supported yet");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (c.WidthInBytes == 0 || c.Height == 0) return CUDA_SUCCESS;
+  proto::ReqCopy2D r{};
+  r.ctx = ctx;
+  r.stream = h(s);
+  r.width_bytes = c.WidthInBytes;
+  r.src_type = c.srcMemoryType;
+  r.dst_type = c.dstMemoryType;
+  r.unaligned = unaligned ? 1 : 0;
+  // Bytes from a host base pointer to the end of the copied region.
+  auto host_span = [&](size_t x, size_t y, size_t pitch, size_t rows) -> size_t {
+    return (y + rows - 1) * pitch + x + c.WidthInBytes;
+  };
+  const size_t src_pitch = c.srcPitch ? c.srcPitch : c.WidthInBytes;
+  const size_t dst_pitch = c.dstPitch ? c.dstPitch : c.WidthInBytes;
+  std::optional<std::uint64_t> src_pin, dst_pin;
+  if (c.srcMemoryType == CU_MEMORYTYPE_HOST) {
+    if (src_host == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    src_pin = rt->pinned_offset(src_host, host_span(c.srcXInBytes, c.srcY, src_pitch, c.Height));
+  }
+  if (c.dstMemoryType == CU_MEMORYTYPE_HOST) {
+    if (dst_host == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    dst_pin = rt->pinned_offset(dst_host, host_span(c.dstXInBytes, c.dstY, dst_pitch, c.Height));
+  }
+  const bool src_staged = c.srcMemoryType == CU_MEMORYTYPE_HOST && !src_pin;
+  const bool dst_staged = c.dstMemoryType == CU_MEMORYTYPE_HOST && !dst_pin;
+  if (!src_staged && !dst_staged) {
+    r.src_x_bytes = c.srcXInBytes;
+    r.src_y = c.srcY;
+    r.src_device = c.srcDevice;
+    r.src_pitch = src_pitch;
+    r.dst_x_bytes = c.dstXInBytes;
+    r.dst_y = c.dstY;
+    r.dst_device = c.dstDevice;
+    r.dst_pitch = dst_pitch;
+    r.height = c.Height;
+    // Page-locked sides: the arena offset of the base pointer; the host
+    // applies x, y and pitch and checks the whole footprint.
+    if (src_pin) r.src_arena_off = *rt->pinned_offset(src_host, 1);
+    if (dst_pin) r.dst_arena_off = *rt->pinned_offset(dst_host, 1);
+    r.flags = async ? proto::kAsync : 0;
+    return async ? rt->post<Op::kMemcpy2D>(r) : rt->call<Op::kMemcpy2D>(r);
+  }
+  if (src_staged && dst_staged) {
+    // Host to host: CUDA allows it; no GPU needed.
+    for (size_t y = 0; y < c.Height; ++y)
+      std::memcpy(static_cast<char*>(const_cast<void*>(dst_host)) + (c.dstY + y) * dst_pitch + c.dstXInBytes,
+                  static_cast<const char*>(src_host) + (c.srcY + y) * src_pitch + c.srcXInBytes, c.WidthInBytes);
+    return CUDA_SUCCESS;
+  }
+  const std::uint64_t stage = rt->staging_off();
+  const size_t band = std::max<size_t>(1, rt->staging_size() / c.WidthInBytes);
+  if (rt->staging_size() < c.WidthInBytes) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t y0 = 0; y0 < c.Height; y0 += band) {
+    const size_t rows = std::min(band, c.Height - y0);
+    r.height = rows;
+    r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
+    if (src_staged) {
+      for (size_t y = 0; y < rows; ++y)
+        std::memcpy(rt->bar() + stage + y * c.WidthInBytes,
+                    static_cast<const char*>(src_host) + (c.srcY + y0 + y) * src_pitch + c.srcXInBytes,
+                    c.WidthInBytes);
+      r.src_arena_off = stage;
+      r.src_x_bytes = 0;
+      r.src_y = 0;
+      r.src_pitch = c.WidthInBytes;
+    } else {
+      r.src_arena_off = src_pin ? *rt->pinned_offset(src_host, 1) : 0;
+      r.src_device = c.srcDevice;
+      r.src_x_bytes = c.srcXInBytes;
+      r.src_y = c.srcY + y0;
+      r.src_pitch = src_pitch;
+    }
+    if (dst_staged) {
+      r.dst_arena_off = stage;
+      r.dst_x_bytes = 0;
+      r.dst_y = 0;
+      r.dst_pitch = c.WidthInBytes;
+    } else {
+      r.dst_arena_off = dst_pin ? *rt->pinned_offset(dst_host, 1) : 0;
+      r.dst_device = c.dstDevice;
+      r.dst_x_bytes = c.dstXInBytes;
+      r.dst_y = c.dstY + y0;
+      r.dst_pitch = dst_pitch;
+    }
+    const CUresult st = rt->call<Op::kMemcpy2D>(r);
+    if (st != CUDA_SUCCESS) return st;
+    if (dst_staged)
+      for (size_t y = 0; y < rows; ++y)
+        std::memcpy(static_cast<char*>(const_cast<void*>(dst_host)) + (c.dstY + y0 + y) * dst_pitch + c.dstXInBytes,
+                    rt->bar() + stage + y * c.WidthInBytes, c.WidthInBytes);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult load_module(CUmodule* mod, const void* image, size_t bytes) {
+  NEED_RT();
+  NEED_CTX();
+  if (mod == nullptr || image == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  // Images go through the arena: the staging area when it fits, else a
+  // temporary block of page-locked arena memory.
+  proto::ReqModuleLoad r{};
+  r.ctx = ctx;
+  r.bytes = bytes;
+  std::uint64_t temp = 0;
+  if (bytes <= rt->staging_size()) {
+    r.arena_off = rt->staging_off();
+  } else {
+    proto::RepHostAlloc a{};
+    const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{bytes, 0, 0}, {}, &a);
+    if (st != CUDA_SUCCESS) return st;
+    temp = a.arena_off;
+    r.arena_off = temp;
+  }
+  std::memcpy(rt->bar() + r.arena_off, image, bytes);
+  proto::RepHandle rep{};
+  const CUresult st = rt->call<Op::kModuleLoad>(r, {}, &rep);
+  if (temp != 0) (void)rt->call<Op::kHostFree>(proto::ReqArenaOff{temp});
+  if (st == CUDA_SUCCESS) *mod = reinterpret_cast<CUmodule>(rep.handle);
+  return st;
+}
+
+// Size of a module image handed to cuModuleLoadData without a length:
+// PTX text (NUL-terminated), an ELF cubin, or a fatbin (header + payload).
+size_t image_size(const void* image) {
+  const auto* b = static_cast<const unsigned char*>(image);
+  std::uint32_t magic;
+  std::memcpy(&magic, b, 4);
+  if (magic == 0x464c457fu) {  // ELF: section headers end the file
+    std::uint64_t shoff;
+    std::uint16_t shentsize, shnum;
+    std::memcpy(&shoff, b + 0x28, 8);
+    std::memcpy(&shentsize, b + 0x3a, 2);
+    std::memcpy(&shnum, b + 0x3c, 2);
+    return shoff + std::uint64_t{shentsize} * shnum;
+  }
+  if (magic == 0xba55ed50u) {  // fatbin: u32 magic, u16 version, u16 header size, u64 payload size
+    std::uint16_t hsize;
+    std::uint64_t payload;
+    std::memcpy(&hsize, b + 6, 2);
+    std::memcpy(&payload, b + 8, 8);
+    return hsize + payload;
+  }
+  if (magic == 0x466243b1u) return 0;  // a fatbin wrapper: handled by the caller
+  return std::strlen(static_cast<const char*>(image)) + 1;
+}
+
+}  // namespace
+
+// ====================================================================== init
+
+CUresult cuInit(unsigned int flags) {
+  return guard([&] {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult st;
+    Runtime::get(&st);
+    return st;
+  });
+}
+
+CUresult cuDriverGetVersion(int* v) {
+  return guard([&] {
+    if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // Before cuInit CUDA still answers; we answer what this library
+    // implements, capped by the host driver once known.
+    Runtime* rt = Runtime::current();
+    *v = rt != nullptr ? std::min(rt->hello().driver_version, CUDA_VERSION) : CUDA_VERSION;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuGetErrorName(CUresult error, const char** s) {
+  if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *s = ivcuda::guest::error_name(error);
+  return *s != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult error, const char** s) {
+  if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *s = ivcuda::guest::error_string(error);
+  return *s != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// ==================================================================== device
+
+CUresult cuDeviceGetCount(int* count) {
+  return guard([&] {
+    NEED_RT();
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *count = rt->device_count();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuDeviceGet(CUdevice* dev, int ordinal) {
+  return guard([&] {
+    NEED_RT();
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= rt->device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+  });
+}
+
+#define DEVICE_INFO(dev)                                   \
+  NEED_RT();                                               \
+  CUresult st_dev_;                                        \
+  const proto::RepDeviceInfo* info = rt->device(dev, &st_dev_); \
+  if (info == nullptr) return st_dev_
+
+CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  return guard([&] {
+    if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    const size_t n = strnlen(info->name, sizeof info->name);
+    const size_t k = std::min(n, static_cast<size_t>(len) - 1);
+    std::memcpy(name, info->name, k);
+    name[k] = '\0';
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  return guard([&] {
+    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    std::memcpy(uuid->bytes, info->uuid, sizeof uuid->bytes);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
+  return guard([&] {
+    if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    *bytes = info->total_mem;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice dev) {
+  return guard([&] {
+    if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    const int i = static_cast<int>(a);
+    if (i <= 0 || i >= static_cast<int>(proto::kAttrSlots) || info->attr_valid[i] == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    *v = info->attrs[i];
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuDeviceComputeCapability(int* major, int* minor, CUdevice dev) {
+  return guard([&] {
+    if (major == nullptr || minor == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    *major = info->attrs[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR];
+    *minor = info->attrs[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR];
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuDeviceGetPCIBusId(char* id, int len, CUdevice dev) {
+  return guard([&] {
+    if (id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    std::snprintf(id, static_cast<size_t>(len), "%08x:%02x:%02x.0",
+                  static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID]),
+                  static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID]),
+                  static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID]));
+    return CUDA_SUCCESS;
+  });
+}
+
+// =========================================================== primary context
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  return guard([&] {
+    NEED_RT();
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kPrimaryRetain>(proto::ReqDevice{dev, 0}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->ctx_device[rep.handle] = dev;
+    }
+    *pctx = reinterpret_cast<CUcontext>(rep.handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return guard([&] {
+    NEED_RT();
+    return rt->call<Op::kPrimaryRelease>(proto::ReqDevice{dev, 0});
+  });
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return guard([&] {
+    NEED_RT();
+    return rt->call<Op::kPrimaryReset>(proto::ReqDevice{dev, 0});
+  });
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  return guard([&] {
+    NEED_RT();
+    if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepPrimaryState rep{};
+    const CUresult st = rt->call<Op::kPrimaryGetState>(proto::ReqDevice{dev, 0}, {}, &rep);
+    if (st == CUDA_SUCCESS) {
+      *flags = rep.flags;
+      *active = rep.active;
+    }
+    return st;
+  });
+}
+
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    return rt->call<Op::kPrimarySetFlags>(proto::ReqDeviceFlags{dev, flags});
+  });
+}
+
+// ================================================================== contexts
+
+CUresult cuCtxCreate(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev) {
+  return guard([&] {
+    NEED_RT();
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (params != nullptr && (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
+      ivcuda::guest::log_once("ctxparams", "cuCtxCreate: execution-affinity and CIG parameters are not supported");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kCtxCreate>(proto::ReqDeviceFlags{dev, flags}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->ctx_device[rep.handle] = dev;
+    }
+    *pctx = reinterpret_cast<CUcontext>(rep.handle);
+    ctx_stack().push_back(rep.handle);  // a new context is current, as in CUDA
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuCtxDestroy(CUcontext ctx) {
+  return guard([&] {
+    NEED_RT();
+    if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult st = rt->call<Op::kCtxDestroy>(proto::ReqHandle{0, h(ctx)});
+    if (st != CUDA_SUCCESS) return st;
+    auto& s = ctx_stack();
+    s.erase(std::remove(s.begin(), s.end(), h(ctx)), s.end());
+    std::lock_guard lk(rt->books_mu);
+    rt->ctx_device.erase(h(ctx));
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+bool known_ctx(Runtime* rt, std::uint64_t c) {
+  std::lock_guard lk(rt->books_mu);
+  return rt->ctx_device.count(c) != 0;
+}
+}  // namespace
+
+CUresult cuCtxPushCurrent(CUcontext ctx) {
+  return guard([&] {
+    NEED_RT();
+    if (ctx == nullptr || !known_ctx(rt, h(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_stack().push_back(h(ctx));
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  return guard([&] {
+    NEED_RT();
+    auto& s = ctx_stack();
+    if (s.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx != nullptr) *pctx = reinterpret_cast<CUcontext>(s.back());
+    s.pop_back();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  return guard([&] {
+    NEED_RT();
+    auto& s = ctx_stack();
+    if (ctx == nullptr) {
+      if (!s.empty()) s.pop_back();
+      return CUDA_SUCCESS;
+    }
+    // The handle of a primary context is valid before it is retained (cudart
+    // sets it current first); the host checks activation when it is used.
+    if (!known_ctx(rt, h(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    if (s.empty())
+      s.push_back(h(ctx));
+    else
+      s.back() = h(ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  return guard([&] {
+    NEED_RT();
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = reinterpret_cast<CUcontext>(current_ctx());
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+CUresult ctx_device_of(Runtime* rt, std::uint64_t ctx, CUdevice* dev) {
+  std::lock_guard lk(rt->books_mu);
+  auto it = rt->ctx_device.find(ctx);
+  if (it == rt->ctx_device.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  *dev = it->second;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuCtxGetDevice(CUdevice* dev) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return ctx_device_of(rt, ctx, dev);
+  });
+}
+
+CUresult cuCtxGetDevice_v2(CUdevice* dev, CUcontext c) {
+  return guard([&] {
+    NEED_RT();
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t ctx = c != nullptr ? h(c) : current_ctx();
+    if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return ctx_device_of(rt, ctx, dev);
+  });
+}
+
+CUresult cuCtxSynchronize() {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    return rt->call<Op::kCtxSynchronize>(proto::ReqCtx{ctx});
+  });
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext c) {
+  return guard([&] {
+    NEED_RT();
+    const std::uint64_t ctx = c != nullptr ? h(c) : current_ctx();
+    if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return rt->call<Op::kCtxSynchronize>(proto::ReqCtx{ctx});
+  });
+}
+
+CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+  return guard([&] {
+    NEED_RT();
+    if (least != nullptr) *least = rt->hello().stream_priority_lo;
+    if (greatest != nullptr) *greatest = rt->hello().stream_priority_hi;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
+  return guard([&] {
+    NEED_RT();
+    if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t c = ctx != nullptr ? h(ctx) : current_ctx();
+    if (c == 0 || !known_ctx(rt, c)) return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 12010;  // the context API version CUDA 12/13 drivers report
+    return CUDA_SUCCESS;
+  });
+}
+
+// ==================================================================== memory
+
+CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemAlloc r{};
+    r.ctx = ctx;
+    r.bytes = bytes;
+    proto::RepMemAlloc rep{};
+    const CUresult st = rt->call<Op::kMemAlloc>(r, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->dev_allocs[rep.dptr] = bytes;
+    }
+    *dptr = rep.dptr;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemAllocPitch(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height, unsigned int elem) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (elem != 4 && elem != 8 && elem != 16) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemAlloc r{};
+    r.ctx = ctx;
+    r.width = width;
+    r.height = height;
+    r.elem_size = elem;
+    proto::RepMemAlloc rep{};
+    const CUresult st = rt->call<Op::kMemAlloc>(r, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->dev_allocs[rep.dptr] = rep.pitch * height;
+    }
+    *dptr = rep.dptr;
+    *pitch = rep.pitch;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemFree(CUdeviceptr dptr) {
+  return guard([&] {
+    NEED_RT();
+    if (dptr == 0) return CUDA_SUCCESS;
+    const CUresult st = rt->call<Op::kMemFree>(proto::ReqPtr{current_ctx(), dptr});
+    if (st == CUDA_SUCCESS) {
+      std::lock_guard lk(rt->books_mu);
+      rt->dev_allocs.erase(dptr);
+    }
+    return st;
+  });
+}
+
+CUresult cuMemGetInfo(size_t* free_b, size_t* total) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (free_b == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepMemInfo rep{};
+    const CUresult st = rt->call<Op::kMemGetInfo>(proto::ReqCtx{ctx}, {}, &rep);
+    *free_b = rep.free;
+    *total = rep.total;
+    return st;
+  });
+}
+
+CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr dptr) {
+  return guard([&] {
+    NEED_RT();
+    proto::RepRange rep{};
+    const CUresult st = rt->call<Op::kMemGetAddressRange>(proto::ReqPtr{current_ctx(), dptr}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    if (base != nullptr) *base = rep.base;
+    if (size != nullptr) *size = rep.size;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) {
+  return guard([&] { return memset_any(d, v, 1, 0, n, 1, nullptr, false); });
+}
+CUresult cuMemsetD16(CUdeviceptr d, unsigned short v, size_t n) {
+  return guard([&] { return memset_any(d, v, 2, 0, n, 1, nullptr, false); });
+}
+CUresult cuMemsetD32(CUdeviceptr d, unsigned int v, size_t n) {
+  return guard([&] { return memset_any(d, v, 4, 0, n, 1, nullptr, false); });
+}
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+  return guard([&] { return memset_any(d, v, 1, 0, n, 1, s, true); });
+}
+CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
+  return guard([&] { return memset_any(d, v, 2, 0, n, 1, s, true); });
+}
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
+  return guard([&] { return memset_any(d, v, 4, 0, n, 1, s, true); });
+}
+CUresult cuMemsetD2D8(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t hgt) {
+  return guard([&] { return memset_any(d, v, 1, pitch, w, hgt, nullptr, false); });
+}
+CUresult cuMemsetD2D16(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t hgt) {
+  return guard([&] { return memset_any(d, v, 2, pitch, w, hgt, nullptr, false); });
+}
+CUresult cuMemsetD2D32(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t hgt) {
+  return guard([&] { return memset_any(d, v, 4, pitch, w, hgt, nullptr, false); });
+}
+CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t hgt, CUstream s) {
+  return guard([&] { return memset_any(d, v, 1, pitch, w, hgt, s, true); });
+}
+CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t hgt, CUstream s) {
+  return guard([&] { return memset_any(d, v, 2, pitch, w, hgt, s, true); });
+}
+CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t hgt, CUstream s) {
+  return guard([&] { return memset_any(d, v, 4, pitch, w, hgt, s, true); });
+}
+
+CUresult cuMemcpyHtoD(CUdeviceptr dst, const void* src, size_t n) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    return copy_htod(rt, ctx, dst, src, n, nullptr, false);
+  });
+}
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_htod(rt, ctx, dst, src, n, s, true);
+  });
+}
+CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    return copy_dtoh(rt, ctx, dst, src, n, nullptr, false);
+  });
+}
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_dtoh(rt, ctx, dst, src, n, s, true);
+  });
+}
+CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    return copy_dtod(rt, ctx, dst, src, n, nullptr, false);
+  });
+}
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_dtod(rt, ctx, dst, src, n, s, true);
+  });
+}
+
+namespace {
+// cuMemcpy with unified addressing: each side is device memory this process
+// allocated, or host memory.
+CUresult copy_unified(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
+  NEED_RT();
+  NEED_CTX();
+  if (async && !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+  const bool dd = is_device(rt, dst), sd = is_device(rt, src);
+  if (dd && sd) return copy_dtod(rt, ctx, dst, src, n, s, async);
+  if (dd) return copy_htod(rt, ctx, dst, reinterpret_cast<const void*>(src), n, s, async);
+  if (sd) return copy_dtoh(rt, ctx, reinterpret_cast<void*>(dst), src, n, s, async);
+  if (n != 0) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return guard([&] { return copy_unified(dst, src, n, nullptr, false); });
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return guard([&] { return copy_unified(dst, src, n, s, true); });
+}
+CUresult cuMemcpy2D(const CUDA_MEMCPY2D* p) {
+  return guard([&] { return copy_2d(p, nullptr, false, false); });
+}
+CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D* p) {
+  return guard([&] { return copy_2d(p, nullptr, false, true); });
+}
+CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D* p, CUstream s) {
+  return guard([&] { return copy_2d(p, s, true, false); });
+}
+
+// ====================================================== page-locked memory
+
+CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    constexpr unsigned kKnown = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+    if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepHostAlloc rep{};
+    const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{bytes, flags, 0}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    void* p = rt->bar() + rep.arena_off;
+    rt->add_pinned(p, ivcuda::guest::PinnedBlock{rep.arena_off, bytes, flags});
+    *pp = p;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemAllocHost(void** pp, size_t bytes) {
+  return cuMemHostAlloc(pp, bytes, 0);
+}
+
+CUresult cuMemFreeHost(void* p) {
+  return guard([&] {
+    NEED_RT();
+    auto b = rt->take_pinned(p);
+    if (!b) return CUDA_ERROR_INVALID_VALUE;
+    return rt->call<Op::kHostFree>(proto::ReqArenaOff{b->arena_off});
+  });
+}
+
+CUresult cuMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    if (d == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    auto off = rt->pinned_offset(p, 1);
+    if (!off) return CUDA_ERROR_INVALID_VALUE;
+    *d = rt->hello().arena_device_base + *off;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
+  return guard([&] {
+    NEED_RT();
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto b = rt->pinned_block(p);
+    if (!b) return CUDA_ERROR_INVALID_VALUE;
+    // Arena memory is always device-mapped and portable.
+    *flags = b->flags | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE;
+    return CUDA_SUCCESS;
+  });
+}
+
+// =================================================================== modules
+
+CUresult cuModuleLoadData(CUmodule* mod, const void* image) {
+  return guard([&] {
+    if (image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const size_t n = image_size(image);
+    if (n == 0) {
+      // A fatbin wrapper (as nvcc embeds it): u32 magic, u32 version, the
+      // fatbin's address.
+      const void* fatbin;
+      std::memcpy(&fatbin, static_cast<const char*>(image) + 8, sizeof fatbin);
+      return load_module(mod, fatbin, image_size(fatbin));
+    }
+    return load_module(mod, image, n);
+  });
+}
+
+CUresult cuModuleLoadDataEx(CUmodule* mod, const void* image, unsigned int n, CUjit_option*, void**) {
+  // JIT options tune compilation and report logs; the host compiles with
+  // defaults, which is what every option's absence means.
+  if (n != 0) ivcuda::guest::log_once("jitopts", "cuModuleLoadDataEx: JIT options are ignored");
+  return cuModuleLoadData(mod, image);
+}
+
+CUresult cuModuleLoadFatBinary(CUmodule* mod, const void* fatbin) { return cuModuleLoadData(mod, fatbin); }
+
+CUresult cuModuleLoad(CUmodule* mod, const char* path) {
+  return guard([&] {
+    if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
+    std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (data.empty()) return CUDA_ERROR_INVALID_IMAGE;
+    data.push_back('\0');  // PTX text must end in NUL
+    return load_module(mod, data.data(), data.size());
+  });
+}
+
+CUresult cuModuleUnload(CUmodule mod) {
+  return guard([&] {
+    NEED_RT();
+    return rt->call<Op::kModuleUnload>(proto::ReqHandle{current_ctx(), h(mod)});
+  });
+}
+
+namespace {
+CUresult module_name_call(Op op, CUmodule mod, const char* name, void* rep, size_t rep_size,
+                          std::vector<std::byte>* extra) {
+  NEED_RT();
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const size_t n = strnlen(name, proto::kNameMax + 1);
+  if (n == 0 || n > proto::kNameMax) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqModuleName r{};
+  r.ctx = current_ctx();
+  r.module = h(mod);
+  r.name_len = static_cast<std::uint32_t>(n);
+  if (op == Op::kModuleGetFunction)
+    return rt->call<Op::kModuleGetFunction>(r, {reinterpret_cast<const std::byte*>(name), n},
+                                            static_cast<proto::RepFunction*>(rep), extra);
+  (void)rep_size;
+  return rt->call<Op::kModuleGetGlobal>(r, {reinterpret_cast<const std::byte*>(name), n},
+                                        static_cast<proto::RepRange*>(rep));
+}
+}  // namespace
+
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule mod, const char* name) {
+  return guard([&] {
+    NEED_RT();
+    if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepFunction rep{};
+    std::vector<std::byte> extra;
+    const CUresult st = module_name_call(Op::kModuleGetFunction, mod, name, &rep, sizeof rep, &extra);
+    if (st != CUDA_SUCCESS) return st;
+    if (extra.size() != rep.param_count * sizeof(proto::ParamSlot)) return CUDA_ERROR_UNKNOWN;
+    ivcuda::guest::FuncInfo info;
+    info.params.resize(rep.param_count);
+    std::memcpy(info.params.data(), extra.data(), extra.size());
+    info.param_bytes = rep.param_bytes;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->funcs[rep.function] = std::move(info);
+    }
+    *f = reinterpret_cast<CUfunction>(rep.function);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuModuleGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUmodule mod, const char* name) {
+  return guard([&] {
+    NEED_RT();
+    proto::RepRange rep{};
+    const CUresult st = module_name_call(Op::kModuleGetGlobal, mod, name, &rep, sizeof rep, nullptr);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->dev_allocs[rep.base] = rep.size;
+    }
+    if (dptr != nullptr) *dptr = rep.base;
+    if (bytes != nullptr) *bytes = rep.size;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t* offset, size_t* size) {
+  return guard([&] {
+    NEED_RT();
+    if (offset == nullptr || size == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lk(rt->books_mu);
+    auto it = rt->funcs.find(h(f));
+    if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (index >= it->second.params.size()) return CUDA_ERROR_INVALID_VALUE;
+    *offset = it->second.params[index].offset;
+    *size = it->second.params[index].size;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
+  return guard([&] {
+    NEED_RT();
+    if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqFuncAttr r{current_ctx(), h(f), static_cast<std::int32_t>(a), 0};
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kFuncGetAttribute>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *v = static_cast<int>(rep.value);
+    return st;
+  });
+}
+
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int value) {
+  return guard([&] {
+    NEED_RT();
+    proto::ReqFuncAttr r{current_ctx(), h(f), static_cast<std::int32_t>(a), value};
+    return rt->call<Op::kFuncSetAttribute>(r);
+  });
+}
+
+// ==================================================================== launch
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params,
+                        void** extra) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    thread_local std::vector<std::byte> buf;
+    {
+      std::lock_guard lk(rt->books_mu);
+      auto it = rt->funcs.find(h(f));
+      if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
+      const auto& info = it->second;
+      buf.assign(info.param_bytes, std::byte{0});
+      if (params != nullptr) {
+        // CUDA's kernelParams carries no sizes: pack by the layout the host
+        // learned from the driver.
+        for (size_t i = 0; i < info.params.size(); ++i) {
+          if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+          std::memcpy(buf.data() + info.params[i].offset, params[i], info.params[i].size);
+        }
+      } else if (extra != nullptr) {
+        const void* p = nullptr;
+        size_t n = 0;
+        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+          if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
+          else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) n = *static_cast<const size_t*>(extra[i + 1]);
+          else return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (p == nullptr || n < info.param_bytes) return CUDA_ERROR_INVALID_VALUE;
+        std::memcpy(buf.data(), p, info.param_bytes);
+      } else if (!info.params.empty()) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqLaunch r{};
+    r.ctx = ctx;
+    r.function = h(f);
+    r.stream = h(s);
+    r.grid[0] = gx;
+    r.grid[1] = gy;
+    r.grid[2] = gz;
+    r.block[0] = bx;
+    r.block[1] = by;
+    r.block[2] = bz;
+    r.shared_bytes = shmem;
+    r.param_bytes = static_cast<std::uint32_t>(buf.size());
+    return rt->post<Op::kLaunch>(r, buf);
+  });
+}
+
+// =================================================================== streams
+
+CUresult cuStreamCreateWithPriority(CUstream* ps, unsigned int flags, int priority) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (ps == nullptr || (flags & ~CU_STREAM_NON_BLOCKING) != 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kStreamCreate>(proto::ReqStreamCreate{ctx, flags, priority}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->streams[rep.handle] = ctx;
+    }
+    *ps = reinterpret_cast<CUstream>(rep.handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuStreamCreate(CUstream* ps, unsigned int flags) { return cuStreamCreateWithPriority(ps, flags, 0); }
+
+CUresult cuStreamDestroy(CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    {
+      std::lock_guard lk(rt->books_mu);
+      if (rt->streams.erase(h(s)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return rt->call<Op::kStreamDestroy>(proto::ReqHandle{current_ctx(), h(s)});
+  });
+}
+
+CUresult cuStreamQuery(CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->call<Op::kStreamQuery>(proto::ReqHandle{ctx, h(s)});
+  });
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->call<Op::kStreamSynchronize>(proto::ReqHandle{ctx, h(s)});
+  });
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s) || !known_event(rt, e)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->post<Op::kStreamWaitEvent>(proto::ReqStreamWaitEvent{ctx, h(s), h(e), flags, 0});
+  });
+}
+
+CUresult cuStreamGetPriority(CUstream s, int* priority) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kStreamGetPriority>(proto::ReqHandle{ctx, h(s)}, {}, &rep);
+    if (st == CUDA_SUCCESS) *priority = static_cast<int>(rep.value);
+    return st;
+  });
+}
+
+// ==================================================================== events
+
+CUresult cuEventCreate(CUevent* pe, unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (pe == nullptr || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kEventCreate>(proto::ReqEventCreate{ctx, flags, 0}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->events[rep.handle] = ctx;
+    }
+    *pe = reinterpret_cast<CUevent>(rep.handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_event(rt, e) || !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->post<Op::kEventRecord>(proto::ReqEventRecord{ctx, h(e), h(s)});
+  });
+}
+
+CUresult cuEventQuery(CUevent e) {
+  return guard([&] {
+    NEED_RT();
+    if (!known_event(rt, e)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->call<Op::kEventQuery>(proto::ReqHandle{current_ctx(), h(e)});
+  });
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+  return guard([&] {
+    NEED_RT();
+    if (!known_event(rt, e)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->call<Op::kEventSynchronize>(proto::ReqHandle{current_ctx(), h(e)});
+  });
+}
+
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  return guard([&] {
+    NEED_RT();
+    if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_event(rt, a) || !known_event(rt, b)) return CUDA_ERROR_INVALID_HANDLE;
+    proto::RepElapsed rep{};
+    const CUresult st = rt->call<Op::kEventElapsedTime>(proto::ReqEventElapsed{current_ctx(), h(a), h(b)}, {}, &rep);
+    if (st == CUDA_SUCCESS) *ms = rep.ms;
+    return st;
+  });
+}
+
+CUresult cuEventDestroy(CUevent e) {
+  return guard([&] {
+    NEED_RT();
+    {
+      std::lock_guard lk(rt->books_mu);
+      if (rt->events.erase(h(e)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return rt->call<Op::kEventDestroy>(proto::ReqHandle{current_ctx(), h(e)});
+  });
+}

@@ -1,0 +1,392 @@
+#include "guest/runtime.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "ring/ivshmem.h"
+
+namespace ivcuda::guest {
+
+namespace {
+constexpr const char* kDefaultSocket = "/run/ivcuda/ivcudad.sock";
+constexpr std::size_t kVectors = 8;  // doorbell vectors we ask the daemon for
+
+Runtime* g_runtime = nullptr;
+std::once_flag g_once;
+CUresult g_init_status = CUDA_ERROR_NOT_INITIALIZED;
+}  // namespace
+
+void log_line(const char* fmt, ...) noexcept {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "ivcuda: %s\n", msg);
+}
+
+void log_once(const char* key, const char* fmt, ...) noexcept {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  {
+    std::lock_guard lk(mu);
+    if (!seen.insert(key).second) return;
+  }
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "ivcuda: %s\n", msg);
+}
+
+std::vector<std::uint64_t>& ctx_stack() noexcept {
+  thread_local std::vector<std::uint64_t> s;
+  return s;
+}
+
+// ------------------------------------------------------------------ channel
+
+// One claimed channel: the thread's private end of a request ring and a
+// completion ring. Shared only as an overflow channel, under its mutex.
+class Channel {
+ public:
+  Channel(Runtime& rt, std::uint32_t index) : rt_(rt), index_(index) {
+    std::byte* bar = rt.bar();
+    const auto& l = rt.layout_;
+    auto* d = ring::channel_desc(bar, l, index);
+    vector_ = index % static_cast<std::uint32_t>(rt.own_fds_.size());
+    ring::store_relaxed(d->guest_vector, vector_);
+    ring::store_relaxed(d->guest_owner, (std::uint64_t{static_cast<std::uint32_t>(::getpid())} << 32) |
+                                            static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+    bell_ = std::make_unique<ring::EventfdDoorbell>(rt.host_fds_[0].get());
+    waiter_ = std::make_unique<ring::EventfdWaiter>(rt.own_fds_[vector_].get());
+    req_ = ring::Producer(ring::request_ring(bar, l, index), bell_.get());
+    cpl_ = ring::Consumer(ring::completion_ring(bar, l, index));
+    // Make the channel visible to the host; pairs with the host's acquire
+    // load of the mask in attach_channels().
+    auto* sb = ring::superblock(bar);
+    std::atomic_ref<std::uint64_t>(sb->active_mask[index / 64])
+        .fetch_or(1ull << (index % 64), std::memory_order_release);
+  }
+
+  std::uint32_t index() const noexcept { return index_; }
+  std::mutex mu;
+
+  CUresult exchange(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
+                    void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait) {
+    abi::RecordHeader h{};
+    h.op = static_cast<std::uint16_t>(op);
+    h.flags = wait ? abi::kRecNeedsReply : 0;
+    h.len = static_cast<std::uint32_t>(req_size + tail.size());
+    auto* sb = ring::superblock(rt_.bar());
+    // The ticket orders this call after every call that returned before it
+    // in any thread of this guest (the host merges channels by ticket).
+    h.seq = static_cast<std::uint32_t>(
+        std::atomic_ref<std::uint64_t>(sb->next_ticket).fetch_add(1, std::memory_order_acq_rel));
+    if (req_size + tail.size() > req_.max_payload()) return CUDA_ERROR_INVALID_VALUE;
+    ring::RingStatus st;
+    std::byte* p;
+    for (unsigned spins = 0; (p = req_.reserve(h, &st)) == nullptr; ++spins) {
+      if (st != ring::RingStatus::kFull) {
+        rt_.mark_dead("request ring is corrupt");
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+      }
+      // The host is behind on posted work: give it time, notice if it died.
+      if (spins > 1000) {
+        ::usleep(50);
+        if ((spins & 1023) == 0 && host_gone()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+      } else {
+        ring::cpu_relax();
+      }
+    }
+    std::memcpy(p, req, req_size);
+    if (!tail.empty()) std::memcpy(p + req_size, tail.data(), tail.size());
+    req_.commit();
+    if (!req_.publish() && first_) {
+      // A fresh channel: the host may be asleep without knowing of it yet.
+      bell_->ring();
+    }
+    first_ = false;
+    if (!wait) return CUDA_SUCCESS;
+    return await(h.seq, rep, rep_size, extra);
+  }
+
+ private:
+  bool host_gone() {
+    if (rt_.dead()) return true;
+    if (rt_.sock_.valid()) {
+      pollfd p{rt_.sock_.get(), POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+        rt_.mark_dead("the daemon closed the connection");
+        return true;
+      }
+    }
+    return false;
+  }
+
+  CUresult await(std::uint32_t seq, void* rep, std::size_t rep_size, std::vector<std::byte>* extra) {
+    ring::Record rec;
+    ring::SpinPolicy pol;
+    pol.spin = std::chrono::microseconds(100);
+    pol.block_timeout_ms = 50;
+    for (;;) {
+      bool got = false;
+      CUresult result = CUDA_SUCCESS;
+      auto ready = [&]() -> bool {
+        for (;;) {
+          const auto rs = cpl_.poll(&rec);
+          if (rs == ring::RingStatus::kEmpty) return false;
+          if (rs == ring::RingStatus::kCorrupt) {
+            rt_.mark_dead("completion ring is corrupt");
+            result = CUDA_ERROR_DEVICE_UNAVAILABLE;
+            return true;
+          }
+          if (rec.hdr.seq != seq) {  // a reply for a thread that died: drop it
+            cpl_.consume();
+            continue;
+          }
+          result = static_cast<CUresult>(rec.hdr.status);
+          if (rep != nullptr) {
+            std::memset(rep, 0, rep_size);
+            std::memcpy(rep, rec.payload.data(), std::min(rep_size, rec.payload.size()));
+          }
+          if (extra != nullptr) {
+            extra->clear();
+            if (rec.payload.size() > rep_size)
+              extra->assign(rec.payload.begin() + static_cast<std::ptrdiff_t>(rep_size), rec.payload.end());
+          }
+          cpl_.consume();
+          cpl_.publish_head();
+          got = true;
+          return true;
+        }
+      };
+      bool gone = false;
+      ring::spin_then_block(
+          [&] {
+            if (ready()) return true;
+            return gone = host_gone();
+          },
+          [&](bool sleeping) {
+            if (sleeping) {
+              if (!cpl_.prepare_sleep()) cpl_.end_sleep();
+            } else {
+              cpl_.end_sleep();
+            }
+          },
+          *waiter_, pol);
+      if (got || result != CUDA_SUCCESS) return result;
+      if (gone) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+  }
+
+  Runtime& rt_;
+  std::uint32_t index_;
+  std::uint32_t vector_ = 0;
+  bool first_ = true;
+  std::unique_ptr<ring::EventfdDoorbell> bell_;
+  std::unique_ptr<ring::EventfdWaiter> waiter_;
+  ring::Producer req_;
+  ring::Consumer cpl_;
+};
+
+namespace {
+// Returns the thread's channel to the runtime's pool when the thread exits,
+// so that a program that churns threads does not run out of channels.
+struct ThreadChannel {
+  Channel* ch = nullptr;
+  std::vector<std::unique_ptr<Channel>>* pool = nullptr;
+  std::mutex* pool_mu = nullptr;
+  std::unique_ptr<Channel> owned;
+  ~ThreadChannel() {
+    if (owned && pool != nullptr) {
+      std::lock_guard lk(*pool_mu);
+      pool->push_back(std::move(owned));
+    }
+  }
+};
+thread_local ThreadChannel t_channel;
+}  // namespace
+
+Channel* Runtime::channel() {
+  if (t_channel.ch != nullptr) return t_channel.ch;
+  std::lock_guard lk(chan_mu_);
+  if (!shared_.empty()) {
+    t_channel.owned = std::move(shared_.back());
+    shared_.pop_back();
+  } else {
+    // Claim a free channel: guest threads (and, in a VM, processes)
+    // coordinate through the descriptor's state word.
+    // The last channel is the shared overflow channel (claimed at connect).
+    for (std::uint32_t c = 0; c + 1 < layout_.channels; ++c) {
+      auto* d = ring::channel_desc(bar_.data(), layout_, c);
+      std::uint32_t expect = abi::kChanFree;
+      if (std::atomic_ref<std::uint32_t>(d->guest_state)
+              .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
+        t_channel.owned = std::make_unique<Channel>(*this, c);
+        break;
+      }
+    }
+  }
+  if (t_channel.owned) {
+    t_channel.pool = &shared_;
+    t_channel.pool_mu = &chan_mu_;
+    t_channel.ch = t_channel.owned.get();
+    return t_channel.ch;
+  }
+  if (!overflow_) return nullptr;
+  log_once("overflow", "all %u channels are in use; further threads share one", layout_.channels);
+  t_channel.ch = overflow_.get();
+  return t_channel.ch;
+}
+
+CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
+                           void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait) {
+  if (dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+  Channel* ch = channel();
+  if (ch == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard lk(ch->mu);
+  return ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+}
+
+void Runtime::mark_dead(const char* why) noexcept {
+  if (!dead_.exchange(true)) log_line("lost the connection to ivcudad (%s); CUDA calls now fail", why);
+}
+
+// ------------------------------------------------------------------ connect
+
+Runtime* Runtime::get(CUresult* st) noexcept {
+  std::call_once(g_once, [] {
+    auto* rt = new Runtime();
+    g_init_status = rt->connect();
+    if (g_init_status == CUDA_SUCCESS)
+      g_runtime = rt;
+    else
+      delete rt;
+  });
+  *st = g_init_status;
+  return g_runtime;
+}
+
+Runtime* Runtime::current() noexcept { return g_runtime; }
+
+CUresult Runtime::connect() {
+  const char* env = std::getenv("IVCUDA_SOCKET");
+  const std::string path = env != nullptr && *env != '\0' ? env : kDefaultSocket;
+  auto client = ivshmem::ivshmem_connect(path, std::chrono::milliseconds(5000), kVectors);
+  if (!client) {
+    log_line("cannot reach ivcudad at %s: %s (set IVCUDA_SOCKET)", path.c_str(), client.error().what.c_str());
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  auto& peers = client->peers();
+  auto host = peers.find(ivshmem::kHostPeerId);
+  if (host == peers.end() || host->second.empty()) {
+    log_line("ivcudad at %s announced no host peer", path.c_str());
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  for (const auto& fd : host->second) host_fds_.emplace_back(::dup(fd.get()));
+  for (const auto& fd : client->own_eventfds()) own_fds_.emplace_back(::dup(fd.get()));
+  shm_fd_.reset(::dup(client->shm_fd()));
+  sock_.reset(::dup(client->socket_fd()));
+  if (own_fds_.empty()) return CUDA_ERROR_NO_DEVICE;
+  auto m = sys::Mapping::map_shared(shm_fd_.get(), client->shm_size());
+  if (!m) {
+    log_line("cannot map the shared memory: %s", m.error().what.c_str());
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  bar_ = std::move(m).value();
+  auto l = ring::read_layout(bar_.data(), bar_.size());
+  if (!l) {
+    log_line("the shared memory is not usable: %s", l.error().what.c_str());
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  layout_ = *l;
+  {
+    const std::uint32_t last = layout_.channels - 1;
+    auto* d = ring::channel_desc(bar_.data(), layout_, last);
+    std::uint32_t expect = abi::kChanFree;
+    if (std::atomic_ref<std::uint32_t>(d->guest_state)
+            .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel))
+      overflow_ = std::make_unique<Channel>(*this, last);
+  }
+  proto::ReqHello h{};
+  h.proto_version = proto::kProtoVersion;
+  h.pid = static_cast<std::uint32_t>(::getpid());
+  const CUresult st = call<proto::Op::kHello>(h, {}, &hello_);
+  if (st != CUDA_SUCCESS) {
+    log_line("ivcudad refused this library (protocol %u): CUresult %d", proto::kProtoVersion, st);
+    return st;
+  }
+  devs_.resize(hello_.device_count);
+  return CUDA_SUCCESS;
+}
+
+const proto::RepDeviceInfo* Runtime::device(int ordinal, CUresult* st) {
+  if (ordinal < 0 || ordinal >= device_count()) {
+    *st = CUDA_ERROR_INVALID_DEVICE;
+    return nullptr;
+  }
+  std::lock_guard lk(dev_mu_);
+  auto& slot = devs_[static_cast<std::size_t>(ordinal)];
+  if (!slot) {
+    auto info = std::make_unique<proto::RepDeviceInfo>();
+    *st = call<proto::Op::kDeviceInfo>(proto::ReqDevice{ordinal, 0}, {}, info.get());
+    if (*st != CUDA_SUCCESS) return nullptr;
+    slot = std::move(info);
+    std::lock_guard bk(books_mu);
+    ctx_device[slot->primary_ctx] = ordinal;
+  }
+  *st = CUDA_SUCCESS;
+  return slot.get();
+}
+
+// ------------------------------------------------------------------ arena
+
+std::uint64_t Runtime::staging_off() {
+  Channel* ch = channel();
+  return ring::staging_off(layout_, ch == nullptr ? 0 : ch->index());
+}
+
+std::optional<std::uint64_t> Runtime::pinned_offset(const void* p, std::size_t n) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard lk(pinned_mu_);
+  auto it = pinned_.upper_bound(a);
+  if (it == pinned_.begin()) return std::nullopt;
+  --it;
+  if (a - it->first > it->second.size || n > it->second.size - (a - it->first)) return std::nullopt;
+  return it->second.arena_off + (a - it->first);
+}
+
+std::optional<PinnedBlock> Runtime::pinned_block(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard lk(pinned_mu_);
+  auto it = pinned_.upper_bound(a);
+  if (it == pinned_.begin()) return std::nullopt;
+  --it;
+  if (a - it->first >= it->second.size) return std::nullopt;
+  return it->second;
+}
+
+void Runtime::add_pinned(void* p, PinnedBlock b) {
+  std::lock_guard lk(pinned_mu_);
+  pinned_[reinterpret_cast<std::uintptr_t>(p)] = b;
+}
+
+std::optional<PinnedBlock> Runtime::take_pinned(void* p) {
+  std::lock_guard lk(pinned_mu_);
+  auto it = pinned_.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == pinned_.end()) return std::nullopt;
+  PinnedBlock b = it->second;
+  pinned_.erase(it);
+  return b;
+}
+
+}  // namespace ivcuda::guest

@@ -1,0 +1,128 @@
+// The guest side of the transport: one connection per process, one channel
+// per thread, and typed calls over the ring.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ivcuda/proto.h"
+#include "ring/layout.h"
+#include "ring/spsc_ring.h"
+#include "ring/sys.h"
+#include "ring/wait.h"
+
+namespace ivcuda::guest {
+
+// What the guest knows of a kernel: how to pack its arguments.
+struct FuncInfo {
+  std::vector<proto::ParamSlot> params;
+  std::uint32_t param_bytes = 0;
+};
+
+struct PinnedBlock {
+  std::uint64_t arena_off = 0;
+  std::uint64_t size = 0;
+  unsigned flags = 0;
+};
+
+class Channel;
+
+class Runtime {
+ public:
+  // The process-wide runtime, connected on first use. nullptr (with `*st`
+  // set) when the daemon cannot be reached.
+  static Runtime* get(CUresult* st) noexcept;
+  // Already connected (cuInit succeeded), else nullptr.
+  static Runtime* current() noexcept;
+
+  // Sends a request and waits for its reply. rep/extra may be null.
+  template <proto::Op op>
+  CUresult call(const typename proto::OpTraits<op>::Request& req, std::span<const std::byte> tail = {},
+                typename proto::OpTraits<op>::Reply* rep = nullptr, std::vector<std::byte>* extra = nullptr) {
+    return call_raw(op, &req, sizeof req, tail, rep, rep ? sizeof *rep : 0, extra, true);
+  }
+  // Posts a request that gets no reply (asynchronous CUDA work).
+  template <proto::Op op>
+  CUresult post(const typename proto::OpTraits<op>::Request& req, std::span<const std::byte> tail = {}) {
+    return call_raw(op, &req, sizeof req, tail, nullptr, 0, nullptr, false);
+  }
+
+  const proto::RepHello& hello() const noexcept { return hello_; }
+  // Cached device info (fetched once per device).
+  const proto::RepDeviceInfo* device(int ordinal, CUresult* st);
+  int device_count() const noexcept { return static_cast<int>(hello_.device_count); }
+
+  // Arena helpers.
+  std::byte* arena_base() const noexcept { return bar_.data() + layout_.arena_off; }
+  std::byte* bar() const noexcept { return bar_.data(); }
+  const ring::Layout& layout() const noexcept { return layout_; }
+  // If [p, p+n) lies in one page-locked block, its BAR offset.
+  std::optional<std::uint64_t> pinned_offset(const void* p, std::size_t n);
+  void add_pinned(void* p, PinnedBlock b);
+  std::optional<PinnedBlock> take_pinned(void* p);
+  std::optional<PinnedBlock> pinned_block(const void* p);
+
+  // The calling thread's staging area (BAR offset and size).
+  std::uint64_t staging_off();
+  std::uint64_t staging_size() const noexcept { return layout_.staging_bytes; }
+
+  // Local books (the host keeps its own; these answer locally and catch
+  // bad handles before an asynchronous post).
+  std::mutex books_mu;
+  std::unordered_map<std::uint64_t, FuncInfo> funcs;       // function -> layout
+  std::unordered_map<std::uint64_t, int> ctx_device;       // context -> guest ordinal
+  std::unordered_map<std::uint64_t, std::uint64_t> streams;  // stream -> context
+  std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
+  std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
+
+  bool dead() const noexcept { return dead_.load(std::memory_order_relaxed); }
+  void mark_dead(const char* why) noexcept;
+
+ private:
+  friend class Channel;
+  Runtime() = default;
+  CUresult connect();
+  CUresult call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
+                    void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait);
+  Channel* channel();
+
+  // Process mode: the ivshmem-protocol connection to ivcudad.
+  sys::UniqueFd sock_;
+  std::vector<sys::UniqueFd> host_fds_;  // we ring the host on these
+  std::vector<sys::UniqueFd> own_fds_;   // the host rings us on these
+  sys::UniqueFd shm_fd_;
+  sys::Mapping bar_;
+  ring::Layout layout_;
+  proto::RepHello hello_{};
+  std::mutex dev_mu_;
+  std::vector<std::unique_ptr<proto::RepDeviceInfo>> devs_;
+  std::mutex pinned_mu_;
+  std::map<std::uintptr_t, PinnedBlock> pinned_;  // guest address -> block
+  std::mutex chan_mu_;
+  std::vector<std::unique_ptr<Channel>> shared_;  // channels of exited threads, for reuse
+  std::unique_ptr<Channel> overflow_;             // shared when all channels are taken
+  std::atomic<bool> dead_{false};
+};
+
+// Per-thread current-context stack (CUDA keeps one per thread).
+std::vector<std::uint64_t>& ctx_stack() noexcept;
+inline std::uint64_t current_ctx() noexcept {
+  auto& s = ctx_stack();
+  return s.empty() ? 0 : s.back();
+}
+
+// Log a line once per key to stderr with the "ivcuda:" prefix.
+void log_once(const char* key, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
+void log_line(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
+
+}  // namespace ivcuda::guest

@@ -1,0 +1,44 @@
+// The real driver, loaded with dlopen so that ivcudad builds and starts on
+// machines without one. Each entry is the symbol cuda.h's macros select for
+// a CUDA 13 caller (cuMemAlloc -> cuMemAlloc_v2, cuCtxCreate -> cuCtxCreate_v4).
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+#include "ivcuda/result.h"
+
+namespace ivcuda::host {
+
+#define IVCUDA_DRIVER_FUNCTIONS(X)                                                              \
+  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuDeviceGetCount) X(cuDeviceGet)        \
+  X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute)           \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)         \
+  X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxSetFlags) X(cuCtxCreate) X(cuCtxDestroy)  \
+  X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuCtxGetStreamPriorityRange) X(cuMemAlloc)         \
+  X(cuMemAllocPitch) X(cuMemFree) X(cuMemGetInfo) X(cuMemGetAddressRange) X(cuMemsetD8)      \
+  X(cuMemsetD16) X(cuMemsetD32) X(cuMemsetD8Async) X(cuMemsetD16Async) X(cuMemsetD32Async)   \
+  X(cuMemsetD2D8) X(cuMemsetD2D16) X(cuMemsetD2D32) X(cuMemsetD2D8Async)                      \
+  X(cuMemsetD2D16Async) X(cuMemsetD2D32Async) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoD) \
+  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpy2D)                \
+  X(cuMemcpy2DUnaligned) X(cuMemcpy2DAsync) X(cuMemHostRegister) X(cuMemHostUnregister)      \
+  X(cuMemHostGetDevicePointer) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)   \
+  X(cuModuleGetGlobal) X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncSetAttribute)      \
+  X(cuLaunchKernel) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy)        \
+  X(cuStreamQuery) X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamGetPriority)         \
+  X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)                     \
+  X(cuEventElapsedTime) X(cuEventDestroy)
+
+struct DriverApi {
+#define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;
+  IVCUDA_DRIVER_FUNCTIONS(IVCUDA_DRIVER_MEMBER)
+#undef IVCUDA_DRIVER_MEMBER
+  void* handle = nullptr;
+  std::string path;
+};
+
+// Loads every function or fails naming the first missing symbol.
+Result<DriverApi> load_driver(const std::string& path);
+
+}  // namespace ivcuda::host

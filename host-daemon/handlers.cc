@@ -1,0 +1,770 @@
+// The op handlers. Each one works on a private copy of the request (Call),
+// validates every handle, address, offset and length against what this
+// guest owns, and only then calls the driver.
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "host-daemon/log.h"
+#include "host-daemon/worker_internal.h"
+#include "ring/validate.h"
+
+namespace ivcuda::host {
+
+using namespace ivcuda::proto;
+
+namespace {
+constexpr std::uint64_t kStreamLegacy = 0x1;     // CU_STREAM_LEGACY
+constexpr std::uint64_t kStreamPerThread = 0x2;  // CU_STREAM_PER_THREAD
+
+// a * b without overflow, or false.
+bool mul_ok(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+// Bytes a 2D region of `height` rows of `width` bytes at `pitch` spans.
+bool span2d(std::uint64_t pitch, std::uint64_t width, std::uint64_t height, std::uint64_t* out) {
+  if (height == 0 || width == 0) {
+    *out = 0;
+    return true;
+  }
+  if (width > pitch && height > 1) return false;
+  std::uint64_t rows;
+  if (!mul_ok(pitch, height - 1, &rows)) return false;
+  return !__builtin_add_overflow(rows, width, out);
+}
+}  // namespace
+
+// ------------------------------------------------------------------ helpers
+
+CUresult Worker::use_ctx(std::uint64_t h, CtxEntry** out) {
+  CtxEntry* c = ctxs_.find(h);
+  if (c == nullptr || c->real == nullptr || (c->primary && c->guest_refs == 0))
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (current_ != c->real) {
+    const CUresult st = cu_.cuCtxSetCurrent(c->real);
+    if (st != CUDA_SUCCESS) return st;
+    current_ = c->real;
+  }
+  if (out != nullptr) *out = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* out) {
+  if (h == 0 || h == kStreamLegacy || h == kStreamPerThread) {
+    *out = reinterpret_cast<CUstream>(h);
+    return CUDA_SUCCESS;
+  }
+  StreamEntry* s = streams_.find(h);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // A stream of another context is legal in CUDA only where it says so;
+  // the driver checks that. We only check it is this guest's.
+  (void)ctx;
+  *out = s->real;
+  return CUDA_SUCCESS;
+}
+
+bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
+  // Page-locked arena memory is device-accessible too (zero copy).
+  if (arena_dev_ != 0 && ring::span_within(addr, len, arena_dev_, l_.arena_size)) return true;
+  auto it = ranges_.upper_bound(addr);
+  if (it == ranges_.begin()) return false;
+  --it;
+  return ring::span_within(addr, len, it->first, it->second.size);
+}
+
+bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {
+  return off >= l_.arena_off && ring::range_ok(off - l_.arena_off, len, l_.arena_size);
+}
+
+void Worker::drop_ctx_objects(std::uint64_t ctx) {
+  std::vector<std::uint64_t> dead;
+  modules_.for_each([&](std::uint64_t h, ModuleEntry& m) {
+    if (m.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) {
+    ModuleEntry* m = modules_.find(h);
+    for (auto& [name, f] : m->functions) funcs_.erase(f);
+    for (auto g : m->globals) ranges_.erase(g);
+    modules_.erase(h);
+  }
+  dead.clear();
+  streams_.for_each([&](std::uint64_t h, StreamEntry& s) {
+    if (s.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) streams_.erase(h);
+  dead.clear();
+  events_.for_each([&](std::uint64_t h, EventEntry& e) {
+    if (e.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) events_.erase(h);
+  for (auto it = ranges_.begin(); it != ranges_.end();)
+    it = it->second.ctx == ctx ? ranges_.erase(it) : std::next(it);
+}
+
+// Frees what the guest made in a primary context whose last guest reference
+// went away. The driver's primary context may live on (the arena holds it).
+CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
+  if (current_ != c.real) {
+    cu_.cuCtxSetCurrent(c.real);
+    current_ = c.real;
+  }
+  std::vector<std::uint64_t> allocs;
+  for (auto& [addr, r] : ranges_)
+    if (r.ctx == h && r.kind == RangeKind::kAlloc) allocs.push_back(addr);
+  for (auto a : allocs) cu_.cuMemFree(a);
+  modules_.for_each([&](std::uint64_t, ModuleEntry& m) {
+    if (m.ctx == h) cu_.cuModuleUnload(m.real);
+  });
+  streams_.for_each([&](std::uint64_t, StreamEntry& s) {
+    if (s.ctx == h) cu_.cuStreamDestroy(s.real);
+  });
+  events_.for_each([&](std::uint64_t, EventEntry& e) {
+    if (e.ctx == h) cu_.cuEventDestroy(e.real);
+  });
+  drop_ctx_objects(h);
+  return CUDA_SUCCESS;
+}
+
+// ------------------------------------------------------------------ session
+
+CUresult Worker::on_Hello(Call& c) {
+  const auto r = c.req<ReqHello>();
+  if (r.proto_version != kProtoVersion) {
+    IVLOG_ERROR("guest %u speaks protocol %u, this daemon %u", cfg_.guest_id, r.proto_version,
+                kProtoVersion);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  RepHello rep{};
+  rep.proto_version = kProtoVersion;
+  int v = 0;
+  cu_.cuDriverGetVersion(&v);
+  rep.driver_version = v;
+  rep.device_count = static_cast<std::uint32_t>(devices_.size());
+  int lo = 0, hi = 0;
+  if (cu_.cuCtxGetStreamPriorityRange(&lo, &hi) == CUDA_SUCCESS) {
+    rep.stream_priority_lo = lo;
+    rep.stream_priority_hi = hi;
+  }
+  rep.arena_device_base = arena_dev_ - l_.arena_off;
+  rep.generation = cfg_.generation;
+  IVLOG_INFO("guest %u: process %u says hello", cfg_.guest_id, r.pid);
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_Goodbye(Call&) { return CUDA_SUCCESS; }
+
+CUresult Worker::on_Flush(Call&) { return CUDA_SUCCESS; }
+
+CUresult Worker::on_DeviceInfo(Call& c) {
+  const auto r = c.req<ReqDevice>();
+  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  const CUdevice d = devices_[static_cast<std::size_t>(r.device)];
+  RepDeviceInfo rep{};
+  rep.primary_ctx = primary_[static_cast<std::size_t>(r.device)];
+  CUresult st = cu_.cuDeviceGetName(rep.name, sizeof rep.name - 1, d);
+  if (st != CUDA_SUCCESS) return st;
+  CUuuid u{};
+  if ((st = cu_.cuDeviceGetUuid(&u, d)) != CUDA_SUCCESS) return st;
+  std::memcpy(rep.uuid, u.bytes, sizeof rep.uuid);
+  size_t total = 0;
+  if ((st = cu_.cuDeviceTotalMem(&total, d)) != CUDA_SUCCESS) return st;
+  rep.total_mem = total;
+  for (int a = 1; a < static_cast<int>(kAttrSlots) && a < CU_DEVICE_ATTRIBUTE_MAX; ++a) {
+    int v = 0;
+    if (cu_.cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(a), d) == CUDA_SUCCESS) {
+      rep.attrs[a] = v;
+      rep.attr_valid[a] = 1;
+    }
+  }
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+// ------------------------------------------------------------------ contexts
+
+CUresult Worker::on_PrimaryRetain(Call& c) {
+  const auto r = c.req<ReqDevice>();
+  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  const auto h = primary_[static_cast<std::size_t>(r.device)];
+  CtxEntry* e = ctxs_.find(h);
+  if (e->guest_refs == 0) {
+    CUcontext real = nullptr;
+    const CUresult st = cu_.cuDevicePrimaryCtxRetain(&real, devices_[static_cast<std::size_t>(r.device)]);
+    if (st != CUDA_SUCCESS) return st;
+    e->real = real;
+  }
+  ++e->guest_refs;
+  c.set_reply(RepHandle{h});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_PrimaryRelease(Call& c) {
+  const auto r = c.req<ReqDevice>();
+  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  const auto h = primary_[static_cast<std::size_t>(r.device)];
+  CtxEntry* e = ctxs_.find(h);
+  if (e->guest_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--e->guest_refs == 0) {
+    release_primary_objects(*e, h);
+    cu_.cuDevicePrimaryCtxRelease(devices_[static_cast<std::size_t>(r.device)]);
+    if (current_ == e->real && e->real != arena_ctx_) current_ = nullptr;
+    if (e->real != arena_ctx_) e->real = nullptr;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_PrimaryReset(Call& c) {
+  const auto r = c.req<ReqDevice>();
+  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  const auto h = primary_[static_cast<std::size_t>(r.device)];
+  CtxEntry* e = ctxs_.find(h);
+  // Resetting destroys what the guest made in the primary context. The
+  // driver context itself is kept when it holds the arena registration: the
+  // guest cannot tell the difference, and its page-locked memory stays valid.
+  if (e->real != nullptr && e->guest_refs > 0) release_primary_objects(*e, h);
+  if (e->real != nullptr) cu_.cuCtxSynchronize();
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_PrimaryGetState(Call& c) {
+  const auto r = c.req<ReqDevice>();
+  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  CtxEntry* e = ctxs_.find(primary_[static_cast<std::size_t>(r.device)]);
+  RepPrimaryState rep{};
+  rep.flags = e->flags;
+  rep.active = e->guest_refs > 0 ? 1 : 0;
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_PrimarySetFlags(Call& c) {
+  const auto r = c.req<ReqDeviceFlags>();
+  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  constexpr unsigned kKnown = CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX;
+  if ((r.flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  CtxEntry* e = ctxs_.find(primary_[static_cast<std::size_t>(r.device)]);
+  const CUresult st = cu_.cuDevicePrimaryCtxSetFlags(devices_[static_cast<std::size_t>(r.device)], r.flags);
+  if (st == CUDA_SUCCESS) e->flags = r.flags;
+  return st;
+}
+
+CUresult Worker::on_CtxCreate(Call& c) {
+  const auto r = c.req<ReqDeviceFlags>();
+  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  CUcontext real = nullptr;
+  const CUresult st = cu_.cuCtxCreate(&real, nullptr, r.flags, devices_[static_cast<std::size_t>(r.device)]);
+  if (st != CUDA_SUCCESS) return st;
+  current_ = real;  // cuCtxCreate made it current on this thread
+  CtxEntry e;
+  e.real = real;
+  e.device = r.device;
+  c.set_reply(RepHandle{ctxs_.insert(e)});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_CtxDestroy(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  CtxEntry* e = ctxs_.find(r.handle);
+  if (e == nullptr || e->primary || e->real == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const CUresult st = cu_.cuCtxDestroy(e->real);
+  if (st != CUDA_SUCCESS) return st;
+  if (current_ == e->real) current_ = nullptr;
+  drop_ctx_objects(r.handle);
+  ctxs_.erase(r.handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_CtxSynchronize(Call& c) {
+  const auto r = c.req<ReqCtx>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  return cu_.cuCtxSynchronize();
+}
+
+// ------------------------------------------------------------------ memory
+
+CUresult Worker::on_MemAlloc(Call& c) {
+  const auto r = c.req<ReqMemAlloc>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  RepMemAlloc rep{};
+  CUdeviceptr d = 0;
+  CUresult st;
+  std::uint64_t size;
+  if (r.elem_size == 0) {
+    if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    st = cu_.cuMemAlloc(&d, r.bytes);
+    size = r.bytes;
+  } else {
+    size_t pitch = 0;
+    st = cu_.cuMemAllocPitch(&d, &pitch, r.width, r.height, r.elem_size);
+    rep.pitch = pitch;
+    if (st == CUDA_SUCCESS && !mul_ok(pitch, r.height, &size)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (st != CUDA_SUCCESS) return st;
+  ranges_[d] = DevRange{size, r.ctx, RangeKind::kAlloc};
+  rep.dptr = d;
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemFree(Call& c) {
+  const auto r = c.req<ReqPtr>();
+  auto it = ranges_.find(r.dptr);
+  if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = cu_.cuMemFree(r.dptr);
+  if (st == CUDA_SUCCESS) ranges_.erase(it);
+  return st;
+}
+
+CUresult Worker::on_MemGetInfo(Call& c) {
+  const auto r = c.req<ReqCtx>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  size_t f = 0, t = 0;
+  const CUresult st = cu_.cuMemGetInfo(&f, &t);
+  c.set_reply(RepMemInfo{f, t});
+  return st;
+}
+
+CUresult Worker::on_MemGetAddressRange(Call& c) {
+  const auto r = c.req<ReqPtr>();
+  auto it = ranges_.upper_bound(r.dptr);
+  if (it == ranges_.begin()) return CUDA_ERROR_NOT_FOUND;
+  --it;
+  if (!ring::span_within(r.dptr, 1, it->first, it->second.size)) return CUDA_ERROR_NOT_FOUND;
+  c.set_reply(RepRange{it->first, it->second.size});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_Memset(Call& c) {
+  const auto r = c.req<ReqMemset>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.elem_size != 1 && r.elem_size != 2 && r.elem_size != 4) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t row_bytes, extent;
+  if (!mul_ok(r.width, r.elem_size, &row_bytes)) return CUDA_ERROR_INVALID_VALUE;
+  const bool two_d = r.pitch != 0;
+  if (two_d) {
+    if (!span2d(r.pitch, row_bytes, r.height, &extent)) return CUDA_ERROR_INVALID_VALUE;
+  } else {
+    extent = row_bytes;
+  }
+  if (extent != 0 && !owns_device(r.dptr, extent)) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s = nullptr;
+  const bool async = (r.flags & kAsync) != 0;
+  if (async)
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  const auto v8 = static_cast<unsigned char>(r.value);
+  const auto v16 = static_cast<unsigned short>(r.value);
+  if (!two_d) {
+    switch (r.elem_size) {
+      case 1: return async ? cu_.cuMemsetD8Async(r.dptr, v8, r.width, s) : cu_.cuMemsetD8(r.dptr, v8, r.width);
+      case 2: return async ? cu_.cuMemsetD16Async(r.dptr, v16, r.width, s) : cu_.cuMemsetD16(r.dptr, v16, r.width);
+      default: return async ? cu_.cuMemsetD32Async(r.dptr, r.value, r.width, s) : cu_.cuMemsetD32(r.dptr, r.value, r.width);
+    }
+  }
+  switch (r.elem_size) {
+    case 1: return async ? cu_.cuMemsetD2D8Async(r.dptr, r.pitch, v8, r.width, r.height, s)
+                         : cu_.cuMemsetD2D8(r.dptr, r.pitch, v8, r.width, r.height);
+    case 2: return async ? cu_.cuMemsetD2D16Async(r.dptr, r.pitch, v16, r.width, r.height, s)
+                         : cu_.cuMemsetD2D16(r.dptr, r.pitch, v16, r.width, r.height);
+    default: return async ? cu_.cuMemsetD2D32Async(r.dptr, r.pitch, r.value, r.width, r.height, s)
+                          : cu_.cuMemsetD2D32(r.dptr, r.pitch, r.value, r.width, r.height);
+  }
+}
+
+CUresult Worker::on_MemcpyHtoDInline(Call& c) {
+  const auto r = c.req<ReqCopy>();
+  const auto data = c.tail<ReqCopy>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (data.size() != r.bytes || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    // Pageable source: the driver has staged it when the call returns, so
+    // our private copy may be reused right after.
+    return cu_.cuMemcpyHtoDAsync(r.dst, data.data(), r.bytes, s);
+  }
+  return cu_.cuMemcpyHtoD(r.dst, data.data(), r.bytes);
+}
+
+CUresult Worker::on_MemcpyHtoDArena(Call& c) {
+  const auto r = c.req<ReqCopy>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    const CUresult st = cu_.cuMemcpyHtoDAsync(r.dst, arena_ptr(r.arena_off), r.bytes, s);
+    return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
+  }
+  return cu_.cuMemcpyHtoD(r.dst, arena_ptr(r.arena_off), r.bytes);
+}
+
+CUresult Worker::on_MemcpyDtoHArena(Call& c) {
+  const auto r = c.req<ReqCopy>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.src, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    const CUresult st = cu_.cuMemcpyDtoHAsync(arena_ptr(r.arena_off), r.src, r.bytes, s);
+    return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
+  }
+  return cu_.cuMemcpyDtoH(arena_ptr(r.arena_off), r.src, r.bytes);
+}
+
+CUresult Worker::on_MemcpyDtoD(Call& c) {
+  const auto r = c.req<ReqCopy>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (!owns_device(r.src, r.bytes) || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    return cu_.cuMemcpyDtoDAsync(r.dst, r.src, r.bytes, s);
+  }
+  return cu_.cuMemcpyDtoD(r.dst, r.src, r.bytes);
+}
+
+CUresult Worker::on_Memcpy2D(Call& c) {
+  const auto r = c.req<ReqCopy2D>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUDA_MEMCPY2D p{};
+  p.WidthInBytes = r.width_bytes;
+  p.Height = r.height;
+  // Each side: host memory must lie in the arena, device memory in a range
+  // this guest owns; the whole 2D footprint is checked, not just its start.
+  auto side = [&](std::uint32_t type, std::uint64_t x, std::uint64_t y, std::uint64_t pitch,
+                  std::uint64_t dev, std::uint64_t off, CUmemorytype* t, const void** host,
+                  CUdeviceptr* d, size_t* px, size_t* py, size_t* pp) -> bool {
+    std::uint64_t extent, start;
+    if (!span2d(pitch, r.width_bytes, r.height, &extent)) return false;
+    if (!mul_ok(y, pitch, &start) || __builtin_add_overflow(start, x, &start)) return false;
+    *px = x;
+    *py = y;
+    *pp = pitch;
+    if (type == CU_MEMORYTYPE_HOST) {
+      std::uint64_t first;
+      if (__builtin_add_overflow(off, start, &first) || !arena_range(first, extent)) return false;
+      *t = CU_MEMORYTYPE_HOST;
+      *host = arena_ptr(off);
+      return true;
+    }
+    if (type == CU_MEMORYTYPE_DEVICE) {
+      std::uint64_t first;
+      if (__builtin_add_overflow(dev, start, &first) || (extent != 0 && !owns_device(first, extent)))
+        return false;
+      *t = CU_MEMORYTYPE_DEVICE;
+      *d = dev;
+      return true;
+    }
+    return false;
+  };
+  const void* src_host = nullptr;
+  const void* dst_host = nullptr;
+  if (!side(r.src_type, r.src_x_bytes, r.src_y, r.src_pitch, r.src_device, r.src_arena_off,
+            &p.srcMemoryType, &src_host, &p.srcDevice, &p.srcXInBytes, &p.srcY, &p.srcPitch) ||
+      !side(r.dst_type, r.dst_x_bytes, r.dst_y, r.dst_pitch, r.dst_device, r.dst_arena_off,
+            &p.dstMemoryType, &dst_host, &p.dstDevice, &p.dstXInBytes, &p.dstY, &p.dstPitch))
+    return CUDA_ERROR_INVALID_VALUE;
+  p.srcHost = src_host;
+  p.dstHost = const_cast<void*>(dst_host);
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    const CUresult st = cu_.cuMemcpy2DAsync(&p, s);
+    return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
+  }
+  return r.unaligned ? cu_.cuMemcpy2DUnaligned(&p) : cu_.cuMemcpy2D(&p);
+}
+
+CUresult Worker::on_HostAlloc(Call& c) {
+  const auto r = c.req<ReqHostAlloc>();
+  if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  const auto off = pool_.allocate(r.bytes);
+  if (!off) return CUDA_ERROR_OUT_OF_MEMORY;
+  c.set_reply(RepHostAlloc{*off, arena_dev_ + (*off - l_.arena_off)});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_HostFree(Call& c) {
+  const auto r = c.req<ReqArenaOff>();
+  return pool_.free(r.arena_off) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// ------------------------------------------------------------------ modules
+
+CUresult Worker::on_ModuleLoad(Call& c) {
+  const auto r = c.req<ReqModuleLoad>();
+  CtxEntry* ctx = nullptr;
+  if (CUresult st = use_ctx(r.ctx, &ctx); st != CUDA_SUCCESS) return st;
+  if (r.bytes == 0 || !arena_range(r.arena_off, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  // Copy the image out before the driver parses it: the guest could change
+  // it under the parser otherwise. The NUL keeps a PTX image terminated.
+  std::vector<char> image(r.bytes + 1);
+  std::memcpy(image.data(), arena_ptr(r.arena_off), r.bytes);
+  image[r.bytes] = '\0';
+  CUmodule m = nullptr;
+  const CUresult st = cu_.cuModuleLoadData(&m, image.data());
+  if (st != CUDA_SUCCESS) return st;
+  ModuleEntry e;
+  e.real = m;
+  e.ctx = r.ctx;
+  c.set_reply(RepHandle{modules_.insert(std::move(e))});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_ModuleUnload(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  ModuleEntry* m = modules_.find(r.handle);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = cu_.cuModuleUnload(m->real);
+  for (auto& [name, f] : m->functions) funcs_.erase(f);
+  for (auto g : m->globals) ranges_.erase(g);
+  modules_.erase(r.handle);
+  return st;
+}
+
+namespace {
+// Validates a name sent after a ReqModuleName.
+bool read_name(std::span<const std::byte> tail, std::uint32_t len, std::string* out) {
+  if (len == 0 || len > kNameMax || tail.size() != len) return false;
+  out->assign(reinterpret_cast<const char*>(tail.data()), len);
+  return out->find('\0') == std::string::npos;
+}
+}  // namespace
+
+CUresult Worker::on_ModuleGetFunction(Call& c) {
+  const auto r = c.req<ReqModuleName>();
+  std::string name;
+  if (!read_name(c.tail<ReqModuleName>(), r.name_len, &name)) return CUDA_ERROR_INVALID_VALUE;
+  ModuleEntry* m = modules_.find(r.module);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+  std::uint64_t h;
+  if (auto it = m->functions.find(name); it != m->functions.end()) {
+    h = it->second;
+  } else {
+    CUfunction f = nullptr;
+    CUresult st = cu_.cuModuleGetFunction(&f, m->real, name.c_str());
+    if (st != CUDA_SUCCESS) return st;
+    FuncEntry e;
+    e.real = f;
+    e.module = r.module;
+    // The guest packs kernel arguments by these offsets and sizes: CUDA's
+    // void** kernelParams carries no sizes of its own.
+    for (size_t i = 0; i < kMaxParams; ++i) {
+      size_t off = 0, size = 0;
+      st = cu_.cuFuncGetParamInfo(f, i, &off, &size);
+      if (st != CUDA_SUCCESS) break;
+      e.params.push_back({static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(size)});
+      e.param_bytes = std::max(e.param_bytes, static_cast<std::uint32_t>(off + size));
+    }
+    h = funcs_.insert(std::move(e));
+    m = modules_.find(r.module);
+    m->functions.emplace(name, h);
+  }
+  const FuncEntry* f = funcs_.find(h);
+  RepFunction rep{};
+  rep.function = h;
+  rep.param_count = static_cast<std::uint32_t>(f->params.size());
+  rep.param_bytes = f->param_bytes;
+  c.set_reply(rep);
+  c.append(f->params.data(), f->params.size() * sizeof(ParamSlot));
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_ModuleGetGlobal(Call& c) {
+  const auto r = c.req<ReqModuleName>();
+  std::string name;
+  if (!read_name(c.tail<ReqModuleName>(), r.name_len, &name)) return CUDA_ERROR_INVALID_VALUE;
+  ModuleEntry* m = modules_.find(r.module);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+  CUdeviceptr d = 0;
+  size_t bytes = 0;
+  const CUresult st = cu_.cuModuleGetGlobal(&d, &bytes, m->real, name.c_str());
+  if (st != CUDA_SUCCESS) return st;
+  if (ranges_.find(d) == ranges_.end()) {
+    ranges_[d] = DevRange{bytes, m->ctx, RangeKind::kGlobal};
+    m->globals.push_back(d);
+  }
+  c.set_reply(RepRange{d, bytes});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_FuncGetAttribute(Call& c) {
+  const auto r = c.req<ReqFuncAttr>();
+  FuncEntry* f = funcs_.find(r.function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(modules_.find(f->module)->ctx); st != CUDA_SUCCESS) return st;
+  int v = 0;
+  const CUresult st = cu_.cuFuncGetAttribute(&v, static_cast<CUfunction_attribute>(r.attrib), f->real);
+  c.set_reply(RepValue{v});
+  return st;
+}
+
+CUresult Worker::on_FuncSetAttribute(Call& c) {
+  const auto r = c.req<ReqFuncAttr>();
+  FuncEntry* f = funcs_.find(r.function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(modules_.find(f->module)->ctx); st != CUDA_SUCCESS) return st;
+  return cu_.cuFuncSetAttribute(f->real, static_cast<CUfunction_attribute>(r.attrib), r.value);
+}
+
+CUresult Worker::on_Launch(Call& c) {
+  const auto r = c.req<ReqLaunch>();
+  const auto params = c.tail<ReqLaunch>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  FuncEntry* f = funcs_.find(r.function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (r.param_bytes != f->param_bytes || params.size() != f->param_bytes) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  // Offsets were bounded by param_bytes when the function was looked up.
+  void* argv[kMaxParams];
+  for (std::size_t i = 0; i < f->params.size(); ++i)
+    argv[i] = const_cast<std::byte*>(params.data()) + f->params[i].offset;
+  return cu_.cuLaunchKernel(f->real, r.grid[0], r.grid[1], r.grid[2], r.block[0], r.block[1], r.block[2],
+                            r.shared_bytes, s, f->params.empty() ? nullptr : argv, nullptr);
+}
+
+// ------------------------------------------------------------------ streams
+
+CUresult Worker::on_StreamCreate(Call& c) {
+  const auto r = c.req<ReqStreamCreate>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s = nullptr;
+  const CUresult st = cu_.cuStreamCreateWithPriority(&s, r.flags, r.priority);
+  if (st != CUDA_SUCCESS) return st;
+  c.set_reply(RepHandle{streams_.insert(StreamEntry{s, r.ctx})});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_StreamDestroy(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  StreamEntry* s = streams_.find(r.handle);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(s->ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = cu_.cuStreamDestroy(s->real);
+  streams_.erase(r.handle);
+  return st;
+}
+
+CUresult Worker::on_StreamQuery(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
+  return cu_.cuStreamQuery(s);
+}
+
+CUresult Worker::on_StreamSynchronize(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
+  if (streams_.find(r.handle) == nullptr) return cu_.cuStreamSynchronize(s);  // special streams
+  const CUresult st = cu_.cuStreamQuery(s);
+  if (st != CUDA_ERROR_NOT_READY) return st;
+  // Not done: park the call so that this guest's other channels keep moving.
+  c.parked = true;
+  c.ch.parked.active = true;
+  c.ch.parked.op = Op::kStreamSynchronize;
+  c.ch.parked.handle = r.handle;
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_StreamWaitEvent(Call& c) {
+  const auto r = c.req<ReqStreamWaitEvent>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  EventEntry* e = events_.find(r.event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return cu_.cuStreamWaitEvent(s, e->real, r.flags);
+}
+
+CUresult Worker::on_StreamGetPriority(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
+  int p = 0;
+  const CUresult st = cu_.cuStreamGetPriority(s, &p);
+  c.set_reply(RepValue{p});
+  return st;
+}
+
+// ------------------------------------------------------------------ events
+
+CUresult Worker::on_EventCreate(Call& c) {
+  const auto r = c.req<ReqEventCreate>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUevent e = nullptr;
+  const CUresult st = cu_.cuEventCreate(&e, r.flags);
+  if (st != CUDA_SUCCESS) return st;
+  c.set_reply(RepHandle{events_.insert(EventEntry{e, r.ctx})});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_EventRecord(Call& c) {
+  const auto r = c.req<ReqEventRecord>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  EventEntry* e = events_.find(r.event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  return cu_.cuEventRecord(e->real, s);
+}
+
+CUresult Worker::on_EventQuery(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  EventEntry* e = events_.find(r.handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  return cu_.cuEventQuery(e->real);
+}
+
+CUresult Worker::on_EventSynchronize(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  EventEntry* e = events_.find(r.handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = cu_.cuEventQuery(e->real);
+  if (st != CUDA_ERROR_NOT_READY) return st;
+  c.parked = true;
+  c.ch.parked.active = true;
+  c.ch.parked.op = Op::kEventSynchronize;
+  c.ch.parked.handle = r.handle;
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_EventElapsedTime(Call& c) {
+  const auto r = c.req<ReqEventElapsed>();
+  EventEntry* a = events_.find(r.start);
+  EventEntry* b = events_.find(r.end);
+  if (a == nullptr || b == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(a->ctx); st != CUDA_SUCCESS) return st;
+  float ms = 0;
+  const CUresult st = cu_.cuEventElapsedTime(&ms, a->real, b->real);
+  c.set_reply(RepElapsed{ms, 0});
+  return st;
+}
+
+CUresult Worker::on_EventDestroy(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  EventEntry* e = events_.find(r.handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = cu_.cuEventDestroy(e->real);
+  events_.erase(r.handle);
+  return st;
+}
+
+}  // namespace ivcuda::host

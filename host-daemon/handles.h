@@ -1,0 +1,84 @@
+// Per-guest handle tables. The guest only ever sees opaque 64-bit handles:
+//   bits 56..63 kind, 32..55 generation, 0..31 slot index.
+// A handle is valid only if its kind matches, its slot is live and the
+// generations agree, so a stale or forged handle is refused rather than
+// aliasing another object.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "ivcuda/proto.h"
+
+namespace ivcuda::host {
+
+constexpr std::uint64_t make_handle(proto::HandleKind k, std::uint32_t gen, std::uint32_t idx) {
+  return (std::uint64_t{static_cast<std::uint8_t>(k)} << 56) |
+         (std::uint64_t{gen & 0xffffffu} << 32) | idx;
+}
+constexpr proto::HandleKind handle_kind(std::uint64_t h) {
+  return static_cast<proto::HandleKind>(h >> 56);
+}
+
+template <class T>
+class HandleTable {
+ public:
+  explicit HandleTable(proto::HandleKind kind) : kind_(kind) {}
+
+  std::uint64_t insert(T value) {
+    std::uint32_t idx;
+    if (!free_.empty()) {
+      idx = free_.back();
+      free_.pop_back();
+    } else {
+      idx = static_cast<std::uint32_t>(slots_.size());
+      slots_.push_back({});
+    }
+    Slot& s = slots_[idx];
+    s.gen = (s.gen + 1) & 0xffffffu;
+    if (s.gen == 0) s.gen = 1;
+    s.value = std::move(value);
+    ++live_;
+    return make_handle(kind_, s.gen, idx);
+  }
+
+  T* find(std::uint64_t h) {
+    if (handle_kind(h) != kind_) return nullptr;
+    const auto idx = static_cast<std::uint32_t>(h);
+    if (idx >= slots_.size()) return nullptr;
+    Slot& s = slots_[idx];
+    if (!s.value || s.gen != ((h >> 32) & 0xffffffu)) return nullptr;
+    return &*s.value;
+  }
+
+  bool erase(std::uint64_t h) {
+    if (find(h) == nullptr) return false;
+    const auto idx = static_cast<std::uint32_t>(h);
+    slots_[idx].value.reset();
+    free_.push_back(idx);
+    --live_;
+    return true;
+  }
+
+  // Calls f(handle, value&) for each live entry; f may not insert or erase.
+  template <class F>
+  void for_each(F&& f) {
+    for (std::uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].value) f(make_handle(kind_, slots_[i].gen, i), *slots_[i].value);
+  }
+
+  std::size_t size() const noexcept { return live_; }
+
+ private:
+  struct Slot {
+    std::uint32_t gen = 0;
+    std::optional<T> value;
+  };
+  proto::HandleKind kind_;
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> free_;
+  std::size_t live_ = 0;
+};
+
+}  // namespace ivcuda::host

@@ -1,0 +1,238 @@
+// ivcudad: owns the GPU and serves guests. It listens on a UNIX socket and
+// speaks the server side of QEMU's ivshmem protocol, so that stock QEMU's
+// ivshmem-doorbell device and local processes ("process mode") connect the
+// same way. Every guest gets its own shared memory and its own worker
+// process; this parent never touches the GPU.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "host-daemon/log.h"
+#include "host-daemon/worker.h"
+#include "ring/ivshmem.h"
+#include "ring/layout.h"
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+ivcuda::host::Worker* g_worker = nullptr;
+
+void on_signal(int) {
+  g_stop = 1;
+  if (g_worker != nullptr) g_worker->stop();
+}
+
+struct Options {
+  std::string socket = "/run/ivcuda/ivcudad.sock";
+  std::uint64_t shm_size = 1ull << 30;
+  std::string gpus;
+  std::size_t vectors = 8;
+  std::uint32_t channels = 32;
+  std::uint64_t ring_size = 256 * 1024;
+  std::uint64_t staging = 8ull << 20;
+  std::string driver = "libcuda.so.1";
+  unsigned spin_us = 200;
+  unsigned max_guests = 64;
+  std::string log_level = "info";
+};
+
+std::vector<int> parse_gpus(const std::string& s, std::string* err) {
+  std::vector<int> out;
+  if (s.empty() || s == "all") return out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > 1023) {
+      *err = "bad GPU index '" + item + "' in --gpus";
+      return {};
+    }
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+std::uint64_t new_generation() {
+  std::uint64_t g = 0;
+  if (::getrandom(&g, sizeof g, 0) != sizeof g) g = static_cast<std::uint64_t>(::time(nullptr)) ^ ::getpid();
+  return g | 1;  // never zero
+}
+
+// The worker: runs in a child process with the guest's resources only.
+int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
+               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd) {
+  // Die with the daemon: a worker must not outlive the process that manages it.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  ivcuda::host::WorkerConfig cfg;
+  cfg.guest_id = static_cast<std::uint32_t>(g.peer_id);
+  cfg.shm_fd = shm_fd;
+  cfg.layout = layout;
+  cfg.generation = generation;
+  for (auto& fd : g.host_fds) cfg.host_fds.push_back(fd.get());
+  for (auto& fd : g.guest_fds) cfg.guest_fds.push_back(fd.get());
+  cfg.conn_fd = g.conn.get();
+  cfg.driver_path = o.driver;
+  cfg.devices = gpus;
+  cfg.spin = std::chrono::microseconds(o.spin_us);
+  auto w = ivcuda::host::Worker::create(std::move(cfg));
+  if (!w) {
+    IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(g.peer_id), w.error().what.c_str());
+    return 2;
+  }
+  g_worker = w->get();
+  const int rc = (*w)->run();
+  g_worker = nullptr;
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"ivcudad - serves CUDA to QEMU guests and local processes over ivshmem"};
+  app.set_config("--config", "", "read options from an INI/TOML file (keys = long option names)");
+  app.add_option("--socket", o.socket, "UNIX socket to listen on (QEMU: -chardev socket,path=...)")
+      ->capture_default_str();
+  app.add_option("--shm-size", o.shm_size, "shared memory per guest, e.g. 512M, 2G")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("--gpus", o.gpus, "host GPU indices guests may use, e.g. 0,2 (default: all)");
+  app.add_option("--vectors", o.vectors, "doorbell vectors per peer (QEMU's ivshmem vectors= must match)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--channels", o.channels, "channels per guest (threads with their own ring)")
+      ->check(CLI::Range(2, 256))
+      ->capture_default_str();
+  app.add_option("--ring-size", o.ring_size, "bytes per ring, a power of two")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("--staging-size", o.staging, "staging bytes per channel for pageable copies")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  app.add_option("--driver", o.driver, "the CUDA driver library to load")->capture_default_str();
+  app.add_option("--spin-us", o.spin_us, "how long a worker polls after the last request before sleeping")
+      ->capture_default_str();
+  app.add_option("--max-guests", o.max_guests, "guests served at once")->capture_default_str();
+  app.add_option("--log-level", o.log_level, "error, warn, info or debug")
+      ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  using ivcuda::log::Level;
+  ivcuda::log::set_level(o.log_level == "error" ? Level::kError
+                         : o.log_level == "warn" ? Level::kWarn
+                         : o.log_level == "debug" ? Level::kDebug
+                                                  : Level::kInfo);
+  std::string err;
+  const std::vector<int> gpus = parse_gpus(o.gpus, &err);
+  if (!err.empty()) {
+    IVLOG_ERROR("%s", err.c_str());
+    return 2;
+  }
+  ivcuda::ring::LayoutParams lp;
+  lp.shm_size = o.shm_size;
+  lp.channels = o.channels;
+  lp.ring_bytes = static_cast<std::uint32_t>(o.ring_size);
+  lp.staging_bytes = o.staging;
+  if (o.ring_size > (1u << 30)) {
+    IVLOG_ERROR("--ring-size too large");
+    return 2;
+  }
+  auto layout = ivcuda::ring::plan_layout(lp);
+  if (!layout) {
+    IVLOG_ERROR("bad memory layout: %s", layout.error().what.c_str());
+    return 2;
+  }
+  auto server = ivcuda::ivshmem::IvshmemServer::listen(o.socket, o.vectors);
+  if (!server) {
+    IVLOG_ERROR("cannot listen on %s: %s", o.socket.c_str(), server.error().what.c_str());
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  const std::uint64_t generation = new_generation();
+  IVLOG_INFO("listening on %s (%zu vectors, %llu MiB per guest, driver %s, generation %016llx)",
+             o.socket.c_str(), o.vectors, static_cast<unsigned long long>(o.shm_size >> 20), o.driver.c_str(),
+             static_cast<unsigned long long>(generation));
+
+  std::map<pid_t, std::int64_t> workers;  // pid -> guest id
+  while (g_stop == 0) {
+    // Reap workers: a guest that went away, or a worker that failed.
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      auto it = workers.find(pid);
+      const long long id = it == workers.end() ? -1 : it->second;
+      if (WIFSIGNALED(status))
+        IVLOG_WARN("worker for guest %lld died of signal %d; its GPU resources are freed", id, WTERMSIG(status));
+      else
+        IVLOG_INFO("worker for guest %lld ended (status %d)", id, WEXITSTATUS(status));
+      if (it != workers.end()) workers.erase(it);
+    }
+    auto pending = server->accept(200);
+    if (!pending) {
+      if (pending.error().code != ETIMEDOUT && pending.error().code != EINTR)
+        IVLOG_WARN("accept: %s", pending.error().what.c_str());
+      continue;
+    }
+    if (workers.size() >= o.max_guests) {
+      IVLOG_WARN("refusing a guest: %u guests already served", o.max_guests);
+      continue;  // closing the connection tells the peer
+    }
+    // Each guest gets memory of its own: nobody else can map it.
+    auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
+    if (!shm) {
+      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), shm.error().what.c_str());
+      continue;
+    }
+    {
+      auto map = ivcuda::sys::Mapping::map_shared(shm->get(), o.shm_size);
+      if (!map) {
+        IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), map.error().what.c_str());
+        continue;
+      }
+      (void)ivcuda::ring::format_bar(map->data(), *layout, generation,
+                                     static_cast<std::uint32_t>(ivcuda::ivshmem::kHostPeerId),
+                                     static_cast<std::uint32_t>(o.vectors),
+                                     ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+    }
+    const long long id = pending->peer_id;
+    auto conn = server->greet(std::move(*pending), shm->get());
+    if (!conn) {
+      IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
+      continue;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
+      continue;
+    }
+    if (pid == 0) {
+      ::close(server->listen_fd());
+      const int rc = run_worker(o, gpus, *layout, generation, *conn, shm->get());
+      ::_exit(rc);
+    }
+    workers[pid] = id;
+    IVLOG_INFO("guest %lld connected; worker pid %d", id, static_cast<int>(pid));
+    // The parent keeps nothing of the guest's: when the worker ends, the
+    // guest's connection closes with it.
+  }
+  IVLOG_INFO("stopping: %zu worker(s)", workers.size());
+  for (auto& [pid, id] : workers) ::kill(pid, SIGTERM);
+  for (auto& [pid, id] : workers) ::waitpid(pid, nullptr, 0);
+  return 0;
+}

@@ -1,0 +1,81 @@
+#include "host-daemon/uring_wait.h"
+
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ivcuda::host {
+
+namespace {
+constexpr std::uint64_t kTagRead = 1;
+constexpr std::uint64_t kTagPoll = 2;
+}  // namespace
+
+Result<std::unique_ptr<UringWaiter>> UringWaiter::create(int doorbell_fd, int conn_fd) {
+  std::unique_ptr<UringWaiter> w(new UringWaiter());
+  const int r = io_uring_queue_init(8, &w->ring_, 0);
+  if (r < 0) return make_error(-r, std::string("io_uring_queue_init: ") + std::strerror(-r));
+  w->ring_ok_ = true;
+  w->doorbell_fd_ = doorbell_fd;
+  w->conn_fd_ = conn_fd;
+  w->arm_read();
+  if (conn_fd >= 0) w->arm_poll();
+  io_uring_submit(&w->ring_);
+  return w;
+}
+
+UringWaiter::~UringWaiter() {
+  if (ring_ok_) io_uring_queue_exit(&ring_);
+}
+
+void UringWaiter::arm_read() noexcept {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) return;
+  io_uring_prep_read(sqe, doorbell_fd_, &buf_, sizeof buf_, 0);
+  io_uring_sqe_set_data64(sqe, kTagRead);
+}
+
+void UringWaiter::arm_poll() noexcept {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) return;
+  io_uring_prep_poll_add(sqe, conn_fd_, POLLRDHUP | POLLHUP | POLLERR);
+  io_uring_sqe_set_data64(sqe, kTagPoll);
+}
+
+unsigned UringWaiter::wait(int timeout_ms) noexcept {
+  unsigned what = hung_up_ ? kHangup : 0;
+  io_uring_cqe* cqe = nullptr;
+  int r;
+  if (timeout_ms > 0) {
+    __kernel_timespec ts{};
+    ts.tv_sec = timeout_ms / 1000;
+    ts.tv_nsec = static_cast<long long>(timeout_ms % 1000) * 1000000;
+    r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+  } else {
+    r = io_uring_peek_cqe(&ring_, &cqe);
+  }
+  if (r < 0) return what;  // timeout or EINTR: nothing happened
+  bool rearm_read = false;
+  unsigned head;
+  unsigned seen = 0;
+  io_uring_for_each_cqe(&ring_, head, cqe) {
+    ++seen;
+    const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
+    if (tag == kTagRead) {
+      what |= kDoorbell;
+      rearm_read = true;
+    } else if (tag == kTagPoll) {
+      hung_up_ = true;
+      what |= kHangup;
+    }
+  }
+  io_uring_cq_advance(&ring_, seen);
+  if (rearm_read) {
+    arm_read();
+    io_uring_submit(&ring_);
+  }
+  return what;
+}
+
+}  // namespace ivcuda::host

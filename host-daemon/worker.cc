@@ -1,0 +1,372 @@
+#include "host-daemon/worker.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "host-daemon/log.h"
+#include "host-daemon/worker_internal.h"
+#include "ring/validate.h"
+
+namespace ivcuda::host {
+
+namespace {
+constexpr std::size_t kReqSize[] = {
+    0,
+#define IVCUDA_REQ_SIZE(name, req, rep, sync) sizeof(proto::req),
+    IVCUDA_OPS(IVCUDA_REQ_SIZE)
+#undef IVCUDA_REQ_SIZE
+};
+static_assert(std::size(kReqSize) == static_cast<std::size_t>(proto::Op::kCount));
+
+// Ops whose reply also reports the first error of earlier posted work, the
+// way CUDA reports asynchronous errors at synchronising calls.
+bool reports_async_errors(proto::Op op) {
+  switch (op) {
+    case proto::Op::kCtxSynchronize:
+    case proto::Op::kStreamSynchronize:
+    case proto::Op::kStreamQuery:
+    case proto::Op::kEventSynchronize:
+    case proto::Op::kEventQuery:
+    case proto::Op::kFlush:
+    case proto::Op::kMemcpyHtoDInline:
+    case proto::Op::kMemcpyHtoDArena:
+    case proto::Op::kMemcpyDtoHArena:
+    case proto::Op::kMemcpyDtoD:
+    case proto::Op::kMemcpy2D:
+    case proto::Op::kMemset:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Wrap-safe "a comes before b" for 32-bit tickets.
+bool ticket_before(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) < 0; }
+}  // namespace
+
+const Worker::Handler Worker::kHandlers[] = {
+    nullptr,
+#define IVCUDA_HANDLER_ENTRY(name, req, rep, sync) &Worker::on_##name,
+    IVCUDA_OPS(IVCUDA_HANDLER_ENTRY)
+#undef IVCUDA_HANDLER_ENTRY
+};
+static_assert(std::size(Worker::kHandlers) == static_cast<std::size_t>(proto::Op::kCount),
+              "every op needs a handler");
+
+Worker::Worker(WorkerConfig cfg) : cfg_(std::move(cfg)), l_(cfg_.layout),
+      pool_(ring::pool_off(cfg_.layout), ring::pool_size(cfg_.layout)) {}
+
+Worker::~Worker() { cleanup(); }
+
+Result<std::unique_ptr<Worker>> Worker::create(WorkerConfig cfg) {
+  std::unique_ptr<Worker> w(new Worker(std::move(cfg)));
+  IVCUDA_TRY(w->init());
+  return w;
+}
+
+const char* Worker::err_name(CUresult st) const {
+  const char* s = nullptr;
+  if (cu_.cuGetErrorName == nullptr || cu_.cuGetErrorName(st, &s) != CUDA_SUCCESS || s == nullptr)
+    return "CUDA_ERROR_UNKNOWN";
+  return s;
+}
+
+Result<void> Worker::init() {
+  char prefix[48];
+  std::snprintf(prefix, sizeof prefix, "ivcudad worker g%u", cfg_.guest_id);
+  log::set_prefix(prefix);
+  if (cfg_.host_fds.empty() || cfg_.guest_fds.empty())
+    return make_error(EINVAL, "worker needs at least one doorbell vector each way");
+  IVCUDA_TRY_ASSIGN(bar_, sys::Mapping::map_shared(cfg_.shm_fd, l_.shm_size));
+  IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
+  IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.conn_fd));
+  CUresult st = cu_.cuInit(0);
+  if (st != CUDA_SUCCESS) return make_error(st, std::string("cuInit: ") + err_name(st));
+  int count = 0;
+  st = cu_.cuDeviceGetCount(&count);
+  if (st != CUDA_SUCCESS) return make_error(st, std::string("cuDeviceGetCount: ") + err_name(st));
+  std::vector<int> ordinals = cfg_.devices;
+  if (ordinals.empty())
+    for (int i = 0; i < count; ++i) ordinals.push_back(i);
+  for (int o : ordinals) {
+    if (o < 0 || o >= count)
+      return make_error(EINVAL, "GPU " + std::to_string(o) + " does not exist on this host (" +
+                                    std::to_string(count) + " found)");
+    CUdevice d;
+    st = cu_.cuDeviceGet(&d, o);
+    if (st != CUDA_SUCCESS) return make_error(st, std::string("cuDeviceGet: ") + err_name(st));
+    devices_.push_back(d);
+    CtxEntry e;
+    e.primary = true;
+    e.device = static_cast<int>(devices_.size() - 1);
+    primary_.push_back(ctxs_.insert(e));
+  }
+  if (devices_.empty()) return make_error(ENODEV, "no GPU for this guest");
+  // Register the arena with the GPU once, in the first device's primary
+  // context, so that copies from page-locked guest memory and from staging
+  // DMA straight from the shared pages.
+  st = cu_.cuDevicePrimaryCtxRetain(&arena_ctx_, devices_[0]);
+  if (st != CUDA_SUCCESS) return make_error(st, std::string("cuDevicePrimaryCtxRetain: ") + err_name(st));
+  cu_.cuCtxSetCurrent(arena_ctx_);
+  current_ = arena_ctx_;
+  st = cu_.cuMemHostRegister(arena_ptr(l_.arena_off), l_.arena_size,
+                             CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (st != CUDA_SUCCESS)
+    return make_error(st, std::string("registering the arena with the GPU: ") + err_name(st));
+  arena_registered_ = true;
+  CUdeviceptr d = 0;
+  st = cu_.cuMemHostGetDevicePointer(&d, arena_ptr(l_.arena_off), 0);
+  if (st != CUDA_SUCCESS) return make_error(st, std::string("arena device pointer: ") + err_name(st));
+  arena_dev_ = d;
+  channels_.resize(l_.channels);
+  IVLOG_INFO("serving guest %u: %zu GPU(s), %u channels, arena %llu MiB at device 0x%llx",
+             cfg_.guest_id, devices_.size(), l_.channels,
+             static_cast<unsigned long long>(l_.arena_size >> 20), static_cast<unsigned long long>(arena_dev_));
+  return {};
+}
+
+void Worker::cleanup() noexcept {
+  if (cu_.handle == nullptr) return;
+  // Contexts the guest created die with everything in them; primaries are
+  // released as often as the guest retained them. Process exit would free
+  // all of it too - this keeps the driver's books straight while we live.
+  ctxs_.for_each([&](std::uint64_t, CtxEntry& c) {
+    if (c.primary) {
+      if (c.real != nullptr && c.guest_refs > 0) cu_.cuDevicePrimaryCtxRelease(devices_[c.device]);
+    } else if (c.real != nullptr) {
+      cu_.cuCtxDestroy(c.real);
+    }
+  });
+  if (arena_registered_) {
+    cu_.cuCtxSetCurrent(arena_ctx_);
+    cu_.cuMemHostUnregister(arena_ptr(l_.arena_off));
+    arena_registered_ = false;
+  }
+  if (arena_ctx_ != nullptr) {
+    cu_.cuDevicePrimaryCtxRelease(devices_[0]);
+    arena_ctx_ = nullptr;
+  }
+  cu_.handle = nullptr;  // the library stays loaded until exit
+}
+
+void Worker::post_error(CUresult st, const char* op) noexcept {
+  if (st == CUDA_SUCCESS) return;
+  if (pending_ == CUDA_SUCCESS) pending_ = st;
+  if (errors_logged_++ < 100)
+    IVLOG_WARN("guest %u: posted %s failed: %s (reported at the next synchronising call)",
+               cfg_.guest_id, op, err_name(st));
+}
+
+// ------------------------------------------------------------------ channels
+
+void Worker::attach_channels() {
+  auto* sb = ring::superblock(bar_.data());
+  for (std::uint32_t w = 0; w < abi::kChannelMaskWords; ++w) {
+    // The guest sets a bit after making the channel usable; a bogus bit only
+    // makes us look at a ring whose contents are validated anyway.
+    std::uint64_t bits = ring::load_acquire(sb->active_mask[w]);
+    while (bits != 0) {
+      const std::uint32_t c = w * 64 + static_cast<std::uint32_t>(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      if (c >= l_.channels || channels_[c]) continue;
+      auto ch = std::make_unique<Channel>();
+      ch->index = c;
+      const auto desc = ring::copy_out<abi::ChannelDesc>(ring::channel_desc(bar_.data(), l_, c));
+      const std::uint32_t vec = desc.guest_vector % static_cast<std::uint32_t>(cfg_.guest_fds.size());
+      ch->bell = std::make_unique<ring::EventfdDoorbell>(cfg_.guest_fds[vec]);
+      ch->req = ring::Consumer(ring::request_ring(bar_.data(), l_, c));
+      ch->cpl = ring::Producer(ring::completion_ring(bar_.data(), l_, c), ch->bell.get());
+      channels_[c] = std::move(ch);
+      IVLOG_DEBUG("guest %u attached channel %u (vector %u)", cfg_.guest_id, c, vec);
+    }
+  }
+}
+
+void Worker::reply(Channel& ch, const ring::Record& rec, CUresult st, std::span<const std::byte> body) {
+  abi::RecordHeader h{};
+  h.op = rec.hdr.op;
+  h.seq = rec.hdr.seq;
+  h.status = static_cast<std::int32_t>(st);
+  h.len = static_cast<std::uint32_t>(body.size());
+  ring::RingStatus rs;
+  std::byte* p = nullptr;
+  // The guest waits for this reply, so its ring has room unless it misbehaves;
+  // give it a moment, then drop the channel rather than block other channels.
+  for (int tries = 0; tries < 1000000; ++tries) {
+    p = ch.cpl.reserve(h, &rs);
+    if (p != nullptr || rs != ring::RingStatus::kFull) break;
+    ring::cpu_relax();
+  }
+  if (p == nullptr) {
+    IVLOG_ERROR("guest %u channel %u: cannot post the reply to %s; channel dropped", cfg_.guest_id,
+                ch.index, proto::op_name(rec.hdr.op));
+    ch.dead = true;
+    return;
+  }
+  if (!body.empty()) std::memcpy(p, body.data(), body.size());
+  ch.cpl.commit();
+  ch.cpl.publish();
+}
+
+void Worker::handle(Channel& ch, const ring::Record& rec) {
+  static thread_local std::vector<std::byte> out;
+  out.clear();
+  const bool needs_reply = (rec.hdr.flags & abi::kRecNeedsReply) != 0;
+  const std::uint16_t op = rec.hdr.op;
+  CUresult st;
+  Call call{ch, rec, out};
+  IVLOG_DEBUG("guest %u channel %u: %s seq %u (%u bytes)%s", cfg_.guest_id, ch.index, proto::op_name(op),
+              rec.hdr.seq, rec.hdr.len, needs_reply ? "" : " posted");
+  if (op == 0 || op >= static_cast<std::uint16_t>(proto::Op::kCount)) {
+    st = CUDA_ERROR_INVALID_VALUE;
+    if (errors_logged_++ < 100)
+      IVLOG_WARN("guest %u channel %u: unknown op %u refused", cfg_.guest_id, ch.index, op);
+  } else if (rec.payload.size() < kReqSize[op]) {
+    st = CUDA_ERROR_INVALID_VALUE;
+    if (errors_logged_++ < 100)
+      IVLOG_WARN("guest %u channel %u: %s request truncated (%zu < %zu bytes)", cfg_.guest_id,
+                 ch.index, proto::op_name(op), rec.payload.size(), kReqSize[op]);
+  } else {
+    st = (this->*kHandlers[op])(call);
+  }
+  if (call.parked) {
+    ch.parked.hdr = rec.hdr;
+    return;
+  }
+  const auto pop = static_cast<proto::Op>(op);
+  if (st == CUDA_SUCCESS && reports_async_errors(pop) && pending_ != CUDA_SUCCESS) {
+    st = pending_;
+    pending_ = CUDA_SUCCESS;
+  }
+  if (!needs_reply) {
+    post_error(st, proto::op_name(op));
+    return;
+  }
+  if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY && errors_logged_++ < 100)
+    IVLOG_INFO("guest %u: %s -> %s", cfg_.guest_id, proto::op_name(op), err_name(st));
+  reply(ch, rec, st, out);
+}
+
+bool Worker::poll_parked(Channel& ch) {
+  auto& p = ch.parked;
+  CUresult st;
+  if (p.op == proto::Op::kStreamSynchronize) {
+    auto* s = streams_.find(p.handle);
+    st = s == nullptr ? CUDA_ERROR_INVALID_HANDLE : cu_.cuStreamQuery(s->real);
+  } else {
+    auto* e = events_.find(p.handle);
+    st = e == nullptr ? CUDA_ERROR_INVALID_HANDLE : cu_.cuEventQuery(e->real);
+  }
+  if (st == CUDA_ERROR_NOT_READY) return false;
+  if (st == CUDA_SUCCESS && pending_ != CUDA_SUCCESS) {
+    st = pending_;
+    pending_ = CUDA_SUCCESS;
+  }
+  p.active = false;
+  ring::Record rec;
+  rec.hdr = p.hdr;
+  reply(ch, rec, st, {});
+  return true;
+}
+
+int Worker::serve_once() {
+  attach_channels();
+  int handled = 0;
+  for (;;) {
+    // Take records across channels in ticket order: a call a guest thread
+    // made after another thread's call returned has the larger ticket.
+    Channel* best = nullptr;
+    ring::Record best_rec;
+    for (auto& chp : channels_) {
+      if (!chp || chp->dead) continue;
+      Channel& ch = *chp;
+      if (ch.parked.active) {
+        if (poll_parked(ch)) ++handled;
+        continue;
+      }
+      ring::Record rec;
+      const auto rs = ch.req.poll(&rec);
+      if (rs == ring::RingStatus::kCorrupt) {
+        IVLOG_ERROR("guest %u channel %u: request ring corrupt (indices or record out of bounds); "
+                    "channel dropped", cfg_.guest_id, ch.index);
+        ch.dead = true;
+        continue;
+      }
+      if (rs != ring::RingStatus::kOk) continue;
+      if (best == nullptr || ticket_before(rec.hdr.seq, best_rec.hdr.seq)) {
+        best = &ch;
+        best_rec = rec;
+      }
+    }
+    if (best == nullptr) break;
+    handle(*best, best_rec);
+    best->req.consume();
+    ++handled;
+    if ((handled & 31) == 0) best->req.publish_head();
+  }
+  for (auto& chp : channels_)
+    if (chp) chp->req.publish_head();
+  return handled;
+}
+
+void Worker::sleep_until_work() {
+  bool parked = false;
+  for (auto& chp : channels_)
+    if (chp && !chp->dead && chp->parked.active) parked = true;
+  if (parked) {
+    // Waiting on the GPU for a parked synchronise: poll it at a fine grain.
+    (void)waiter_->wait(0);
+    ::usleep(20);
+    return;
+  }
+  auto* sb = ring::superblock(bar_.data());
+  ring::store_relaxed(sb->host_sleeping, std::uint32_t{1});
+  bool work = false;
+  for (auto& chp : channels_) {
+    if (!chp || chp->dead) continue;
+    if (!chp->req.prepare_sleep()) work = true;  // [F1] inside prepare_sleep
+  }
+  std::uint64_t mask_now[abi::kChannelMaskWords];
+  for (std::uint32_t w = 0; w < abi::kChannelMaskWords; ++w) mask_now[w] = ring::load_acquire(sb->active_mask[w]);
+  for (std::uint32_t c = 0; c < l_.channels && !work; ++c)
+    if ((mask_now[c / 64] >> (c % 64) & 1) && !channels_[c]) work = true;  // a new channel
+  if (!work) {
+    const unsigned what = waiter_->wait(100);
+    if (what & UringWaiter::kHangup) stop_ = true;
+  }
+  for (auto& chp : channels_)
+    if (chp) chp->req.end_sleep();
+  ring::store_relaxed(sb->host_sleeping, std::uint32_t{0});
+}
+
+int Worker::run() {
+  auto* sb = ring::superblock(bar_.data());
+  auto last_work = std::chrono::steady_clock::now();
+  unsigned spins = 0;
+  while (!stop_) {
+    const int n = serve_once();
+    if (n > 0) {
+      last_work = std::chrono::steady_clock::now();
+      continue;
+    }
+    if ((++spins & 1023) == 0) {
+      ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
+      if (waiter_->wait(0) & UringWaiter::kHangup) break;
+    }
+    if (std::chrono::steady_clock::now() - last_work < cfg_.spin) {
+      ring::cpu_relax();
+      continue;
+    }
+    sleep_until_work();
+    last_work = std::chrono::steady_clock::now() - cfg_.spin + std::chrono::microseconds(20);
+  }
+  IVLOG_INFO("guest %u went away; releasing %zu context(s), %zu allocation(s), %zu module(s)",
+             cfg_.guest_id, ctxs_.size(), ranges_.size(), modules_.size());
+  cleanup();
+  return 0;
+}
+
+}  // namespace ivcuda::host

@@ -1,0 +1,147 @@
+// One worker process per guest: it owns that guest's CUDA contexts and
+// objects, serves the guest's channels and treats every byte of the shared
+// memory as hostile.
+#pragma once
+
+#include <cuda.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "host-daemon/driver_api.h"
+#include "host-daemon/handles.h"
+#include "host-daemon/uring_wait.h"
+#include "ivcuda/proto.h"
+#include "ring/arena.h"
+#include "ring/layout.h"
+#include "ring/spsc_ring.h"
+#include "ring/sys.h"
+#include "ring/wait.h"
+
+namespace ivcuda::host {
+
+struct WorkerConfig {
+  std::uint32_t guest_id = 0;
+  int shm_fd = -1;                 // borrowed; the worker maps it
+  ring::Layout layout;             // the layout the daemon formatted (private copy)
+  std::uint64_t generation = 0;
+  std::vector<int> host_fds;       // the guest rings us on these (non-blocking eventfds)
+  std::vector<int> guest_fds;      // we ring the guest on these
+  int conn_fd = -1;                // the guest's socket: hang-up ends the worker
+  std::string driver_path = "libcuda.so.1";
+  std::vector<int> devices;        // host ordinals this guest may use; empty = all
+  std::chrono::microseconds spin{200};
+};
+
+class Worker {
+ public:
+  static Result<std::unique_ptr<Worker>> create(WorkerConfig cfg);
+  ~Worker();
+
+  // Serves until the guest hangs up or stop() is called. Returns 0 on a
+  // clean end.
+  int run();
+  void stop() noexcept { stop_ = true; }
+
+  // One pass over the channels (for tests): returns records handled.
+  int serve_once();
+
+ private:
+  struct Call;
+
+ public:
+  using Handler = CUresult (Worker::*)(Call&);
+  static const Handler kHandlers[];
+
+ private:
+  struct Channel;
+  struct CtxEntry {
+    CUcontext real = nullptr;
+    int device = 0;      // guest ordinal
+    bool primary = false;
+    int guest_refs = 0;  // primary: the guest's retain count
+    unsigned flags = 0;  // primary: flags set before activation
+  };
+  struct FuncEntry {
+    CUfunction real = nullptr;
+    std::uint64_t module = 0;
+    std::vector<proto::ParamSlot> params;
+    std::uint32_t param_bytes = 0;
+  };
+  struct ModuleEntry {
+    CUmodule real = nullptr;
+    std::uint64_t ctx = 0;
+    std::map<std::string, std::uint64_t> functions;  // name -> function handle
+    std::vector<std::uint64_t> globals;              // device ranges of globals
+  };
+  struct StreamEntry {
+    CUstream real = nullptr;
+    std::uint64_t ctx = 0;
+  };
+  struct EventEntry {
+    CUevent real = nullptr;
+    std::uint64_t ctx = 0;
+  };
+  enum class RangeKind : std::uint8_t { kAlloc, kGlobal };
+  struct DevRange {
+    std::uint64_t size = 0;
+    std::uint64_t ctx = 0;
+    RangeKind kind = RangeKind::kAlloc;
+  };
+
+  explicit Worker(WorkerConfig cfg);
+  Result<void> init();
+  void attach_channels();
+  void handle(Channel& ch, const ring::Record& rec);
+  void reply(Channel& ch, const ring::Record& rec, CUresult st, std::span<const std::byte> body);
+  bool poll_parked(Channel& ch);
+  void sleep_until_work();
+  void cleanup() noexcept;
+
+  // Helpers the handlers share.
+  CUresult use_ctx(std::uint64_t h, CtxEntry** out = nullptr);
+  CUresult resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* out);
+  bool owns_device(std::uint64_t addr, std::uint64_t len) const;
+  bool arena_range(std::uint64_t off, std::uint64_t len) const;
+  std::byte* arena_ptr(std::uint64_t off) const { return bar_.data() + off; }
+  void post_error(CUresult st, const char* op) noexcept;
+  void drop_ctx_objects(std::uint64_t ctx);
+  CUresult release_primary_objects(CtxEntry& c, std::uint64_t h);
+  const char* err_name(CUresult st) const;
+
+#define IVCUDA_WORKER_DECL(name, req, rep, sync) CUresult on_##name(Call& c);
+  IVCUDA_OPS(IVCUDA_WORKER_DECL)
+#undef IVCUDA_WORKER_DECL
+
+
+  WorkerConfig cfg_;
+  DriverApi cu_{};
+  sys::Mapping bar_;
+  ring::Layout l_;
+  std::unique_ptr<UringWaiter> waiter_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::vector<CUdevice> devices_;  // guest ordinal -> driver device
+  CUcontext current_ = nullptr;
+  CUcontext arena_ctx_ = nullptr;
+  std::uint64_t arena_dev_ = 0;    // device address of the arena's first byte
+  bool arena_registered_ = false;
+  ring::ArenaAllocator pool_;
+
+  HandleTable<CtxEntry> ctxs_{proto::HandleKind::kContext};
+  HandleTable<ModuleEntry> modules_{proto::HandleKind::kModule};
+  HandleTable<FuncEntry> funcs_{proto::HandleKind::kFunction};
+  HandleTable<StreamEntry> streams_{proto::HandleKind::kStream};
+  HandleTable<EventEntry> events_{proto::HandleKind::kEvent};
+  std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
+  std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
+  CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
+  std::uint64_t errors_logged_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace ivcuda::host

@@ -1,0 +1,357 @@
+// The request/reply protocol carried in ring records (see shm_abi.h).
+//
+// A request record is abi::RecordHeader{len, op, flags, seq} followed by the
+// op's request struct and, for some ops, trailing bytes (names, inline data,
+// kernel parameters). A reply record echoes op and seq, carries the CUresult
+// in `status`, and is followed by the op's reply struct (and trailing bytes).
+//
+// Requests flagged kRecNeedsReply get exactly one reply; the others are
+// posted (asynchronous CUDA work) and their errors surface at the next call
+// that waits for a reply, as CUDA reports asynchronous errors.
+//
+// All structs are fixed-width and standard-layout; the host reads them with
+// ring::read_struct() from a private copy and validates every field.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace ivcuda::proto {
+
+using u8 = std::uint8_t;
+using u32 = std::uint32_t;
+using i32 = std::int32_t;
+using u64 = std::uint64_t;
+
+inline constexpr u32 kProtoVersion = 1;
+inline constexpr u32 kNameMax = 1024;          // kernel / global names
+inline constexpr u32 kMaxParams = 4096;        // parameters per kernel
+inline constexpr u32 kMaxDevices = 64;
+inline constexpr u32 kAttrSlots = 192;         // > CU_DEVICE_ATTRIBUTE_MAX
+inline constexpr u32 kDevNameBytes = 256;
+
+// Handles the host gives the guest: tag in the top byte, generation in the
+// next 24 bits, table index in the low 32. Never zero.
+enum class HandleKind : u8 { kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5 };
+
+// ---- the op table: one line per op: X(name, request, reply, needs_reply)
+#define IVCUDA_OPS(X)                                                    \
+  X(Hello, ReqHello, RepHello, 1)                                        \
+  X(DeviceInfo, ReqDevice, RepDeviceInfo, 1)                             \
+  X(PrimaryRetain, ReqDevice, RepHandle, 1)                              \
+  X(PrimaryRelease, ReqDevice, RepNone, 1)                               \
+  X(PrimaryReset, ReqDevice, RepNone, 1)                                 \
+  X(PrimaryGetState, ReqDevice, RepPrimaryState, 1)                      \
+  X(PrimarySetFlags, ReqDeviceFlags, RepNone, 1)                         \
+  X(CtxCreate, ReqDeviceFlags, RepHandle, 1)                             \
+  X(CtxDestroy, ReqHandle, RepNone, 1)                                   \
+  X(CtxSynchronize, ReqCtx, RepNone, 1)                                  \
+  X(MemAlloc, ReqMemAlloc, RepMemAlloc, 1)                               \
+  X(MemFree, ReqPtr, RepNone, 1)                                         \
+  X(MemGetInfo, ReqCtx, RepMemInfo, 1)                                   \
+  X(MemGetAddressRange, ReqPtr, RepRange, 1)                             \
+  X(Memset, ReqMemset, RepNone, 0)                                       \
+  X(MemcpyHtoDInline, ReqCopy, RepNone, 0)                               \
+  X(MemcpyHtoDArena, ReqCopy, RepNone, 0)                                \
+  X(MemcpyDtoHArena, ReqCopy, RepNone, 0)                                \
+  X(MemcpyDtoD, ReqCopy, RepNone, 0)                                     \
+  X(Memcpy2D, ReqCopy2D, RepNone, 0)                                     \
+  X(HostAlloc, ReqHostAlloc, RepHostAlloc, 1)                            \
+  X(HostFree, ReqArenaOff, RepNone, 1)                                   \
+  X(ModuleLoad, ReqModuleLoad, RepHandle, 1)                             \
+  X(ModuleUnload, ReqHandle, RepNone, 1)                                 \
+  X(ModuleGetFunction, ReqModuleName, RepFunction, 1)                    \
+  X(ModuleGetGlobal, ReqModuleName, RepRange, 1)                         \
+  X(FuncGetAttribute, ReqFuncAttr, RepValue, 1)                          \
+  X(FuncSetAttribute, ReqFuncAttr, RepNone, 1)                           \
+  X(Launch, ReqLaunch, RepNone, 0)                                       \
+  X(StreamCreate, ReqStreamCreate, RepHandle, 1)                         \
+  X(StreamDestroy, ReqHandle, RepNone, 1)                                \
+  X(StreamQuery, ReqHandle, RepNone, 1)                                  \
+  X(StreamSynchronize, ReqHandle, RepNone, 1)                            \
+  X(StreamWaitEvent, ReqStreamWaitEvent, RepNone, 0)                     \
+  X(StreamGetPriority, ReqHandle, RepValue, 1)                           \
+  X(EventCreate, ReqEventCreate, RepHandle, 1)                           \
+  X(EventRecord, ReqEventRecord, RepNone, 0)                             \
+  X(EventQuery, ReqHandle, RepNone, 1)                                   \
+  X(EventSynchronize, ReqHandle, RepNone, 1)                             \
+  X(EventElapsedTime, ReqEventElapsed, RepElapsed, 1)                    \
+  X(EventDestroy, ReqHandle, RepNone, 1)                                 \
+  X(Flush, ReqCtx, RepNone, 1)                                           \
+  X(Goodbye, ReqCtx, RepNone, 1)
+
+enum class Op : std::uint16_t {
+  kInvalid = 0,
+#define IVCUDA_OP_ENUM(name, req, rep, sync) k##name,
+  IVCUDA_OPS(IVCUDA_OP_ENUM)
+#undef IVCUDA_OP_ENUM
+  kCount
+};
+
+// ---- request and reply structs. Every request that runs in a context
+// carries that context; 0 means "no context current".
+
+struct RepNone {
+  u64 reserved;
+};
+
+struct ReqHello {
+  u32 proto_version;
+  u32 pid;
+  u64 reserved[2];
+};
+struct RepHello {
+  u32 proto_version;
+  i32 driver_version;     // what the host's driver reports (cuDriverGetVersion)
+  u32 device_count;       // devices this guest may use
+  i32 stream_priority_lo; // cuCtxGetStreamPriorityRange of device 0
+  i32 stream_priority_hi;
+  u32 reserved0;
+  u64 arena_device_base;  // device address of BAR offset 0 (0 if not registered)
+  u64 generation;
+  u64 reserved[4];
+};
+
+struct ReqDevice {
+  i32 device;
+  u32 reserved;
+};
+struct ReqDeviceFlags {
+  i32 device;
+  u32 flags;
+};
+struct RepDeviceInfo {
+  u64 primary_ctx;            // handle of the device's primary context
+  char name[kDevNameBytes];
+  u8 uuid[16];
+  u64 total_mem;
+  i32 attrs[kAttrSlots];
+  u8 attr_valid[kAttrSlots];  // 1 if the host's driver answered attrs[i]
+};
+struct RepPrimaryState {
+  u32 flags;
+  i32 active;
+};
+
+struct ReqCtx {
+  u64 ctx;
+};
+struct ReqHandle {
+  u64 ctx;
+  u64 handle;
+};
+struct RepHandle {
+  u64 handle;
+};
+struct RepValue {
+  std::int64_t value;
+};
+
+struct ReqMemAlloc {
+  u64 ctx;
+  u64 bytes;
+  u64 width;      // pitch allocations: width in bytes, height, element size
+  u64 height;
+  u32 elem_size;  // 0 = plain cuMemAlloc
+  u32 reserved;
+};
+struct RepMemAlloc {
+  u64 dptr;
+  u64 pitch;
+};
+struct ReqPtr {
+  u64 ctx;
+  u64 dptr;
+};
+struct RepMemInfo {
+  u64 free;
+  u64 total;
+};
+struct RepRange {
+  u64 base;
+  u64 size;
+};
+
+// Flags of ReqMemset / ReqCopy / ReqCopy2D.
+inline constexpr u32 kAsync = 1u << 0;      // the op was an ...Async call: run it in `stream`
+inline constexpr u32 kWaitStream = 1u << 1;  // and wait for the stream before replying (staged
+                                             // pageable copies: the staging area is reused)
+
+struct ReqMemset {
+  u64 ctx;
+  u64 stream;
+  u64 dptr;
+  u64 pitch;       // 2D: destination pitch; 0 for 1D
+  u64 width;       // elements per row (1D: element count)
+  u64 height;      // rows (1D: 1)
+  u32 value;
+  u32 elem_size;   // 1, 2 or 4
+  u32 flags;
+  u32 reserved;
+};
+
+// One op struct serves the 1D copies; which fields matter depends on the op:
+//  HtoDInline: dst, bytes; the bytes follow the struct.
+//  HtoDArena:  dst, bytes, arena_off (source in the arena: pinned or staging)
+//  DtoHArena:  src, bytes, arena_off (destination in the arena)
+//  DtoD:       dst, src, bytes
+struct ReqCopy {
+  u64 ctx;
+  u64 stream;
+  u64 dst;
+  u64 src;
+  u64 bytes;
+  u64 arena_off;
+  u32 flags;
+  u32 reserved;
+};
+
+// A 2D copy. Host-side memory is always in the arena: the guest stages
+// pageable rows there first. Memory types follow CUmemorytype: 1 host (arena
+// offset in *_arena_off), 2 device.
+struct ReqCopy2D {
+  u64 ctx;
+  u64 stream;
+  u64 src_x_bytes;
+  u64 src_y;
+  u64 src_device;
+  u64 src_arena_off;
+  u64 src_pitch;
+  u64 dst_x_bytes;
+  u64 dst_y;
+  u64 dst_device;
+  u64 dst_arena_off;
+  u64 dst_pitch;
+  u64 width_bytes;
+  u64 height;
+  u32 src_type;
+  u32 dst_type;
+  u32 flags;
+  u32 unaligned;
+};
+
+struct ReqHostAlloc {
+  u64 bytes;
+  u32 flags;
+  u32 reserved;
+};
+struct RepHostAlloc {
+  u64 arena_off;
+  u64 dptr;  // device alias
+};
+struct ReqArenaOff {
+  u64 arena_off;
+};
+
+// Module image kinds.
+inline constexpr u32 kImageAuto = 0;
+struct ReqModuleLoad {
+  u64 ctx;
+  u64 bytes;       // image size
+  u64 arena_off;   // where the guest staged the image
+  u32 kind;
+  u32 reserved;
+};
+struct ReqModuleName {
+  u64 ctx;
+  u64 module;
+  u32 name_len;    // name bytes follow the struct, no terminator
+  u32 reserved;
+};
+struct ParamSlot {
+  u32 offset;
+  u32 size;
+};
+struct RepFunction {
+  u64 function;
+  u32 param_count;  // ParamSlot[param_count] follow the struct
+  u32 param_bytes;  // size of the packed parameter buffer
+};
+struct ReqFuncAttr {
+  u64 ctx;
+  u64 function;
+  i32 attrib;
+  i32 value;
+};
+
+struct ReqLaunch {
+  u64 ctx;
+  u64 function;
+  u64 stream;
+  u32 grid[3];
+  u32 block[3];
+  u32 shared_bytes;
+  u32 param_bytes;  // packed parameters follow the struct
+};
+
+struct ReqStreamCreate {
+  u64 ctx;
+  u32 flags;
+  i32 priority;
+};
+struct ReqStreamWaitEvent {
+  u64 ctx;
+  u64 stream;
+  u64 event;
+  u32 flags;
+  u32 reserved;
+};
+struct ReqEventCreate {
+  u64 ctx;
+  u32 flags;
+  u32 reserved;
+};
+struct ReqEventRecord {
+  u64 ctx;
+  u64 event;
+  u64 stream;
+};
+struct ReqEventElapsed {
+  u64 ctx;
+  u64 start;
+  u64 end;
+};
+struct RepElapsed {
+  float ms;
+  u32 reserved;
+};
+
+// ---- per-op traits, generated from the table
+template <Op op>
+struct OpTraits;
+#define IVCUDA_OP_TRAITS(name, req, rep, sync)                   \
+  template <>                                                    \
+  struct OpTraits<Op::k##name> {                                 \
+    using Request = req;                                         \
+    using Reply = rep;                                           \
+    static constexpr bool kNeedsReply = (sync) != 0;             \
+    static constexpr const char* kName = #name;                  \
+    static_assert(std::is_trivially_copyable_v<req>);            \
+    static_assert(std::is_standard_layout_v<req>);               \
+    static_assert(std::is_trivially_copyable_v<rep>);            \
+    static_assert(sizeof(req) % 8 == 0, #req " must pad to 8");  \
+  };
+IVCUDA_OPS(IVCUDA_OP_TRAITS)
+#undef IVCUDA_OP_TRAITS
+
+inline const char* op_name(std::uint16_t op) noexcept {
+  switch (static_cast<Op>(op)) {
+#define IVCUDA_OP_NAME(name, req, rep, sync) \
+  case Op::k##name:                          \
+    return #name;
+    IVCUDA_OPS(IVCUDA_OP_NAME)
+#undef IVCUDA_OP_NAME
+    default:
+      return "unknown";
+  }
+}
+
+// Fixed sizes are part of the protocol.
+static_assert(sizeof(RepHello) == 72);
+static_assert(sizeof(ReqCopy) == 56);
+static_assert(sizeof(ReqCopy2D) == 128);
+static_assert(sizeof(ReqLaunch) == 56);
+static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
+
+}  // namespace ivcuda::proto

@@ -1,0 +1,66 @@
+// Tiny harness for the driver-API test programs. They run unchanged natively
+// (real libcuda.so.1) and through ivcuda (LD_LIBRARY_PATH or LD_PRELOAD), so
+// they depend on nothing of the project: only cuda.h and libcuda.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace check {
+
+inline int g_failures = 0;
+inline int g_checks = 0;
+
+inline const char* name(CUresult r) {
+  const char* s = nullptr;
+  if (cuGetErrorName(r, &s) != CUDA_SUCCESS || s == nullptr) return "?";
+  return s;
+}
+
+inline void fail(const char* file, int line, const std::string& what) {
+  ++g_failures;
+  std::fprintf(stderr, "FAIL %s:%d: %s\n", file, line, what.c_str());
+}
+
+inline std::vector<unsigned char> random_bytes(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  std::mt19937 g(seed);
+  for (auto& b : v) b = static_cast<unsigned char>(g());
+  return v;
+}
+
+inline int finish(const char* prog) {
+  std::printf("%s: %d checks, %d failed\n", prog, g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Reads argv for "--name value".
+inline const char* arg(int argc, char** argv, const char* name) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return nullptr;
+}
+
+}  // namespace check
+
+// The call must return exactly `want`.
+#define EXPECT_RES(want, call)                                                                     \
+  do {                                                                                             \
+    ++check::g_checks;                                                                             \
+    const CUresult r_ = (call);                                                                    \
+    if (r_ != (want))                                                                              \
+      check::fail(__FILE__, __LINE__,                                                              \
+                  std::string(#call) + " -> " + check::name(r_) + ", expected " + check::name(want)); \
+  } while (0)
+#define OK(call) EXPECT_RES(CUDA_SUCCESS, call)
+#define EXPECT(cond)                                                          \
+  do {                                                                        \
+    ++check::g_checks;                                                        \
+    if (!(cond)) check::fail(__FILE__, __LINE__, std::string("not true: ") + #cond); \
+  } while (0)

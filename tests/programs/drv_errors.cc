@@ -1,0 +1,105 @@
+// Bad input gets the right CUresult and the process keeps working; an
+// asynchronous error surfaces at the next synchronising call.
+//   drv_errors --ptx test_kernels.ptx [--fault]
+#include "check.h"
+
+int main(int argc, char** argv) {
+  const char* ptx = check::arg(argc, argv, "--ptx");
+  bool fault = false, spin = false, expect_loss = false, expect_no_device = false, forged = false;
+  for (int i = 1; i < argc; ++i) {
+    fault |= std::strcmp(argv[i], "--fault") == 0;
+    spin |= std::strcmp(argv[i], "--spin-forever") == 0;
+    expect_loss |= std::strcmp(argv[i], "--expect-daemon-loss") == 0;
+    expect_no_device |= std::strcmp(argv[i], "--expect-no-device") == 0;
+    forged |= std::strcmp(argv[i], "--forged-handles") == 0;
+  }
+  if (expect_no_device) {
+    // No GPU service reachable: cuInit says so, promptly, like a machine
+    // without a GPU.
+    EXPECT_RES(CUDA_ERROR_NO_DEVICE, cuInit(0));
+    return check::finish("drv_errors --expect-no-device");
+  }
+  if (spin) {
+    // Keeps calls in flight until killed, or until the daemon goes away
+    // (then every call must fail promptly with DEVICE_UNAVAILABLE).
+    OK(cuInit(0));
+    CUdevice dev;
+    CUcontext c;
+    OK(cuDeviceGet(&dev, 0));
+    OK(cuDevicePrimaryCtxRetain(&c, dev));
+    OK(cuCtxSetCurrent(c));
+    const size_t n = 8 << 20;
+    std::vector<unsigned char> a(n, 0x42), b(n);
+    CUdeviceptr dp = 0;
+    OK(cuMemAlloc(&dp, n));
+    if (check::g_failures != 0) return check::finish("drv_errors --spin-forever");
+    for (;;) {
+      CUresult r = cuMemcpyHtoD(dp, a.data(), n);
+      if (r == CUDA_SUCCESS) r = cuMemcpyDtoH(b.data(), dp, n);
+      if (r != CUDA_SUCCESS) {
+        std::printf("call failed: %s\n", check::name(r));
+        if (!expect_loss) return 1;
+        EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, r);
+        EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuCtxSynchronize());
+        return check::finish("drv_errors --expect-daemon-loss");
+      }
+    }
+  }
+  CUdevice d;
+  EXPECT_RES(CUDA_ERROR_NOT_INITIALIZED, cuDeviceGet(&d, 0));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuInit(1));
+  OK(cuInit(0));
+  OK(cuDeviceGet(&d, 0));
+  EXPECT_RES(CUDA_ERROR_INVALID_DEVICE, cuDeviceGet(&d, -1));
+  CUdeviceptr p = 0;
+  EXPECT_RES(CUDA_ERROR_INVALID_CONTEXT, cuMemAlloc(&p, 16));  // no context yet
+  CUcontext ctx;
+  OK(cuDevicePrimaryCtxRetain(&ctx, d));
+  OK(cuCtxSetCurrent(ctx));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemAlloc(&p, 0));
+  OK(cuMemAlloc(&p, 4096));
+  std::vector<unsigned char> h(8192, 1);
+  // copies that run past the allocation, or to memory this process does not own
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemcpyHtoD(p, h.data(), 8192));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoH(h.data(), p + 4000, 200));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemFree(p + 8));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemsetD32(p, 0, 2000));
+  // the allocation is intact and usable after all that
+  OK(cuMemsetD8(p, 7, 4096));
+  OK(cuMemcpyDtoH(h.data(), p, 4096));
+  EXPECT(h[0] == 7 && h[4095] == 7);
+  if (forged) {
+    // Forged handles: the real driver dereferences them (and crashes), so
+    // this part runs only through ivcuda, which must refuse them.
+    CUstream bogus_s = reinterpret_cast<CUstream>(0x5151515151515151ull);
+    CUevent bogus_e = reinterpret_cast<CUevent>(0x5252525252525252ull);
+    EXPECT_RES(CUDA_ERROR_INVALID_HANDLE, cuStreamSynchronize(bogus_s));
+    EXPECT_RES(CUDA_ERROR_INVALID_HANDLE, cuEventRecord(bogus_e, nullptr));
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemFreeHost(h.data()));
+  }
+  CUmodule m = nullptr;
+  EXPECT_RES(CUDA_ERROR_FILE_NOT_FOUND, cuModuleLoad(&m, "/nonexistent/kernels.ptx"));
+  const char junk[] = "this is not a module image";
+  CUresult r = cuModuleLoadData(&m, junk);
+  EXPECT(r != CUDA_SUCCESS);
+  // a posted (asynchronous) copy that the host refuses: its error comes back
+  // at the next synchronising call, as CUDA reports asynchronous errors
+  std::vector<unsigned char> big(64);
+  r = cuMemcpyHtoDAsync(p + 4090, big.data(), 64, nullptr);
+  const CUresult sync = cuCtxSynchronize();
+  EXPECT(r != CUDA_SUCCESS || sync != CUDA_SUCCESS);
+  OK(cuCtxSynchronize());  // reported once, not sticky
+  OK(cuMemFree(p));
+  if (fault && ptx != nullptr) {
+    // A kernel that writes through a wild pointer: the launch is posted;
+    // the fault is reported by the next synchronising call.
+    OK(cuModuleLoad(&m, ptx));
+    CUfunction f;
+    OK(cuModuleGetFunction(&f, m, "ivc_fault"));
+    CUdeviceptr wild = 0x10;
+    void* args[] = {&wild};
+    OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+    EXPECT_RES(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
+  }
+  return check::finish("drv_errors");
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what building and testing ivcuda needs on Debian 12 (root, apt).
+# The CUDA 13 toolkit (nvcc, headers, the libcuda stub) is expected at
+# /usr/local/cuda; it is not a Debian package.
+#   tools/install-deps.sh          build + test dependencies, VM tests included
+#   tools/install-deps.sh --build  only what building the daemon and library needs
+set -euo pipefail
+build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libboost-dev catch2 libcli11-dev)
+vm=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static kmod cpio xz-utils zstd)
+pkgs=("${build[@]}")
+[ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}")
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#pkgs[@]} packages present"; exit 0; fi
+if ! command -v apt-get >/dev/null; then
+  echo "install-deps: missing ${missing[*]} and no apt-get here" >&2; exit 1
+fi
+sudo=; [ "$(id -u)" -eq 0 ] || sudo=sudo
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: installed ${missing[*]}"
