@@ -1,0 +1,238 @@
+// Contexts of the GPU test double: created ones, primary ones, and each thread's stack.
+#include <algorithm>
+
+#include "state.h"
+
+using namespace ivcuda::gpu_double;
+
+namespace {
+
+bool valid_ctx_flags(unsigned flags) {
+  if ((flags & ~static_cast<unsigned>(CU_CTX_FLAGS_MASK)) != 0) return false;
+  switch (flags & CU_CTX_SCHED_MASK) {
+    case CU_CTX_SCHED_AUTO:
+    case CU_CTX_SCHED_SPIN:
+    case CU_CTX_SCHED_YIELD:
+    case CU_CTX_SCHED_BLOCKING_SYNC: return true;
+    default: return false;
+  }
+}
+
+CUresult device_of(const State& s, CUdevice dev) {
+  return dev >= 0 && dev < s.device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+// Everything created in the primary context goes. A sticky fault stays: on a GPU only a
+// new process recovers from one.
+void reset_primary(State& s, Handle h) { s.release_context_resources(h); }
+
+}  // namespace
+
+CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams,
+                                unsigned int flags, CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (pctx == nullptr || !valid_ctx_flags(flags)) return CUDA_ERROR_INVALID_VALUE;
+    if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
+    if (ctxCreateParams != nullptr) {
+      if (ctxCreateParams->numExecAffinityParams != 0 ||
+          ctxCreateParams->execAffinityParams != nullptr)
+        return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
+      if (ctxCreateParams->cigParams != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    const Handle h = s.new_handle();
+    if (const CUresult r = s.fault[static_cast<std::size_t>(dev)]; r != CUDA_SUCCESS) return r;
+    s.contexts[h] =
+        Context{.device = dev, .flags = flags, .primary = false, .refs = 0, .active = true};
+    ctx_stack().push_back(h);
+    *pctx = to_handle<CUctx_st>(h);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+  return guarded([&](State& s) -> CUresult {
+    const Handle h = from_handle(ctx);
+    const auto it = s.contexts.find(h);
+    if (ctx == nullptr || it == s.contexts.end() || it->second.primary)
+      return CUDA_ERROR_INVALID_CONTEXT;
+    s.release_context_resources(h);
+    s.contexts.erase(it);
+    // Other threads that still have it current find it gone and get INVALID_CONTEXT.
+    std::erase(ctx_stack(), h);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+  return guarded([&](State& s) -> CUresult {
+    auto& stack = ctx_stack();
+    if (ctx == nullptr) {
+      if (!stack.empty()) stack.pop_back();
+      return CUDA_SUCCESS;
+    }
+    if (!s.contexts.contains(from_handle(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stack.empty())
+      stack.push_back(from_handle(ctx));
+    else
+      stack.back() = from_handle(ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
+  return guarded([&](State&) -> CUresult {
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto& stack = ctx_stack();
+    *pctx = stack.empty() ? nullptr : to_handle<CUctx_st>(stack.back());
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) {
+  return guarded([&](State& s) -> CUresult {
+    if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!s.contexts.contains(from_handle(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_stack().push_back(from_handle(ctx));
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
+  return guarded([&](State&) -> CUresult {
+    auto& stack = ctx_stack();
+    if (stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx != nullptr) *pctx = to_handle<CUctx_st>(stack.back());
+    stack.pop_back();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxSynchronize() {
+  return guarded([&](State& s) -> CUresult {
+    Handle h = 0;
+    return work_context(s, &h);  // all work already ran; only a fault is left to report
+  });
+}
+
+CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  return guarded([&](State& s) -> CUresult {
+    Handle h = 0;
+    if (ctx == nullptr) return work_context(s, &h);
+    const auto it = s.contexts.find(from_handle(ctx));
+    if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!it->second.active) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    return s.fault_of(it->first);
+  });
+}
+
+CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
+  return guarded([&](State& s) -> CUresult {
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle h = 0;
+    if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
+    *device = s.contexts.at(h).device;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
+  if (ctx == nullptr) return cuCtxGetDevice(device);
+  return guarded([&](State& s) -> CUresult {
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto it = s.contexts.find(from_handle(ctx));
+    if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = it->second.device;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetFlags(unsigned int* flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle h = 0;
+    if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
+    *flags = s.contexts.at(h).flags;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
+  return guarded([&](State& s) -> CUresult {
+    if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle h = from_handle(ctx);
+    if (ctx == nullptr) {
+      if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
+    } else if (!s.contexts.contains(h)) {
+      return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    *version = 3020;  // what every context since CUDA 3.2 reports
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  return guarded([&](State& s) -> CUresult {
+    Handle h = 0;
+    if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
+    if (leastPriority != nullptr) *leastPriority = kLeastStreamPriority;
+    if (greatestPriority != nullptr) *greatestPriority = kGreatestStreamPriority;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
+    const Handle h = s.primary[static_cast<std::size_t>(dev)];
+    Context& c = s.contexts.at(h);
+    ++c.refs;
+    c.active = true;
+    *pctx = to_handle<CUctx_st>(h);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
+    const Handle h = s.primary[static_cast<std::size_t>(dev)];
+    Context& c = s.contexts.at(h);
+    if (c.refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--c.refs == 0) {
+      reset_primary(s, h);
+      c.active = false;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
+    const Handle h = s.primary[static_cast<std::size_t>(dev)];
+    reset_primary(s, h);
+    s.contexts.at(h).active = false;  // until the next retain
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  return guarded([&](State& s) -> CUresult {
+    if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
+    const Context& c = s.contexts.at(s.primary[static_cast<std::size_t>(dev)]);
+    *flags = c.flags;
+    *active = c.active ? 1 : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
+    if (!valid_ctx_flags(flags)) return CUDA_ERROR_INVALID_VALUE;
+    s.contexts.at(s.primary[static_cast<std::size_t>(dev)]).flags = flags;
+    return CUDA_SUCCESS;
+  });
+}

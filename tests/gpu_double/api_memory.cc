@@ -1,0 +1,470 @@
+// Memory of the GPU test double. "Device memory" is host memory, so a CUdeviceptr is a host
+// address and copies are memcpy; every allocation is tracked so that bad frees, copies past
+// an allocation's end and address-range queries behave as on a GPU.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+
+#include "state.h"
+
+using namespace ivcuda::gpu_double;
+
+namespace {
+
+bool align_up(std::size_t v, std::size_t a, std::size_t* out) {
+  if (v > SIZE_MAX - (a - 1)) return false;
+  *out = (v + a - 1) / a * a;
+  return true;
+}
+
+CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigned flags,
+                  void** out) {
+  // The real driver refuses empty device allocations but hands out empty pinned ones.
+  if (bytes == 0 && kind == MemKind::kDevice) return CUDA_ERROR_INVALID_VALUE;
+  bytes = std::max<std::size_t>(bytes, 1);
+  const std::size_t align = kind == MemKind::kDevice ? kDeviceAllocAlign : kHostAllocAlign;
+  std::size_t rounded = 0;
+  if (!align_up(bytes, align, &rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const int device = s.contexts.at(ctx).device;
+  std::size_t& used = s.used[static_cast<std::size_t>(device)];
+  const bool charged = kind == MemKind::kDevice;
+  if (charged && rounded > kTotalMem - used) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* p = std::aligned_alloc(align, rounded);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation a;
+  a.base = reinterpret_cast<std::uintptr_t>(p);
+  a.size = bytes;
+  a.accounted = charged ? rounded : 0;
+  a.kind = kind;
+  a.ctx = ctx;
+  a.device = device;
+  a.flags = flags;
+  a.storage = p;
+  try {
+    s.allocations.emplace(a.base, a);
+  } catch (...) {
+    std::free(p);
+    throw;
+  }
+  if (charged) used += rounded;
+  *out = p;
+  return CUDA_SUCCESS;
+}
+
+// Frees the allocation based exactly at p if it is of `kind`.
+CUresult free_kind(State& s, std::uintptr_t p, MemKind kind, CUresult not_found) {
+  const auto it = s.allocations.find(p);
+  if (p == 0 || it == s.allocations.end() || it->second.kind != kind) return not_found;
+  s.release(it);
+  return CUDA_SUCCESS;
+}
+
+// A pointer of either kind under unified addressing: tracked memory is bounds-checked,
+// anything else is taken for pageable host memory.
+CUresult check_unified(const State& s, std::uintptr_t p, std::size_t n) {
+  if (p == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (s.find(p) == nullptr) return CUDA_SUCCESS;
+  return s.find(p, n) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult check_host(const void* p) {
+  return p == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+void* as_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+
+// Shared body of every 1D copy. The double runs everything at once, so the async forms
+// differ only in the stream check.
+template <class CheckDst, class CheckSrc>
+CUresult copy(State& s, void* dst, const void* src, std::size_t n, const CUstream* stream,
+              CheckDst check_dst, CheckSrc check_src) {
+  Handle ctx = 0;
+  if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+  if (stream != nullptr)
+    if (const CUresult r = check_stream(s, *stream); r != CUDA_SUCCESS) return r;
+  if (n == 0) return CUDA_SUCCESS;  // whatever the pointers, as the real driver does
+  if (dst == nullptr || src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (const CUresult r = check_dst(n); r != CUDA_SUCCESS) return r;
+  if (const CUresult r = check_src(n); r != CUDA_SUCCESS) return r;
+  std::memmove(dst, src, n);
+  return CUDA_SUCCESS;
+}
+
+template <class T>
+CUresult memset_n(CUdeviceptr dst, T value, std::size_t count, const CUstream* stream) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (stream != nullptr)
+      if (const CUresult r = check_stream(s, *stream); r != CUDA_SUCCESS) return r;
+    if (dst % sizeof(T) != 0 || count > SIZE_MAX / sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
+    if (count == 0) return CUDA_SUCCESS;
+    if (const CUresult r = check_device_range(s, dst, count * sizeof(T)); r != CUDA_SUCCESS)
+      return r;
+    auto* p = static_cast<unsigned char*>(as_ptr(dst));
+    for (std::size_t i = 0; i < count; ++i) std::memcpy(p + i * sizeof(T), &value, sizeof(T));
+    return CUDA_SUCCESS;
+  });
+}
+
+struct Plane {
+  unsigned char* row0 = nullptr;  // first byte touched
+  std::size_t pitch = 0;
+};
+
+// Resolves one side of a 2D copy and checks that every row it touches is in bounds.
+CUresult plane(const State& s, CUmemorytype type, const void* host, CUdeviceptr device,
+               std::size_t x, std::size_t y, std::size_t pitch, std::size_t width,
+               std::size_t height, Plane* out) {
+  // Rows may not overlap each other, and the API caps pitches at MAX_PITCH. A single row
+  // needs no pitch (the real driver agrees).
+  if (height > 1 && (pitch > 2147483647u || x > pitch || width > pitch - x))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::size_t first = 0, span = 0;
+  if (__builtin_mul_overflow(y, pitch, &first) || __builtin_add_overflow(first, x, &first) ||
+      __builtin_mul_overflow(height - 1, pitch, &span) ||
+      __builtin_add_overflow(span, width, &span))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::uintptr_t base = 0;
+  bool tracked = false;
+  switch (type) {
+    case CU_MEMORYTYPE_HOST: base = reinterpret_cast<std::uintptr_t>(host); break;
+    case CU_MEMORYTYPE_DEVICE:
+      base = static_cast<std::uintptr_t>(device);
+      tracked = true;
+      break;
+    case CU_MEMORYTYPE_UNIFIED:
+      base = static_cast<std::uintptr_t>(device);
+      tracked = s.find(base) != nullptr;
+      break;
+    case CU_MEMORYTYPE_ARRAY: return CUDA_ERROR_NOT_SUPPORTED;  // CUDA arrays are not emulated
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::uintptr_t start = 0;
+  if (base == 0 || __builtin_add_overflow(base, first, &start)) return CUDA_ERROR_INVALID_VALUE;
+  if (tracked)
+    if (const CUresult r = check_device_range(s, start, span); r != CUDA_SUCCESS) return r;
+  out->row0 = reinterpret_cast<unsigned char*>(start);
+  out->pitch = pitch;
+  return CUDA_SUCCESS;
+}
+
+CUresult copy_2d(const CUDA_MEMCPY2D* p, const CUstream* stream) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (stream != nullptr)
+      if (const CUresult r = check_stream(s, *stream); r != CUDA_SUCCESS) return r;
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const CUDA_MEMCPY2D c = *p;
+    if (c.WidthInBytes == 0 || c.Height == 0) return CUDA_SUCCESS;
+    Plane src, dst;
+    if (const CUresult r = plane(s, c.srcMemoryType, c.srcHost, c.srcDevice, c.srcXInBytes, c.srcY,
+                                 c.srcPitch, c.WidthInBytes, c.Height, &src);
+        r != CUDA_SUCCESS)
+      return r;
+    if (const CUresult r = plane(s, c.dstMemoryType, c.dstHost, c.dstDevice, c.dstXInBytes, c.dstY,
+                                 c.dstPitch, c.WidthInBytes, c.Height, &dst);
+        r != CUDA_SUCCESS)
+      return r;
+    for (std::size_t row = 0; row < c.Height; ++row)
+      std::memmove(dst.row0 + row * dst.pitch, src.row0 + row * src.pitch, c.WidthInBytes);
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  return guarded([&](State& s) -> CUresult {
+    if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    void* p = nullptr;
+    if (const CUresult r = allocate(s, ctx, bytesize, MemKind::kDevice, 0, &p); r != CUDA_SUCCESS)
+      return r;
+    *dptr = reinterpret_cast<std::uintptr_t>(p);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
+                                    size_t Height, unsigned int ElementSizeBytes) {
+  return guarded([&](State& s) -> CUresult {
+    if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0 ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+      return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    std::size_t pitch = 0, bytes = 0;
+    if (!align_up(WidthInBytes, kPitchAlign, &pitch) ||
+        __builtin_mul_overflow(pitch, Height, &bytes))
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    void* p = nullptr;
+    if (const CUresult r = allocate(s, ctx, bytes, MemKind::kDevice, 0, &p); r != CUDA_SUCCESS)
+      return r;
+    *dptr = reinterpret_cast<std::uintptr_t>(p);
+    *pPitch = pitch;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (dptr == 0) return CUDA_SUCCESS;  // as cudaFree(0), and the real driver
+    return free_kind(s, static_cast<std::uintptr_t>(dptr), MemKind::kDevice,
+                     CUDA_ERROR_INVALID_VALUE);
+  });
+}
+
+CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
+  return guarded([&](State& s) -> CUresult {
+    if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    *total = kTotalMem;
+    *free = kTotalMem - s.used[static_cast<std::size_t>(s.contexts.at(ctx).device)];
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    const Allocation* a = s.find(static_cast<std::uintptr_t>(dptr));
+    if (a == nullptr) return CUDA_ERROR_NOT_FOUND;
+    if (pbase != nullptr) *pbase = a->base;
+    if (psize != nullptr) *psize = a->size;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
+  return guarded([&](State& s) -> CUresult {
+    constexpr unsigned kKnown =
+        CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+    if (pp == nullptr || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    return allocate(s, ctx, bytesize, MemKind::kPinnedHost, Flags, pp);
+  });
+}
+
+CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytesize) {
+  return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+CUresult CUDAAPI cuMemFreeHost(void* p) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    return free_kind(s, reinterpret_cast<std::uintptr_t>(p), MemKind::kPinnedHost,
+                     CUDA_ERROR_INVALID_VALUE);
+  });
+}
+
+CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  return guarded([&](State& s) -> CUresult {
+    constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+    if (p == nullptr || bytesize == 0 || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    // Only PCI BAR memory may be registered as I/O memory, and the double has none; the real
+    // driver answers the same for ordinary memory.
+    if ((Flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    const auto base = reinterpret_cast<std::uintptr_t>(p);
+    if (base > UINTPTR_MAX - bytesize) return CUDA_ERROR_INVALID_VALUE;
+    // Overlap with anything tracked: the allocation starting before the range's end must
+    // end before the range starts.
+    const auto next = s.allocations.lower_bound(base + bytesize);
+    if (next != s.allocations.begin()) {
+      const Allocation& prev = std::prev(next)->second;
+      if (prev.base + prev.size > base) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    Allocation a;
+    a.base = base;
+    a.size = bytesize;
+    a.kind = MemKind::kRegisteredHost;
+    a.ctx = ctx;
+    a.device = s.contexts.at(ctx).device;
+    a.flags = Flags;
+    s.allocations.emplace(base, a);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void* p) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    // Inside a registration but not its start: INVALID_VALUE, as the real driver says.
+    const Allocation* a = s.find(reinterpret_cast<std::uintptr_t>(p));
+    if (a != nullptr && a->kind == MemKind::kRegisteredHost &&
+        a->base != reinterpret_cast<std::uintptr_t>(p))
+      return CUDA_ERROR_INVALID_VALUE;
+    return free_kind(s, reinterpret_cast<std::uintptr_t>(p), MemKind::kRegisteredHost,
+                     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  });
+}
+
+CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (pdptr == nullptr || p == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    const Allocation* a = s.find(reinterpret_cast<std::uintptr_t>(p));
+    if (a == nullptr || (a->kind != MemKind::kPinnedHost && a->kind != MemKind::kRegisteredHost))
+      return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = reinterpret_cast<std::uintptr_t>(p);  // unified addressing: the alias is p
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemHostGetFlags(unsigned int* pFlags, void* p) {
+  return guarded([&](State& s) -> CUresult {
+    if (pFlags == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    const Allocation* a = s.find(reinterpret_cast<std::uintptr_t>(p));
+    if (a == nullptr || a->kind != MemKind::kPinnedHost) return CUDA_ERROR_INVALID_VALUE;
+    // The real driver reports every pinned allocation as mapped (unified addressing) and
+    // never reports PORTABLE.
+    *pFlags =
+        (a->flags | CU_MEMHOSTALLOC_DEVICEMAP) & ~static_cast<unsigned>(CU_MEMHOSTALLOC_PORTABLE);
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- 1D copies -------------------------------------------------------------------------
+
+namespace {
+
+CUresult htod(CUdeviceptr dst, const void* src, std::size_t n, const CUstream* stream) {
+  return guarded([&](State& s) {
+    return copy(
+        s, as_ptr(dst), src, n, stream,
+        [&](std::size_t k) { return check_device_range(s, dst, k); },
+        [&](std::size_t) { return check_host(src); });
+  });
+}
+
+CUresult dtoh(void* dst, CUdeviceptr src, std::size_t n, const CUstream* stream) {
+  return guarded([&](State& s) {
+    return copy(
+        s, dst, as_ptr(src), n, stream, [&](std::size_t) { return check_host(dst); },
+        [&](std::size_t k) { return check_device_range(s, src, k); });
+  });
+}
+
+CUresult dtod(CUdeviceptr dst, CUdeviceptr src, std::size_t n, const CUstream* stream) {
+  return guarded([&](State& s) {
+    return copy(
+        s, as_ptr(dst), as_ptr(src), n, stream,
+        [&](std::size_t k) { return check_device_range(s, dst, k); },
+        [&](std::size_t k) { return check_device_range(s, src, k); });
+  });
+}
+
+CUresult unified(CUdeviceptr dst, CUdeviceptr src, std::size_t n, const CUstream* stream) {
+  return guarded([&](State& s) {
+    return copy(
+        s, as_ptr(dst), as_ptr(src), n, stream,
+        [&](std::size_t k) { return check_unified(s, dst, k); },
+        [&](std::size_t k) { return check_unified(s, src, k); });
+  });
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+  return htod(dst, src, n, nullptr);
+}
+CUresult CUDAAPI cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+  return dtoh(dst, src, n, nullptr);
+}
+CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return dtod(dst, src, n, nullptr);
+}
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream h) {
+  return htod(dst, src, n, &h);
+}
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream h) {
+  return dtoh(dst, src, n, &h);
+}
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  return dtod(dst, src, n, &h);
+}
+CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return unified(dst, src, n, nullptr);
+}
+CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  return unified(dst, src, n, &h);
+}
+
+// ---- memsets -----------------------------------------------------------------------------
+
+CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t N) {
+  return memset_n(dst, uc, N, nullptr);
+}
+CUresult CUDAAPI cuMemsetD16_v2(CUdeviceptr dst, unsigned short us, size_t N) {
+  return memset_n(dst, us, N, nullptr);
+}
+CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t N) {
+  return memset_n(dst, ui, N, nullptr);
+}
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t N, CUstream h) {
+  return memset_n(dst, uc, N, &h);
+}
+CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t N, CUstream h) {
+  return memset_n(dst, us, N, &h);
+}
+CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t N, CUstream h) {
+  return memset_n(dst, ui, N, &h);
+}
+
+// 2D memsets: row by row, each row checked like a 1D memset.
+template <class T>
+CUresult memset_2d(CUdeviceptr dst, std::size_t pitch, T value, std::size_t width, std::size_t height,
+                   const CUstream* stream) {
+  if (height > 1 && pitch < width * sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
+  for (std::size_t y = 0; y < height; ++y)
+    if (const CUresult r = memset_n(dst + y * pitch, value, width, stream); r != CUDA_SUCCESS) return r;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemsetD2D8_v2(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h) {
+  return memset_2d(d, pitch, v, w, h, nullptr);
+}
+CUresult CUDAAPI cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h) {
+  return memset_2d(d, pitch, v, w, h, nullptr);
+}
+CUresult CUDAAPI cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h) {
+  return memset_2d(d, pitch, v, w, h, nullptr);
+}
+CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h,
+                                   CUstream st) {
+  return memset_2d(d, pitch, v, w, h, &st);
+}
+CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h,
+                                    CUstream st) {
+  return memset_2d(d, pitch, v, w, h, &st);
+}
+CUresult CUDAAPI cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h,
+                                    CUstream st) {
+  return memset_2d(d, pitch, v, w, h, &st);
+}
+
+// ---- 2D copies ---------------------------------------------------------------------------
+
+CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy) { return copy_2d(pCopy, nullptr); }
+CUresult CUDAAPI cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy) {
+  return copy_2d(pCopy, nullptr);
+}
+CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  return copy_2d(pCopy, &hStream);
+}

@@ -1,0 +1,90 @@
+#include "state.h"
+
+#include <cstdarg>
+#include <cstdlib>
+
+namespace ivcuda::gpu_double {
+
+State& state() {
+  // Never destroyed: threads may still call in while the process exits.
+  static State* s = new State();
+  return *s;
+}
+
+std::vector<Handle>& ctx_stack() {
+  thread_local std::vector<Handle> stack;
+  return stack;
+}
+
+void log(const char* fmt, ...) {
+  std::va_list ap;
+  va_start(ap, fmt);
+  std::fputs("ivcuda GPU test double: ", stderr);
+  std::vfprintf(stderr, fmt, ap);
+  std::fputc('\n', stderr);
+  va_end(ap);
+}
+
+const Allocation* State::find(std::uintptr_t p, std::size_t n) const {
+  auto it = allocations.upper_bound(p);
+  if (it == allocations.begin()) return nullptr;
+  --it;
+  const Allocation& a = it->second;
+  const std::uintptr_t off = p - a.base;  // p >= a.base by construction
+  if (off >= a.size || n > a.size - off) return nullptr;
+  return &a;
+}
+
+void State::release(std::map<std::uintptr_t, Allocation>::iterator it) {
+  Allocation& a = it->second;
+  if (a.accounted != 0) used[static_cast<std::size_t>(a.device)] -= a.accounted;
+  std::free(a.storage);
+  allocations.erase(it);
+}
+
+void State::release_context_resources(Handle ctx) {
+  for (auto it = allocations.begin(); it != allocations.end();) {
+    auto cur = it++;
+    if (cur->second.ctx == ctx) release(cur);
+  }
+  std::erase_if(streams, [&](const auto& kv) { return kv.second.ctx == ctx; });
+  std::erase_if(events, [&](const auto& kv) { return kv.second.ctx == ctx; });
+  for (auto it = modules.begin(); it != modules.end();) {
+    if (it->second.ctx != ctx) {
+      ++it;
+      continue;
+    }
+    for (const auto& [name, fn] : it->second.functions) functions.erase(fn);
+    it = modules.erase(it);  // its globals went with the allocations above
+  }
+}
+
+CUresult current_context(State& s, Handle* out) {
+  const auto& stack = ctx_stack();
+  if (stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  const auto it = s.contexts.find(stack.back());
+  if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  // What the real driver says about a current primary context nobody retains.
+  if (!it->second.active) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *out = it->first;
+  return CUDA_SUCCESS;
+}
+
+CUresult work_context(State& s, Handle* out) {
+  if (const CUresult r = current_context(s, out); r != CUDA_SUCCESS) return r;
+  return s.fault_of(*out);
+}
+
+CUresult check_stream(const State& s, CUstream stream) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+    return CUDA_SUCCESS;
+  return s.streams.contains(from_handle(stream)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n) {
+  if (p == 0) return CUDA_ERROR_INVALID_VALUE;
+  return s.find(static_cast<std::uintptr_t>(p), n) != nullptr ? CUDA_SUCCESS
+                                                              : CUDA_ERROR_INVALID_VALUE;
+}
+
+}  // namespace ivcuda::gpu_double

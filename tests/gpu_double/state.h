@@ -1,0 +1,185 @@
+// The GPU test double's emulated driver state. Internal: nothing here is exported.
+//
+// One process-wide State behind one mutex: the double is for tests, where simplicity beats
+// parallelism. Handles (contexts, streams, events, modules, functions) are fresh integers
+// never reused, so a stale or foreign handle is detected rather than dereferenced.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "image.h"
+
+namespace ivcuda::gpu_double {
+
+inline constexpr char kDeviceName[] = "ivcuda GPU test double";
+inline constexpr int kDriverVersion = 13000;
+inline constexpr std::size_t kTotalMem = std::size_t{4} << 30;
+inline constexpr std::size_t kDeviceAllocAlign = 256;
+inline constexpr std::size_t kHostAllocAlign = 4096;
+inline constexpr std::size_t kPitchAlign = 512;
+inline constexpr int kMaxDevices = 16;
+inline constexpr int kLeastStreamPriority = 0;
+inline constexpr int kGreatestStreamPriority = -5;
+inline constexpr int kMaxThreadsPerBlock = 1024;
+inline constexpr int kDefaultSharedPerBlock = 48 * 1024;
+inline constexpr int kMaxSharedPerBlockOptin = 227 * 1024;
+
+using Handle = std::uintptr_t;
+
+enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal };
+
+struct Allocation {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;       // what the caller asked for: accesses may not pass it
+  std::size_t accounted = 0;  // device memory charged against the 4 GiB
+  MemKind kind = MemKind::kDevice;
+  Handle ctx = 0;
+  int device = 0;
+  unsigned flags = 0;
+  void* storage = nullptr;  // std::free'd on release; null for registered host memory
+};
+
+struct Context {
+  int device = 0;
+  unsigned flags = 0;
+  bool primary = false;
+  // Primary contexts only. Retain activates, the last release or a reset deactivates; a
+  // reset keeps the count (the real driver still accepts the matching releases).
+  unsigned refs = 0;
+  bool active = false;
+};
+
+struct Stream {
+  Handle ctx = 0;
+  unsigned flags = 0;
+  int priority = 0;
+  unsigned long long id = 0;
+};
+
+struct Event {
+  Handle ctx = 0;
+  unsigned flags = 0;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when{};
+};
+
+struct Module {
+  Handle ctx = 0;
+  Handle library = 0;  // the library it instantiates, or 0
+  PtxImage image;
+  std::map<std::string, Handle, std::less<>> functions;
+  std::map<std::string, std::uintptr_t, std::less<>> globals;  // name -> allocation base
+};
+
+// Libraries are context-independent: each context that uses one gets its own module
+// (globals included), made on first use there.
+struct Library {
+  PtxImage image;
+  std::map<Handle, Handle> modules;                    // context -> module
+  std::map<std::string, Handle, std::less<>> kernels;  // entry name -> kernel
+};
+
+struct Kernel {
+  Handle library = 0;
+  std::size_t entry = 0;  // index into the library's image.entries
+};
+
+struct Function {
+  Handle module = 0;
+  std::size_t entry = 0;  // index into the module's image.entries
+  std::array<int, CU_FUNC_ATTRIBUTE_MAX> settable{};
+};
+
+struct State {
+  std::mutex mu;
+  bool initialized = false;
+  int device_count = 0;
+  std::vector<Handle> primary;    // per device
+  std::vector<std::size_t> used;  // device memory in use, per device
+  // A faulting kernel poisons its device for the rest of the process, as on a GPU (the real
+  // driver then fails even cuCtxCreate): every later call that does work there fails.
+  std::vector<CUresult> fault;  // per device
+  std::unordered_map<Handle, Context> contexts;
+  std::map<std::uintptr_t, Allocation> allocations;  // by base; ranges never overlap
+  std::unordered_map<Handle, Stream> streams;
+  std::unordered_map<Handle, Event> events;
+  std::unordered_map<Handle, Module> modules;
+  std::unordered_map<Handle, Function> functions;
+  std::unordered_map<Handle, Library> libraries;
+  std::unordered_map<Handle, Kernel> kernels;
+  Handle next_handle = 0x1000000;
+  unsigned long long next_stream_id = 16;
+
+  Handle new_handle() { return next_handle += 0x10; }
+
+  // The allocation holding [p, p + n), or null. n == 0 asks only about p.
+  const Allocation* find(std::uintptr_t p, std::size_t n = 0) const;
+  // Frees an allocation's storage and forgets it.
+  void release(std::map<std::uintptr_t, Allocation>::iterator it);
+  // Destroys everything created in ctx (allocations, streams, events, modules).
+  void release_context_resources(Handle ctx);
+  // The sticky fault of ctx's device, or CUDA_SUCCESS.
+  CUresult fault_of(Handle ctx) const {
+    return fault[static_cast<std::size_t>(contexts.at(ctx).device)];
+  }
+};
+
+State& state();
+
+// This thread's context stack; the back is the current context.
+std::vector<Handle>& ctx_stack();
+
+// The calling thread's current context, usable for new work: INVALID_CONTEXT when there is
+// none (or it was destroyed), CONTEXT_IS_DESTROYED for an inactive primary context, the
+// device's sticky error once a kernel faulted on it.
+CUresult work_context(State& s, Handle* out);
+// As work_context, but a poisoned context is still returned (for queries).
+CUresult current_context(State& s, Handle* out);
+// Checks a stream handle: 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD always work;
+// anything else must be a live stream. Like the real driver, copies and launches accept a
+// stream of another context (work runs at once, so whose queue it joins does not matter).
+CUresult check_stream(const State& s, CUstream stream);
+// [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
+// global): what a device pointer may reach.
+CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n);
+
+template <class T>
+T* to_handle(Handle h) {
+  return reinterpret_cast<T*>(h);
+}
+template <class T>
+Handle from_handle(T* p) {
+  return reinterpret_cast<Handle>(p);
+}
+
+void log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// Runs an API body under the state lock, after the cuInit check; nothing escapes.
+template <class F>
+CUresult guarded(F&& body, bool needs_init = true) {
+  try {
+    State& s = state();
+    std::lock_guard lock(s.mu);
+    if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    return body(s);
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+}  // namespace ivcuda::gpu_double

@@ -1,0 +1,59 @@
+// Test kernels shared by the GPU test double and real-GPU runs. The double has a CPU
+// implementation of each entry (cpu_kernels.cc), looked up by these exact extern "C" names;
+// a change to a parameter list here must be mirrored there.
+
+struct ivc_scale_params {
+  float scale;
+  int offset;
+  double bias;
+};
+
+__constant__ float ivc_const_addend = 1.5f;
+__device__ unsigned ivc_launch_count = 0;
+
+extern "C" __global__ void ivc_vec_add(const float* a, const float* b, float* c, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void ivc_fill_u32(unsigned* p, unsigned value, unsigned long long n) {
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    p[i] = value;
+}
+
+// One block: the launch is expected to use a single block; the double just sums.
+extern "C" __global__ void ivc_reduce_sum(const float* in, float* out, int n) {
+  __shared__ float partial[1024];
+  float acc = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += in[i];
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (unsigned t = 0; t < blockDim.x; ++t) total += partial[t];
+    out[0] = total;
+  }
+}
+
+extern "C" __global__ void ivc_scale_struct(ivc_scale_params s, float* data, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) data[i] = (float)(data[i] * s.scale + s.offset + s.bias);
+}
+
+extern "C" __global__ void ivc_add_const(float* data, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) data[i] += ivc_const_addend;
+  if (i == 0) atomicAdd(&ivc_launch_count, 1u);
+}
+
+extern "C" __global__ void ivc_spin_ns(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+extern "C" __global__ void ivc_fault(int* p) { *p = 42; }
