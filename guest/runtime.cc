@@ -1,5 +1,6 @@
 #include "guest/runtime.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -62,13 +63,12 @@ class Channel {
     std::byte* bar = rt.bar();
     const auto& l = rt.layout_;
     auto* d = ring::channel_desc(bar, l, index);
-    vector_ = index % static_cast<std::uint32_t>(rt.own_fds_.size());
+    vector_ = index % static_cast<std::uint32_t>(rt.vectors_);
     ring::store_relaxed(d->guest_vector, vector_);
     ring::store_relaxed(d->guest_owner, (std::uint64_t{static_cast<std::uint32_t>(::getpid())} << 32) |
                                             static_cast<std::uint32_t>(::syscall(SYS_gettid)));
-    bell_ = std::make_unique<ring::EventfdDoorbell>(rt.host_fds_[0].get());
-    waiter_ = std::make_unique<ring::EventfdWaiter>(rt.own_fds_[vector_].get());
-    req_ = ring::Producer(ring::request_ring(bar, l, index), bell_.get());
+    waiter_ = rt.make_waiter(vector_);
+    req_ = ring::Producer(ring::request_ring(bar, l, index), rt.host_bell_.get());
     cpl_ = ring::Consumer(ring::completion_ring(bar, l, index));
     // Make the channel visible to the host; pairs with the host's acquire
     // load of the mask in attach_channels().
@@ -79,6 +79,12 @@ class Channel {
 
   std::uint32_t index() const noexcept { return index_; }
   std::mutex mu;
+
+  // Waits (boundedly) until the host consumed everything posted here.
+  void drain(std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!req_.drained() && !req_.corrupt() && std::chrono::steady_clock::now() < until) ::usleep(100);
+  }
 
   CUresult exchange(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
                     void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait) {
@@ -112,7 +118,7 @@ class Channel {
     req_.commit();
     if (!req_.publish() && first_) {
       // A fresh channel: the host may be asleep without knowing of it yet.
-      bell_->ring();
+      rt_.host_bell_->ring();
     }
     first_ = false;
     if (!wait) return CUDA_SUCCESS;
@@ -120,17 +126,7 @@ class Channel {
   }
 
  private:
-  bool host_gone() {
-    if (rt_.dead()) return true;
-    if (rt_.sock_.valid()) {
-      pollfd p{rt_.sock_.get(), POLLRDHUP, 0};
-      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
-        rt_.mark_dead("the daemon closed the connection");
-        return true;
-      }
-    }
-    return false;
-  }
+  bool host_gone() { return rt_.host_gone(); }
 
   CUresult await(std::uint32_t seq, void* rep, std::size_t rep_size, std::vector<std::byte>* extra) {
     ring::Record rec;
@@ -192,8 +188,7 @@ class Channel {
   std::uint32_t index_;
   std::uint32_t vector_ = 0;
   bool first_ = true;
-  std::unique_ptr<ring::EventfdDoorbell> bell_;
-  std::unique_ptr<ring::EventfdWaiter> waiter_;
+  std::unique_ptr<ring::Waiter> waiter_;
   ring::Producer req_;
   ring::Consumer cpl_;
 };
@@ -227,11 +222,12 @@ Channel* Runtime::channel() {
     // coordinate through the descriptor's state word.
     // The last channel is the shared overflow channel (claimed at connect).
     for (std::uint32_t c = 0; c + 1 < layout_.channels; ++c) {
-      auto* d = ring::channel_desc(bar_.data(), layout_, c);
+      auto* d = ring::channel_desc(base_, layout_, c);
       std::uint32_t expect = abi::kChanFree;
       if (std::atomic_ref<std::uint32_t>(d->guest_state)
               .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
         t_channel.owned = std::make_unique<Channel>(*this, c);
+        all_channels_.push_back(t_channel.owned.get());
         break;
       }
     }
@@ -279,8 +275,47 @@ Runtime* Runtime::get(CUresult* st) noexcept {
 Runtime* Runtime::current() noexcept { return g_runtime; }
 
 CUresult Runtime::connect() {
-  const char* env = std::getenv("IVCUDA_SOCKET");
-  const std::string path = env != nullptr && *env != '\0' ? env : kDefaultSocket;
+  // IVCUDA_SOCKET: process mode on that socket. Otherwise, inside a VM with
+  // the ivcuda UIO device (IVCUDA_DEVICE picks one by PCI address), VM mode;
+  // else process mode on the default socket.
+  const char* sock = std::getenv("IVCUDA_SOCKET");
+  const char* dev = std::getenv("IVCUDA_DEVICE");
+  CUresult st;
+  if (sock != nullptr && *sock != '\0') {
+    st = connect_socket(sock);
+  } else if ((dev != nullptr && *dev != '\0') || uio::find_vectors("")) {
+    st = connect_uio(dev != nullptr ? dev : "");
+  } else {
+    st = connect_socket(kDefaultSocket);
+  }
+  if (st != CUDA_SUCCESS) return st;
+  {
+    // The last channel is shared by threads beyond the channel count.
+    const std::uint32_t last = layout_.channels - 1;
+    auto* d = ring::channel_desc(base_, layout_, last);
+    std::uint32_t expect = abi::kChanFree;
+    if (std::atomic_ref<std::uint32_t>(d->guest_state)
+            .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
+      overflow_ = std::make_unique<Channel>(*this, last);
+      all_channels_.push_back(overflow_.get());
+    }
+  }
+  proto::ReqHello h{};
+  h.proto_version = proto::kProtoVersion;
+  h.pid = static_cast<std::uint32_t>(::getpid());
+  st = call<proto::Op::kHello>(h, {}, &hello_);
+  if (st != CUDA_SUCCESS) {
+    log_line("ivcudad refused this library (protocol %u): CUresult %d", proto::kProtoVersion, st);
+    return st;
+  }
+  devs_.resize(hello_.device_count);
+  if (vm_mode_) std::atexit([] {
+      if (g_runtime != nullptr) g_runtime->release_channels();
+    });
+  return CUDA_SUCCESS;
+}
+
+CUresult Runtime::connect_socket(const std::string& path) {
   auto client = ivshmem::ivshmem_connect(path, std::chrono::milliseconds(5000), kVectors);
   if (!client) {
     log_line("cannot reach ivcudad at %s: %s (set IVCUDA_SOCKET)", path.c_str(), client.error().what.c_str());
@@ -288,7 +323,7 @@ CUresult Runtime::connect() {
   }
   auto& peers = client->peers();
   auto host = peers.find(ivshmem::kHostPeerId);
-  if (host == peers.end() || host->second.empty()) {
+  if (host == peers.end() || host->second.empty() || client->own_eventfds().empty()) {
     log_line("ivcudad at %s announced no host peer", path.c_str());
     return CUDA_ERROR_NO_DEVICE;
   }
@@ -296,37 +331,124 @@ CUresult Runtime::connect() {
   for (const auto& fd : client->own_eventfds()) own_fds_.emplace_back(::dup(fd.get()));
   shm_fd_.reset(::dup(client->shm_fd()));
   sock_.reset(::dup(client->socket_fd()));
-  if (own_fds_.empty()) return CUDA_ERROR_NO_DEVICE;
   auto m = sys::Mapping::map_shared(shm_fd_.get(), client->shm_size());
   if (!m) {
     log_line("cannot map the shared memory: %s", m.error().what.c_str());
     return CUDA_ERROR_NO_DEVICE;
   }
   bar_ = std::move(m).value();
-  auto l = ring::read_layout(bar_.data(), bar_.size());
+  vectors_ = own_fds_.size();
+  host_bell_ = std::make_unique<ring::EventfdDoorbell>(host_fds_[abi::kHostVector].get());
+  return attach_bar(bar_.data(), bar_.size());
+}
+
+namespace {
+// VM mode: the guest rings the daemon's vector through the BAR0 doorbell
+// register; QEMU turns the write into an eventfd signal on the host.
+class UioDoorbell final : public ring::Doorbell {
+ public:
+  UioDoorbell(const uio::Device& d, std::uint32_t peer) : d_(d), peer_(peer) {}
+  void ring() noexcept override { d_.ring(peer_, abi::kHostVector); }
+
+ private:
+  const uio::Device& d_;
+  std::uint32_t peer_;
+};
+
+// Each channel opens its vector's /dev/uioN itself: UIO keeps the event
+// count per open file, so threads sharing a vector do not eat each other's
+// wake-ups.
+class UioWaiter final : public ring::Waiter {
+ public:
+  explicit UioWaiter(sys::UniqueFd fd) : fd_(std::move(fd)) {}
+  void wait(int timeout_ms) noexcept override {
+    if (!sys::wait_readable(fd_.get(), timeout_ms)) return;
+    std::uint32_t count;
+    (void)::read(fd_.get(), &count, sizeof count);
+  }
+
+ private:
+  sys::UniqueFd fd_;
+};
+}  // namespace
+
+CUresult Runtime::connect_uio(const std::string& pci) {
+  auto d = uio::open_device(pci);
+  if (!d) {
+    log_line("no usable ivcuda device in this VM: %s", d.error().what.c_str());
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  uio_ = std::move(d).value();
+  vm_mode_ = true;
+  vectors_ = uio_.vectors.size();
+  const CUresult st = attach_bar(uio_.shm.data(), uio_.shm.size());
+  if (st != CUDA_SUCCESS) return st;
+  const auto peer = ring::load_relaxed(ring::superblock(base_)->host_peer_id);
+  host_bell_ = std::make_unique<UioDoorbell>(uio_, peer);
+  return CUDA_SUCCESS;
+}
+
+CUresult Runtime::attach_bar(std::byte* base, std::size_t size) {
+  auto l = ring::read_layout(base, size);
   if (!l) {
     log_line("the shared memory is not usable: %s", l.error().what.c_str());
     return CUDA_ERROR_NO_DEVICE;
   }
+  base_ = base;
   layout_ = *l;
-  {
-    const std::uint32_t last = layout_.channels - 1;
-    auto* d = ring::channel_desc(bar_.data(), layout_, last);
-    std::uint32_t expect = abi::kChanFree;
-    if (std::atomic_ref<std::uint32_t>(d->guest_state)
-            .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel))
-      overflow_ = std::make_unique<Channel>(*this, last);
-  }
-  proto::ReqHello h{};
-  h.proto_version = proto::kProtoVersion;
-  h.pid = static_cast<std::uint32_t>(::getpid());
-  const CUresult st = call<proto::Op::kHello>(h, {}, &hello_);
-  if (st != CUDA_SUCCESS) {
-    log_line("ivcudad refused this library (protocol %u): CUresult %d", proto::kProtoVersion, st);
-    return st;
-  }
-  devs_.resize(hello_.device_count);
+  if (vectors_ == 0) vectors_ = 1;
   return CUDA_SUCCESS;
+}
+
+std::unique_ptr<ring::Waiter> Runtime::make_waiter(std::uint32_t vector) {
+  if (vm_mode_) {
+    const std::string node = "/dev/uio" + std::to_string(uio_.vectors[vector].minor);
+    sys::UniqueFd fd(::open(node.c_str(), O_RDWR | O_CLOEXEC));
+    return std::make_unique<UioWaiter>(std::move(fd));
+  }
+  return std::make_unique<ring::EventfdWaiter>(own_fds_[vector].get());
+}
+
+bool Runtime::host_gone() noexcept {
+  if (dead()) return true;
+  if (sock_.valid()) {
+    pollfd p{sock_.get(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      mark_dead("the daemon closed the connection");
+      return true;
+    }
+    return false;
+  }
+  // VM mode: nothing tells the guest that the daemon died, but a live worker
+  // bumps its heartbeat at least every 100 ms.
+  const auto hb = ring::load_relaxed(ring::superblock(base_)->host_heartbeat);
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lk(heartbeat_mu_);
+  if (hb != last_heartbeat_ || heartbeat_seen_ == std::chrono::steady_clock::time_point{}) {
+    last_heartbeat_ = hb;
+    heartbeat_seen_ = now;
+    return false;
+  }
+  if (now - heartbeat_seen_ > std::chrono::seconds(5)) {
+    mark_dead("the daemon stopped answering");
+    return true;
+  }
+  return false;
+}
+
+void Runtime::release_channels() noexcept {
+  auto* sb = ring::superblock(base_);
+  for (Channel* ch : all_channels_) {
+    std::unique_lock lk(ch->mu, std::try_to_lock);
+    if (!lk.owns_lock()) continue;  // a thread is still in a call on it
+    ch->drain(std::chrono::milliseconds(1000));
+    const std::uint32_t c = ch->index();
+    std::atomic_ref<std::uint64_t>(sb->active_mask[c / 64])
+        .fetch_and(~(1ull << (c % 64)), std::memory_order_release);
+    std::atomic_ref<std::uint32_t>(ring::channel_desc(base_, layout_, c)->guest_state)
+        .store(abi::kChanFree, std::memory_order_release);
+  }
+  all_channels_.clear();
 }
 
 const proto::RepDeviceInfo* Runtime::device(int ordinal, CUresult* st) {

@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "ring/layout.h"
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"
+#include "ring/uio.h"
 #include "ring/wait.h"
 
 namespace ivcuda::guest {
@@ -63,8 +65,8 @@ class Runtime {
   int device_count() const noexcept { return static_cast<int>(hello_.device_count); }
 
   // Arena helpers.
-  std::byte* arena_base() const noexcept { return bar_.data() + layout_.arena_off; }
-  std::byte* bar() const noexcept { return bar_.data(); }
+  std::byte* arena_base() const noexcept { return base_ + layout_.arena_off; }
+  std::byte* bar() const noexcept { return base_; }
   const ring::Layout& layout() const noexcept { return layout_; }
   // If [p, p+n) lies in one page-locked block, its BAR offset.
   std::optional<std::uint64_t> pinned_offset(const void* p, std::size_t n);
@@ -87,11 +89,21 @@ class Runtime {
 
   bool dead() const noexcept { return dead_.load(std::memory_order_relaxed); }
   void mark_dead(const char* why) noexcept;
+  // True when the library runs inside a VM on the ivcuda UIO device.
+  bool vm_mode() const noexcept { return vm_mode_; }
+  // Frees this process's channels for other processes (VM mode: the BAR is
+  // shared by every process of the guest). Runs at exit.
+  void release_channels() noexcept;
 
  private:
   friend class Channel;
   Runtime() = default;
   CUresult connect();
+  CUresult connect_socket(const std::string& path);
+  CUresult connect_uio(const std::string& pci);
+  CUresult attach_bar(std::byte* base, std::size_t size);
+  std::unique_ptr<ring::Waiter> make_waiter(std::uint32_t vector);
+  bool host_gone() noexcept;
   CUresult call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
                     void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait);
   Channel* channel();
@@ -102,6 +114,16 @@ class Runtime {
   std::vector<sys::UniqueFd> own_fds_;   // the host rings us on these
   sys::UniqueFd shm_fd_;
   sys::Mapping bar_;
+  // VM mode: the ivcuda UIO device (BAR0 registers, BAR2 = the shared memory).
+  bool vm_mode_ = false;
+  uio::Device uio_;
+  std::byte* base_ = nullptr;             // the BAR, either way
+  std::size_t vectors_ = 0;
+  std::unique_ptr<ring::Doorbell> host_bell_;
+  std::uint64_t last_heartbeat_ = 0;
+  std::chrono::steady_clock::time_point heartbeat_seen_{};
+  std::mutex heartbeat_mu_;
+  std::vector<Channel*> all_channels_;    // every channel this process claimed
   ring::Layout layout_;
   proto::RepHello hello_{};
   std::mutex dev_mu_;

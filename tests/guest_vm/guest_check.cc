@@ -34,6 +34,7 @@
 
 #include "ivcuda/result.h"
 #include "ring/sys.h"
+#include "ring/uio.h"
 
 namespace {
 
@@ -42,11 +43,11 @@ using ivcuda::make_error;
 using ivcuda::Result;
 using ivcuda::sys::Mapping;
 using ivcuda::sys::UniqueFd;
-
-// BAR0 register offsets (QEMU docs/specs/ivshmem-spec.rst).
-constexpr std::size_t kRegIvPosition = 8;
-constexpr std::size_t kRegDoorbell = 12;
-constexpr std::size_t kRegsUsed = 16;
+using ivcuda::uio::Device;
+using ivcuda::uio::errno_error;
+using ivcuda::uio::open_device;
+using ivcuda::uio::parse_u64;
+using ivcuda::uio::UioVector;
 
 // What tools/guest/ivshmem-test-server.py writes at the start of the shared
 // memory: the magic, then the peer id it assigned to us (u64, little endian).
@@ -56,111 +57,6 @@ constexpr int kWakeTimeoutMs = 5000;
 // How long a vector that must stay silent is watched. MSI-X delivery under
 // TCG takes well under a millisecond; this is generous.
 constexpr int kSilenceMs = 100;
-
-Error errno_error(const std::string& what) {
-  const int e = errno;
-  return make_error(e, what + ": " + ivcuda::sys::errno_string(e));
-}
-
-Result<std::string> read_text(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return errno_error("open " + path);
-  char buf[256];
-  const ssize_t n = ::read(fd.get(), buf, sizeof buf - 1);
-  if (n < 0) return errno_error("read " + path);
-  std::string s(buf, static_cast<std::size_t>(n));
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-// Parses a whole decimal or 0x-prefixed number.
-Result<std::uint64_t> parse_u64(const std::string& s, const std::string& what) {
-  if (s.empty() || s[0] == '-') return make_error(EINVAL, what + ": not a number: '" + s + "'");
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 0);
-  if (errno != 0 || end == s.c_str() || *end != '\0')
-    return make_error(EINVAL, what + ": not a number: '" + s + "'");
-  return static_cast<std::uint64_t>(v);
-}
-
-struct UioVector {
-  unsigned minor = 0;
-  std::string pci;  // the PCI device it belongs to, e.g. 0000:00:03.0
-};
-
-// The ivcuda UIO devices of one PCI device, indexed by vector: the device
-// named by `pci`, or the first one when `pci` is empty.
-Result<std::vector<UioVector>> find_vectors(const std::string& pci) {
-  std::map<std::string, std::map<unsigned, unsigned>> by_pci;  // pci -> vector -> minor
-  DIR* dir = ::opendir("/sys/class/uio");
-  if (dir == nullptr) return errno_error("/sys/class/uio (is uio.ko loaded?)");
-  while (const dirent* e = ::readdir(dir)) {
-    unsigned minor = 0;
-    char tail = 0;
-    if (std::sscanf(e->d_name, "uio%u%c", &minor, &tail) != 1) continue;
-    const std::string base = std::string("/sys/class/uio/") + e->d_name;
-    auto name = read_text(base + "/name");
-    unsigned vec = 0;
-    if (!name || std::sscanf(name->c_str(), "ivcuda-vec%u%c", &vec, &tail) != 1) continue;
-    char link[512];
-    const ssize_t n = ::readlink((base + "/device").c_str(), link, sizeof link - 1);
-    if (n <= 0) continue;
-    link[n] = '\0';
-    const char* slash = std::strrchr(link, '/');
-    by_pci[slash != nullptr ? slash + 1 : link][vec] = minor;
-  }
-  ::closedir(dir);
-
-  if (by_pci.empty()) return make_error(ENODEV, "no ivcuda UIO device (is ivcuda_uio.ko loaded?)");
-  const auto it = pci.empty() ? by_pci.begin() : by_pci.find(pci);
-  if (it == by_pci.end()) return make_error(ENODEV, "no ivcuda UIO device on PCI " + pci);
-  std::vector<UioVector> out;
-  for (const auto& [vec, minor] : it->second) {
-    if (vec != out.size())
-      return make_error(EPROTO, "ivcuda vectors of " + it->first + " are not 0..n-1");
-    out.push_back({minor, it->first});
-  }
-  return out;
-}
-
-struct Device {
-  std::vector<UioVector> vectors;
-  Mapping regs;  // BAR0's pages
-  std::size_t regs_off = 0;
-  Mapping shm;   // BAR2
-
-  volatile std::uint32_t* reg(std::size_t off) const {
-    return reinterpret_cast<volatile std::uint32_t*>(regs.data() + regs_off + off);
-  }
-  std::uint32_t peer_id() const { return *reg(kRegIvPosition); }
-  void ring(std::uint32_t peer, std::uint32_t vector) const {
-    *reg(kRegDoorbell) = peer << 16 | vector;
-  }
-};
-
-Result<Device> open_device(const std::string& pci) {
-  Device d;
-  IVCUDA_TRY_ASSIGN(d.vectors, find_vectors(pci));
-  const std::string sys = "/sys/class/uio/uio" + std::to_string(d.vectors[0].minor);
-  const std::string node = "/dev/uio" + std::to_string(d.vectors[0].minor);
-  IVCUDA_TRY_ASSIGN(const std::string s0, read_text(sys + "/maps/map0/size"));
-  IVCUDA_TRY_ASSIGN(const std::string o0, read_text(sys + "/maps/map0/offset"));
-  IVCUDA_TRY_ASSIGN(const std::string s1, read_text(sys + "/maps/map1/size"));
-  IVCUDA_TRY_ASSIGN(const std::uint64_t regs_size, parse_u64(s0, "map0 size"));
-  IVCUDA_TRY_ASSIGN(d.regs_off, parse_u64(o0, "map0 offset"));
-  IVCUDA_TRY_ASSIGN(const std::uint64_t shm_size, parse_u64(s1, "map1 size"));
-  if (regs_size < kRegsUsed || d.regs_off > regs_size - kRegsUsed)
-    return make_error(EPROTO, "map0 is too small for the ivshmem registers");
-
-  UniqueFd fd(::open(node.c_str(), O_RDWR | O_CLOEXEC));
-  if (!fd.valid()) return errno_error("open " + node);
-  // UIO selects map N by the mmap offset N * page size.
-  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  IVCUDA_TRY_ASSIGN(d.regs, Mapping::map_shared(fd.get(), regs_size, 0));
-  IVCUDA_TRY_ASSIGN(d.shm, Mapping::map_shared(fd.get(), shm_size, page));
-  return d;
-}
 
 // The shared memory to work on: BAR2 through UIO, or a host file.
 struct Shm {

@@ -1,0 +1,67 @@
+#!/bin/bash
+# VM mode end to end: ivcudad (with the GPU test double standing in for the
+# driver) serves a stock QEMU guest through ivshmem-doorbell; inside the
+# guest, the unmodified driver-API test programs run through ivcuda's
+# libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/).
+#
+# usage: vm_ivcuda_test.sh IMAGE_DIR BUILD_DIR DRIVER_LIB
+# Exits 77 (SKIP) with the reason when QEMU or the kernel packages are missing.
+set -euo pipefail
+
+image=$1 build=$2 driver=$3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+guest=$(cd "$here/../../tools/guest" && pwd)
+
+if ! missing=$("$guest/build-guest-image.sh" --check); then
+	echo "SKIP: the VM tests need:"
+	echo "$missing"
+	exit 77
+fi
+lib=$build/lib
+bin=$build/tests/bin
+kernels=$build/tests/gpu_double
+for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$kernels/test_kernels.ptx"; do
+	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
+done
+
+# The programs find libcuda.so.1 through LD_LIBRARY_PATH, in the guest as on
+# the host: the image keeps host paths.
+LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
+	--add-bin "$lib/libcuda.so.1" \
+	--add-bin "$bin/drv_core:/usr/bin/drv_core" \
+	--add-bin "$bin/drv_kernels:/usr/bin/drv_kernels" \
+	--add-bin "$bin/drv_errors:/usr/bin/drv_errors" \
+	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
+	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ivcuda-vm.XXXXXX")
+daemon=
+cleanup() {
+	if [[ -n $daemon ]]; then kill "$daemon" 2>/dev/null || true; wait "$daemon" 2>/dev/null || true; fi
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+vectors=4
+sock=$tmp/ivcudad.sock
+"$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
+	--staging-size 4M --driver "$driver" >"$tmp/ivcudad.log" 2>&1 &
+daemon=$!
+for _ in $(seq 100); do
+	[[ -S $sock ]] && break
+	sleep 0.05
+done
+[[ -S $sock ]] || { cat "$tmp/ivcudad.log"; echo "FAIL: ivcudad did not start"; exit 1; }
+
+rc=0
+"$guest/run-in-guest.sh" --image "$image" --socket "$sock" --vectors $vectors --timeout 150 \
+	"export LD_LIBRARY_PATH=$lib &&
+	 drv_core &&
+	 drv_kernels --ptx /opt/ivcuda/test_kernels.ptx --fatbin /opt/ivcuda/test_kernels.fatbin &&
+	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
+echo "--- ivcudad log (last lines)"
+tail -n 8 "$tmp/ivcudad.log"
+# The daemon outlives the VM and serves on.
+kill -0 "$daemon" || { echo "FAIL: ivcudad died"; exit 1; }
+[[ $rc -eq 0 ]] || { echo "FAIL: the guest programs failed (exit $rc)"; exit 1; }
+echo "PASS: driver-API programs in a QEMU guest through ivshmem-doorbell"
