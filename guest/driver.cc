@@ -484,7 +484,7 @@ CUresult cuDeviceGetPCIBusId(char* id, int len, CUdevice dev) {
   return guard([&] {
     if (id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     DEVICE_INFO(dev);
-    std::snprintf(id, static_cast<size_t>(len), "%08x:%02x:%02x.0",
+    std::snprintf(id, static_cast<size_t>(len), "%04x:%02x:%02x.0",
                   static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID]),
                   static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID]),
                   static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID]));
@@ -499,7 +499,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
     NEED_RT();
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepHandle rep{};
-    const CUresult st = rt->call<Op::kPrimaryRetain>(proto::ReqDevice{dev, 0}, {}, &rep);
+    const CUresult st = rt->call<Op::kPrimaryRetain>(proto::ReqDevice{rt->to_worker(dev), 0}, {}, &rep);
     if (st != CUDA_SUCCESS) return st;
     {
       std::lock_guard lk(rt->books_mu);
@@ -513,14 +513,14 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   return guard([&] {
     NEED_RT();
-    return rt->call<Op::kPrimaryRelease>(proto::ReqDevice{dev, 0});
+    return rt->call<Op::kPrimaryRelease>(proto::ReqDevice{rt->to_worker(dev), 0});
   });
 }
 
 CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
   return guard([&] {
     NEED_RT();
-    return rt->call<Op::kPrimaryReset>(proto::ReqDevice{dev, 0});
+    return rt->call<Op::kPrimaryReset>(proto::ReqDevice{rt->to_worker(dev), 0});
   });
 }
 
@@ -529,7 +529,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* acti
     NEED_RT();
     if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepPrimaryState rep{};
-    const CUresult st = rt->call<Op::kPrimaryGetState>(proto::ReqDevice{dev, 0}, {}, &rep);
+    const CUresult st = rt->call<Op::kPrimaryGetState>(proto::ReqDevice{rt->to_worker(dev), 0}, {}, &rep);
     if (st == CUDA_SUCCESS) {
       *flags = rep.flags;
       *active = rep.active;
@@ -541,7 +541,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* acti
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
   return guard([&] {
     NEED_RT();
-    return rt->call<Op::kPrimarySetFlags>(proto::ReqDeviceFlags{dev, flags});
+    return rt->call<Op::kPrimarySetFlags>(proto::ReqDeviceFlags{rt->to_worker(dev), flags});
   });
 }
 
@@ -556,7 +556,7 @@ CUresult cuCtxCreate(CUcontext* pctx, CUctxCreateParams* params, unsigned int fl
       return CUDA_ERROR_NOT_SUPPORTED;
     }
     proto::RepHandle rep{};
-    const CUresult st = rt->call<Op::kCtxCreate>(proto::ReqDeviceFlags{dev, flags}, {}, &rep);
+    const CUresult st = rt->call<Op::kCtxCreate>(proto::ReqDeviceFlags{rt->to_worker(dev), flags}, {}, &rep);
     if (st != CUDA_SUCCESS) return st;
     {
       std::lock_guard lk(rt->books_mu);

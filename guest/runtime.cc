@@ -5,6 +5,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -309,6 +311,8 @@ CUresult Runtime::connect() {
     return st;
   }
   devs_.resize(hello_.device_count);
+  st = apply_visible_devices();
+  if (st != CUDA_SUCCESS) return st;
   if (vm_mode_) std::atexit([] {
       if (g_runtime != nullptr) g_runtime->release_channels();
     });
@@ -451,23 +455,92 @@ void Runtime::release_channels() noexcept {
   all_channels_.clear();
 }
 
-const proto::RepDeviceInfo* Runtime::device(int ordinal, CUresult* st) {
-  if (ordinal < 0 || ordinal >= device_count()) {
+const proto::RepDeviceInfo* Runtime::worker_device(int w, CUresult* st) {
+  if (w < 0 || w >= static_cast<int>(devs_.size())) {
     *st = CUDA_ERROR_INVALID_DEVICE;
     return nullptr;
   }
   std::lock_guard lk(dev_mu_);
-  auto& slot = devs_[static_cast<std::size_t>(ordinal)];
+  auto& slot = devs_[static_cast<std::size_t>(w)];
   if (!slot) {
     auto info = std::make_unique<proto::RepDeviceInfo>();
-    *st = call<proto::Op::kDeviceInfo>(proto::ReqDevice{ordinal, 0}, {}, info.get());
+    *st = call<proto::Op::kDeviceInfo>(proto::ReqDevice{w, 0}, {}, info.get());
     if (*st != CUDA_SUCCESS) return nullptr;
     slot = std::move(info);
-    std::lock_guard bk(books_mu);
-    ctx_device[slot->primary_ctx] = ordinal;
   }
   *st = CUDA_SUCCESS;
   return slot.get();
+}
+
+const proto::RepDeviceInfo* Runtime::device(int ordinal, CUresult* st) {
+  const proto::RepDeviceInfo* info = worker_device(to_worker(ordinal), st);
+  if (info != nullptr) {
+    std::lock_guard bk(books_mu);
+    ctx_device[info->primary_ctx] = ordinal;
+  }
+  return info;
+}
+
+namespace {
+std::string uuid_text(const std::uint8_t* u) {
+  char s[64];
+  std::snprintf(s, sizeof s,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+                u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return s;
+}
+}  // namespace
+
+// CUDA_VISIBLE_DEVICES as on bare metal: indices or (prefixes of) UUIDs,
+// separated by commas; the list ends at the first entry that names no
+// device, names one twice, or is ambiguous. Set but empty: no devices.
+CUresult Runtime::apply_visible_devices() {
+  const int n = static_cast<int>(hello_.device_count);
+  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+  visible_.clear();
+  if (env == nullptr) {
+    for (int i = 0; i < n; ++i) visible_.push_back(i);
+    return CUDA_SUCCESS;
+  }
+  std::string list(env);
+  std::size_t pos = 0;
+  while (pos <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', pos), list.size());
+    std::string tok = list.substr(pos, comma - pos);
+    pos = comma + 1;
+    while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
+    while (!tok.empty() && tok.back() == ' ') tok.pop_back();
+    if (tok.empty()) break;
+    int found = -1;
+    if (tok.find_first_not_of("0123456789") == std::string::npos) {
+      const long v = tok.size() <= 4 ? std::strtol(tok.c_str(), nullptr, 10) : -1;
+      if (v >= 0 && v < n) found = static_cast<int>(v);
+    } else {
+      std::string want = tok;
+      for (auto& ch : want) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (want.rfind("gpu-", 0) != 0) want = "gpu-" + want;
+      int matches = 0;
+      for (int i = 0; i < n; ++i) {
+        CUresult st;
+        const auto* info = worker_device(i, &st);
+        if (info == nullptr) return st;
+        std::string have = uuid_text(info->uuid);
+        for (auto& ch : have) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        if (have.rfind(want, 0) == 0) {
+          found = i;
+          ++matches;
+        }
+      }
+      if (matches != 1) found = -1;
+    }
+    if (found < 0 || std::find(visible_.begin(), visible_.end(), found) != visible_.end()) break;
+    visible_.push_back(found);
+  }
+  if (visible_.empty()) {
+    log_line("CUDA_VISIBLE_DEVICES='%s' leaves no device", env);
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  return CUDA_SUCCESS;
 }
 
 // ------------------------------------------------------------------ arena

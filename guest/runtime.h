@@ -62,7 +62,13 @@ class Runtime {
   const proto::RepHello& hello() const noexcept { return hello_; }
   // Cached device info (fetched once per device).
   const proto::RepDeviceInfo* device(int ordinal, CUresult* st);
-  int device_count() const noexcept { return static_cast<int>(hello_.device_count); }
+  // Devices as the application sees them: the ones the daemon granted,
+  // filtered and ordered by CUDA_VISIBLE_DEVICES, numbered from 0.
+  int device_count() const noexcept { return static_cast<int>(visible_.size()); }
+  // The daemon's ordinal of an application ordinal, or -1.
+  int to_worker(int app_ordinal) const noexcept {
+    return app_ordinal >= 0 && app_ordinal < device_count() ? visible_[static_cast<std::size_t>(app_ordinal)] : -1;
+  }
 
   // Arena helpers.
   std::byte* arena_base() const noexcept { return base_ + layout_.arena_off; }
@@ -126,8 +132,11 @@ class Runtime {
   std::vector<Channel*> all_channels_;    // every channel this process claimed
   ring::Layout layout_;
   proto::RepHello hello_{};
+  CUresult apply_visible_devices();
+  const proto::RepDeviceInfo* worker_device(int worker_ordinal, CUresult* st);
   std::mutex dev_mu_;
-  std::vector<std::unique_ptr<proto::RepDeviceInfo>> devs_;
+  std::vector<std::unique_ptr<proto::RepDeviceInfo>> devs_;  // by daemon ordinal
+  std::vector<int> visible_;
   std::mutex pinned_mu_;
   std::map<std::uintptr_t, PinnedBlock> pinned_;  // guest address -> block
   std::mutex chan_mu_;

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# GPU selection: ivcudad --gpus picks and orders the host's GPUs for a guest,
+# the guest numbers them from 0 with their real UUIDs and PCI addresses,
+# CUDA_VISIBLE_DEVICES narrows them further as on bare metal, and GPUs not
+# granted cannot be reached. Runs against the GPU test double with four
+# devices, whose own answers (through its libcuda.so.1 name) are the truth.
+#   run_device_selection_tests.sh BUILD_DIR DOUBLE_LIB
+set -u
+build=$(cd "$1" && pwd)
+double=$2
+prog=$build/tests/bin/drv_devices
+work=$(mktemp -d /tmp/ivcuda-gpus.XXXXXX)
+passed=0 failed=0 daemon=
+export IVCUDA_GPU_DOUBLE_DEVICES=4
+cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+verdict() {  # name, then a command whose status is the verdict
+  local name=$1; shift
+  if "$@"; then echo "PASS $name"; passed=$((passed + 1)); else echo "FAIL $name"; failed=$((failed + 1)); fi
+}
+start() {  # ivcudad arguments
+  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+  rm -f "$work/s"
+  "$build/host-daemon/ivcudad" --socket "$work/s" --shm-size 256M --channels 4 --staging-size 4M \
+    --driver "$double" "$@" >>"$work/log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 100); do [ -S "$work/s" ] && return; sleep 0.05; done
+}
+guest() { IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 60 "$prog" "$@" 2>&1; }
+line() { grep "^device $1 " | cut -d' ' -f3-; }   # "UUID BUS NAME" of ordinal $1
+
+# The truth: the double as the program's own libcuda.so.1.
+mkdir -p "$work/direct" && ln -s "$(readlink -f "$double")" "$work/direct/libcuda.so.1"
+LD_LIBRARY_PATH=$work/direct timeout 60 "$prog" >"$work/direct.out" 2>&1
+direct() { line "$1" <"$work/direct.out"; }
+verdict "the double alone shows 4 devices" grep -q "^count 4" "$work/direct.out"
+
+start
+guest >"$work/all.out"
+verdict "all GPUs granted: the same 4 devices, same UUIDs and PCI ids" \
+  bash -c "for i in 0 1 2 3; do [ \"\$(grep \"^device \$i \" '$work/all.out' | cut -d' ' -f3-)\" = \"\$(grep \"^device \$i \" '$work/direct.out' | cut -d' ' -f3-)\" ] || exit 1; done"
+
+start --gpus 3,1
+guest --try-ordinal 2 >"$work/sel.out"
+verdict "--gpus 3,1: two devices, numbered 0 and 1" grep -q "^count 2" "$work/sel.out"
+verdict "--gpus 3,1: device 0 is host GPU 3" test "$(line 0 <"$work/sel.out")" = "$(direct 3)"
+verdict "--gpus 3,1: device 1 is host GPU 1" test "$(line 1 <"$work/sel.out")" = "$(direct 1)"
+verdict "--gpus 3,1: a third GPU is refused" grep -q "cuDeviceGet(2): CUDA_ERROR_INVALID_DEVICE" "$work/sel.out"
+
+CUDA_VISIBLE_DEVICES=1 guest >"$work/cvd1.out"
+verdict "CUDA_VISIBLE_DEVICES=1 inside the grant: host GPU 1 only" \
+  bash -c "grep -q '^count 1' '$work/cvd1.out' && [ \"\$(grep '^device 0 ' '$work/cvd1.out' | cut -d' ' -f3-)\" = '$(direct 1)' ]"
+uuid3=$(direct 3 | cut -d' ' -f1)
+CUDA_VISIBLE_DEVICES=$uuid3 guest >"$work/cvdu.out"
+verdict "CUDA_VISIBLE_DEVICES by UUID" \
+  bash -c "grep -q '^count 1' '$work/cvdu.out' && grep -q '^device 0 $uuid3' '$work/cvdu.out'"
+# The double's UUIDs differ only at the end: a short prefix names no single GPU.
+CUDA_VISIBLE_DEVICES=${uuid3:0:12} guest >"$work/cvda.out"
+verdict "CUDA_VISIBLE_DEVICES with an ambiguous UUID prefix: no device" \
+  grep -q "cuInit: CUDA_ERROR_NO_DEVICE" "$work/cvda.out"
+CUDA_VISIBLE_DEVICES=1,7,0 guest >"$work/cvdt.out"
+verdict "CUDA_VISIBLE_DEVICES stops at the first invalid entry" grep -q "^count 1" "$work/cvdt.out"
+CUDA_VISIBLE_DEVICES= guest >"$work/cvde.out"
+verdict "CUDA_VISIBLE_DEVICES empty: no device" grep -q "cuInit: CUDA_ERROR_NO_DEVICE" "$work/cvde.out"
+
+start --gpus 9
+guest >"$work/none.out"
+verdict "--gpus naming a GPU the host lacks: the guest gets no device, the daemon serves on" \
+  bash -c "grep -q 'cuInit: CUDA_ERROR' '$work/none.out' && kill -0 $daemon"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

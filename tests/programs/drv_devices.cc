@@ -1,0 +1,48 @@
+// Lists the devices a program sees: ordinal, UUID, PCI address, name. Used
+// to check GPU selection (ivcudad --gpus, CUDA_VISIBLE_DEVICES) against what
+// the driver itself reports.
+//   drv_devices [--try-ordinal N]   also reports what cuDeviceGet(N) returns
+#include "check.h"
+
+int main(int argc, char** argv) {
+  const CUresult init = cuInit(0);
+  if (init != CUDA_SUCCESS) {
+    std::printf("cuInit: %s\n", check::name(init));
+    return 0;
+  }
+  int n = 0;
+  OK(cuDeviceGetCount(&n));
+  std::printf("count %d\n", n);
+  for (int i = 0; i < n; ++i) {
+    CUdevice d;
+    OK(cuDeviceGet(&d, i));
+    CUuuid u{};
+    OK(cuDeviceGetUuid(&u, d));
+    char bus[32] = {};
+    OK(cuDeviceGetPCIBusId(bus, sizeof bus, d));
+    char name[128] = {};
+    OK(cuDeviceGetName(name, sizeof name, d));
+    std::printf("device %d GPU-", i);
+    for (int b = 0; b < 16; ++b) {
+      std::printf("%02x", static_cast<unsigned char>(u.bytes[b]));
+      if (b == 3 || b == 5 || b == 7 || b == 9) std::printf("-");
+    }
+    std::printf(" %s %s\n", bus, name);
+    // Each device's primary context works.
+    CUcontext c;
+    OK(cuDevicePrimaryCtxRetain(&c, d));
+    OK(cuCtxSetCurrent(c));
+    CUdevice back = -1;
+    OK(cuCtxGetDevice(&back));
+    EXPECT(back == d);
+    CUdeviceptr p;
+    OK(cuMemAlloc(&p, 1 << 20));
+    OK(cuMemFree(p));
+    OK(cuDevicePrimaryCtxRelease(d));
+  }
+  if (const char* t = check::arg(argc, argv, "--try-ordinal")) {
+    CUdevice d;
+    std::printf("cuDeviceGet(%s): %s\n", t, check::name(cuDeviceGet(&d, std::atoi(t))));
+  }
+  return check::finish("drv_devices");
+}
