@@ -374,6 +374,20 @@ class UioWaiter final : public ring::Waiter {
  private:
   sys::UniqueFd fd_;
 };
+
+// ivshmem-plain has no interrupts: the daemon polls the rings, and a waiting
+// guest thread naps briefly between looks.
+class NoDoorbell final : public ring::Doorbell {
+ public:
+  void ring() noexcept override {}
+};
+class PollWaiter final : public ring::Waiter {
+ public:
+  void wait(int timeout_ms) noexcept override {
+    (void)timeout_ms;
+    ::usleep(50);
+  }
+};
 }  // namespace
 
 CUresult Runtime::connect_uio(const std::string& pci) {
@@ -387,8 +401,12 @@ CUresult Runtime::connect_uio(const std::string& pci) {
   vectors_ = uio_.vectors.size();
   const CUresult st = attach_bar(uio_.shm.data(), uio_.shm.size());
   if (st != CUDA_SUCCESS) return st;
-  const auto peer = ring::load_relaxed(ring::superblock(base_)->host_peer_id);
-  host_bell_ = std::make_unique<UioDoorbell>(uio_, peer);
+  const auto* sb = ring::superblock(base_);
+  doorbells_ = (ring::load_relaxed(sb->features) & abi::kFeatDoorbell) != 0 && !uio_.vectors.empty();
+  if (doorbells_)
+    host_bell_ = std::make_unique<UioDoorbell>(uio_, ring::load_relaxed(sb->host_peer_id));
+  else
+    host_bell_ = std::make_unique<NoDoorbell>();
   return CUDA_SUCCESS;
 }
 
@@ -405,6 +423,7 @@ CUresult Runtime::attach_bar(std::byte* base, std::size_t size) {
 }
 
 std::unique_ptr<ring::Waiter> Runtime::make_waiter(std::uint32_t vector) {
+  if (vm_mode_ && !doorbells_) return std::make_unique<PollWaiter>();
   if (vm_mode_) {
     const std::string node = "/dev/uio" + std::to_string(uio_.vectors[vector].minor);
     sys::UniqueFd fd(::open(node.c_str(), O_RDWR | O_CLOEXEC));

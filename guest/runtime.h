@@ -122,6 +122,7 @@ class Runtime {
   sys::Mapping bar_;
   // VM mode: the ivcuda UIO device (BAR0 registers, BAR2 = the shared memory).
   bool vm_mode_ = false;
+  bool doorbells_ = true;                 // false on ivshmem-plain: poll
   uio::Device uio_;
   std::byte* base_ = nullptr;             // the BAR, either way
   std::size_t vectors_ = 0;

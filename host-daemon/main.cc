@@ -4,6 +4,7 @@
 // same way. Every guest gets its own shared memory and its own worker
 // process; this parent never touches the GPU.
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -43,6 +44,8 @@ struct Options {
   unsigned spin_us = 200;
   unsigned max_guests = 64;
   std::string log_level = "info";
+  std::vector<std::string> plain_files;
+  unsigned poll_us = 500;
 };
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
@@ -95,6 +98,57 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   return rc;
 }
 
+// Creates and formats an ivshmem-plain memory file and forks its worker.
+pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
+                         std::uint64_t generation, const std::string& path, std::int64_t id, int listen_fd) {
+  ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
+    IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
+    return -1;
+  }
+  {
+    auto map = ivcuda::sys::Mapping::map_shared(fd.get(), o.shm_size);
+    if (!map) {
+      IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), map.error().what.c_str());
+      return -1;
+    }
+    // A fresh layout every start: whatever a previous daemon or guest left
+    // there is not trusted.
+    std::memset(map->data(), 0, layout.rings_off + layout.channel_stride * layout.channels);
+    (void)ivcuda::ring::format_bar(map->data(), layout, generation, 0, 1, 0);
+  }
+  auto host_efd = ivcuda::sys::make_eventfd(true);
+  auto guest_efd = ivcuda::sys::make_eventfd(true);
+  if (!host_efd || !guest_efd) return -1;
+  const pid_t pid = ::fork();
+  if (pid != 0) {
+    if (pid > 0) IVLOG_INFO("ivshmem-plain guest %lld on %s; worker pid %d", static_cast<long long>(id), path.c_str(),
+                            static_cast<int>(pid));
+    return pid;
+  }
+  ::close(listen_fd);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  ivcuda::host::WorkerConfig cfg;
+  cfg.guest_id = static_cast<std::uint32_t>(id);
+  cfg.shm_fd = fd.get();
+  cfg.layout = layout;
+  cfg.generation = generation;
+  cfg.host_fds.push_back(host_efd->get());    // nobody rings these: no interrupts
+  cfg.guest_fds.push_back(guest_efd->get());  // in ivshmem-plain
+  cfg.driver_path = o.driver;
+  cfg.devices = gpus;
+  cfg.spin = std::chrono::microseconds(o.spin_us);
+  cfg.poll_only = true;
+  cfg.poll_interval = std::chrono::microseconds(o.poll_us);
+  auto w = ivcuda::host::Worker::create(std::move(cfg));
+  if (!w) {
+    IVLOG_ERROR("ivshmem-plain guest %lld: cannot start: %s", static_cast<long long>(id), w.error().what.c_str());
+    ::_exit(2);
+  }
+  g_worker = w->get();
+  ::_exit((*w)->run());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +177,12 @@ int main(int argc, char** argv) {
   app.add_option("--spin-us", o.spin_us, "how long a worker polls after the last request before sleeping")
       ->capture_default_str();
   app.add_option("--max-guests", o.max_guests, "guests served at once")->capture_default_str();
+  app.add_option("--plain-file", o.plain_files,
+                 "serve an ivshmem-plain guest through this memory file (QEMU: memory-backend-file, "
+                 "share=on, mem-path=FILE, size=--shm-size); repeatable. No interrupts: both sides poll")
+      ->take_all();
+  app.add_option("--plain-poll-us", o.poll_us, "how often an idle ivshmem-plain worker looks for work")
+      ->capture_default_str();
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
@@ -169,6 +229,15 @@ int main(int argc, char** argv) {
              static_cast<unsigned long long>(generation));
 
   std::map<pid_t, std::int64_t> workers;  // pid -> guest id
+  // ivshmem-plain guests: a memory file each, formatted here, served by a
+  // worker that polls. Their ids start above every peer id.
+  for (std::size_t i = 0; i < o.plain_files.size(); ++i) {
+    const std::int64_t id = 0x10000 + static_cast<std::int64_t>(i);
+    const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
+                                         server->listen_fd());
+    if (pid < 0) return 1;
+    workers[pid] = id;
+  }
   while (g_stop == 0) {
     // Reap workers: a guest that went away, or a worker that failed.
     for (;;) {

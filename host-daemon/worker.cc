@@ -334,8 +334,12 @@ void Worker::sleep_until_work() {
   for (std::uint32_t c = 0; c < l_.channels && !work; ++c)
     if ((mask_now[c / 64] >> (c % 64) & 1) && !channels_[c]) work = true;  // a new channel
   if (!work) {
-    const unsigned what = waiter_->wait(100);
-    if (what & UringWaiter::kHangup) stop_ = true;
+    if (cfg_.poll_only) {
+      ::usleep(static_cast<useconds_t>(cfg_.poll_interval.count()));
+    } else {
+      const unsigned what = waiter_->wait(100);
+      if (what & UringWaiter::kHangup) stop_ = true;
+    }
   }
   for (auto& chp : channels_)
     if (chp) chp->req.end_sleep();

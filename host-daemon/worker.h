@@ -36,6 +36,10 @@ struct WorkerConfig {
   std::string driver_path = "libcuda.so.1";
   std::vector<int> devices;        // host ordinals this guest may use; empty = all
   std::chrono::microseconds spin{200};
+  // ivshmem-plain: the guest cannot ring us, so an idle worker wakes up
+  // every `poll_interval` instead of sleeping until a doorbell.
+  bool poll_only = false;
+  std::chrono::microseconds poll_interval{500};
 };
 
 class Worker {

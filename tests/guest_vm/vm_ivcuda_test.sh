@@ -4,11 +4,13 @@
 # guest, the unmodified driver-API test programs run through ivcuda's
 # libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/).
 #
-# usage: vm_ivcuda_test.sh IMAGE_DIR BUILD_DIR DRIVER_LIB
+# usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB
+#   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
+#   plain:    ivshmem-plain on a memory file ivcudad formats (both sides poll)
 # Exits 77 (SKIP) with the reason when QEMU or the kernel packages are missing.
 set -euo pipefail
 
-image=$1 build=$2 driver=$3
+mode=$1 image=$2 build=$3 driver=$4
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 guest=$(cd "$here/../../tools/guest" && pwd)
 
@@ -44,17 +46,30 @@ trap cleanup EXIT
 
 vectors=4
 sock=$tmp/ivcudad.sock
+plain=()
+device=(--socket "$sock" --vectors $vectors)
+if [[ $mode == plain ]]; then
+	dir=/dev/shm
+	[[ -d $dir && -w $dir ]] || dir=$tmp
+	shm=$dir/ivcuda-plain-$$
+	plain=(--plain-file "$shm")
+	device=(--shm-file "$shm" --shm-size $((256 << 20)))
+	trap 'cleanup; rm -f "$shm"' EXIT
+fi
 "$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
-	--staging-size 4M --driver "$driver" >"$tmp/ivcudad.log" 2>&1 &
+	--staging-size 4M --driver "$driver" "${plain[@]}" >"$tmp/ivcudad.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do
 	[[ -S $sock ]] && break
 	sleep 0.05
 done
 [[ -S $sock ]] || { cat "$tmp/ivcudad.log"; echo "FAIL: ivcudad did not start"; exit 1; }
+if [[ $mode == plain ]]; then  # the memory file is formatted before the socket listens
+	grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" || { cat "$tmp/ivcudad.log"; exit 1; }
+fi
 
 rc=0
-"$guest/run-in-guest.sh" --image "$image" --socket "$sock" --vectors $vectors --timeout 150 \
+"$guest/run-in-guest.sh" --image "$image" "${device[@]}" --timeout 150 \
 	"export LD_LIBRARY_PATH=$lib &&
 	 drv_core &&
 	 drv_kernels --ptx /opt/ivcuda/test_kernels.ptx --fatbin /opt/ivcuda/test_kernels.fatbin &&
@@ -64,4 +79,4 @@ tail -n 8 "$tmp/ivcudad.log"
 # The daemon outlives the VM and serves on.
 kill -0 "$daemon" || { echo "FAIL: ivcudad died"; exit 1; }
 [[ $rc -eq 0 ]] || { echo "FAIL: the guest programs failed (exit $rc)"; exit 1; }
-echo "PASS: driver-API programs in a QEMU guest through ivshmem-doorbell"
+echo "PASS: driver-API programs in a QEMU guest through ivshmem-$mode"
