@@ -705,22 +705,57 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
 
 // ==================================================================== memory
 
+namespace {
+// Allocates device memory through `alloc` and reserves its range in this
+// process (see Runtime::reserve_device_range). A range that collides with
+// memory this process already uses is held and another is asked for, so that
+// device and host pointers stay distinguishable; the held ones are freed
+// once a clean range came back.
+template <class Alloc>
+CUresult alloc_reserved(Runtime* rt, std::uint64_t ctx, Alloc&& alloc, CUdeviceptr* out, std::uint64_t* size) {
+  std::vector<CUdeviceptr> held;
+  CUresult st = CUDA_SUCCESS;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    st = alloc(out, size);
+    if (st != CUDA_SUCCESS) break;
+    if (rt->reserve_device_range(*out, *size)) break;
+    if (attempt == 7) {
+      ivcuda::guest::log_once("va-collision",
+                              "device memory at 0x%llx overlaps this process's own memory: cuMemcpy with "
+                              "unified addressing may take one for the other",
+                              static_cast<unsigned long long>(*out));
+      break;
+    }
+    held.push_back(*out);
+  }
+  for (CUdeviceptr p : held) (void)rt->call<Op::kMemFree>(proto::ReqPtr{ctx, p});
+  return st;
+}
+}  // namespace
+
 CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
   return guard([&] {
     NEED_RT();
     NEED_CTX();
     if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    proto::ReqMemAlloc r{};
-    r.ctx = ctx;
-    r.bytes = bytes;
-    proto::RepMemAlloc rep{};
-    const CUresult st = rt->call<Op::kMemAlloc>(r, {}, &rep);
+    CUdeviceptr d = 0;
+    std::uint64_t size = 0;
+    const CUresult st = alloc_reserved(rt, ctx, [&](CUdeviceptr* out, std::uint64_t* sz) {
+      proto::ReqMemAlloc r{};
+      r.ctx = ctx;
+      r.bytes = bytes;
+      proto::RepMemAlloc rep{};
+      const CUresult s2 = rt->call<Op::kMemAlloc>(r, {}, &rep);
+      *out = rep.dptr;
+      *sz = bytes;
+      return s2;
+    }, &d, &size);
     if (st != CUDA_SUCCESS) return st;
     {
       std::lock_guard lk(rt->books_mu);
-      rt->dev_allocs[rep.dptr] = bytes;
+      rt->dev_allocs[d] = size;
     }
-    *dptr = rep.dptr;
+    *dptr = d;
     return CUDA_SUCCESS;
   });
 }
@@ -731,20 +766,28 @@ CUresult cuMemAllocPitch(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t 
     NEED_CTX();
     if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
     if (elem != 4 && elem != 8 && elem != 16) return CUDA_ERROR_INVALID_VALUE;
-    proto::ReqMemAlloc r{};
-    r.ctx = ctx;
-    r.width = width;
-    r.height = height;
-    r.elem_size = elem;
-    proto::RepMemAlloc rep{};
-    const CUresult st = rt->call<Op::kMemAlloc>(r, {}, &rep);
+    CUdeviceptr d = 0;
+    std::uint64_t size = 0, got_pitch = 0;
+    const CUresult st = alloc_reserved(rt, ctx, [&](CUdeviceptr* out, std::uint64_t* sz) {
+      proto::ReqMemAlloc r{};
+      r.ctx = ctx;
+      r.width = width;
+      r.height = height;
+      r.elem_size = elem;
+      proto::RepMemAlloc rep{};
+      const CUresult s2 = rt->call<Op::kMemAlloc>(r, {}, &rep);
+      *out = rep.dptr;
+      *sz = rep.pitch * height;
+      got_pitch = rep.pitch;
+      return s2;
+    }, &d, &size);
     if (st != CUDA_SUCCESS) return st;
     {
       std::lock_guard lk(rt->books_mu);
-      rt->dev_allocs[rep.dptr] = rep.pitch * height;
+      rt->dev_allocs[d] = size;
     }
-    *dptr = rep.dptr;
-    *pitch = rep.pitch;
+    *dptr = d;
+    *pitch = got_pitch;
     return CUDA_SUCCESS;
   });
 }
@@ -755,8 +798,16 @@ CUresult cuMemFree(CUdeviceptr dptr) {
     if (dptr == 0) return CUDA_SUCCESS;
     const CUresult st = rt->call<Op::kMemFree>(proto::ReqPtr{current_ctx(), dptr});
     if (st == CUDA_SUCCESS) {
-      std::lock_guard lk(rt->books_mu);
-      rt->dev_allocs.erase(dptr);
+      std::uint64_t size = 0;
+      {
+        std::lock_guard lk(rt->books_mu);
+        auto it = rt->dev_allocs.find(dptr);
+        if (it != rt->dev_allocs.end()) {
+          size = it->second;
+          rt->dev_allocs.erase(it);
+        }
+      }
+      rt->release_device_range(dptr, size);
     }
     return st;
   });
@@ -1049,10 +1100,12 @@ CUresult cuModuleGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUmodule mod, const
     proto::RepRange rep{};
     const CUresult st = module_name_call(Op::kModuleGetGlobal, mod, name, &rep, sizeof rep, nullptr);
     if (st != CUDA_SUCCESS) return st;
+    bool fresh;
     {
       std::lock_guard lk(rt->books_mu);
-      rt->dev_allocs[rep.base] = rep.size;
+      fresh = rt->dev_allocs.emplace(rep.base, rep.size).second;
     }
+    if (fresh) (void)rt->reserve_device_range(rep.base, rep.size);
     if (dptr != nullptr) *dptr = rep.base;
     if (bytes != nullptr) *bytes = rep.size;
     return CUDA_SUCCESS;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -265,10 +266,15 @@ Runtime* Runtime::get(CUresult* st) noexcept {
   std::call_once(g_once, [] {
     auto* rt = new Runtime();
     g_init_status = rt->connect();
-    if (g_init_status == CUDA_SUCCESS)
+    if (g_init_status == CUDA_SUCCESS) {
       g_runtime = rt;
-    else
+    } else {
+      // The calling thread may already hold a channel of this runtime.
+      t_channel.owned.reset();
+      t_channel.ch = nullptr;
+      t_channel.pool = nullptr;
       delete rt;
+    }
   });
   *st = g_init_status;
   return g_runtime;
@@ -560,6 +566,58 @@ CUresult Runtime::apply_visible_devices() {
     return CUDA_ERROR_NO_DEVICE;
   }
   return CUDA_SUCCESS;
+}
+
+// ------------------------------------------------------- device address space
+
+namespace {
+constexpr std::uint64_t kPage = 4096;
+}  // namespace
+
+// Interior pages of an allocation are its own; its first and last page may
+// be shared with neighbours (allocations are not page-aligned), so those are
+// reference-counted.
+bool Runtime::reserve_device_range(std::uint64_t d, std::uint64_t size) {
+  if (size == 0 || d + size < d) return false;
+  const std::uint64_t lo = d / kPage * kPage;
+  const std::uint64_t hi = (d + size + kPage - 1) / kPage * kPage;
+  std::lock_guard lk(va_mu_);
+  const std::uint64_t last = hi - kPage;
+  std::uint64_t from = lo, to = hi;
+  if (edge_pages_.count(lo) != 0) from += kPage;
+  if (last != lo && edge_pages_.count(last) != 0) to -= kPage;
+  if (from < to) {
+    void* want = reinterpret_cast<void*>(from);
+    void* got = ::mmap(want, to - from, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                       -1, 0);
+    if (got != want) {
+      if (got != MAP_FAILED) ::munmap(got, to - from);  // an old kernel took it as a hint
+      return false;
+    }
+  }
+  ++edge_pages_[lo];
+  if (last != lo) ++edge_pages_[last];
+  return true;
+}
+
+void Runtime::release_device_range(std::uint64_t d, std::uint64_t size) {
+  if (size == 0 || d + size < d) return;
+  const std::uint64_t lo = d / kPage * kPage;
+  const std::uint64_t hi = (d + size + kPage - 1) / kPage * kPage;
+  const std::uint64_t last = hi - kPage;
+  std::lock_guard lk(va_mu_);
+  auto drop = [&](std::uint64_t page) {
+    auto it = edge_pages_.find(page);
+    if (it == edge_pages_.end()) return false;  // never reserved
+    if (--it->second != 0) return false;
+    edge_pages_.erase(it);
+    return true;
+  };
+  const bool first_free = drop(lo);
+  const bool last_free = last != lo && drop(last);
+  if (last > lo + kPage) ::munmap(reinterpret_cast<void*>(lo + kPage), last - lo - kPage);
+  if (first_free) ::munmap(reinterpret_cast<void*>(lo), kPage);
+  if (last_free) ::munmap(reinterpret_cast<void*>(last), kPage);
 }
 
 // ------------------------------------------------------------------ arena

@@ -93,6 +93,13 @@ class Runtime {
   std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
   std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
 
+  // Keeps this process from ever placing its own memory where the device
+  // range [d, d + size) lies, so that unified addressing (cuMemcpy) can tell
+  // device from host pointers: the device lives in another address space.
+  // False if guest memory already occupies part of the range.
+  bool reserve_device_range(std::uint64_t d, std::uint64_t size);
+  void release_device_range(std::uint64_t d, std::uint64_t size);
+
   bool dead() const noexcept { return dead_.load(std::memory_order_relaxed); }
   void mark_dead(const char* why) noexcept;
   // True when the library runs inside a VM on the ivcuda UIO device.
@@ -131,6 +138,8 @@ class Runtime {
   std::chrono::steady_clock::time_point heartbeat_seen_{};
   std::mutex heartbeat_mu_;
   std::vector<Channel*> all_channels_;    // every channel this process claimed
+  std::mutex va_mu_;
+  std::map<std::uint64_t, unsigned> edge_pages_;  // reserved pages shared by allocations
   ring::Layout layout_;
   proto::RepHello hello_{};
   CUresult apply_visible_devices();

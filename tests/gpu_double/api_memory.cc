@@ -1,6 +1,8 @@
 // Memory of the GPU test double. "Device memory" is host memory, so a CUdeviceptr is a host
 // address and copies are memcpy; every allocation is tracked so that bad frees, copies past
 // an allocation's end and address-range queries behave as on a GPU.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -30,9 +32,24 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
   std::size_t& used = s.used[static_cast<std::size_t>(device)];
   const bool charged = kind == MemKind::kDevice;
   if (charged && rounded > kTotalMem - used) return CUDA_ERROR_OUT_OF_MEMORY;
-  void* p = std::aligned_alloc(align, rounded);
+  // Device memory comes from a range of its own, as a GPU's does: with the
+  // heap's addresses, a device pointer could equal a host pointer of the
+  // guest process (another address space), which a real device never does.
+  void* p = nullptr;
+  std::size_t mapped = 0;
+  if (kind == MemKind::kDevice) {
+    static std::uintptr_t next_hint = 0x3f0000000000;
+    mapped = rounded;
+    p = ::mmap(reinterpret_cast<void*>(next_hint), rounded, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    next_hint = reinterpret_cast<std::uintptr_t>(p) + rounded + (2u << 20);
+  } else {
+    p = std::aligned_alloc(align, rounded);
+  }
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   Allocation a;
+  a.mapped = mapped;
   a.base = reinterpret_cast<std::uintptr_t>(p);
   a.size = bytes;
   a.accounted = charged ? rounded : 0;
@@ -44,7 +61,10 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
   try {
     s.allocations.emplace(a.base, a);
   } catch (...) {
-    std::free(p);
+    if (mapped != 0)
+      ::munmap(p, mapped);
+    else
+      std::free(p);
     throw;
   }
   if (charged) used += rounded;

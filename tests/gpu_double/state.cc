@@ -1,5 +1,7 @@
 #include "state.h"
 
+#include <sys/mman.h>
+
 #include <cstdarg>
 #include <cstdlib>
 
@@ -38,7 +40,10 @@ const Allocation* State::find(std::uintptr_t p, std::size_t n) const {
 void State::release(std::map<std::uintptr_t, Allocation>::iterator it) {
   Allocation& a = it->second;
   if (a.accounted != 0) used[static_cast<std::size_t>(a.device)] -= a.accounted;
-  std::free(a.storage);
+  if (a.mapped != 0)
+    ::munmap(a.storage, a.mapped);
+  else
+    std::free(a.storage);
   allocations.erase(it);
 }
 

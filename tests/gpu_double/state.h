@@ -50,6 +50,7 @@ struct Allocation {
   int device = 0;
   unsigned flags = 0;
   void* storage = nullptr;  // std::free'd on release; null for registered host memory
+  std::size_t mapped = 0;   // device memory: munmap'ed bytes instead of std::free
 };
 
 struct Context {

@@ -130,6 +130,11 @@ void roundtrip(size_t n, unsigned seed, bool async, CUstream s) {
     OK(cuMemcpyDtoD(b, a, n));
     OK(cuMemcpyDtoH(back.data(), b, n));
   }
+  if (back != h) {
+    size_t at = 0;
+    while (back[at] == h[at]) ++at;
+    std::fprintf(stderr, "round trip of %zu bytes (%s) differs from byte %zu on\n", n, async ? "async" : "sync", at);
+  }
   EXPECT(back == h);
   OK(cuMemFree(a));
   OK(cuMemFree(b));
