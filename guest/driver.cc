@@ -14,26 +14,17 @@
 #include <vector>
 
 #include "guest/errors.h"
+#include "guest/guard.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::ctx_stack;
+using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
 namespace proto = ivcuda::proto;
 using proto::Op;
 
 namespace {
-
-template <class F>
-CUresult guard(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    return CUDA_ERROR_UNKNOWN;
-  }
-}
 
 // The runtime, or the reason there is none (before cuInit: NOT_INITIALIZED).
 Runtime* rt_or(CUresult* st) {

@@ -27,13 +27,19 @@ std::once_flag g_once;
 CUresult g_init_status = CUDA_ERROR_NOT_INITIALIZED;
 }  // namespace
 
-void log_line(const char* fmt, ...) noexcept {
+namespace {
+void vlog(const char* fmt, va_list ap) noexcept {
   char msg[512];
+  std::vsnprintf(msg, sizeof msg, fmt, ap);
+  std::fprintf(stderr, "ivcuda: %s\n", msg);  // one write per line
+}
+}  // namespace
+
+void log_line(const char* fmt, ...) noexcept {
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(msg, sizeof msg, fmt, ap);
+  vlog(fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "ivcuda: %s\n", msg);
 }
 
 void log_once(const char* key, const char* fmt, ...) noexcept {
@@ -43,12 +49,10 @@ void log_once(const char* key, const char* fmt, ...) noexcept {
     std::lock_guard lk(mu);
     if (!seen.insert(key).second) return;
   }
-  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(msg, sizeof msg, fmt, ap);
+  vlog(fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "ivcuda: %s\n", msg);
 }
 
 std::vector<std::uint64_t>& ctx_stack() noexcept {

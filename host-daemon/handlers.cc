@@ -126,6 +126,26 @@ CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
   return CUDA_SUCCESS;
 }
 
+CUresult Worker::park(Call& c, Op op, std::uint64_t handle) {
+  c.parked = true;
+  c.ch.parked.active = true;
+  c.ch.parked.op = op;
+  c.ch.parked.handle = handle;
+  return CUDA_SUCCESS;
+}
+
+// Destroys a stream or event: in its own context, and forgotten whatever the
+// driver says (a failed destroy leaves nothing the guest could use again).
+template <class Table, class Destroy>
+CUresult Worker::destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy) {
+  auto* e = table.find(handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = destroy(*e);
+  table.erase(handle);
+  return st;
+}
+
 // ------------------------------------------------------------------ session
 
 CUresult Worker::on_Hello(Call& c) {
@@ -647,13 +667,7 @@ CUresult Worker::on_StreamCreate(Call& c) {
 }
 
 CUresult Worker::on_StreamDestroy(Call& c) {
-  const auto r = c.req<ReqHandle>();
-  StreamEntry* s = streams_.find(r.handle);
-  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult st = use_ctx(s->ctx); st != CUDA_SUCCESS) return st;
-  const CUresult st = cu_.cuStreamDestroy(s->real);
-  streams_.erase(r.handle);
-  return st;
+  return destroy_in_ctx(streams_, c.req<ReqHandle>().handle, [&](StreamEntry& s) { return cu_.cuStreamDestroy(s.real); });
 }
 
 CUresult Worker::on_StreamQuery(Call& c) {
@@ -673,11 +687,7 @@ CUresult Worker::on_StreamSynchronize(Call& c) {
   const CUresult st = cu_.cuStreamQuery(s);
   if (st != CUDA_ERROR_NOT_READY) return st;
   // Not done: park the call so that this guest's other channels keep moving.
-  c.parked = true;
-  c.ch.parked.active = true;
-  c.ch.parked.op = Op::kStreamSynchronize;
-  c.ch.parked.handle = r.handle;
-  return CUDA_SUCCESS;
+  return park(c, Op::kStreamSynchronize, r.handle);
 }
 
 CUresult Worker::on_StreamWaitEvent(Call& c) {
@@ -738,11 +748,7 @@ CUresult Worker::on_EventSynchronize(Call& c) {
   if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
   const CUresult st = cu_.cuEventQuery(e->real);
   if (st != CUDA_ERROR_NOT_READY) return st;
-  c.parked = true;
-  c.ch.parked.active = true;
-  c.ch.parked.op = Op::kEventSynchronize;
-  c.ch.parked.handle = r.handle;
-  return CUDA_SUCCESS;
+  return park(c, Op::kEventSynchronize, r.handle);
 }
 
 CUresult Worker::on_EventElapsedTime(Call& c) {
@@ -758,13 +764,7 @@ CUresult Worker::on_EventElapsedTime(Call& c) {
 }
 
 CUresult Worker::on_EventDestroy(Call& c) {
-  const auto r = c.req<ReqHandle>();
-  EventEntry* e = events_.find(r.handle);
-  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
-  const CUresult st = cu_.cuEventDestroy(e->real);
-  events_.erase(r.handle);
-  return st;
+  return destroy_in_ctx(events_, c.req<ReqHandle>().handle, [&](EventEntry& e) { return cu_.cuEventDestroy(e.real); });
 }
 
 }  // namespace ivcuda::host

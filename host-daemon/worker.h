@@ -117,6 +117,9 @@ class Worker {
   void drop_ctx_objects(std::uint64_t ctx);
   CUresult release_primary_objects(CtxEntry& c, std::uint64_t h);
   const char* err_name(CUresult st) const;
+  CUresult park(Call& c, proto::Op op, std::uint64_t handle);
+  template <class Table, class Destroy>
+  CUresult destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy);
 
 #define IVCUDA_WORKER_DECL(name, req, rep, sync) CUresult on_##name(Call& c);
   IVCUDA_OPS(IVCUDA_WORKER_DECL)
