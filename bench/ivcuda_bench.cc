@@ -1,0 +1,340 @@
+// ivcuda-bench: each workload natively and through ivcuda in the same run.
+//
+//   ivcuda-bench --ptx test_kernels.ptx --ivcuda-lib BUILD/lib --socket SOCK
+//                [--quick] [--json FILE] [--native-lib DIR]
+//
+// The parent runs every workload twice in child processes: once against the
+// driver the system provides (or --native-lib), once with ivcuda's
+// libcuda.so.1 first on the library path and IVCUDA_SOCKET set. It prints,
+// per figure, native, ivcuda and their ratio, and writes the same as JSON.
+// The children use the Driver API only and link the toolkit's libcuda stub,
+// so the binary is the same in both runs.
+#include <cuda.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+#define CK(call)                                                             \
+  do {                                                                       \
+    const CUresult r_ = (call);                                              \
+    if (r_ != CUDA_SUCCESS) {                                                \
+      const char* n_ = nullptr;                                              \
+      cuGetErrorName(r_, &n_);                                               \
+      std::fprintf(stderr, "ivcuda-bench: %s -> %s\n", #call, n_ ? n_ : "?"); \
+      std::exit(3);                                                          \
+    }                                                                        \
+  } while (0)
+
+// One figure, printed by a child as "name unit value".
+void emit(const std::string& name, const char* unit, double v) { std::printf("%s %s %.6g\n", name.c_str(), unit, v); }
+
+struct Child {
+  bool quick = false;
+  CUcontext ctx = nullptr;
+  CUstream s = nullptr;
+  CUfunction spin = nullptr;
+
+  void launch_spin(unsigned long long ns) {
+    void* args[] = {&ns};
+    CK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, args, nullptr));
+  }
+
+  void null_round_trips() {
+    const int n = quick ? 500 : 20000;
+    std::vector<double> sync, query;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      CK(cuCtxSynchronize());
+      sync.push_back(us_since(t0));
+      t0 = Clock::now();
+      CK(cuStreamQuery(s));
+      query.push_back(us_since(t0));
+    }
+    emit("null.ctx_synchronize.median", "us", percentile(sync, 0.5));
+    emit("null.ctx_synchronize.p99", "us", percentile(sync, 0.99));
+    emit("null.stream_query.median", "us", percentile(query, 0.5));
+    emit("null.stream_query.p99", "us", percentile(query, 0.99));
+  }
+
+  void launch_rates() {
+    for (unsigned long long ns : {0ull, 10000ull}) {
+      const int n = quick ? 200 : (ns == 0 ? 50000 : 5000);
+      launch_spin(ns);
+      CK(cuStreamSynchronize(s));
+      const auto t0 = Clock::now();
+      for (int i = 0; i < n; ++i) launch_spin(ns);
+      const double submit = us_since(t0);
+      CK(cuStreamSynchronize(s));
+      const double total = us_since(t0);
+      const std::string k = ns == 0 ? "launch.empty" : "launch.10us";
+      emit(k + ".rate", "launches/s", n / (total * 1e-6));
+      emit(k + ".submit", "us/launch", submit / n);
+    }
+  }
+
+  void sleep_tasks() {
+    const int reps = quick ? 5 : 50;
+    for (unsigned long long us : {0ull, 10ull, 100ull, 500ull, 1000ull}) {
+      std::vector<double> t;
+      for (int i = 0; i < reps; ++i) {
+        const auto t0 = Clock::now();
+        launch_spin(us * 1000);
+        CK(cuStreamSynchronize(s));
+        t.push_back(us_since(t0));
+      }
+      emit("sleep." + std::to_string(us) + "us.task", "us", percentile(t, 0.5));
+    }
+  }
+
+  void bandwidth() {
+    std::vector<std::size_t> sizes = {4096, 1 << 20, 64 << 20, 256 << 20};
+    if (!quick) sizes.push_back(std::size_t{1} << 30);
+    if (quick) sizes = {4096, 1 << 20, 16 << 20};
+    const std::size_t max = sizes.back();
+    CUdeviceptr d = 0, d2 = 0;
+    CK(cuMemAlloc(&d, max));
+    CK(cuMemAlloc(&d2, max));
+    std::vector<unsigned char> pageable(max, 1);
+    void* pinned = nullptr;
+    CK(cuMemAllocHost(&pinned, max));
+    std::memset(pinned, 2, max);
+    for (std::size_t n : sizes) {
+      const int reps = quick ? 3 : (n >= (256u << 20) ? 5 : 20);
+      const std::string sz = std::to_string(n >> 10) + "KiB";
+      auto measure = [&](const std::string& name, auto&& copy) {
+        std::vector<double> gbs;
+        copy();
+        for (int i = 0; i < reps; ++i) {
+          const auto t0 = Clock::now();
+          copy();
+          gbs.push_back(static_cast<double>(n) / (us_since(t0) * 1e3));
+        }
+        emit(name + "." + sz, "GB/s", percentile(gbs, 0.5));
+      };
+      measure("htod.pageable", [&] { CK(cuMemcpyHtoD(d, pageable.data(), n)); });
+      measure("dtoh.pageable", [&] { CK(cuMemcpyDtoH(pageable.data(), d, n)); });
+      measure("htod.pinned", [&] {
+        CK(cuMemcpyHtoDAsync(d, pinned, n, s));
+        CK(cuStreamSynchronize(s));
+      });
+      measure("dtoh.pinned", [&] {
+        CK(cuMemcpyDtoHAsync(pinned, d, n, s));
+        CK(cuStreamSynchronize(s));
+      });
+      if (n >= (1u << 20)) measure("dtod", [&] {
+          CK(cuMemcpyDtoDAsync(d2, d, n, s));
+          CK(cuStreamSynchronize(s));
+        });
+    }
+    CK(cuMemFreeHost(pinned));
+    CK(cuMemFree(d));
+    CK(cuMemFree(d2));
+  }
+
+  // One of eight processes at once: launches and page-locked copies.
+  void crowd() {
+    const int n = quick ? 200 : 20000;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) launch_spin(0);
+    CK(cuStreamSynchronize(s));
+    emit("crowd.launch.rate", "launches/s", n / (us_since(t0) * 1e-6));
+    const std::size_t bytes = quick ? (4u << 20) : (256u << 20);
+    CUdeviceptr d = 0;
+    CK(cuMemAlloc(&d, bytes));
+    void* pinned = nullptr;
+    CK(cuMemAllocHost(&pinned, bytes));
+    const auto t1 = Clock::now();
+    for (int i = 0; i < 4; ++i) CK(cuMemcpyHtoDAsync(d, pinned, bytes, s));
+    CK(cuStreamSynchronize(s));
+    emit("crowd.htod.pinned", "GB/s", 4.0 * static_cast<double>(bytes) / (us_since(t1) * 1e3));
+    CK(cuMemFreeHost(pinned));
+    CK(cuMemFree(d));
+  }
+};
+
+int run_child(const std::string& ptx, const std::string& what, bool quick) {
+  CK(cuInit(0));
+  CUdevice dev;
+  CK(cuDeviceGet(&dev, 0));
+  Child c;
+  c.quick = quick;
+  CK(cuDevicePrimaryCtxRetain(&c.ctx, dev));
+  CK(cuCtxSetCurrent(c.ctx));
+  CK(cuStreamCreate(&c.s, CU_STREAM_NON_BLOCKING));
+  std::string text;
+  if (FILE* f = std::fopen(ptx.c_str(), "rb")) {
+    char buf[65536];
+    std::size_t got;
+    while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
+    std::fclose(f);
+  }
+  CUmodule m;
+  CK(cuModuleLoadData(&m, text.c_str()));
+  CK(cuModuleGetFunction(&c.spin, m, "ivc_spin_ns"));
+  if (what == "crowd") {
+    c.crowd();
+  } else {
+    c.null_round_trips();
+    c.launch_rates();
+    c.sleep_tasks();
+    c.bandwidth();
+  }
+  std::fflush(stdout);
+  CK(cuModuleUnload(m));
+  CK(cuStreamDestroy(c.s));
+  CK(cuDevicePrimaryCtxRelease(dev));
+  return 0;
+}
+
+struct Mode {
+  std::string name;
+  std::string lib_path;  // LD_LIBRARY_PATH for the child; empty: inherit
+  std::string socket;    // IVCUDA_SOCKET, or empty
+};
+
+// Runs `count` children at once in `mode`; returns their figures, summed
+// over children for figures of the crowd.
+std::map<std::string, std::pair<std::string, double>> run_children(const char* self, const Mode& mode,
+                                                                   const std::string& ptx, const char* what,
+                                                                   int count, bool quick) {
+  std::vector<std::pair<pid_t, int>> kids;
+  for (int k = 0; k < count; ++k) {
+    int fds[2];
+    if (::pipe(fds) != 0) std::exit(4);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
+      if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
+      std::vector<const char*> argv = {self, "--child", what, "--ptx", ptx.c_str()};
+      if (quick) argv.push_back("--quick");
+      argv.push_back(nullptr);
+      ::execv(self, const_cast<char* const*>(argv.data()));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    kids.push_back({pid, fds[0]});
+  }
+  std::map<std::string, std::pair<std::string, double>> out;
+  for (auto& [pid, fd] : kids) {
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "ivcuda-bench: the %s run failed (status %d)\n", mode.name.c_str(), status);
+      std::exit(2);
+    }
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      const std::size_t eol = text.find('\n', pos);
+      const std::string line = text.substr(pos, eol - pos);
+      pos = eol == std::string::npos ? text.size() : eol + 1;
+      char name[256], unit[64];
+      double v;
+      if (std::sscanf(line.c_str(), "%255s %63s %lf", name, unit, &v) == 3) {
+        auto& slot = out[name];
+        slot.first = unit;
+        slot.second += v;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string ptx, lib, sock, json, native_lib, child;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--ptx") ptx = next();
+    else if (a == "--ivcuda-lib") lib = next();
+    else if (a == "--socket") sock = next();
+    else if (a == "--json") json = next();
+    else if (a == "--native-lib") native_lib = next();
+    else if (a == "--child") child = next();
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: ivcuda-bench --ptx FILE --ivcuda-lib DIR --socket PATH [--quick] [--json FILE] "
+                           "[--native-lib DIR]\n");
+      return 2;
+    }
+  }
+  if (!child.empty()) return run_child(ptx, child, quick);
+  if (ptx.empty() || lib.empty() || sock.empty()) {
+    std::fprintf(stderr, "ivcuda-bench: --ptx, --ivcuda-lib and --socket are required\n");
+    return 2;
+  }
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return 2;
+  self[n] = '\0';
+  const Mode native{"native", native_lib, ""};
+  const Mode ivc{"ivcuda", lib, sock};
+  const int crowd = 8;
+  auto nat = run_children(self, native, ptx, "solo", 1, quick);
+  auto ivr = run_children(self, ivc, ptx, "solo", 1, quick);
+  for (auto& [k, v] : run_children(self, native, ptx, "crowd", crowd, quick)) nat["8procs." + k] = v;
+  for (auto& [k, v] : run_children(self, ivc, ptx, "crowd", crowd, quick)) ivr["8procs." + k] = v;
+
+  std::printf("%-34s %-11s %14s %14s %9s\n", "figure", "unit", "native", "ivcuda", "ratio");
+  for (const auto& [k, v] : nat) {
+    const auto it = ivr.find(k);
+    if (it == ivr.end()) continue;
+    const double ratio = v.second != 0 ? it->second.second / v.second : 0;
+    std::printf("%-34s %-11s %14.4g %14.4g %9.3f\n", k.c_str(), v.first.c_str(), v.second, it->second.second, ratio);
+  }
+  std::printf("\nsleep-kernel overhead per task (ivcuda - native, median):\n");
+  for (const char* d : {"0", "10", "100", "500", "1000"}) {
+    const std::string k = std::string("sleep.") + d + "us.task";
+    if (nat.count(k) != 0 && ivr.count(k) != 0)
+      std::printf("  %5s us kernel: %+.2f us\n", d, ivr[k].second - nat[k].second);
+  }
+  if (!json.empty()) {
+    if (FILE* f = std::fopen(json.c_str(), "w")) {
+      std::fprintf(f, "{\n  \"quick\": %s,\n  \"figures\": [\n", quick ? "true" : "false");
+      bool first = true;
+      for (const auto& [k, v] : nat) {
+        const auto it = ivr.find(k);
+        if (it == ivr.end()) continue;
+        std::fprintf(f, "%s    {\"name\": \"%s\", \"unit\": \"%s\", \"native\": %.6g, \"ivcuda\": %.6g}",
+                     first ? "" : ",\n", k.c_str(), v.first.c_str(), v.second, it->second.second);
+        first = false;
+      }
+      std::fprintf(f, "\n  ]\n}\n");
+      std::fclose(f);
+    }
+  }
+  return 0;
+}
