@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "guest/errors.h"
+#include "guest/export_tables.h"
 #include "guest/guard.h"
 #include "guest/runtime.h"
 
@@ -372,10 +373,10 @@ CUresult cuInit(unsigned int flags) {
 CUresult cuDriverGetVersion(int* v) {
   return guard([&] {
     if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    // Before cuInit CUDA still answers; we answer what this library
-    // implements, capped by the host driver once known.
-    Runtime* rt = Runtime::current();
-    *v = rt != nullptr ? std::min(rt->hello().driver_version, CUDA_VERSION) : CUDA_VERSION;
+    // The version of the API this library implements, the same before and
+    // after cuInit: cudart hashes it into its integrity check. The host's
+    // own driver version is in the daemon's log.
+    *v = CUDA_VERSION;
     return CUDA_SUCCESS;
   });
 }
@@ -495,15 +496,32 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
     {
       std::lock_guard lk(rt->books_mu);
       rt->ctx_device[rep.handle] = dev;
+      ++rt->primary_refs[dev];
     }
     *pctx = reinterpret_cast<CUcontext>(rep.handle);
     return CUDA_SUCCESS;
   });
 }
 
+namespace {
+// The primary context of a device as the application numbers it.
+CUcontext primary_of(Runtime* rt, CUdevice dev) {
+  CUresult st;
+  const auto* info = rt->device(dev, &st);
+  return info == nullptr ? nullptr : reinterpret_cast<CUcontext>(info->primary_ctx);
+}
+}  // namespace
+
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   return guard([&] {
     NEED_RT();
+    bool last = false;
+    {
+      std::lock_guard lk(rt->books_mu);
+      auto it = rt->primary_refs.find(dev);
+      if (it != rt->primary_refs.end() && it->second > 0) last = --it->second == 0;
+    }
+    if (last) ivcuda::guest::export_tables_context_gone(primary_of(rt, dev));
     return rt->call<Op::kPrimaryRelease>(proto::ReqDevice{rt->to_worker(dev), 0});
   });
 }
@@ -511,6 +529,7 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
 CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
   return guard([&] {
     NEED_RT();
+    if (CUcontext c = primary_of(rt, dev); c != nullptr) ivcuda::guest::export_tables_context_gone(c);
     return rt->call<Op::kPrimaryReset>(proto::ReqDevice{rt->to_worker(dev), 0});
   });
 }
@@ -563,6 +582,12 @@ CUresult cuCtxDestroy(CUcontext ctx) {
   return guard([&] {
     NEED_RT();
     if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    {
+      std::lock_guard lk(rt->books_mu);
+      if (rt->ctx_device.count(h(ctx)) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    // Context-local storage destructors run while the context still exists.
+    ivcuda::guest::export_tables_context_gone(ctx);
     const CUresult st = rt->call<Op::kCtxDestroy>(proto::ReqHandle{0, h(ctx)});
     if (st != CUDA_SUCCESS) return st;
     auto& s = ctx_stack();

@@ -92,6 +92,7 @@ class Runtime {
   std::unordered_map<std::uint64_t, std::uint64_t> streams;  // stream -> context
   std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
   std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
+  std::map<int, int> primary_refs;                         // device -> our retain count
 
   // Keeps this process from ever placing its own memory where the device
   // range [d, d + size) lies, so that unified addressing (cuMemcpy) can tell

@@ -32,7 +32,7 @@ echo "== build"
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_kernels drv_errors ivcuda_gpu_double_kernels"
+core="ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_devices rt_basic ivcuda_gpu_double_kernels"
 [ -n "${IVCUDA_GPU_QUICK:-}" ] || core="$core ivcuda-ring-bench"
 cmake --build "$build" -j "$jobs" --target $core >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
@@ -50,8 +50,9 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 pass=0 fail=0
 compare() {  # name, then the program and its arguments
   local name=$1; shift
-  timeout 300 "$@" >"$out/$name.native" 2>&1; local rn=$?
-  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 300 "$@" >"$out/$name.ivcuda" 2>&1; local ri=$?
+  local extra=${extra_libs:-}
+  LD_LIBRARY_PATH=$extra timeout 300 "$@" >"$out/$name.native" 2>&1; local rn=$?
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib${extra:+:$extra} timeout 300 "$@" >"$out/$name.ivcuda" 2>&1; local ri=$?
   if [ $rn -eq 0 ] && [ $ri -eq 0 ] && diff -q "$out/$name.native" "$out/$name.ivcuda" >/dev/null; then
     echo "PASS $name: native and ivcuda agree ($(tail -1 "$out/$name.ivcuda"))"; pass=$((pass + 1))
   else
@@ -64,6 +65,8 @@ compare drv_core "$bin/drv_core"
 compare drv_kernels "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin"
 compare drv_errors "$bin/drv_errors" --ptx "$ptx"
 compare drv_fault "$bin/drv_errors" --ptx "$ptx" --fault
+compare rt_basic_static "$bin/rt_basic_static"
+extra_libs=/usr/local/cuda/lib64 compare rt_basic_shared "$bin/rt_basic_shared"
 kill $daemon; wait $daemon 2>/dev/null
 
 if [ -n "${IVCUDA_GPU_QUICK:-}" ]; then echo "== summary: $pass passed, $fail failed (quick)"; exit 0; fi

@@ -22,7 +22,8 @@ fi
 lib=$build/lib
 bin=$build/tests/bin
 kernels=$build/tests/gpu_double
-for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$kernels/test_kernels.ptx"; do
+for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
+	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
 
@@ -33,6 +34,7 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/drv_core:/usr/bin/drv_core" \
 	--add-bin "$bin/drv_kernels:/usr/bin/drv_kernels" \
 	--add-bin "$bin/drv_errors:/usr/bin/drv_errors" \
+	--add-bin "$bin/rt_basic_static:/usr/bin/rt_basic_static" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
@@ -73,6 +75,7 @@ rc=0
 	"export LD_LIBRARY_PATH=$lib &&
 	 drv_core &&
 	 drv_kernels --ptx /opt/ivcuda/test_kernels.ptx --fatbin /opt/ivcuda/test_kernels.fatbin &&
+	 rt_basic_static &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
 echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"

@@ -61,6 +61,15 @@ else
   verdict "drv_core (LD_PRELOAD)" $rc
 fi
 
+# Runtime-API programs, static and shared cudart, unchanged.
+for kind in static shared; do
+  prog=$bin/rt_basic_$kind
+  if [ ! -x "$prog" ]; then echo "SKIP rt_basic ($kind cudart): not built (no nvcc)"; continue; fi
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64 timeout 120 "$prog" >"$work/out" 2>&1; rc=$?
+  [ $rc -ne 0 ] && cat "$work/out"
+  verdict "rt_basic: runtime API, $kind cudart" $rc
+done
+
 # Two guests at once: isolated memory, both correct.
 through_ivcuda "$bin/drv_kernels" --ptx "$ptx" >"$work/o1" 2>&1 & p1=$!
 through_ivcuda "$bin/drv_core" >"$work/o2" 2>&1 & p2=$!

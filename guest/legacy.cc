@@ -1,0 +1,108 @@
+// Older ABI generations and the per-thread-default-stream entry points of
+// the forwarded functions. cuGetProcAddress hands these out when a caller
+// asks for an older CUDA version, or for the per-thread default stream
+// (flag 2, or code built with --default-stream per-thread).
+//
+// This file sees cuda.h without its renaming macros, so each symbol here is
+// defined under its exact exported name and forwards to the current form.
+#define __CUDA_API_VERSION_INTERNAL
+#include <cuda.h>
+
+namespace {
+// The per-thread default stream is what stream 0 means to a _ptsz caller.
+CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+}  // namespace
+
+// ---- same ABI as the current generation
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+  return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
+}
+CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext* pctx) { return cuCtxPopCurrent_v2(pctx); }
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+CUresult CUDAAPI cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
+CUresult CUDAAPI cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
+CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime_v2(ms, a, b); }
+
+// ---- per-thread default stream: synchronous calls (_ptds)
+CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void* h, size_t n) { return cuMemcpyHtoD_v2(d, h, n); }
+CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void* h, CUdeviceptr d, size_t n) { return cuMemcpyDtoH_v2(h, d, n); }
+CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr a, CUdeviceptr b, size_t n) { return cuMemcpyDtoD_v2(a, b, n); }
+CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr a, CUdeviceptr b, size_t n) { return cuMemcpy(a, b, n); }
+CUresult CUDAAPI cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* p) { return cuMemcpy2D_v2(p); }
+CUresult CUDAAPI cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* p) { return cuMemcpy2DUnaligned_v2(p); }
+CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n) { return cuMemsetD8_v2(d, v, n); }
+CUresult CUDAAPI cuMemsetD16_v2_ptds(CUdeviceptr d, unsigned short v, size_t n) { return cuMemsetD16_v2(d, v, n); }
+CUresult CUDAAPI cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int v, size_t n) { return cuMemsetD32_v2(d, v, n); }
+CUresult CUDAAPI cuMemsetD2D8_v2_ptds(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
+  return cuMemsetD2D8_v2(d, p, v, w, h);
+}
+CUresult CUDAAPI cuMemsetD2D16_v2_ptds(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) {
+  return cuMemsetD2D16_v2(d, p, v, w, h);
+}
+CUresult CUDAAPI cuMemsetD2D32_v2_ptds(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) {
+  return cuMemsetD2D32_v2(d, p, v, w, h);
+}
+
+// ---- per-thread default stream: stream-ordered calls (_ptsz)
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void* h, size_t n, CUstream s) {
+  return cuMemcpyHtoDAsync_v2(d, h, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void* h, CUdeviceptr d, size_t n, CUstream s) {
+  return cuMemcpyDtoHAsync_v2(h, d, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr a, CUdeviceptr b, size_t n, CUstream s) {
+  return cuMemcpyDtoDAsync_v2(a, b, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr a, CUdeviceptr b, size_t n, CUstream s) {
+  return cuMemcpyAsync(a, b, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* p, CUstream s) { return cuMemcpy2DAsync_v2(p, ptsz(s)); }
+CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+  return cuMemsetD8Async(d, v, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemsetD16Async_ptsz(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
+  return cuMemsetD16Async(d, v, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
+  return cuMemsetD32Async(d, v, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemsetD2D8Async_ptsz(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream s) {
+  return cuMemsetD2D8Async(d, p, v, w, h, ptsz(s));
+}
+CUresult CUDAAPI cuMemsetD2D16Async_ptsz(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream s) {
+  return cuMemsetD2D16Async(d, p, v, w, h, ptsz(s));
+}
+CUresult CUDAAPI cuMemsetD2D32Async_ptsz(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, CUstream s) {
+  return cuMemsetD2D32Async(d, p, v, w, h, ptsz(s));
+}
+CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                     unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params,
+                                     void** extra) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, ptsz(s), params, extra);
+}
+CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+  if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUlaunchConfig copy = *c;
+  copy.hStream = ptsz(copy.hStream);
+  return cuLaunchKernelEx(&copy, f, params, extra);
+}
+CUresult CUDAAPI cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(ptsz(s)); }
+CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(ptsz(s)); }
+CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags) {
+  return cuStreamWaitEvent(ptsz(s), e, flags);
+}
+CUresult CUDAAPI cuStreamGetPriority_ptsz(CUstream s, int* p) { return cuStreamGetPriority(ptsz(s), p); }
+CUresult CUDAAPI cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, ptsz(s)); }
+CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus* st) {
+  return cuStreamIsCapturing(ptsz(s), st);
+}
+CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus* st, cuuint64_t* id, CUgraph* g,
+                                                const CUgraphNode** deps, const CUgraphEdgeData** edges,
+                                                size_t* n) {
+  return cuStreamGetCaptureInfo_v3(ptsz(s), st, id, g, deps, edges, n);
+}
+CUresult CUDAAPI cuStreamGetId_ptsz(CUstream s, unsigned long long* id) { return cuStreamGetId(ptsz(s), id); }

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# VM mode on the GPU machine: a stock QEMU guest (TCG: nested KVM does not work
+# there) runs the unmodified driver-API programs through ivcuda's libcuda.so.1,
+# over ivshmem, against ivcudad and the real driver. What
+# tests/guest_vm/vm_ivcuda_test.sh does on a CPU machine, with nothing
+# installed: QEMU and the guest's kernel side come from .deps/ (made on Debian
+# 12 by tools/guest/bundle-qemu.sh and tools/guest/bundle-image.sh pack), the
+# programs are built here and appended to the guest's initramfs.
+#
+# usage (repository root): bash tests/gpu/run_vm_on_gpu.sh [BUILD_DIR [DRIVER]]
+#   BUILD_DIR  default build/gpu (run_gpu_suite.sh's); the targets it needs are
+#              built when missing or stale (configured first if need be)
+#   DRIVER     what ivcudad loads: default libcuda.so.1, the real driver; the
+#              GPU test double's path (libivcuda_gpu_double.so) on a CPU machine
+# Logs go to $OUT/vm (default out/vm). Exit status 0 when every program passed
+# in both modes. Guest timings are under TCG and labelled so: they show what
+# the transport costs a software-emulated CPU, not what it costs under KVM.
+set -u
+root=$(pwd)
+build=${1:-$root/build/gpu}
+driver=${2:-libcuda.so.1}
+out=${OUT:-$root/out}/vm
+mkdir -p "$out"
+[[ $build == /* ]] || build=$root/$build
+guest=$root/tools/guest
+
+die() { echo "FAIL: $*"; exit 1; }
+[[ -x $root/.deps/qemu/qemu-system-x86_64 ]] || die "no QEMU bundle in .deps/qemu (tools/guest/bundle-qemu.sh .deps/qemu on Debian 12)"
+[[ -s $root/.deps/guest/vmlinux.xz ]] || die "no guest image in .deps/guest (tools/guest/bundle-image.sh pack .deps/guest on Debian 12)"
+
+echo "== QEMU from .deps/qemu"
+export PATH=$root/.deps/qemu:$PATH
+qemu-system-x86_64 --version | head -1 || die "the bundled QEMU does not start"
+
+echo "== build ($build)"
+# The same build dependencies as run_gpu_suite.sh, in case cmake reconfigures.
+deps=/tmp/ivcuda-deps
+if compgen -G "$root/.deps/*.deb" >/dev/null; then
+  if [[ ! -d $deps/usr ]]; then
+    mkdir -p "$deps"
+    for f in "$root"/.deps/*.deb; do dpkg -x "$f" "$deps"; done
+  fi
+  export PKG_CONFIG_SYSROOT_DIR=$deps
+  export PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
+  export CPLUS_INCLUDE_PATH=$deps/usr/include
+  export LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu
+fi
+if [[ ! -f $build/CMakeCache.txt ]]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
+    >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed"; }
+fi
+targets="ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip ivcuda_gpu_double_kernels"
+# shellcheck disable=SC2086 # one word per target
+cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
+  { grep -E "error|Error" "$out/build.log" | head -30; die "build failed"; }
+
+lib=$build/lib
+bin=$build/tests/bin
+kernels=$build/tests/gpu_double
+progs=(drv_core drv_kernels drv_errors drv_roundtrip)
+for f in "$lib/libcuda.so.1" "$kernels/test_kernels.ptx" "$kernels/test_kernels.fatbin" "${progs[@]/#/$bin/}"; do
+  [[ -e $f ]] || die "$f is not built"
+done
+
+echo "== guest image (.deps/guest + this machine's programs)"
+image=/tmp/ivcuda-vm-image
+add=()
+for p in "${progs[@]}"; do add+=(--add-bin "$bin/$p:/usr/bin/$p"); done
+# LD_LIBRARY_PATH: ldd must resolve the programs' libcuda.so.1 to ivcuda's,
+# never to the machine's real driver. The image keeps host paths, so the guest
+# finds it through the same variable.
+LD_LIBRARY_PATH=$lib "$guest/bundle-image.sh" unpack "$root/.deps/guest" "$image" \
+  --add-bin "$lib/libcuda.so.1" "${add[@]}" \
+  --add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
+  --add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin" || die "image unpack failed"
+cmp -s "$lib/libcuda.so.1" "$image/extra-root$lib/libcuda.so.1" || die "the image's libcuda.so.1 is not ivcuda's"
+
+tmp=$(mktemp -d /tmp/ivcuda-vm-gpu.XXXXXX)
+daemon=
+shm=
+cleanup() {
+  if [[ -n $daemon ]]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
+  daemon=
+  if [[ -n $shm ]]; then rm -f "$shm"; fi
+  shm=
+}
+trap 'cleanup; rm -rf "$tmp"' EXIT
+
+vectors=4
+sock=$tmp/ivcudad.sock
+start_daemon() {  # mode, vectors, then extra ivcudad options
+  local mode=$1 nvec=$2; shift 2
+  rm -f "$sock"
+  "$build/host-daemon/ivcudad" --socket "$sock" --vectors "$nvec" --shm-size 256M --channels 8 \
+    --staging-size 4M --driver "$driver" "$@" >"$out/ivcudad-$mode.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 200); do [[ -S $sock ]] && return 0; sleep 0.05; done
+  cat "$out/ivcudad-$mode.log"
+  die "ivcudad did not start ($mode)"
+}
+
+pass=0 fail=0
+# The guest script: every program runs even when one fails, each reports.
+# drv_errors --fault leaves its context broken: it runs last.
+ptx=/opt/ivcuda/test_kernels.ptx fat=/opt/ivcuda/test_kernels.fatbin
+guest_cmd="export LD_LIBRARY_PATH=$lib; rc=0
+for t in 'drv_core' 'drv_kernels --ptx $ptx --fatbin $fat' 'drv_roundtrip --rounds 1000 --gap-us 1000' \
+ 'drv_errors --ptx $ptx --fault --forged-handles'; do
+ \$t; r=\$?; echo \"GUEST_RESULT \$r \$t\"; [ \$r = 0 ] || rc=1
+done; exit \$rc"
+
+run_guest() {  # mode, then run-in-guest.sh device options
+  local mode=$1; shift
+  local log=$out/guest-$mode.log rc=0
+  "$guest/run-in-guest.sh" --image "$image" "$@" --accel tcg --timeout 400 --log "$log" \
+    "$guest_cmd" >/dev/null 2>"$out/run-in-guest-$mode.err" || rc=$?
+  echo "-- $mode: run-in-guest exit $rc ($(grep -a 'run-in-guest:' "$out/run-in-guest-$mode.err" | tail -1))"
+  local n=0
+  while read -r _ r name _; do
+    n=$((n + 1))
+    if [[ $r == 0 ]]; then
+      echo "PASS vm-$mode $name (TCG guest): $(grep -a "^$name: .* checks" "$log" | tail -1 | tr -d '\r')"
+      pass=$((pass + 1))
+    else
+      echo "FAIL vm-$mode $name (TCG guest): exit $r"
+      grep -a "FAIL" "$log" | head -10
+      fail=$((fail + 1))
+    fi
+  done < <(grep -a '^GUEST_RESULT ' "$log" | tr -d '\r')
+  if ((n != 4)); then
+    echo "FAIL vm-$mode: $n of 4 programs reported; guest console (last lines):"
+    tail -n 25 "$log"
+    fail=$((fail + 1))
+  fi
+  grep -a '^roundtrip ' "$log" | tr -d '\r' | sed "s/^/TCG guest, ivshmem-$mode: /"
+  kill -0 "$daemon" 2>/dev/null || { echo "FAIL vm-$mode: ivcudad died"; tail -n 20 "$out/ivcudad-$mode.log"; fail=$((fail + 1)); }
+  echo "-- ivcudad ($mode), last lines"
+  tail -n 4 "$out/ivcudad-$mode.log"
+}
+
+echo "== for scale: the same round trips on this machine, outside any VM"
+if [[ $driver == libcuda.so.1 ]]; then
+  "$bin/drv_roundtrip" 2>&1 | grep '^roundtrip' | sed 's/^/native (no ivcuda): /'
+fi
+# Process mode: the guest library asks for 8 vectors, ivcudad's default.
+start_daemon process 8
+IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$lib "$bin/drv_roundtrip" >"$out/process-roundtrip.txt" 2>&1 ||
+  { echo "FAIL process-mode drv_roundtrip:"; cat "$out/process-roundtrip.txt"; fail=$((fail + 1)); }
+grep '^roundtrip' "$out/process-roundtrip.txt" | sed 's/^/host process, ivcuda process mode: /'
+cleanup
+
+echo "== doorbell mode: ivshmem-doorbell, $vectors MSI-X vectors, on ivcudad's socket"
+start_daemon doorbell $vectors
+run_guest doorbell --socket "$sock" --vectors $vectors
+cleanup
+
+echo "== plain mode: ivshmem-plain on a memory file (no interrupts, both sides poll)"
+dir=/dev/shm
+[[ -d $dir && -w $dir ]] || dir=$tmp
+shm=$dir/ivcuda-vm-plain-$$
+start_daemon plain $vectors --plain-file "$shm"
+grep -q "ivshmem-plain guest" "$out/ivcudad-plain.log" || { cat "$out/ivcudad-plain.log"; die "ivcudad did not format $shm"; }
+run_guest plain --shm-file "$shm" --shm-size $((256 << 20))
+cleanup
+
+echo "== summary: $pass passed, $fail failed (guest figures: TCG, 1 vCPU; logs in $out)"
+((fail == 0 && pass == 8))
