@@ -27,10 +27,10 @@ for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
 
-# The programs find libcuda.so.1 through LD_LIBRARY_PATH, in the guest as on
-# the host: the image keeps host paths.
+# The programs find libcuda.so.1 through LD_LIBRARY_PATH, as a user's would:
+# /opt/ivcuda/lib in the guest (host paths may lie under the guest's tmpfs).
 LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
-	--add-bin "$lib/libcuda.so.1" \
+	--add-bin "$lib/libcuda.so.1:/opt/ivcuda/lib/libcuda.so.1" \
 	--add-bin "$bin/drv_core:/usr/bin/drv_core" \
 	--add-bin "$bin/drv_kernels:/usr/bin/drv_kernels" \
 	--add-bin "$bin/drv_errors:/usr/bin/drv_errors" \
@@ -72,7 +72,7 @@ fi
 
 rc=0
 "$guest/run-in-guest.sh" --image "$image" "${device[@]}" --timeout 150 \
-	"export LD_LIBRARY_PATH=$lib &&
+	"export LD_LIBRARY_PATH=/opt/ivcuda/lib &&
 	 drv_core &&
 	 drv_kernels --ptx /opt/ivcuda/test_kernels.ptx --fatbin /opt/ivcuda/test_kernels.fatbin &&
 	 rt_basic_static &&
