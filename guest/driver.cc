@@ -573,8 +573,8 @@ CUresult cuCtxCreate(CUcontext* pctx, CUctxCreateParams* params, unsigned int fl
       rt->ctx_device[rep.handle] = dev;
     }
     *pctx = reinterpret_cast<CUcontext>(rep.handle);
-    ctx_stack().push_back(rep.handle);  // a new context is current, as in CUDA
-    return CUDA_SUCCESS;
+    // A new context is current, as in CUDA.
+    return ctx_stack().push(rep.handle) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
   });
 }
 
@@ -590,8 +590,7 @@ CUresult cuCtxDestroy(CUcontext ctx) {
     ivcuda::guest::export_tables_context_gone(ctx);
     const CUresult st = rt->call<Op::kCtxDestroy>(proto::ReqHandle{0, h(ctx)});
     if (st != CUDA_SUCCESS) return st;
-    auto& s = ctx_stack();
-    s.erase(std::remove(s.begin(), s.end(), h(ctx)), s.end());
+    ctx_stack().remove_all(h(ctx));
     std::lock_guard lk(rt->books_mu);
     rt->ctx_device.erase(h(ctx));
     return CUDA_SUCCESS;
@@ -609,8 +608,7 @@ CUresult cuCtxPushCurrent(CUcontext ctx) {
   return guard([&] {
     NEED_RT();
     if (ctx == nullptr || !known_ctx(rt, h(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
-    ctx_stack().push_back(h(ctx));
-    return CUDA_SUCCESS;
+    return ctx_stack().push(h(ctx)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
   });
 }
 
@@ -619,8 +617,8 @@ CUresult cuCtxPopCurrent(CUcontext* pctx) {
     NEED_RT();
     auto& s = ctx_stack();
     if (s.empty()) return CUDA_ERROR_INVALID_CONTEXT;
-    if (pctx != nullptr) *pctx = reinterpret_cast<CUcontext>(s.back());
-    s.pop_back();
+    const std::uint64_t top = s.pop();
+    if (pctx != nullptr) *pctx = reinterpret_cast<CUcontext>(top);
     return CUDA_SUCCESS;
   });
 }
@@ -630,16 +628,13 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
     NEED_RT();
     auto& s = ctx_stack();
     if (ctx == nullptr) {
-      if (!s.empty()) s.pop_back();
+      (void)s.pop();
       return CUDA_SUCCESS;
     }
     // The handle of a primary context is valid before it is retained (cudart
     // sets it current first); the host checks activation when it is used.
     if (!known_ctx(rt, h(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
-    if (s.empty())
-      s.push_back(h(ctx));
-    else
-      s.back() = h(ctx);
+    s.set_top(h(ctx));
     return CUDA_SUCCESS;
   });
 }
@@ -1171,13 +1166,22 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
     NEED_RT();
     NEED_CTX();
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    thread_local std::vector<std::byte> buf;
+    // Small argument blocks (nearly all) are packed on the stack.
+    std::byte small[1024];
+    std::vector<std::byte> large;
+    std::span<std::byte> buf;
     {
       std::lock_guard lk(rt->books_mu);
       auto it = rt->funcs.find(h(f));
       if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
       const auto& info = it->second;
-      buf.assign(info.param_bytes, std::byte{0});
+      if (info.param_bytes <= sizeof small) {
+        buf = std::span<std::byte>(small, info.param_bytes);
+      } else {
+        large.resize(info.param_bytes);
+        buf = large;
+      }
+      std::memset(buf.data(), 0, buf.size());
       if (params != nullptr) {
         // CUDA's kernelParams carries no sizes: pack by the layout the host
         // learned from the driver.

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <type_traits>
 
 #include "ring/ivshmem.h"
 
@@ -43,11 +45,12 @@ void log_line(const char* fmt, ...) noexcept {
 }
 
 void log_once(const char* key, const char* fmt, ...) noexcept {
-  static std::mutex mu;
-  static std::set<std::string> seen;
+  // Never destroyed: logging must work from atexit handlers too.
+  static auto* mu = new std::mutex;
+  static auto* seen = new std::set<std::string>;
   {
-    std::lock_guard lk(mu);
-    if (!seen.insert(key).second) return;
+    std::lock_guard lk(*mu);
+    if (!seen->insert(key).second) return;
   }
   va_list ap;
   va_start(ap, fmt);
@@ -55,8 +58,9 @@ void log_once(const char* key, const char* fmt, ...) noexcept {
   va_end(ap);
 }
 
-std::vector<std::uint64_t>& ctx_stack() noexcept {
-  thread_local std::vector<std::uint64_t> s;
+CtxStack& ctx_stack() noexcept {
+  static_assert(std::is_trivially_destructible_v<CtxStack>);
+  thread_local CtxStack s{};
   return s;
 }
 
@@ -201,48 +205,54 @@ class Channel {
 };
 
 namespace {
-// Returns the thread's channel to the runtime's pool when the thread exits,
-// so that a program that churns threads does not run out of channels.
+// The calling thread's channel. Trivially destructible: the main thread's
+// channel must outlive its thread_local destructors, since atexit handlers
+// still make CUDA calls. Other threads hand their channel back to the pool
+// when they exit, through a pthread key (whose destructor does not run for
+// a thread that calls exit()).
 struct ThreadChannel {
   Channel* ch = nullptr;
-  std::vector<std::unique_ptr<Channel>>* pool = nullptr;
-  std::mutex* pool_mu = nullptr;
-  std::unique_ptr<Channel> owned;
-  ~ThreadChannel() {
-    if (owned && pool != nullptr) {
-      std::lock_guard lk(*pool_mu);
-      pool->push_back(std::move(owned));
-    }
-  }
+  bool owned = false;  // from the pool or claimed, not the shared overflow channel
 };
 thread_local ThreadChannel t_channel;
+pthread_key_t g_channel_key;
+std::vector<std::unique_ptr<Channel>>* g_pool = nullptr;
+std::mutex* g_pool_mu = nullptr;
+
+void return_channel(void* p) {
+  auto* ch = static_cast<Channel*>(p);
+  if (ch == nullptr || g_pool == nullptr) return;
+  std::lock_guard lk(*g_pool_mu);
+  g_pool->emplace_back(ch);
+}
 }  // namespace
 
 Channel* Runtime::channel() {
   if (t_channel.ch != nullptr) return t_channel.ch;
   std::lock_guard lk(chan_mu_);
+  std::unique_ptr<Channel> mine;
   if (!shared_.empty()) {
-    t_channel.owned = std::move(shared_.back());
+    mine = std::move(shared_.back());
     shared_.pop_back();
   } else {
     // Claim a free channel: guest threads (and, in a VM, processes)
-    // coordinate through the descriptor's state word.
-    // The last channel is the shared overflow channel (claimed at connect).
+    // coordinate through the descriptor's state word. The last channel is
+    // the shared overflow channel (claimed at connect).
     for (std::uint32_t c = 0; c + 1 < layout_.channels; ++c) {
       auto* d = ring::channel_desc(base_, layout_, c);
       std::uint32_t expect = abi::kChanFree;
       if (std::atomic_ref<std::uint32_t>(d->guest_state)
               .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
-        t_channel.owned = std::make_unique<Channel>(*this, c);
-        all_channels_.push_back(t_channel.owned.get());
+        mine = std::make_unique<Channel>(*this, c);
+        all_channels_.push_back(mine.get());
         break;
       }
     }
   }
-  if (t_channel.owned) {
-    t_channel.pool = &shared_;
-    t_channel.pool_mu = &chan_mu_;
-    t_channel.ch = t_channel.owned.get();
+  if (mine) {
+    t_channel.ch = mine.release();
+    t_channel.owned = true;
+    ::pthread_setspecific(g_channel_key, t_channel.ch);
     return t_channel.ch;
   }
   if (!overflow_) return nullptr;
@@ -269,15 +279,19 @@ void Runtime::mark_dead(const char* why) noexcept {
 Runtime* Runtime::get(CUresult* st) noexcept {
   std::call_once(g_once, [] {
     auto* rt = new Runtime();
+    g_pool = &rt->shared_;
+    g_pool_mu = &rt->chan_mu_;
+    ::pthread_key_create(&g_channel_key, return_channel);
     g_init_status = rt->connect();
     if (g_init_status == CUDA_SUCCESS) {
       g_runtime = rt;
     } else {
-      // The calling thread may already hold a channel of this runtime.
-      t_channel.owned.reset();
-      t_channel.ch = nullptr;
-      t_channel.pool = nullptr;
-      delete rt;
+      // The calling thread may already hold a channel of this runtime: the
+      // runtime and its channels are left alone (a few KiB), rather than
+      // leaving dangling pointers behind.
+      ::pthread_setspecific(g_channel_key, nullptr);
+      t_channel = ThreadChannel{};
+      g_pool = nullptr;
     }
   });
   *st = g_init_status;

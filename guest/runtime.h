@@ -156,12 +156,38 @@ class Runtime {
   std::atomic<bool> dead_{false};
 };
 
-// Per-thread current-context stack (CUDA keeps one per thread).
-std::vector<std::uint64_t>& ctx_stack() noexcept;
-inline std::uint64_t current_ctx() noexcept {
-  auto& s = ctx_stack();
-  return s.empty() ? 0 : s.back();
-}
+// Per-thread current-context stack (CUDA keeps one per thread). Trivially
+// destructible on purpose: atexit handlers (cudart's among them) make CUDA
+// calls after the exiting thread's thread_local destructors have run.
+class CtxStack {
+ public:
+  static constexpr std::uint32_t kDepth = 64;
+  bool empty() const noexcept { return n_ == 0; }
+  std::uint64_t top() const noexcept { return n_ == 0 ? 0 : v_[n_ - 1]; }
+  // False when the stack is full.
+  [[nodiscard]] bool push(std::uint64_t c) noexcept {
+    if (n_ == kDepth) return false;
+    v_[n_++] = c;
+    return true;
+  }
+  std::uint64_t pop() noexcept { return n_ == 0 ? 0 : v_[--n_]; }
+  void set_top(std::uint64_t c) noexcept {
+    if (n_ == 0) n_ = 1;
+    v_[n_ - 1] = c;
+  }
+  void remove_all(std::uint64_t c) noexcept {
+    std::uint32_t k = 0;
+    for (std::uint32_t i = 0; i < n_; ++i)
+      if (v_[i] != c) v_[k++] = v_[i];
+    n_ = k;
+  }
+
+ private:
+  std::uint64_t v_[kDepth];
+  std::uint32_t n_;
+};
+CtxStack& ctx_stack() noexcept;
+inline std::uint64_t current_ctx() noexcept { return ctx_stack().top(); }
 
 // Log a line once per key to stderr with the "ivcuda:" prefix.
 void log_once(const char* key, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));

@@ -61,11 +61,21 @@ else
   verdict "drv_core (LD_PRELOAD)" $rc
 fi
 
-# Runtime-API programs, static and shared cudart, unchanged.
+# Runtime-API programs, static and shared cudart, unchanged. nvcc builds
+# them without sanitizers: in a sanitizer build, the runtimes our library
+# needs must be loaded first.
+preload=
+case "${IVCUDA_SANITIZE:-}" in
+  *address*) preload="$(gcc -print-file-name=libasan.so)" ;;
+esac
+case "${IVCUDA_SANITIZE:-}" in
+  *undefined*) preload="$preload $(gcc -print-file-name=libubsan.so)" ;;
+esac
 for kind in static shared; do
   prog=$bin/rt_basic_$kind
   if [ ! -x "$prog" ]; then echo "SKIP rt_basic ($kind cudart): not built (no nvcc)"; continue; fi
-  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64 timeout 120 "$prog" >"$work/out" 2>&1; rc=$?
+  IVCUDA_SOCKET=$sock LD_PRELOAD=$preload LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64 timeout 120 "$prog" \
+    >"$work/out" 2>&1; rc=$?
   [ $rc -ne 0 ] && cat "$work/out"
   verdict "rt_basic: runtime API, $kind cudart" $rc
 done
