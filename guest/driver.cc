@@ -1064,8 +1064,10 @@ CUresult cuModuleUnload(CUmodule mod) {
 }
 
 namespace {
-CUresult module_name_call(Op op, CUmodule mod, const char* name, void* rep, size_t rep_size,
-                          std::vector<std::byte>* extra) {
+// The module calls that carry a name: validated here, sent after the struct.
+template <Op op>
+CUresult module_name_call(CUmodule mod, const char* name, typename proto::OpTraits<op>::Reply* rep,
+                          std::vector<std::byte>* extra = nullptr) {
   NEED_RT();
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const size_t n = strnlen(name, proto::kNameMax + 1);
@@ -1074,12 +1076,7 @@ CUresult module_name_call(Op op, CUmodule mod, const char* name, void* rep, size
   r.ctx = current_ctx();
   r.module = h(mod);
   r.name_len = static_cast<std::uint32_t>(n);
-  if (op == Op::kModuleGetFunction)
-    return rt->call<Op::kModuleGetFunction>(r, {reinterpret_cast<const std::byte*>(name), n},
-                                            static_cast<proto::RepFunction*>(rep), extra);
-  (void)rep_size;
-  return rt->call<Op::kModuleGetGlobal>(r, {reinterpret_cast<const std::byte*>(name), n},
-                                        static_cast<proto::RepRange*>(rep));
+  return rt->call<op>(r, {reinterpret_cast<const std::byte*>(name), n}, rep, extra);
 }
 }  // namespace
 
@@ -1089,7 +1086,7 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule mod, const char* name) {
     if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepFunction rep{};
     std::vector<std::byte> extra;
-    const CUresult st = module_name_call(Op::kModuleGetFunction, mod, name, &rep, sizeof rep, &extra);
+    const CUresult st = module_name_call<Op::kModuleGetFunction>(mod, name, &rep, &extra);
     if (st != CUDA_SUCCESS) return st;
     if (extra.size() != rep.param_count * sizeof(proto::ParamSlot)) return CUDA_ERROR_UNKNOWN;
     ivcuda::guest::FuncInfo info;
@@ -1109,7 +1106,7 @@ CUresult cuModuleGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUmodule mod, const
   return guard([&] {
     NEED_RT();
     proto::RepRange rep{};
-    const CUresult st = module_name_call(Op::kModuleGetGlobal, mod, name, &rep, sizeof rep, nullptr);
+    const CUresult st = module_name_call<Op::kModuleGetGlobal>(mod, name, &rep);
     if (st != CUDA_SUCCESS) return st;
     bool fresh;
     {
