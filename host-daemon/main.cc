@@ -93,6 +93,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
     return 2;
   }
   g_worker = w->get();
+  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
   const int rc = (*w)->run();
   g_worker = nullptr;
   return rc;
@@ -146,6 +147,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
     ::_exit(2);
   }
   g_worker = w->get();
+  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
   ::_exit((*w)->run());
 }
 

@@ -79,7 +79,21 @@ tmp=$(mktemp -d /tmp/ivcuda-vm-gpu.XXXXXX)
 daemon=
 shm=
 cleanup() {
-  if [[ -n $daemon ]]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
+  if [[ -n $daemon ]]; then
+    # Seen once: a SIGTERM in the same millisecond as an ivshmem-plain
+    # worker's start left that worker, and so the daemon, running. Give them
+    # 10 s, then end the daemon's own children, by id, and the daemon.
+    local kids
+    kids=$(ps -o pid= --ppid "$daemon" 2>/dev/null || true)
+    kill "$daemon" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$daemon" 2>/dev/null; then
+      echo "WARN: ivcudad ($daemon) did not stop within 10 s of SIGTERM; killing it and its workers $kids"
+      # shellcheck disable=SC2086 # one word per pid
+      kill -KILL $kids "$daemon" 2>/dev/null
+    fi
+    wait "$daemon" 2>/dev/null
+  fi
   daemon=
   if [[ -n $shm ]]; then rm -f "$shm"; fi
   shm=
@@ -112,7 +126,7 @@ done; exit \$rc"
 run_guest() {  # mode, then run-in-guest.sh device options
   local mode=$1; shift
   local log=$out/guest-$mode.log rc=0
-  "$guest/run-in-guest.sh" --image "$image" "$@" --accel tcg --timeout 400 --log "$log" \
+  "$guest/run-in-guest.sh" --image "$image" "$@" --accel tcg --timeout 200 --log "$log" \
     "$guest_cmd" >/dev/null 2>"$out/run-in-guest-$mode.err" || rc=$?
   echo "-- $mode: run-in-guest exit $rc ($(grep -a 'run-in-guest:' "$out/run-in-guest-$mode.err" | tail -1))"
   local n=0
@@ -159,6 +173,9 @@ dir=/dev/shm
 [[ -d $dir && -w $dir ]] || dir=$tmp
 shm=$dir/ivcuda-vm-plain-$$
 start_daemon plain $vectors --plain-file "$shm"
+# The daemon formats the memory file as it starts, not necessarily before its
+# socket listens.
+for _ in $(seq 200); do grep -q "ivshmem-plain guest" "$out/ivcudad-plain.log" && break; sleep 0.05; done
 grep -q "ivshmem-plain guest" "$out/ivcudad-plain.log" || { cat "$out/ivcudad-plain.log"; die "ivcudad did not format $shm"; }
 run_guest plain --shm-file "$shm" --shm-size $((256 << 20))
 cleanup
