@@ -22,7 +22,6 @@ namespace ivcuda::guest {
 
 namespace {
 constexpr const char* kDefaultSocket = "/run/ivcuda/ivcudad.sock";
-constexpr std::size_t kVectors = 8;  // doorbell vectors we ask the daemon for
 
 Runtime* g_runtime = nullptr;
 std::once_flag g_once;
@@ -344,7 +343,16 @@ CUresult Runtime::connect() {
 }
 
 CUresult Runtime::connect_socket(const std::string& path) {
-  auto client = ivshmem::ivshmem_connect(path, std::chrono::milliseconds(5000), kVectors);
+  // ivcudad formats the memory before it greets, and the superblock says how
+  // many doorbell vectors it gives each peer (its --vectors).
+  auto vectors_of = [](int shm_fd) -> Result<std::size_t> {
+    IVCUDA_TRY_ASSIGN(auto m, sys::Mapping::map_shared(shm_fd, sizeof(abi::Superblock)));
+    const auto* sb = ring::superblock(m.data());
+    if (ring::load_acquire(sb->host_state) != abi::kHostReady || ring::load_relaxed(sb->magic) != abi::kMagic)
+      return make_error(EPROTO, "the shared memory is not an ivcuda BAR");
+    return static_cast<std::size_t>(ring::load_relaxed(sb->host_vectors));
+  };
+  auto client = ivshmem::ivshmem_connect(path, std::chrono::milliseconds(5000), 0, vectors_of);
   if (!client) {
     log_line("cannot reach ivcudad at %s: %s (set IVCUDA_SOCKET)", path.c_str(), client.error().what.c_str());
     return CUDA_ERROR_NO_DEVICE;

@@ -243,7 +243,7 @@ Result<void> IvshmemClient::notify(std::int64_t peer, std::size_t vector) const 
 }
 
 Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd sock, std::size_t vectors,
-                                               std::chrono::milliseconds timeout) {
+                                               std::chrono::milliseconds timeout, const VectorsOf& vectors_of) {
   if (vectors > kMaxVectors)
     return make_error(EINVAL, "ivshmem: at most " + std::to_string(kMaxVectors) + " vectors");
   const auto deadline = Clock::now() + timeout;
@@ -275,6 +275,14 @@ Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd sock, std::size_t v
                                        std::to_string(vectors) + " own eventfds");
     }
     IVCUDA_TRY(c.apply(std::move(m).value()));
+    if (vectors == 0 && c.vectors_ == 0 && c.shm_.valid()) {
+      if (!vectors_of) return make_error(EINVAL, "ivshmem: vectors 0 needs a way to learn them");
+      IVCUDA_TRY_ASSIGN(const std::size_t n, vectors_of(c.shm_.get()));
+      if (n == 0 || n > kMaxVectors)
+        return proto_error("the shared memory announces " + std::to_string(n) + " vectors");
+      c.vectors_ = n;
+      vectors = n;
+    }
   }
   // The greeting arrives in one burst: take what is already queued now, so a
   // mismatch such as surplus own eventfds fails here and not at some later call.
@@ -283,7 +291,7 @@ Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd sock, std::size_t v
 }
 
 Result<IvshmemClient> ivshmem_connect(const std::string& path, std::chrono::milliseconds timeout,
-                                      std::size_t vectors) {
+                                      std::size_t vectors, const VectorsOf& vectors_of) {
   const auto deadline = Clock::now() + timeout;
   IVCUDA_TRY_ASSIGN(const sockaddr_un addr, unix_address(path));
   sys::UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -298,7 +306,7 @@ Result<IvshmemClient> ivshmem_connect(const std::string& path, std::chrono::mill
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return ivshmem_client_handshake(std::move(sock), vectors,
-                                  std::max(left, std::chrono::milliseconds(0)));
+                                  std::max(left, std::chrono::milliseconds(0)), vectors_of);
 }
 
 // ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -94,6 +95,9 @@ struct PeerEvent {
   std::optional<std::size_t> vector;
 };
 
+// Learns the number of own vectors from the shared memory (see ivshmem_connect).
+using VectorsOf = std::function<Result<std::size_t>(int shm_fd)>;
+
 class IvshmemClient {
  public:
   std::int64_t id() const noexcept { return id_; }
@@ -117,7 +121,7 @@ class IvshmemClient {
 
  private:
   friend Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd, std::size_t,
-                                                        std::chrono::milliseconds);
+                                                        std::chrono::milliseconds, const VectorsOf&);
   Result<std::optional<PeerEvent>> apply(Message m);
   bool greeting_complete() const noexcept { return shm_.valid() && own_.size() == vectors_; }
 
@@ -132,15 +136,19 @@ class IvshmemClient {
 };
 
 // Connects to the server at `path` and reads the greeting within `timeout`.
+// With vectors == 0 the count is learned from the shared memory itself:
+// `vectors_of` is called with the shm fd as soon as it arrives (before any
+// own eventfd in the protocol's order) and returns the count.
 // `vectors` is how many eventfds of our own we expect (QEMU's `vectors`
 // property, at most kMaxVectors): the greeting is complete once the shared
 // memory and that many own eventfds arrived. More own eventfds than that are
 // refused, where QEMU would log and drop them.
 Result<IvshmemClient> ivshmem_connect(const std::string& path, std::chrono::milliseconds timeout,
-                                      std::size_t vectors);
+                                      std::size_t vectors, const VectorsOf& vectors_of = {});
 // The same on an already connected socket (a socketpair, an inherited fd).
 Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd sock, std::size_t vectors,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout,
+                                               const VectorsOf& vectors_of = {});
 
 // ---------------------------------------------------------------------------
 // Server side: the daemon's role.

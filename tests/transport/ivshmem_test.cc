@@ -198,6 +198,39 @@ TEST_CASE("greeting round trip over a socketpair", "[ivshmem]") {
   CHECK(iv::connection_closed(g->conn.get(), 1000));
 }
 
+TEST_CASE("a client can learn its vector count from the shared memory", "[ivshmem]") {
+  UniqueFd shm = memfd(64 * 1024);
+  int seen_fd = -1;
+  auto learn = [&](int fd) -> ivcuda::Result<std::size_t> {
+    seen_fd = fd;
+    return std::size_t{3};
+  };
+  {
+    Pair p = socket_pair();
+    auto g = iv::send_greeting(std::move(p.server), 4, shm.get(), 3);
+    REQUIRE(g.ok());
+    auto c = iv::ivshmem_client_handshake(std::move(p.client), 0, 1s, learn);
+    INFO((c.ok() ? std::string() : c.error().what));
+    REQUIRE(c.ok());
+    CHECK(seen_fd == c->shm_fd());
+    CHECK(c->own_eventfds().size() == 3);
+    check_doorbells(*c, *g);
+  }
+  SECTION("a count the server does not match is refused") {
+    Pair p = socket_pair();
+    auto g = iv::send_greeting(std::move(p.server), 4, shm.get(), 5);
+    REQUIRE(g.ok());
+    CHECK_FALSE(iv::ivshmem_client_handshake(std::move(p.client), 0, 1s, learn).ok());
+  }
+  SECTION("an impossible count is refused") {
+    Pair p = socket_pair();
+    auto g = iv::send_greeting(std::move(p.server), 4, shm.get(), 1);
+    REQUIRE(g.ok());
+    auto zero = [](int) -> ivcuda::Result<std::size_t> { return std::size_t{0}; };
+    CHECK_FALSE(iv::ivshmem_client_handshake(std::move(p.client), 0, 1s, zero).ok());
+  }
+}
+
 TEST_CASE("greeting over a socket path in /tmp, two guests, disconnect", "[ivshmem]") {
   const std::string path = temp_socket_path();
   auto srv = iv::IvshmemServer::listen(path, 3);
