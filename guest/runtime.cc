@@ -357,8 +357,16 @@ CUresult Runtime::connect_socket(const std::string& path) {
     log_line("cannot reach ivcudad at %s: %s (set IVCUDA_SOCKET)", path.c_str(), client.error().what.c_str());
     return CUDA_ERROR_NO_DEVICE;
   }
+  // The daemon is whichever peer the superblock names: ivcudad's own server
+  // says 0; an ivcudad that joined somebody else's ivshmem-server has an id
+  // of its own there.
+  std::int64_t host_id = ivshmem::kHostPeerId;
+  {
+    auto m = sys::Mapping::map_shared(client->shm_fd(), sizeof(abi::Superblock));
+    if (m) host_id = ring::load_relaxed(ring::superblock(m->data())->host_peer_id);
+  }
   auto& peers = client->peers();
-  auto host = peers.find(ivshmem::kHostPeerId);
+  auto host = peers.find(host_id);
   if (host == peers.end() || host->second.empty() || client->own_eventfds().empty()) {
     log_line("ivcudad at %s announced no host peer", path.c_str());
     return CUDA_ERROR_NO_DEVICE;

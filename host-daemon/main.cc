@@ -46,6 +46,7 @@ struct Options {
   std::string log_level = "info";
   std::vector<std::string> plain_files;
   unsigned poll_us = 500;
+  std::string join;
 };
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
@@ -151,6 +152,92 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   ::_exit((*w)->run());
 }
 
+// --join: we are one peer of somebody else's ivshmem-server. Its memory is
+// shared by all its peers, so we serve the first guest that appears, then
+// the next one after it left.
+int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t generation) {
+  auto client = ivcuda::ivshmem::ivshmem_connect(o.join, std::chrono::milliseconds(5000), o.vectors);
+  if (!client) {
+    IVLOG_ERROR("cannot join the ivshmem-server at %s: %s", o.join.c_str(), client.error().what.c_str());
+    return 1;
+  }
+  ivcuda::ring::LayoutParams lp;
+  lp.shm_size = client->shm_size();
+  lp.channels = o.channels;
+  lp.ring_bytes = static_cast<std::uint32_t>(o.ring_size);
+  lp.staging_bytes = o.staging;
+  auto layout = ivcuda::ring::plan_layout(lp);
+  if (!layout) {
+    IVLOG_ERROR("the server's %llu MiB of memory do not fit: %s",
+                static_cast<unsigned long long>(lp.shm_size >> 20), layout.error().what.c_str());
+    return 1;
+  }
+  const std::int64_t me = client->id();
+  while (g_stop == 0) {
+    {
+      auto map = ivcuda::sys::Mapping::map_shared(client->shm_fd(), layout->shm_size);
+      if (!map) return 1;
+      std::memset(map->data(), 0, layout->rings_off + layout->channel_stride * layout->channels);
+      (void)ivcuda::ring::format_bar(map->data(), *layout, generation, static_cast<std::uint32_t>(me),
+                                     static_cast<std::uint32_t>(o.vectors),
+                                     ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+    }
+    IVLOG_INFO("joined %s as peer %lld; waiting for a guest", o.join.c_str(), static_cast<long long>(me));
+    std::int64_t guest = -1;
+    while (g_stop == 0 && guest < 0) {
+      auto ev = client->process_pending();
+      if (!ev) {
+        IVLOG_ERROR("the ivshmem-server went away: %s", ev.error().what.c_str());
+        return 1;
+      }
+      for (const auto& [id, fds] : client->peers())
+        if (id != me && fds.size() >= o.vectors) guest = id;
+      if (guest < 0) (void)ivcuda::sys::wait_readable(client->socket_fd(), 200);
+    }
+    if (guest < 0) break;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      ivcuda::host::WorkerConfig cfg;
+      cfg.guest_id = static_cast<std::uint32_t>(guest);
+      cfg.shm_fd = client->shm_fd();
+      cfg.layout = *layout;
+      cfg.generation = generation;
+      for (const auto& fd : client->own_eventfds()) cfg.host_fds.push_back(fd.get());
+      for (const auto& fd : client->peers().at(guest)) cfg.guest_fds.push_back(fd.get());
+      cfg.driver_path = o.driver;
+      cfg.devices = gpus;
+      cfg.spin = std::chrono::microseconds(o.spin_us);
+      auto w = ivcuda::host::Worker::create(std::move(cfg));
+      if (!w) {
+        IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(guest), w.error().what.c_str());
+        ::_exit(2);
+      }
+      g_worker = w->get();
+      if (g_stop != 0) g_worker->stop();
+      ::_exit((*w)->run());
+    }
+    IVLOG_INFO("serving guest peer %lld; worker pid %d", static_cast<long long>(guest), static_cast<int>(pid));
+    // The worker serves until the guest leaves the server (or we stop).
+    bool left = false;
+    while (g_stop == 0 && !left) {
+      (void)ivcuda::sys::wait_readable(client->socket_fd(), 200);
+      auto ev = client->process_pending();
+      if (!ev) {
+        IVLOG_ERROR("the ivshmem-server went away: %s", ev.error().what.c_str());
+        g_stop = 1;
+        break;
+      }
+      left = client->peers().count(guest) == 0;
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) left = true;
+    }
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+    IVLOG_INFO("guest peer %lld left; its worker is gone", static_cast<long long>(guest));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,6 +272,9 @@ int main(int argc, char** argv) {
       ->take_all();
   app.add_option("--plain-poll-us", o.poll_us, "how often an idle ivshmem-plain worker looks for work")
       ->capture_default_str();
+  app.add_option("--join", o.join,
+                 "join an existing ivshmem-server at this socket as its host peer, instead of listening; "
+                 "it serves one guest at a time (all peers of such a server share one memory)");
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
@@ -214,6 +304,14 @@ int main(int argc, char** argv) {
   if (!layout) {
     IVLOG_ERROR("bad memory layout: %s", layout.error().what.c_str());
     return 2;
+  }
+  if (!o.join.empty()) {
+    struct sigaction sj {};
+    sj.sa_handler = on_signal;
+    ::sigaction(SIGINT, &sj, nullptr);
+    ::sigaction(SIGTERM, &sj, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    return run_join(o, gpus, new_generation());
   }
   auto server = ivcuda::ivshmem::IvshmemServer::listen(o.socket, o.vectors);
   if (!server) {
