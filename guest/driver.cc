@@ -79,20 +79,26 @@ bool is_device(Runtime* rt, std::uint64_t p) {
   return p - it->first < it->second;
 }
 
-// Host-to-device from guest memory: page-locked memory DMAs straight from the
-// arena; small pageable copies ride inline; large ones go through the
-// channel's staging area in two halves, so that the guest's memcpy of one
-// half overlaps the host's DMA of the other.
-CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
-                   bool async) {
-  if (n == 0) return CUDA_SUCCESS;
-  if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+// A 1D copy request: which fields matter depends on the op (proto.h).
+proto::ReqCopy copy_req(std::uint64_t ctx, CUstream s, CUdeviceptr dst, CUdeviceptr src, size_t n, bool async) {
   proto::ReqCopy r{};
   r.ctx = ctx;
   r.stream = h(s);
   r.dst = dst;
+  r.src = src;
   r.bytes = n;
   r.flags = async ? proto::kAsync : 0;
+  return r;
+}
+
+// Host-to-device from guest memory: page-locked memory DMAs straight from the
+// arena; small pageable copies ride inline; large ones go through the
+// channel's staging area chunk by chunk.
+CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
+                   bool async) {
+  if (n == 0) return CUDA_SUCCESS;
+  if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqCopy r = copy_req(ctx, s, dst, 0, n, async);
   if (auto off = rt->pinned_offset(src, n)) {
     r.arena_off = *off;
     return async ? rt->post<Op::kMemcpyHtoDArena>(r) : rt->call<Op::kMemcpyHtoDArena>(r);
@@ -130,12 +136,7 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
 CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::ReqCopy r{};
-  r.ctx = ctx;
-  r.stream = h(s);
-  r.src = src;
-  r.bytes = n;
-  r.flags = async ? proto::kAsync : 0;
+  proto::ReqCopy r = copy_req(ctx, s, 0, src, n, async);
   if (auto off = rt->pinned_offset(dst, n)) {
     r.arena_off = *off;
     return async ? rt->post<Op::kMemcpyDtoHArena>(r) : rt->call<Op::kMemcpyDtoHArena>(r);
@@ -161,13 +162,7 @@ CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
 
 CUresult copy_dtod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
                    bool async) {
-  proto::ReqCopy r{};
-  r.ctx = ctx;
-  r.stream = h(s);
-  r.dst = dst;
-  r.src = src;
-  r.bytes = n;
-  r.flags = async ? proto::kAsync : 0;
+  const proto::ReqCopy r = copy_req(ctx, s, dst, src, n, async);
   return async ? rt->post<Op::kMemcpyDtoD>(r) : rt->call<Op::kMemcpyDtoD>(r);
 }
 

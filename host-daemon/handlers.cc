@@ -37,6 +37,10 @@ bool span2d(std::uint64_t pitch, std::uint64_t width, std::uint64_t height, std:
 
 // ------------------------------------------------------------------ helpers
 
+bool Worker::valid_device(int device) const noexcept {
+  return device >= 0 && static_cast<std::size_t>(device) < devices_.size();
+}
+
 CUresult Worker::use_ctx(std::uint64_t h, CtxEntry** out) {
   CtxEntry* c = ctxs_.find(h);
   if (c == nullptr || c->real == nullptr || (c->primary && c->guest_refs == 0))
@@ -179,7 +183,7 @@ CUresult Worker::on_Flush(Call&) { return CUDA_SUCCESS; }
 
 CUresult Worker::on_DeviceInfo(Call& c) {
   const auto r = c.req<ReqDevice>();
-  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   const CUdevice d = devices_[static_cast<std::size_t>(r.device)];
   RepDeviceInfo rep{};
   rep.primary_ctx = primary_[static_cast<std::size_t>(r.device)];
@@ -206,7 +210,7 @@ CUresult Worker::on_DeviceInfo(Call& c) {
 
 CUresult Worker::on_PrimaryRetain(Call& c) {
   const auto r = c.req<ReqDevice>();
-  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   const auto h = primary_[static_cast<std::size_t>(r.device)];
   CtxEntry* e = ctxs_.find(h);
   if (e->guest_refs == 0) {
@@ -222,7 +226,7 @@ CUresult Worker::on_PrimaryRetain(Call& c) {
 
 CUresult Worker::on_PrimaryRelease(Call& c) {
   const auto r = c.req<ReqDevice>();
-  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   const auto h = primary_[static_cast<std::size_t>(r.device)];
   CtxEntry* e = ctxs_.find(h);
   if (e->guest_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -237,7 +241,7 @@ CUresult Worker::on_PrimaryRelease(Call& c) {
 
 CUresult Worker::on_PrimaryReset(Call& c) {
   const auto r = c.req<ReqDevice>();
-  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   const auto h = primary_[static_cast<std::size_t>(r.device)];
   CtxEntry* e = ctxs_.find(h);
   // Resetting destroys what the guest made in the primary context. The
@@ -250,7 +254,7 @@ CUresult Worker::on_PrimaryReset(Call& c) {
 
 CUresult Worker::on_PrimaryGetState(Call& c) {
   const auto r = c.req<ReqDevice>();
-  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   CtxEntry* e = ctxs_.find(primary_[static_cast<std::size_t>(r.device)]);
   RepPrimaryState rep{};
   rep.flags = e->flags;
@@ -261,7 +265,7 @@ CUresult Worker::on_PrimaryGetState(Call& c) {
 
 CUresult Worker::on_PrimarySetFlags(Call& c) {
   const auto r = c.req<ReqDeviceFlags>();
-  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   constexpr unsigned kKnown = CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX;
   if ((r.flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   CtxEntry* e = ctxs_.find(primary_[static_cast<std::size_t>(r.device)]);
@@ -272,7 +276,7 @@ CUresult Worker::on_PrimarySetFlags(Call& c) {
 
 CUresult Worker::on_CtxCreate(Call& c) {
   const auto r = c.req<ReqDeviceFlags>();
-  if (r.device < 0 || static_cast<std::size_t>(r.device) >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   CUcontext real = nullptr;
   const CUresult st = cu_.cuCtxCreate(&real, nullptr, r.flags, devices_[static_cast<std::size_t>(r.device)]);
   if (st != CUDA_SUCCESS) return st;

@@ -118,6 +118,7 @@ class Worker {
   CUresult release_primary_objects(CtxEntry& c, std::uint64_t h);
   const char* err_name(CUresult st) const;
   CUresult park(Call& c, proto::Op op, std::uint64_t handle);
+  bool valid_device(int device) const noexcept;
   template <class Table, class Destroy>
   CUresult destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy);
 
