@@ -152,3 +152,80 @@ CUresult cuStreamGetId(CUstream s, unsigned long long* id) {
   *id = h(s);
   return CUDA_SUCCESS;
 }
+
+// ---- occupancy and limits: answered by the host's driver
+
+namespace {
+CUresult occupancy(const ivcuda::proto::ReqOccupancy& r, std::int64_t* out) {
+  return guard([&] {
+    Runtime* rt = Runtime::current();
+    if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult st;
+    ivcuda::proto::RepValue rep{};
+    st = rt->call<ivcuda::proto::Op::kOccupancy>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *out = rep.value;
+    return st;
+  });
+}
+}  // namespace
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, CUfunction f, int block, size_t smem,
+                                                              unsigned int flags) {
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  ivcuda::proto::ReqOccupancy r{};
+  r.ctx = ivcuda::guest::current_ctx();
+  r.function = h(f);
+  r.dynamic_smem = smem;
+  r.block_size = block;
+  r.flags = flags;
+  r.kind = ivcuda::proto::kOccMaxActiveBlocks;
+  std::int64_t v = 0;
+  const CUresult st = occupancy(r, &v);
+  if (st == CUDA_SUCCESS) *n = static_cast<int>(v);
+  return st;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int block, size_t smem) {
+  return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, block, smem, 0);
+}
+
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, CUfunction f, int blocks, int block) {
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  ivcuda::proto::ReqOccupancy r{};
+  r.ctx = ivcuda::guest::current_ctx();
+  r.function = h(f);
+  r.block_size = block;
+  r.num_blocks = blocks;
+  r.kind = ivcuda::proto::kOccAvailableDynamicSmem;
+  std::int64_t v = 0;
+  const CUresult st = occupancy(r, &v);
+  if (st == CUDA_SUCCESS) *bytes = static_cast<size_t>(v);
+  return st;
+}
+
+CUresult cuCtxGetLimit(size_t* value, CUlimit limit) {
+  return guard([&] {
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Runtime* rt = Runtime::current();
+    if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult st;
+    const std::uint64_t ctx = ivcuda::guest::current_ctx();
+    if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    ivcuda::proto::RepValue rep{};
+    st = rt->call<ivcuda::proto::Op::kCtxGetLimit>(ivcuda::proto::ReqLimit{ctx, 0, static_cast<std::int32_t>(limit), 0},
+                                                  {}, &rep);
+    if (st == CUDA_SUCCESS) *value = static_cast<size_t>(rep.value);
+    return st;
+  });
+}
+
+CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+  return guard([&] {
+    Runtime* rt = Runtime::current();
+    if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    const std::uint64_t ctx = ivcuda::guest::current_ctx();
+    if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return rt->call<ivcuda::proto::Op::kCtxSetLimit>(
+        ivcuda::proto::ReqLimit{ctx, value, static_cast<std::int32_t>(limit), 0});
+  });
+}

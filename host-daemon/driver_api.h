@@ -28,7 +28,8 @@ namespace ivcuda::host {
   X(cuLaunchKernel) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy)        \
   X(cuStreamQuery) X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamGetPriority)         \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)                     \
-  X(cuEventElapsedTime) X(cuEventDestroy)
+  X(cuEventElapsedTime) X(cuEventDestroy) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)        \
+  X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetLimit) X(cuCtxSetLimit)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -658,6 +658,43 @@ CUresult Worker::on_Launch(Call& c) {
                             r.shared_bytes, s, f->params.empty() ? nullptr : argv, nullptr);
 }
 
+CUresult Worker::on_Occupancy(Call& c) {
+  const auto r = c.req<ReqOccupancy>();
+  FuncEntry* f = funcs_.find(r.function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(modules_.find(f->module)->ctx); st != CUDA_SUCCESS) return st;
+  RepValue rep{};
+  CUresult st;
+  if (r.kind == kOccMaxActiveBlocks) {
+    int n = 0;
+    st = cu_.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&n, f->real, r.block_size, r.dynamic_smem, r.flags);
+    rep.value = n;
+  } else if (r.kind == kOccAvailableDynamicSmem) {
+    size_t bytes = 0;
+    st = cu_.cuOccupancyAvailableDynamicSMemPerBlock(&bytes, f->real, r.num_blocks, r.block_size);
+    rep.value = static_cast<std::int64_t>(bytes);
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  c.set_reply(rep);
+  return st;
+}
+
+CUresult Worker::on_CtxGetLimit(Call& c) {
+  const auto r = c.req<ReqLimit>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  size_t v = 0;
+  const CUresult st = cu_.cuCtxGetLimit(&v, static_cast<CUlimit>(r.limit));
+  c.set_reply(RepValue{static_cast<std::int64_t>(v)});
+  return st;
+}
+
+CUresult Worker::on_CtxSetLimit(Call& c) {
+  const auto r = c.req<ReqLimit>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  return cu_.cuCtxSetLimit(static_cast<CUlimit>(r.limit), r.value);
+}
+
 // ------------------------------------------------------------------ streams
 
 CUresult Worker::on_StreamCreate(Call& c) {

@@ -78,6 +78,9 @@ enum class HandleKind : u8 { kContext = 1, kModule = 2, kFunction = 3, kStream =
   X(EventSynchronize, ReqHandle, RepNone, 1)                             \
   X(EventElapsedTime, ReqEventElapsed, RepElapsed, 1)                    \
   X(EventDestroy, ReqHandle, RepNone, 1)                                 \
+  X(Occupancy, ReqOccupancy, RepValue, 1)                                \
+  X(CtxGetLimit, ReqLimit, RepValue, 1)                                  \
+  X(CtxSetLimit, ReqLimit, RepNone, 1)                                   \
   X(Flush, ReqCtx, RepNone, 1)                                           \
   X(Goodbye, ReqCtx, RepNone, 1)
 
@@ -273,6 +276,25 @@ struct ReqFuncAttr {
   u64 function;
   i32 attrib;
   i32 value;
+};
+
+// Occupancy queries; `kind` picks the driver call.
+inline constexpr u32 kOccMaxActiveBlocks = 0;       // cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
+inline constexpr u32 kOccAvailableDynamicSmem = 1;  // cuOccupancyAvailableDynamicSMemPerBlock
+struct ReqOccupancy {
+  u64 ctx;
+  u64 function;
+  u64 dynamic_smem;  // kOccMaxActiveBlocks
+  i32 block_size;
+  i32 num_blocks;    // kOccAvailableDynamicSmem
+  u32 flags;
+  u32 kind;
+};
+struct ReqLimit {
+  u64 ctx;
+  u64 value;  // set
+  i32 limit;
+  u32 reserved;
 };
 
 struct ReqLaunch {

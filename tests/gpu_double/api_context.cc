@@ -1,6 +1,7 @@
 // Contexts of the GPU test double: created ones, primary ones, and each thread's stack.
 #include <algorithm>
 
+#include <mutex>
 #include "state.h"
 
 using namespace ivcuda::gpu_double;
@@ -233,6 +234,50 @@ CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
     if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
     if (!valid_ctx_flags(flags)) return CUDA_ERROR_INVALID_VALUE;
     s.contexts.at(s.primary[static_cast<std::size_t>(dev)]).flags = flags;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Context limits: remembered per process (the double has one device model),
+// with the defaults a Hopper GPU reports.
+namespace {
+std::mutex g_limits_mu;
+std::size_t g_limits[CU_LIMIT_MAX] = {};
+bool g_limits_set = false;
+void init_limits() {
+  if (g_limits_set) return;
+  g_limits[CU_LIMIT_STACK_SIZE] = 1024;
+  g_limits[CU_LIMIT_PRINTF_FIFO_SIZE] = 1 << 20;
+  g_limits[CU_LIMIT_MALLOC_HEAP_SIZE] = 8 << 20;
+  g_limits[CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048;
+  g_limits[CU_LIMIT_MAX_L2_FETCH_GRANULARITY] = 64;
+  g_limits[CU_LIMIT_PERSISTING_L2_CACHE_SIZE] = 0;
+  g_limits_set = true;
+}
+}  // namespace
+
+CUresult CUDAAPI cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (pvalue == nullptr || limit < 0 || limit >= CU_LIMIT_MAX || limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH)
+      return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    std::lock_guard lk(g_limits_mu);
+    init_limits();
+    *pvalue = g_limits[limit];
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (limit < 0 || limit >= CU_LIMIT_MAX || limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH)
+      return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    std::lock_guard lk(g_limits_mu);
+    init_limits();
+    g_limits[limit] = value;
     return CUDA_SUCCESS;
   });
 }

@@ -333,6 +333,46 @@ CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunc
   });
 }
 
+// Occupancy from a simple SM model (2048 threads, 32 blocks and the opt-in
+// shared memory per SM): plausible, monotonic answers for tests.
+CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, CUfunction func,
+                                                                      int blockSize, size_t dynamicSMemSize,
+                                                                      unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (numBlocks == nullptr || blockSize <= 0 || blockSize > kMaxThreadsPerBlock || flags > 1)
+      return CUDA_ERROR_INVALID_VALUE;
+    FunctionRef r;
+    if (const CUresult e = lookup_function(s, func, &r); e != CUDA_SUCCESS) return e;
+    const std::size_t smem = r.entry->static_shared + dynamicSMemSize;
+    if (smem > static_cast<std::size_t>(kMaxSharedPerBlockOptin)) {
+      *numBlocks = 0;
+      return CUDA_SUCCESS;
+    }
+    int blocks = std::min(32, 2048 / blockSize);
+    if (smem != 0) blocks = std::min<int>(blocks, static_cast<int>(kMaxSharedPerBlockOptin / smem));
+    *numBlocks = blocks;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func, int blockSize,
+                                                             size_t dynamicSMemSize) {
+  return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize, 0);
+}
+
+CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func, int numBlocks,
+                                                         int blockSize) {
+  return guarded([&](State& s) -> CUresult {
+    if (dynamicSmemSize == nullptr || numBlocks <= 0 || blockSize <= 0 || blockSize > kMaxThreadsPerBlock)
+      return CUDA_ERROR_INVALID_VALUE;
+    FunctionRef r;
+    if (const CUresult e = lookup_function(s, func, &r); e != CUDA_SUCCESS) return e;
+    const std::size_t per_block = static_cast<std::size_t>(kMaxSharedPerBlockOptin) / static_cast<std::size_t>(numBlocks);
+    *dynamicSmemSize = per_block > r.entry->static_shared ? per_block - r.entry->static_shared : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
   return guarded([&](State& s) -> CUresult {
     FunctionRef r;

@@ -73,6 +73,12 @@ void contexts() {
   OK(cuCtxGetDevice(&cd));
   EXPECT(cd == d);
   OK(cuCtxSynchronize());
+  size_t stack = 0, fifo = 0;
+  OK(cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE));
+  EXPECT(stack > 0);
+  OK(cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 4u << 20));
+  OK(cuCtxGetLimit(&fifo, CU_LIMIT_PRINTF_FIFO_SIZE));
+  EXPECT(fifo >= (4u << 20));
 
   CUcontext mine = nullptr;
   OK(cuCtxCreate(&mine, nullptr, 0, d));

@@ -44,6 +44,14 @@ void kernels(CUmodule m) {
   OK(cuFuncGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, add));
   EXPECT(threads >= 256);
   OK(cuFuncSetAttribute(add, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+  // Occupancy: more threads per block never fit more blocks per SM.
+  int blocks128 = 0, blocks1024 = 0;
+  OK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks128, add, 128, 0));
+  OK(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks1024, add, 1024, 0, CU_OCCUPANCY_DEFAULT));
+  EXPECT(blocks128 >= blocks1024 && blocks1024 >= 1);
+  size_t dyn = 0;
+  OK(cuOccupancyAvailableDynamicSMemPerBlock(&dyn, reduce, 1, 1024));
+  EXPECT(dyn > 0);
 
   const int n = 100000;
   std::vector<float> a(n), b(n), c(n);
