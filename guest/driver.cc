@@ -262,34 +262,33 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
     const size_t rows = std::min(band, c.Height - y0);
     r.height = rows;
     r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
-    if (src_staged) {
+    // One side of the band: the packed staging rows, or the caller's memory
+    // (page-locked arena block or device) with its own x, y and pitch.
+    auto side = [&](bool staged, std::optional<std::uint64_t> pin, const void* host, CUdeviceptr dev, size_t x,
+                    size_t y, size_t pitch, std::uint64_t& off, std::uint64_t& device, std::uint64_t& rx,
+                    std::uint64_t& ry, std::uint64_t& rpitch) {
+      if (staged) {
+        off = stage;
+        rx = 0;
+        ry = 0;
+        rpitch = c.WidthInBytes;
+      } else {
+        off = pin ? *rt->pinned_offset(host, 1) : 0;
+        device = dev;
+        rx = x;
+        ry = y + y0;
+        rpitch = pitch;
+      }
+    };
+    if (src_staged)
       for (size_t y = 0; y < rows; ++y)
         std::memcpy(rt->bar() + stage + y * c.WidthInBytes,
                     static_cast<const char*>(src_host) + (c.srcY + y0 + y) * src_pitch + c.srcXInBytes,
                     c.WidthInBytes);
-      r.src_arena_off = stage;
-      r.src_x_bytes = 0;
-      r.src_y = 0;
-      r.src_pitch = c.WidthInBytes;
-    } else {
-      r.src_arena_off = src_pin ? *rt->pinned_offset(src_host, 1) : 0;
-      r.src_device = c.srcDevice;
-      r.src_x_bytes = c.srcXInBytes;
-      r.src_y = c.srcY + y0;
-      r.src_pitch = src_pitch;
-    }
-    if (dst_staged) {
-      r.dst_arena_off = stage;
-      r.dst_x_bytes = 0;
-      r.dst_y = 0;
-      r.dst_pitch = c.WidthInBytes;
-    } else {
-      r.dst_arena_off = dst_pin ? *rt->pinned_offset(dst_host, 1) : 0;
-      r.dst_device = c.dstDevice;
-      r.dst_x_bytes = c.dstXInBytes;
-      r.dst_y = c.dstY + y0;
-      r.dst_pitch = dst_pitch;
-    }
+    side(src_staged, src_pin, src_host, c.srcDevice, c.srcXInBytes, c.srcY, src_pitch, r.src_arena_off,
+         r.src_device, r.src_x_bytes, r.src_y, r.src_pitch);
+    side(dst_staged, dst_pin, dst_host, c.dstDevice, c.dstXInBytes, c.dstY, dst_pitch, r.dst_arena_off,
+         r.dst_device, r.dst_x_bytes, r.dst_y, r.dst_pitch);
     const CUresult st = rt->call<Op::kMemcpy2D>(r);
     if (st != CUDA_SUCCESS) return st;
     if (dst_staged)

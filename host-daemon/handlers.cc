@@ -41,6 +41,9 @@ bool Worker::valid_device(int device) const noexcept {
   return device >= 0 && static_cast<std::size_t>(device) < devices_.size();
 }
 
+// Only after valid_device() said yes.
+std::size_t Worker::dev_index(int device) const noexcept { return static_cast<std::size_t>(device); }
+
 CUresult Worker::use_ctx(std::uint64_t h, CtxEntry** out) {
   CtxEntry* c = ctxs_.find(h);
   if (c == nullptr || c->real == nullptr || (c->primary && c->guest_refs == 0))
@@ -184,9 +187,9 @@ CUresult Worker::on_Flush(Call&) { return CUDA_SUCCESS; }
 CUresult Worker::on_DeviceInfo(Call& c) {
   const auto r = c.req<ReqDevice>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-  const CUdevice d = devices_[static_cast<std::size_t>(r.device)];
+  const CUdevice d = devices_[dev_index(r.device)];
   RepDeviceInfo rep{};
-  rep.primary_ctx = primary_[static_cast<std::size_t>(r.device)];
+  rep.primary_ctx = primary_[dev_index(r.device)];
   CUresult st = cu_.cuDeviceGetName(rep.name, sizeof rep.name - 1, d);
   if (st != CUDA_SUCCESS) return st;
   CUuuid u{};
@@ -211,11 +214,11 @@ CUresult Worker::on_DeviceInfo(Call& c) {
 CUresult Worker::on_PrimaryRetain(Call& c) {
   const auto r = c.req<ReqDevice>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-  const auto h = primary_[static_cast<std::size_t>(r.device)];
+  const auto h = primary_[dev_index(r.device)];
   CtxEntry* e = ctxs_.find(h);
   if (e->guest_refs == 0) {
     CUcontext real = nullptr;
-    const CUresult st = cu_.cuDevicePrimaryCtxRetain(&real, devices_[static_cast<std::size_t>(r.device)]);
+    const CUresult st = cu_.cuDevicePrimaryCtxRetain(&real, devices_[dev_index(r.device)]);
     if (st != CUDA_SUCCESS) return st;
     e->real = real;
   }
@@ -227,12 +230,12 @@ CUresult Worker::on_PrimaryRetain(Call& c) {
 CUresult Worker::on_PrimaryRelease(Call& c) {
   const auto r = c.req<ReqDevice>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-  const auto h = primary_[static_cast<std::size_t>(r.device)];
+  const auto h = primary_[dev_index(r.device)];
   CtxEntry* e = ctxs_.find(h);
   if (e->guest_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (--e->guest_refs == 0) {
     release_primary_objects(*e, h);
-    cu_.cuDevicePrimaryCtxRelease(devices_[static_cast<std::size_t>(r.device)]);
+    cu_.cuDevicePrimaryCtxRelease(devices_[dev_index(r.device)]);
     if (current_ == e->real && e->real != arena_ctx_) current_ = nullptr;
     if (e->real != arena_ctx_) e->real = nullptr;
   }
@@ -242,7 +245,7 @@ CUresult Worker::on_PrimaryRelease(Call& c) {
 CUresult Worker::on_PrimaryReset(Call& c) {
   const auto r = c.req<ReqDevice>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-  const auto h = primary_[static_cast<std::size_t>(r.device)];
+  const auto h = primary_[dev_index(r.device)];
   CtxEntry* e = ctxs_.find(h);
   // Resetting destroys what the guest made in the primary context. The
   // driver context itself is kept when it holds the arena registration: the
@@ -255,7 +258,7 @@ CUresult Worker::on_PrimaryReset(Call& c) {
 CUresult Worker::on_PrimaryGetState(Call& c) {
   const auto r = c.req<ReqDevice>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-  CtxEntry* e = ctxs_.find(primary_[static_cast<std::size_t>(r.device)]);
+  CtxEntry* e = ctxs_.find(primary_[dev_index(r.device)]);
   RepPrimaryState rep{};
   rep.flags = e->flags;
   rep.active = e->guest_refs > 0 ? 1 : 0;
@@ -268,8 +271,8 @@ CUresult Worker::on_PrimarySetFlags(Call& c) {
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   constexpr unsigned kKnown = CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX;
   if ((r.flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-  CtxEntry* e = ctxs_.find(primary_[static_cast<std::size_t>(r.device)]);
-  const CUresult st = cu_.cuDevicePrimaryCtxSetFlags(devices_[static_cast<std::size_t>(r.device)], r.flags);
+  CtxEntry* e = ctxs_.find(primary_[dev_index(r.device)]);
+  const CUresult st = cu_.cuDevicePrimaryCtxSetFlags(devices_[dev_index(r.device)], r.flags);
   if (st == CUDA_SUCCESS) e->flags = r.flags;
   return st;
 }
@@ -278,7 +281,7 @@ CUresult Worker::on_CtxCreate(Call& c) {
   const auto r = c.req<ReqDeviceFlags>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   CUcontext real = nullptr;
-  const CUresult st = cu_.cuCtxCreate(&real, nullptr, r.flags, devices_[static_cast<std::size_t>(r.device)]);
+  const CUresult st = cu_.cuCtxCreate(&real, nullptr, r.flags, devices_[dev_index(r.device)]);
   if (st != CUDA_SUCCESS) return st;
   current_ = real;  // cuCtxCreate made it current on this thread
   CtxEntry e;

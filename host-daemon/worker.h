@@ -119,6 +119,7 @@ class Worker {
   const char* err_name(CUresult st) const;
   CUresult park(Call& c, proto::Op op, std::uint64_t handle);
   bool valid_device(int device) const noexcept;
+  std::size_t dev_index(int device) const noexcept;
   template <class Table, class Destroy>
   CUresult destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy);
 
