@@ -408,7 +408,7 @@ class UioWaiter final : public ring::Waiter {
   void wait(int timeout_ms) noexcept override {
     if (!sys::wait_readable(fd_.get(), timeout_ms)) return;
     std::uint32_t count;
-    (void)::read(fd_.get(), &count, sizeof count);
+    if (::read(fd_.get(), &count, sizeof count) < 0) count = 0;  // EINTR/EAGAIN: the caller re-checks the ring
   }
 
  private:
