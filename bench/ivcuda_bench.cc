@@ -1,19 +1,24 @@
 // ivcuda-bench: each workload natively and through ivcuda in the same run.
 //
 //   ivcuda-bench --ptx test_kernels.ptx --ivcuda-lib BUILD/lib --socket SOCK
-//                [--quick] [--json FILE] [--native-lib DIR]
+//                [--quick] [--json FILE] [--png FILE] [--native-lib DIR]
 //
 // The parent runs every workload twice in child processes: once against the
 // driver the system provides (or --native-lib), once with ivcuda's
 // libcuda.so.1 first on the library path and IVCUDA_SOCKET set. It prints,
 // per figure, native, ivcuda and their ratio, and writes the same as JSON.
 // The children use the Driver API only and link the toolkit's libcuda stub,
-// so the binary is the same in both runs.
+// so the binary is the same in both runs. --png draws the JSON with
+// bench/plot.py (python3, standard library only).
+//
+// Page-locked sizes up to 1 GiB need an ivcudad arena of more than that
+// (--shm-size 4G); a smaller one drops the sizes that do not fit.
 #include <cuda.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -95,8 +100,10 @@ struct Child {
     }
   }
 
+  // One kernel of a fixed length, launched and waited for: the task time
+  // minus the kernel's own length is the per-task cost of the stack.
   void sleep_tasks() {
-    const int reps = quick ? 5 : 50;
+    const int reps = quick ? 5 : 100;
     for (unsigned long long us : {0ull, 10ull, 100ull, 500ull, 1000ull}) {
       std::vector<double> t;
       for (int i = 0; i < reps; ++i) {
@@ -106,23 +113,39 @@ struct Child {
         t.push_back(us_since(t0));
       }
       emit("sleep." + std::to_string(us) + "us.task", "us", percentile(t, 0.5));
+      emit("sleep." + std::to_string(us) + "us.task_p99", "us", percentile(t, 0.99));
     }
   }
 
+  // Copies of 4 KiB to 1 GiB (powers of four) each way, from pageable and
+  // page-locked memory, and device to device. Repetitions shrink with size
+  // so that each point moves a few hundred MiB: the full sweep stays well
+  // under a minute per mode on the H200.
   void bandwidth() {
-    std::vector<std::size_t> sizes = {4096, 1 << 20, 64 << 20, 256 << 20};
-    if (!quick) sizes.push_back(std::size_t{1} << 30);
-    if (quick) sizes = {4096, 1 << 20, 16 << 20};
+    std::vector<std::size_t> sizes;
+    if (quick) {
+      sizes = {4096, 1 << 20, 16 << 20};
+    } else {
+      for (std::size_t n = 4096; n <= (std::size_t{1} << 30); n *= 4) sizes.push_back(n);
+    }
     const std::size_t max = sizes.back();
     CUdeviceptr d = 0, d2 = 0;
     CK(cuMemAlloc(&d, max));
     CK(cuMemAlloc(&d2, max));
     std::vector<unsigned char> pageable(max, 1);
+    // The largest page-locked block the host grants (ivcuda: the arena).
     void* pinned = nullptr;
-    CK(cuMemAllocHost(&pinned, max));
-    std::memset(pinned, 2, max);
+    std::size_t pinned_max = max;
+    while (cuMemAllocHost(&pinned, pinned_max) != CUDA_SUCCESS) {
+      pinned = nullptr;
+      if ((pinned_max /= 2) < 4096) break;
+    }
+    if (pinned == nullptr) pinned_max = 0;
+    if (pinned_max < max)
+      std::fprintf(stderr, "ivcuda-bench: page-locked copies limited to %zu KiB\n", pinned_max >> 10);
+    if (pinned != nullptr) std::memset(pinned, 2, pinned_max);
     for (std::size_t n : sizes) {
-      const int reps = quick ? 3 : (n >= (256u << 20) ? 5 : 20);
+      const int reps = quick ? 3 : static_cast<int>(std::clamp<std::size_t>((256u << 20) / n, 3, 100));
       const std::string sz = std::to_string(n >> 10) + "KiB";
       auto measure = [&](const std::string& name, auto&& copy) {
         std::vector<double> gbs;
@@ -136,46 +159,78 @@ struct Child {
       };
       measure("htod.pageable", [&] { CK(cuMemcpyHtoD(d, pageable.data(), n)); });
       measure("dtoh.pageable", [&] { CK(cuMemcpyDtoH(pageable.data(), d, n)); });
-      measure("htod.pinned", [&] {
-        CK(cuMemcpyHtoDAsync(d, pinned, n, s));
-        CK(cuStreamSynchronize(s));
-      });
-      measure("dtoh.pinned", [&] {
-        CK(cuMemcpyDtoHAsync(pinned, d, n, s));
-        CK(cuStreamSynchronize(s));
-      });
+      if (n <= pinned_max) {
+        measure("htod.pinned", [&] {
+          CK(cuMemcpyHtoDAsync(d, pinned, n, s));
+          CK(cuStreamSynchronize(s));
+        });
+        measure("dtoh.pinned", [&] {
+          CK(cuMemcpyDtoHAsync(pinned, d, n, s));
+          CK(cuStreamSynchronize(s));
+        });
+      }
       if (n >= (1u << 20)) measure("dtod", [&] {
           CK(cuMemcpyDtoDAsync(d2, d, n, s));
           CK(cuStreamSynchronize(s));
         });
     }
-    CK(cuMemFreeHost(pinned));
+    if (pinned != nullptr) CK(cuMemFreeHost(pinned));
     CK(cuMemFree(d));
     CK(cuMemFree(d2));
   }
 
-  // One of eight processes at once: launches and page-locked copies.
-  void crowd() {
+  // One of eight processes at once: launches, then copies each way. Each
+  // sets up first and then waits at the gate, which the parent opens when all
+  // eight are ready, so the sum of their rates is the aggregate.
+  template <class Gate>
+  void crowd(const Gate& gate) {
     const int n = quick ? 200 : 20000;
-    const auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) launch_spin(0);
-    CK(cuStreamSynchronize(s));
-    emit("crowd.launch.rate", "launches/s", n / (us_since(t0) * 1e-6));
     const std::size_t bytes = quick ? (4u << 20) : (256u << 20);
+    const int reps = 4;
     CUdeviceptr d = 0;
     CK(cuMemAlloc(&d, bytes));
     void* pinned = nullptr;
     CK(cuMemAllocHost(&pinned, bytes));
-    const auto t1 = Clock::now();
-    for (int i = 0; i < 4; ++i) CK(cuMemcpyHtoDAsync(d, pinned, bytes, s));
+    std::memset(pinned, 3, bytes);
+    std::vector<unsigned char> pageable(bytes, 4);
+    gate.pass();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) launch_spin(0);
     CK(cuStreamSynchronize(s));
-    emit("crowd.htod.pinned", "GB/s", 4.0 * static_cast<double>(bytes) / (us_since(t1) * 1e3));
+    emit("crowd.launch.rate", "launches/s", n / (us_since(t0) * 1e-6));
+    auto rate = [&](const char* name, auto&& copy) {
+      const auto t1 = Clock::now();
+      for (int i = 0; i < reps; ++i) copy();
+      CK(cuStreamSynchronize(s));
+      emit(name, "GB/s", reps * static_cast<double>(bytes) / (us_since(t1) * 1e3));
+    };
+    rate("crowd.htod.pinned", [&] { CK(cuMemcpyHtoDAsync(d, pinned, bytes, s)); });
+    rate("crowd.dtoh.pinned", [&] { CK(cuMemcpyDtoHAsync(pinned, d, bytes, s)); });
+    rate("crowd.htod.pageable", [&] { CK(cuMemcpyHtoD(d, pageable.data(), bytes)); });
+    rate("crowd.dtoh.pageable", [&] { CK(cuMemcpyDtoH(pageable.data(), d, bytes)); });
     CK(cuMemFreeHost(pinned));
     CK(cuMemFree(d));
   }
 };
 
-int run_child(const std::string& ptx, const std::string& what, bool quick) {
+// Children of a crowd report "ready" on one pipe and wait for the parent to
+// close another before they start measuring.
+struct StartGate {
+  int ready_fd = -1;
+  int go_fd = -1;
+  void pass() const {
+    if (ready_fd < 0) return;
+    const char c = 'r';
+    if (::write(ready_fd, &c, 1) != 1) std::exit(5);
+    ::close(ready_fd);
+    char b;
+    while (::read(go_fd, &b, 1) > 0) {
+    }
+    ::close(go_fd);
+  }
+};
+
+int run_child(const std::string& ptx, const std::string& what, bool quick, const StartGate& gate) {
   CK(cuInit(0));
   CUdevice dev;
   CK(cuDeviceGet(&dev, 0));
@@ -195,7 +250,7 @@ int run_child(const std::string& ptx, const std::string& what, bool quick) {
   CK(cuModuleLoadData(&m, text.c_str()));
   CK(cuModuleGetFunction(&c.spin, m, "ivc_spin_ns"));
   if (what == "crowd") {
-    c.crowd();
+    c.crowd(gate);
   } else {
     c.null_round_trips();
     c.launch_rates();
@@ -221,6 +276,9 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
                                                                    const std::string& ptx, const char* what,
                                                                    int count, bool quick) {
   std::vector<std::pair<pid_t, int>> kids;
+  int ready[2], go[2];
+  if (::pipe(ready) != 0 || ::pipe(go) != 0) std::exit(4);
+  const std::string gate = std::to_string(ready[1]) + "," + std::to_string(go[0]);
   for (int k = 0; k < count; ++k) {
     int fds[2];
     if (::pipe(fds) != 0) std::exit(4);
@@ -229,9 +287,11 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
       ::dup2(fds[1], 1);
       ::close(fds[0]);
       ::close(fds[1]);
+      ::close(ready[0]);
+      ::close(go[1]);
       if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
       if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
-      std::vector<const char*> argv = {self, "--child", what, "--ptx", ptx.c_str()};
+      std::vector<const char*> argv = {self, "--child", what, "--ptx", ptx.c_str(), "--gate", gate.c_str()};
       if (quick) argv.push_back("--quick");
       argv.push_back(nullptr);
       ::execv(self, const_cast<char* const*>(argv.data()));
@@ -240,6 +300,17 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
     ::close(fds[1]);
     kids.push_back({pid, fds[0]});
   }
+  ::close(ready[1]);
+  ::close(go[0]);
+  if (std::string(what) == "crowd") {
+    // All set up: let them go together. A child that dies early shows as a
+    // short count here and as a failed run below.
+    char b;
+    for (int k = 0; k < count && ::read(ready[0], &b, 1) == 1; ++k) {
+    }
+  }
+  ::close(ready[0]);
+  ::close(go[1]);
   std::map<std::string, std::pair<std::string, double>> out;
   for (auto& [pid, fd] : kids) {
     std::string text;
@@ -273,7 +344,7 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string ptx, lib, sock, json, native_lib, child;
+  std::string ptx, lib, sock, json, png, native_lib, child, gate;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -283,15 +354,25 @@ int main(int argc, char** argv) {
     else if (a == "--socket") sock = next();
     else if (a == "--json") json = next();
     else if (a == "--native-lib") native_lib = next();
+    else if (a == "--png") png = next();
     else if (a == "--child") child = next();
+    else if (a == "--gate") gate = next();
     else if (a == "--quick") quick = true;
     else {
       std::fprintf(stderr, "usage: ivcuda-bench --ptx FILE --ivcuda-lib DIR --socket PATH [--quick] [--json FILE] "
-                           "[--native-lib DIR]\n");
+                           "[--png FILE] [--native-lib DIR]\n");
       return 2;
     }
   }
-  if (!child.empty()) return run_child(ptx, child, quick);
+  if (!child.empty()) {
+    StartGate g;
+    if (std::sscanf(gate.c_str(), "%d,%d", &g.ready_fd, &g.go_fd) != 2) g = StartGate{};
+    return run_child(ptx, child, quick, g);
+  }
+  if (!png.empty() && json.empty()) {
+    std::fprintf(stderr, "ivcuda-bench: --png draws the JSON: give --json too\n");
+    return 2;
+  }
   if (ptx.empty() || lib.empty() || sock.empty()) {
     std::fprintf(stderr, "ivcuda-bench: --ptx, --ivcuda-lib and --socket are required\n");
     return 2;
@@ -315,25 +396,49 @@ int main(int argc, char** argv) {
     const double ratio = v.second != 0 ? it->second.second / v.second : 0;
     std::printf("%-34s %-11s %14.4g %14.4g %9.3f\n", k.c_str(), v.first.c_str(), v.second, it->second.second, ratio);
   }
+  // Derived figures: what a task costs through ivcuda on top of native.
+  std::vector<std::pair<std::string, double>> derived;
   std::printf("\nsleep-kernel overhead per task (ivcuda - native, median):\n");
   for (const char* d : {"0", "10", "100", "500", "1000"}) {
     const std::string k = std::string("sleep.") + d + "us.task";
-    if (nat.count(k) != 0 && ivr.count(k) != 0)
-      std::printf("  %5s us kernel: %+.2f us\n", d, ivr[k].second - nat[k].second);
+    if (nat.count(k) == 0 || ivr.count(k) == 0) continue;
+    const double o = ivr[k].second - nat[k].second;
+    std::printf("  %5s us kernel: %+.2f us\n", d, o);
+    derived.push_back({std::string("sleep.") + d + "us.overhead", o});
   }
   if (!json.empty()) {
-    if (FILE* f = std::fopen(json.c_str(), "w")) {
-      std::fprintf(f, "{\n  \"quick\": %s,\n  \"figures\": [\n", quick ? "true" : "false");
-      bool first = true;
-      for (const auto& [k, v] : nat) {
-        const auto it = ivr.find(k);
-        if (it == ivr.end()) continue;
-        std::fprintf(f, "%s    {\"name\": \"%s\", \"unit\": \"%s\", \"native\": %.6g, \"ivcuda\": %.6g}",
-                     first ? "" : ",\n", k.c_str(), v.first.c_str(), v.second, it->second.second);
-        first = false;
-      }
-      std::fprintf(f, "\n  ]\n}\n");
-      std::fclose(f);
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "ivcuda-bench: cannot write %s: %s\n", json.c_str(), std::strerror(errno));
+      return 1;
+    }
+    std::fprintf(f, "{\n  \"quick\": %s,\n  \"figures\": [\n", quick ? "true" : "false");
+    bool first = true;
+    for (const auto& [k, v] : nat) {
+      const auto it = ivr.find(k);
+      if (it == ivr.end()) continue;
+      std::fprintf(f, "%s    {\"name\": \"%s\", \"unit\": \"%s\", \"native\": %.6g, \"ivcuda\": %.6g}",
+                   first ? "" : ",\n", k.c_str(), v.first.c_str(), v.second, it->second.second);
+      first = false;
+    }
+    std::fprintf(f, "\n  ],\n  \"derived\": [\n");
+    first = true;
+    for (const auto& [k, v] : derived) {
+      std::fprintf(f, "%s    {\"name\": \"%s\", \"unit\": \"us\", \"value\": %.6g}", first ? "" : ",\n",
+                   k.c_str(), v);
+      first = false;
+    }
+    std::fprintf(f, "\n  ]\n}\n");
+    std::fclose(f);
+  }
+  if (!png.empty()) {
+    // IVCUDA_BENCH_PLOT overrides where the script lives (a moved tree).
+    const char* script = std::getenv("IVCUDA_BENCH_PLOT");
+    const std::string cmd = std::string("python3 '") + (script != nullptr ? script : IVCUDA_BENCH_PLOT) + "' '" +
+                            json + "' '" + png + "'";
+    if (std::system(cmd.c_str()) != 0) {
+      std::fprintf(stderr, "ivcuda-bench: plotting failed: %s\n", cmd.c_str());
+      return 1;
     }
   }
   return 0;

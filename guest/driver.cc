@@ -5,17 +5,28 @@
 // CUDA 13 caller links against (cuMemAlloc -> cuMemAlloc_v2). Exceptions
 // never cross this boundary: every body runs inside guard().
 #include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "guest/errors.h"
 #include "guest/export_tables.h"
 #include "guest/guard.h"
+#include "guest/host_register.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
@@ -91,6 +102,205 @@ proto::ReqCopy copy_req(std::uint64_t ctx, CUstream s, CUdeviceptr dst, CUdevice
   return r;
 }
 
+// Pageable copies go through the calling thread's channel staging area, cut
+// into a few slots so that the guest's memcpy of one chunk overlaps the
+// host's DMA of another. Slot reuse is ordered by the channel's staging_done
+// counter (shm_abi.h), which the host bumps after each staged chunk.
+constexpr std::uint32_t kStagingSlots = 4;
+constexpr std::uint64_t kMinChunk = 4096;
+
+struct Staging {
+  std::uint64_t off = 0;    // BAR offset of the area
+  std::uint64_t chunk = 0;  // bytes per slot
+  std::uint32_t slots = 0;
+  std::uint32_t ch = 0;     // channel index (the counter's home)
+  bool pipelined = false;   // the host bumps staging_done (ABI minor >= 1)
+  std::uint64_t slot_off(std::uint64_t k) const { return off + (k % slots) * chunk; }
+};
+
+// nullopt when the daemon gave no room for staging (--staging-size too small).
+std::optional<Staging> staging_of(Runtime* rt) {
+  const auto& l = rt->layout();
+  if (l.staging_bytes < kMinChunk) return std::nullopt;
+  Staging g;
+  g.off = rt->staging_off();
+  g.ch = static_cast<std::uint32_t>((g.off - l.arena_off) / l.staging_bytes);
+  g.slots = kStagingSlots;
+  while (g.slots > 1 && l.staging_bytes / g.slots < kMinChunk) g.slots /= 2;
+  // Whole pages per slot: both memcpys and the DMA like aligned chunks.
+  g.chunk = l.staging_bytes / g.slots / kMinChunk * kMinChunk;
+  g.pipelined = ivcuda::ring::load_relaxed(ivcuda::ring::superblock(rt->bar())->abi_minor) >= 1;
+  return g;
+}
+
+// Big memcpys into and out of the staging slots, split across a few helper
+// threads: one core moves about 10 GB/s between cold pageable memory and the
+// arena, the GPU's DMA several times that. The caller copies a share too, so
+// a job finishes even if no helper wakes in time. One job at a time; a second
+// thread that finds the pool busy copies alone.
+class CopyPool {
+ public:
+  static constexpr std::size_t kMinPart = 256 * 1024;
+
+  // The process's pool, or nullptr when IVCUDA_COPY_THREADS (the number of
+  // threads copying, caller included) or the machine says one is enough.
+  static CopyPool* get() {
+    CopyPool* p = g_pool.load(std::memory_order_acquire);
+    if (p != nullptr || g_disabled.load(std::memory_order_relaxed)) return p;
+    unsigned ways = std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
+    if (const char* e = std::getenv("IVCUDA_COPY_THREADS"); e != nullptr && *e != '\0')
+      ways = static_cast<unsigned>(std::clamp(std::atoi(e), 1, 16));
+    if (ways <= 1) {
+      g_disabled.store(true, std::memory_order_relaxed);
+      return nullptr;
+    }
+    auto* fresh = new CopyPool(ways);
+    CopyPool* expect = nullptr;
+    if (!g_pool.compare_exchange_strong(expect, fresh, std::memory_order_acq_rel)) {
+      delete fresh;  // lost the race; its helpers were never started
+      return expect;
+    }
+    static std::once_flag atfork;
+    // A forked child has none of the helpers: it starts a pool of its own.
+    std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, [] { g_pool.store(nullptr); }); });
+    fresh->start();
+    return fresh;
+  }
+
+  // memcpy(dst, src, n), in parallel when it is worth it.
+  void copy(std::byte* dst, const std::byte* src, std::size_t n) {
+    const auto parts = static_cast<unsigned>(std::min<std::size_t>(ways_, n / kMinPart));
+    std::unique_lock job(job_mu_, std::try_to_lock);
+    if (parts <= 1 || !job.owns_lock()) {
+      std::memcpy(dst, src, n);
+      return;
+    }
+    {
+      std::lock_guard lk(mu_);
+      dst_ = dst;
+      src_ = src;
+      n_ = n;
+      parts_ = parts;
+      next_ = 0;
+      left_ = parts;
+      gen_.fetch_add(1, std::memory_order_relaxed);  // under mu_: the cv predicate sees it
+    }
+    work_cv_.notify_all();
+    work();
+    std::unique_lock lk(mu_);
+    // Pairs with the helpers' unlock after their part: their writes to dst
+    // happen before this returns (and before the chunk is posted).
+    done_cv_.wait(lk, [&] { return left_ == 0; });
+  }
+
+ private:
+  explicit CopyPool(unsigned ways) : ways_(ways) {}
+  void start() {
+    // Detached and never joined: the pool lives as long as the process, so
+    // this library must too (cudart dlopens libcuda; a dlclose would pull
+    // the code from under the helpers).
+    static const char anchor = 0;
+    Dl_info self{};
+    if (::dladdr(&anchor, &self) != 0 && self.dli_fname != nullptr)
+      (void)::dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+    for (unsigned i = 1; i < ways_; ++i) std::thread([this] { helper(); }).detach();
+  }
+  void helper() {
+    std::uint64_t seen = 0;
+    for (;;) {
+      // The chunks of one big copy come tens of microseconds apart: spin
+      // for the next job a while rather than pay a futex wake-up per chunk.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+      for (unsigned i = 0; gen_.load(std::memory_order_relaxed) == seen; ++i) {
+        if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) {
+          std::unique_lock lk(mu_);
+          work_cv_.wait(lk, [&] { return gen_.load(std::memory_order_relaxed) != seen; });
+          break;
+        }
+        ivcuda::ring::cpu_relax();
+      }
+      // The job itself is read under mu_ in work(); gen_ only says "look".
+      seen = gen_.load(std::memory_order_relaxed);
+      work();
+    }
+  }
+  // Takes parts of the current job until none is left.
+  void work() {
+    for (;;) {
+      std::byte* d;
+      const std::byte* s;
+      std::size_t len;
+      {
+        std::lock_guard lk(mu_);
+        if (next_ == parts_) return;
+        // Parts are whole multiples of 64 bytes from the start, so that
+        // neighbouring parts share at most a line when dst is misaligned.
+        const std::size_t per = (n_ / parts_ + 63) / 64 * 64;
+        const std::size_t begin = std::min(n_, std::size_t{next_} * per);
+        len = next_ + 1 == parts_ ? n_ - begin : std::min(per, n_ - begin);
+        d = dst_ + begin;
+        s = src_ + begin;
+        ++next_;
+      }
+      std::memcpy(d, s, len);
+      std::lock_guard lk(mu_);
+      if (--left_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  static inline std::atomic<CopyPool*> g_pool{nullptr};
+  static inline std::atomic<bool> g_disabled{false};
+  const unsigned ways_;
+  std::mutex job_mu_;  // one job at a time
+  std::mutex mu_;      // the job below and the helpers' wake-up
+  std::condition_variable work_cv_, done_cv_;
+  std::atomic<std::uint64_t> gen_{0};  // bumped per job; helpers wait for a new value
+  std::byte* dst_ = nullptr;
+  const std::byte* src_ = nullptr;
+  std::size_t n_ = 0;
+  unsigned parts_ = 0, next_ = 0, left_ = 0;
+};
+
+void staging_copy(void* dst, const void* src, std::size_t n) {
+  if (CopyPool* pool = n >= 2 * CopyPool::kMinPart ? CopyPool::get() : nullptr) {
+    pool->copy(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), n);
+    return;
+  }
+  std::memcpy(dst, src, n);
+}
+
+// Threads sharing a channel (the overflow channel) share its staging area:
+// one staged copy at a time per channel.
+std::mutex& staging_mutex(std::uint32_t ch) {
+  static std::mutex mu[ivcuda::abi::kMaxChannels];
+  return mu[ch % ivcuda::abi::kMaxChannels];
+}
+
+// Waits until the host finished `count` staged chunks since `base`. Spins
+// first (a chunk's DMA takes tens of microseconds), then naps; a wait that
+// takes longer (the chunk's stream is busy with a long kernel, or the host
+// is gone) becomes a Flush round trip: the host handles a channel's requests
+// in order, so when Flush returns every chunk posted before it is done.
+CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, std::uint64_t base, std::uint64_t count) {
+  auto done = [&] { return ivcuda::ring::staging_done(rt->bar(), rt->layout(), g.ch) - base >= count; };
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned i = 0;; ++i) {
+    if (done()) return CUDA_SUCCESS;
+    if ((i & 255) != 0) {
+      ivcuda::ring::cpu_relax();
+      continue;
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    if (waited > std::chrono::milliseconds(2)) break;
+    if (waited > std::chrono::microseconds(200)) ::usleep(20);
+  }
+  const CUresult st = rt->call<Op::kFlush>(proto::ReqCtx{ctx});
+  if (st != CUDA_SUCCESS) return st;
+  if (done()) return CUDA_SUCCESS;
+  ivcuda::guest::log_once("staging-counter", "the daemon did not account for a staged copy; failing it");
+  return CUDA_ERROR_UNKNOWN;
+}
+
 // Host-to-device from guest memory: page-locked memory DMAs straight from the
 // arena; small pageable copies ride inline; large ones go through the
 // channel's staging area chunk by chunk.
@@ -109,30 +319,44 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
     // record holds its own copy.
     return async ? rt->post<Op::kMemcpyHtoDInline>(r, data) : rt->call<Op::kMemcpyHtoDInline>(r, data);
   }
-  const std::uint64_t base = rt->staging_off();
-  const std::uint64_t half = rt->staging_size() / 2;
-  // Staged copies complete before the staging half is reused; an Async one
-  // still runs in its stream, ordered after the work already queued there.
+  const auto g = staging_of(rt);
+  if (!g) {
+    ivcuda::guest::log_once("no-staging", "the daemon reserved no staging memory; pageable copies fail");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // Each chunk finishes on the host before its slot is reused, so an Async
+  // copy still runs in its stream, ordered after the work queued there.
   r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
   const auto* p = static_cast<const std::byte*>(src);
-  // Chunk by chunk through the two staging halves. Each chunk waits for its
-  // reply; pipelining the guest's memcpy of chunk k+1 against the host's DMA
-  // of chunk k is the next step (see docs/design.md).
-  CUresult first_err = CUDA_SUCCESS;
-  for (size_t done = 0, k = 0; done < n; ++k) {
-    const size_t len = std::min<size_t>(half, n - done);
-    const std::uint64_t off = base + (k % 2) * half;
-    std::memcpy(rt->bar() + off, p + done, len);
+  std::lock_guard lk(staging_mutex(g->ch));
+  const std::uint64_t base = ivcuda::ring::staging_done(rt->bar(), rt->layout(), g->ch);
+  // Chunk k goes to slot k % slots once chunk k - slots has left it; all but
+  // the last chunk are posted, the last is a call whose reply comes after
+  // every earlier chunk's (and reports their errors). So when this returns
+  // the source may be reused and the data is on the device.
+  for (std::uint64_t done = 0, k = 0;; ++k) {
+    const std::uint64_t len = std::min<std::uint64_t>(g->chunk, n - done);
+    const bool last = done + len == n;
+    if (g->pipelined && k >= g->slots)
+      if (CUresult st = wait_staged(rt, ctx, *g, base, k - g->slots + 1); st != CUDA_SUCCESS) return st;
     r.dst = dst + done;
     r.bytes = len;
-    r.arena_off = off;
-    const CUresult st = rt->call<Op::kMemcpyHtoDArena>(r);
-    if (st != CUDA_SUCCESS && first_err == CUDA_SUCCESS) first_err = st;
+    r.arena_off = g->slot_off(k);
+    staging_copy(rt->bar() + r.arena_off, p + done, len);
+    if (last || !g->pipelined) {
+      const CUresult st = rt->call<Op::kMemcpyHtoDArena>(r);
+      if (st != CUDA_SUCCESS || last) return st;
+    } else if (CUresult st = rt->post<Op::kMemcpyHtoDArena>(r); st != CUDA_SUCCESS) {
+      return st;
+    }
     done += len;
   }
-  return first_err;
 }
 
+// Device-to-host into guest memory. A pageable destination is filled through
+// the staging slots: the host DMAs chunk k + 1 while the guest copies chunk k
+// out. The copy is synchronous, as CUDA's is, and an Async one is still
+// ordered in its stream.
 CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -141,23 +365,53 @@ CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
     r.arena_off = *off;
     return async ? rt->post<Op::kMemcpyDtoHArena>(r) : rt->call<Op::kMemcpyDtoHArena>(r);
   }
-  // Pageable destination: the copy is synchronous, as CUDA's is, but an
-  // Async one is ordered in its stream.
-  r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
-  const std::uint64_t base = rt->staging_off();
-  const std::uint64_t chunk = rt->staging_size();
-  auto* p = static_cast<std::byte*>(dst);
-  for (size_t done = 0; done < n;) {
-    const size_t len = std::min<size_t>(chunk, n - done);
-    r.src = src + done;
-    r.bytes = len;
-    r.arena_off = base;
-    const CUresult st = rt->call<Op::kMemcpyDtoHArena>(r);
-    if (st != CUDA_SUCCESS) return st;
-    std::memcpy(p + done, rt->bar() + base, len);
-    done += len;
+  const auto g = staging_of(rt);
+  if (!g) {
+    ivcuda::guest::log_once("no-staging", "the daemon reserved no staging memory; pageable copies fail");
+    return CUDA_ERROR_NOT_SUPPORTED;
   }
-  return CUDA_SUCCESS;
+  r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
+  auto* p = static_cast<std::byte*>(dst);
+  const std::uint64_t chunks = (n + g->chunk - 1) / g->chunk;
+  auto request = [&](std::uint64_t k) {
+    r.src = src + k * g->chunk;
+    r.bytes = std::min<std::uint64_t>(g->chunk, n - k * g->chunk);
+    r.arena_off = g->slot_off(k);
+  };
+  std::lock_guard lk(staging_mutex(g->ch));
+  if (chunks == 1 || !g->pipelined) {
+    // One round trip per chunk: the reply says the data is in the slot.
+    for (std::uint64_t k = 0; k < chunks; ++k) {
+      request(k);
+      if (CUresult st = rt->call<Op::kMemcpyDtoHArena>(r); st != CUDA_SUCCESS) return st;
+      staging_copy(p + k * g->chunk, rt->bar() + r.arena_off, r.bytes);
+    }
+    return CUDA_SUCCESS;
+  }
+  const std::uint64_t base = ivcuda::ring::staging_done(rt->bar(), rt->layout(), g->ch);
+  // Requests run `slots` chunks ahead of the guest's memcpy; a slot is asked
+  // for again only after its previous chunk was copied out.
+  std::uint64_t posted = 0;
+  auto post_upto = [&](std::uint64_t end) {
+    for (; posted < std::min(end, chunks); ++posted) {
+      request(posted);
+      if (CUresult st = rt->post<Op::kMemcpyDtoHArena>(r); st != CUDA_SUCCESS) return st;
+    }
+    return CUDA_SUCCESS;
+  };
+  CUresult st = post_upto(g->slots);
+  for (std::uint64_t k = 0; k < chunks && st == CUDA_SUCCESS; ++k) {
+    st = wait_staged(rt, ctx, *g, base, k + 1);
+    if (st != CUDA_SUCCESS) break;
+    const std::uint64_t at = k * g->chunk;
+    staging_copy(p + at, rt->bar() + g->slot_off(k), std::min<std::uint64_t>(g->chunk, n - at));
+    st = post_upto(k + 1 + g->slots);
+  }
+  // Every posted chunk must be finished before the slots are handed to the
+  // next copy, even when this one failed; Flush also reports the chunks'
+  // errors (posted work reports at the next synchronising call).
+  const CUresult fl = st == CUDA_SUCCESS || !rt->dead() ? rt->call<Op::kFlush>(proto::ReqCtx{ctx}) : st;
+  return st != CUDA_SUCCESS ? st : fl;
 }
 
 CUresult copy_dtod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
@@ -352,6 +606,17 @@ size_t image_size(const void* image) {
 }
 
 }  // namespace
+
+std::span<const std::byte> ivcuda::guest::module_image(const void* image) noexcept {
+  if (image == nullptr) return {};
+  size_t n = image_size(image);
+  if (n == 0) {  // a fatbin wrapper: see cuModuleLoadData
+    std::memcpy(&image, static_cast<const char*>(image) + 8, sizeof image);
+    if (image == nullptr) return {};
+    n = image_size(image);
+  }
+  return {static_cast<const std::byte*>(image), n};
+}
 
 // ====================================================================== init
 
@@ -963,14 +1228,20 @@ CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D* p, CUstream s) {
 CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
   return guard([&] {
     NEED_RT();
-    if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (pp == nullptr) return CUDA_ERROR_INVALID_VALUE;
     constexpr unsigned kKnown = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
     if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    // Arena memory is what every flag asks for already: the daemon registered
+    // it PORTABLE and DEVICEMAP, so any context and kernel can reach it.
+    // WRITECOMBINED only tunes CPU caching, which the BAR mapping decides;
+    // it is kept for cuMemHostGetFlags. The real driver hands out empty
+    // allocations, so an empty one gets a page of its own.
+    const size_t want = std::max<size_t>(bytes, 1);
     proto::RepHostAlloc rep{};
-    const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{bytes, flags, 0}, {}, &rep);
+    const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{want, flags, 0}, {}, &rep);
     if (st != CUDA_SUCCESS) return st;
     void* p = rt->bar() + rep.arena_off;
-    rt->add_pinned(p, ivcuda::guest::PinnedBlock{rep.arena_off, bytes, flags});
+    rt->add_pinned(p, ivcuda::guest::PinnedBlock{rep.arena_off, want, flags});
     *pp = p;
     return CUDA_SUCCESS;
   });
@@ -989,10 +1260,33 @@ CUresult cuMemFreeHost(void* p) {
   });
 }
 
+// Registered memory is moved onto the arena (guest/host_register.cc), so
+// the GPU and the guest CPU share its pages.
+CUresult cuMemHostRegister(void* p, size_t bytes, unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    return ivcuda::guest::hostreg::register_range(rt, ctx, p, bytes, flags);
+  });
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    (void)ctx;
+    return ivcuda::guest::hostreg::unregister_range(rt, p);
+  });
+}
+
 CUresult cuMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned int flags) {
   return guard([&] {
     NEED_RT();
-    if (d == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (d == nullptr || p == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (auto reg = ivcuda::guest::hostreg::find(rt, p)) {
+      *d = reg->dptr;
+      return CUDA_SUCCESS;
+    }
     auto off = rt->pinned_offset(p, 1);
     if (!off) return CUDA_ERROR_INVALID_VALUE;
     *d = rt->hello().arena_device_base + *off;
@@ -1003,11 +1297,163 @@ CUresult cuMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned int flags) 
 CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
   return guard([&] {
     NEED_RT();
-    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    auto b = rt->pinned_block(p);
-    if (!b) return CUDA_ERROR_INVALID_VALUE;
-    // Arena memory is always device-mapped and portable.
-    *flags = b->flags | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE;
+    if (flags == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // As driver 580 answers on the H200: the flags asked for plus DEVICEMAP
+    // (unified addressing maps all page-locked memory); registered memory
+    // answers too, with its registration flags.
+    if (auto b = rt->pinned_block(p)) {
+      *flags = b->flags | CU_MEMHOSTALLOC_DEVICEMAP;
+      return CUDA_SUCCESS;
+    }
+    if (auto reg = ivcuda::guest::hostreg::find(rt, p)) {
+      *flags = reg->flags | CU_MEMHOSTALLOC_DEVICEMAP;
+      return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+namespace {
+
+// What the guest knows of a pointer, for cuPointerGetAttribute(s).
+struct PtrInfo {
+  unsigned type = 0;  // CUmemorytype; 0: not a CUDA pointer
+  std::uint64_t ctx = 0;
+  std::uint64_t dptr = 0;
+  void* host = nullptr;
+  std::uint64_t start = 0, size = 0;  // the allocation or registration
+  bool read_only = false;
+};
+
+PtrInfo describe(Runtime* rt, std::uint64_t p) {
+  PtrInfo i;
+  void* hp = reinterpret_cast<void*>(p);
+  if (auto reg = ivcuda::guest::hostreg::find(rt, hp)) {
+    i.type = CU_MEMORYTYPE_HOST;
+    i.ctx = reg->ctx;
+    i.dptr = reg->dptr;
+    i.host = hp;
+    i.start = reg->base;
+    i.size = reg->size;
+    i.read_only = (reg->flags & CU_MEMHOSTREGISTER_READ_ONLY) != 0;
+    return i;
+  }
+  if (auto b = rt->pinned_block(hp)) {
+    i.type = CU_MEMORYTYPE_HOST;
+    i.ctx = current_ctx();
+    i.dptr = rt->hello().arena_device_base + *rt->pinned_offset(hp, 1);
+    i.host = hp;
+    i.start = h(rt->bar() + b->arena_off);
+    i.size = b->size;
+    return i;
+  }
+  std::lock_guard lk(rt->books_mu);
+  auto it = rt->dev_allocs.upper_bound(p);
+  if (it == rt->dev_allocs.begin()) return i;
+  --it;
+  if (p - it->first >= it->second) return i;
+  i.type = CU_MEMORYTYPE_DEVICE;
+  i.ctx = current_ctx();
+  i.dptr = p;
+  i.start = it->first;
+  i.size = it->second;
+  return i;
+}
+
+template <class T>
+void put(void* data, T v) {
+  std::memcpy(data, &v, sizeof v);
+}
+
+// One attribute of a described pointer. `strict`: cuPointerGetAttribute,
+// which fails where cuPointerGetAttributes answers a null value.
+CUresult pointer_attribute(Runtime* rt, const PtrInfo& i, CUpointer_attribute a, void* data, bool strict) {
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (i.type == 0 && strict) return CUDA_ERROR_INVALID_VALUE;
+  const bool known = i.type != 0;
+  switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      put(data, reinterpret_cast<CUcontext>(i.ctx));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      put(data, i.type);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      put(data, static_cast<CUdeviceptr>(i.dptr));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (i.host == nullptr && strict) return CUDA_ERROR_INVALID_VALUE;  // device memory has no host alias
+      put(data, i.host);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      put(data, static_cast<unsigned>(known ? 1 : 0));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+      put(data, 0u);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      put(data, reinterpret_cast<void*>(i.start));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+      put(data, static_cast<size_t>(i.size));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+      put(data, static_cast<unsigned long long>(i.start));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: {
+      int dev = -1;
+      if (known) {
+        std::lock_guard lk(rt->books_mu);
+        auto it = rt->ctx_device.find(i.ctx);
+        dev = it == rt->ctx_device.end() ? 0 : it->second;
+      }
+      put(data, dev);
+      return CUDA_SUCCESS;
+    }
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      put(data, static_cast<CUdeviceptr>(i.start));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      put(data, static_cast<size_t>(i.size));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+      put(data, static_cast<unsigned>(!known ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE
+                                      : i.read_only ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
+                                                    : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      put(data, static_cast<CUmemoryPool>(nullptr));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      put(data, 0ull);
+      return CUDA_SUCCESS;
+    default:
+      ivcuda::guest::log_once("ptrattr", "cuPointerGetAttribute: attribute %d is not supported", static_cast<int>(a));
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+}  // namespace
+
+CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a, CUdeviceptr p) {
+  return guard([&] {
+    NEED_RT();
+    return pointer_attribute(rt, describe(rt, p), a, data, true);
+  });
+}
+
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr p) {
+  return guard([&] {
+    NEED_RT();
+    if (n != 0 && (attrs == nullptr || data == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    const PtrInfo info = describe(rt, p);
+    for (unsigned k = 0; k < n; ++k)
+      if (const CUresult st = pointer_attribute(rt, info, attrs[k], data[k], false); st != CUDA_SUCCESS) return st;
     return CUDA_SUCCESS;
   });
 }
@@ -1029,10 +1475,47 @@ CUresult cuModuleLoadData(CUmodule* mod, const void* image) {
   });
 }
 
-CUresult cuModuleLoadDataEx(CUmodule* mod, const void* image, unsigned int n, CUjit_option*, void**) {
-  // JIT options tune compilation and report logs; the host compiles with
-  // defaults, which is what every option's absence means.
-  if (n != 0) ivcuda::guest::log_once("jitopts", "cuModuleLoadDataEx: JIT options are ignored");
+CUresult cuModuleLoadDataEx(CUmodule* mod, const void* image, unsigned int n, CUjit_option* opts, void** vals) {
+  // The host compiles with the driver's defaults. Options that only tune
+  // code generation are accepted as hints; the outputs a program may read
+  // (logs, wall time) are answered as "empty" so it never reads garbage.
+  if (n != 0 && (opts == nullptr || vals == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned int i = 0; i < n; ++i) {
+    switch (opts[i]) {
+      case CU_JIT_WALL_TIME: {
+        const float zero = 0.0f;
+        std::memcpy(&vals[i], &zero, sizeof zero);
+        break;
+      }
+      case CU_JIT_INFO_LOG_BUFFER:
+      case CU_JIT_ERROR_LOG_BUFFER:
+        break;  // filled below, once the sizes are known
+      case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
+      case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: {
+        const CUjit_option buf = opts[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ? CU_JIT_INFO_LOG_BUFFER
+                                                                               : CU_JIT_ERROR_LOG_BUFFER;
+        const auto size = reinterpret_cast<std::uintptr_t>(vals[i]);
+        for (unsigned int j = 0; j < n; ++j)
+          if (opts[j] == buf && vals[j] != nullptr && size > 0) static_cast<char*>(vals[j])[0] = '\0';
+        vals[i] = nullptr;  // bytes written
+        break;
+      }
+      case CU_JIT_MAX_REGISTERS:
+      case CU_JIT_THREADS_PER_BLOCK:
+      case CU_JIT_OPTIMIZATION_LEVEL:
+      case CU_JIT_TARGET_FROM_CUCONTEXT:
+      case CU_JIT_TARGET:
+      case CU_JIT_FALLBACK_STRATEGY:
+      case CU_JIT_GENERATE_DEBUG_INFO:
+      case CU_JIT_LOG_VERBOSE:
+      case CU_JIT_GENERATE_LINE_INFO:
+      case CU_JIT_CACHE_MODE:
+        break;
+      default:
+        ivcuda::guest::log_once("jitopts", "cuModuleLoadDataEx: JIT option %d is not forwarded; the host "
+                                "compiles with the driver's defaults", static_cast<int>(opts[i]));
+    }
+  }
   return cuModuleLoadData(mod, image);
 }
 
@@ -1118,6 +1601,7 @@ CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t* offset, size_t* 
   return guard([&] {
     NEED_RT();
     if (offset == nullptr || size == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    f = ivcuda::guest::kernel_function(f);
     std::lock_guard lk(rt->books_mu);
     auto it = rt->funcs.find(h(f));
     if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
@@ -1132,6 +1616,7 @@ CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
   return guard([&] {
     NEED_RT();
     if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    f = ivcuda::guest::kernel_function(f);
     proto::ReqFuncAttr r{current_ctx(), h(f), static_cast<std::int32_t>(a), 0};
     proto::RepValue rep{};
     const CUresult st = rt->call<Op::kFuncGetAttribute>(r, {}, &rep);
@@ -1143,6 +1628,7 @@ CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
 CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int value) {
   return guard([&] {
     NEED_RT();
+    f = ivcuda::guest::kernel_function(f);
     proto::ReqFuncAttr r{current_ctx(), h(f), static_cast<std::int32_t>(a), value};
     return rt->call<Op::kFuncSetAttribute>(r);
   });
@@ -1157,6 +1643,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
     NEED_RT();
     NEED_CTX();
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    f = ivcuda::guest::kernel_function(f);
     // Small argument blocks (nearly all) are packed on the stack.
     std::byte small[1024];
     std::vector<std::byte> large;
@@ -1224,6 +1711,7 @@ CUresult cuStreamCreateWithPriority(CUstream* ps, unsigned int flags, int priori
     {
       std::lock_guard lk(rt->books_mu);
       rt->streams[rep.handle] = ctx;
+      rt->stream_flags[rep.handle] = flags;
     }
     *ps = reinterpret_cast<CUstream>(rep.handle);
     return CUDA_SUCCESS;
@@ -1232,12 +1720,67 @@ CUresult cuStreamCreateWithPriority(CUstream* ps, unsigned int flags, int priori
 
 CUresult cuStreamCreate(CUstream* ps, unsigned int flags) { return cuStreamCreateWithPriority(ps, flags, 0); }
 
+// Flags and context are the guest's own books: no round trip.
+CUresult cuStreamGetFlags(CUstream s, unsigned int* flags) {
+  return guard([&] {
+    NEED_RT();
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (h(s) == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+      if (current_ctx() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+      *flags = CU_STREAM_DEFAULT;
+      return CUDA_SUCCESS;
+    }
+    std::lock_guard lk(rt->books_mu);
+    const auto it = rt->stream_flags.find(h(s));
+    if (it == rt->stream_flags.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *flags = it->second;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuStreamGetCtx(CUstream s, CUcontext* pctx) {
+  return guard([&] {
+    NEED_RT();
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (h(s) == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+      NEED_CTX();
+      *pctx = reinterpret_cast<CUcontext>(ctx);
+      return CUDA_SUCCESS;
+    }
+    std::lock_guard lk(rt->books_mu);
+    const auto it = rt->streams.find(h(s));
+    if (it == rt->streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = reinterpret_cast<CUcontext>(it->second);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
+  if (pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pgreen = nullptr;  // green contexts are not forwarded: every stream is a plain context's
+  return cuStreamGetCtx(s, pctx);
+}
+
+// cuda.h declares the per-thread variants only when a program asks for them.
+extern "C" {
+CUresult cuStreamGetFlags_ptsz(CUstream s, unsigned int* flags) {
+  return cuStreamGetFlags(s == nullptr ? CU_STREAM_PER_THREAD : s, flags);
+}
+CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext* pctx) {
+  return cuStreamGetCtx(s == nullptr ? CU_STREAM_PER_THREAD : s, pctx);
+}
+CUresult cuStreamGetCtx_v2_ptsz(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
+  return cuStreamGetCtx_v2(s == nullptr ? CU_STREAM_PER_THREAD : s, pctx, pgreen);
+}
+}  // extern "C"
+
 CUresult cuStreamDestroy(CUstream s) {
   return guard([&] {
     NEED_RT();
     {
       std::lock_guard lk(rt->books_mu);
       if (rt->streams.erase(h(s)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+      rt->stream_flags.erase(h(s));
     }
     return rt->call<Op::kStreamDestroy>(proto::ReqHandle{current_ctx(), h(s)});
   });

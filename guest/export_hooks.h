@@ -49,4 +49,9 @@ CUresult device_uuid(CUdevice dev, CUuuid* out) noexcept;
 // PCI_DEVICE_ID only).
 CUresult device_attribute(CUdevice dev, CUdevice_attribute attr, int* out) noexcept;
 
+// As cuModuleEnumerateFunctions, calling cb(user, f) for each kernel of `mod`
+// with the handle cuModuleGetFunction would give for it. cb runs in the
+// calling thread, after the host answered.
+CUresult module_functions(CUmodule mod, void (*cb)(void* user, CUfunction f), void* user) noexcept;
+
 }  // namespace ivcuda::guest::hooks

@@ -90,6 +90,13 @@ CUresult cudart_primary_context(CUcontext* out, CUdevice dev) noexcept {
 // With no tool attached cudart only needs somewhere to keep its hook state:
 // zeroed buffers longer than it checks for ([2] > 522 bytes, [6] > 13).
 
+// [1], [3] and [4] are what cudart (stream capture, graphs, host functions)
+// and cuBLAS/cuBLASLt (context init) call to tell attached tools about
+// events; they take a kind word and one or two pointers. With no tool to tell,
+// succeeding without writing anything is the whole job (a NULL slot crashes
+// the caller).
+CUresult tools_notify(std::uint64_t, void*, void*) noexcept { return CUDA_SUCCESS; }
+
 alignas(64) unsigned char g_tools_buffer2[1024];
 alignas(64) unsigned char g_tools_buffer6[64];
 
@@ -236,15 +243,17 @@ CUresult stream_id(CUcontext ctx, void* internal, std::uint64_t* id) noexcept {
 }
 
 // ---- 6e163fbe...: cuFFT's kernel enumeration ----------------------------------
-// [7] must call cb for each kernel of the module and then return 1 (not 0);
-// that needs cuModuleGetFunctionCount / cuModuleEnumerateFunctions forwarded
-// to the host, which is not done yet. Until then cufftPlan* fails cleanly here
-// instead of crashing on a missing table (cuFFT also checks size > 0x37).
+// [7] calls cb for each kernel of the module (the host's driver enumerates
+// them; the callback runs here with the guest's function handles) and then
+// returns 1, not 0: that is what cuFFT checks for. cuFFT also checks the
+// table's size word (> 0x37).
 
 using KernelCallback = void (*)(void* user, CUfunction fn);
 
-CUresult module_enumerate_kernels(CUcontext, CUmodule, KernelCallback, void*) noexcept {
-  return CUDA_ERROR_NOT_SUPPORTED;
+CUresult module_enumerate_kernels(CUcontext, CUmodule mod, KernelCallback cb, void* user) noexcept {
+  if (cb == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = hooks::module_functions(mod, cb, user);
+  return st == CUDA_SUCCESS ? static_cast<CUresult>(1) : st;
 }
 
 // ---- 1734dc26...: cuBLASLt fp16/bf16 matmul ----------------------------------
@@ -295,7 +304,10 @@ struct Tables {
     cudart_interface[2] = slot(cudart_primary_context);
 
     set_size(tools_callback_hooks);
+    tools_callback_hooks[1] = slot(tools_notify);
     tools_callback_hooks[2] = slot(tools_buffer2);
+    tools_callback_hooks[3] = slot(tools_notify);
+    tools_callback_hooks[4] = slot(tools_notify);
     tools_callback_hooks[6] = slot(tools_buffer6);
 
     set_size(tools_tls);

@@ -1,6 +1,7 @@
 // The real library's side of export_hooks.h: the private export tables ask
 // the same questions the public API answers.
 #include "guest/export_hooks.h"
+#include "guest/graphs.h"
 #include "guest/guard.h"
 #include "guest/runtime.h"
 
@@ -40,6 +41,9 @@ CUresult device_count(int* out) noexcept { return cuDeviceGetCount(out); }
 CUresult device_uuid(CUdevice dev, CUuuid* out) noexcept { return cuDeviceGetUuid(out, dev); }
 CUresult device_attribute(CUdevice dev, CUdevice_attribute attr, int* out) noexcept {
   return cuDeviceGetAttribute(out, attr, dev);
+}
+CUresult module_functions(CUmodule mod, void (*cb)(void*, CUfunction), void* user) noexcept {
+  return for_each_module_function(mod, cb, user);
 }
 
 }  // namespace ivcuda::guest::hooks

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,19 @@ CtxStack& ctx_stack() noexcept {
 }
 
 // ------------------------------------------------------------------ channel
+
+// A reply flagged kReplyConsole ends with device printf output and its u32
+// length: write it where the program's own printf goes (stdio's stdout, so
+// that the order matches a native run) and return the payload without it.
+static std::span<const std::byte> write_console(std::span<const std::byte> payload) noexcept {
+  std::uint32_t n = 0;
+  if (payload.size() < sizeof n) return payload;
+  std::memcpy(&n, payload.data() + payload.size() - sizeof n, sizeof n);
+  if (n > payload.size() - sizeof n) return payload.first(payload.size() - sizeof n);
+  const std::size_t body = payload.size() - sizeof n - n;
+  std::fwrite(payload.data() + body, 1, n, stdout);
+  return payload.first(body);
+}
 
 // One claimed channel: the thread's private end of a request ring and a
 // completion ring. Shared only as an overflow channel, under its mutex.
@@ -132,16 +146,34 @@ class Channel {
     }
     first_ = false;
     if (!wait) return CUDA_SUCCESS;
-    return await(h.seq, rep, rep_size, extra);
+    return await(h.seq, rep, rep_size, extra, waits_for_gpu(op));
   }
 
  private:
   bool host_gone() { return rt_.host_gone(); }
 
-  CUresult await(std::uint32_t seq, void* rep, std::size_t rep_size, std::vector<std::byte>* extra) {
+  // Calls that wait for the GPU: like the native driver's default scheduling
+  // (spin, yielding, while there are cores), a waiting thread keeps polling
+  // for the reply rather than sleeping on the doorbell, so the end of a long
+  // kernel is seen at once; past IVCUDA_SYNC_SPIN_US (20 ms) it sleeps.
+  static bool waits_for_gpu(proto::Op op) {
+    return op == proto::Op::kCtxSynchronize || op == proto::Op::kStreamSynchronize ||
+           op == proto::Op::kEventSynchronize;
+  }
+  static std::chrono::microseconds sync_spin() {
+    static const std::chrono::microseconds us = [] {
+      const char* e = std::getenv("IVCUDA_SYNC_SPIN_US");
+      return std::chrono::microseconds(e != nullptr && *e != '\0' ? std::strtoul(e, nullptr, 10) : 20000);
+    }();
+    return us;
+  }
+
+  CUresult await(std::uint32_t seq, void* rep, std::size_t rep_size, std::vector<std::byte>* extra,
+                 bool long_wait) {
     ring::Record rec;
     ring::SpinPolicy pol;
-    pol.spin = std::chrono::microseconds(100);
+    pol.spin = long_wait ? std::max(sync_spin(), std::chrono::microseconds(100)) : std::chrono::microseconds(100);
+    pol.yield = long_wait;
     pol.block_timeout_ms = 50;
     for (;;) {
       bool got = false;
@@ -160,6 +192,7 @@ class Channel {
             continue;
           }
           result = static_cast<CUresult>(rec.hdr.status);
+          if ((rec.hdr.flags & proto::kReplyConsole) != 0) rec.payload = write_console(rec.payload);
           if (rep != nullptr) {
             std::memset(rep, 0, rep_size);
             std::memcpy(rep, rec.payload.data(), std::min(rep_size, rec.payload.size()));
@@ -655,6 +688,41 @@ void Runtime::release_device_range(std::uint64_t d, std::uint64_t size) {
 }
 
 // ------------------------------------------------------------------ arena
+
+int Runtime::map_arena_at(void* va, std::uint64_t arena_off, std::size_t len) noexcept {
+  const std::size_t bar_size = vm_mode_ ? uio_.shm.size() : bar_.size();
+  if (len == 0 || len % kPage != 0 || arena_off % kPage != 0 || reinterpret_cast<std::uintptr_t>(va) % kPage != 0 ||
+      len > bar_size || arena_off > bar_size - len)
+    return EINVAL;
+  if (!vm_mode_) {
+    // Process mode: the BAR is the daemon's memfd, mappable at any offset.
+    void* got = ::mmap(va, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, shm_fd_.get(),
+                       static_cast<off_t>(arena_off));
+    return got == MAP_FAILED ? errno : 0;
+  }
+  // VM mode: a UIO mmap offset selects a map (BAR2 is map 1), not a byte
+  // offset, so map BAR2 from its start through the piece wanted, drop the
+  // head and move the piece onto `va`. mremap may move a PFN mapping as long
+  // as it does not grow it.
+  if (uio_.vectors.empty()) return ENODEV;
+  char node[32];
+  std::snprintf(node, sizeof node, "/dev/uio%u", uio_.vectors[0].minor);
+  const int fd = ::open(node, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const std::size_t whole = static_cast<std::size_t>(arena_off) + len;  // <= bar_size, checked above
+  void* tmp = ::mmap(nullptr, whole, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(kPage));
+  const int map_err = errno;
+  ::close(fd);  // the mapping keeps the device open
+  if (tmp == MAP_FAILED) return map_err;
+  auto* piece = static_cast<std::byte*>(tmp) + arena_off;
+  if (arena_off != 0) ::munmap(tmp, static_cast<std::size_t>(arena_off));
+  if (::mremap(piece, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, va) == MAP_FAILED) {
+    const int err = errno;
+    ::munmap(piece, len);
+    return err;
+  }
+  return 0;
+}
 
 std::uint64_t Runtime::staging_off() {
   Channel* ch = channel();

@@ -80,6 +80,12 @@ class Runtime {
   std::optional<PinnedBlock> take_pinned(void* p);
   std::optional<PinnedBlock> pinned_block(const void* p);
 
+  // Maps the BAR's [arena_off, arena_off + len) at the page-aligned `va`,
+  // replacing whatever is mapped there in one step (MAP_FIXED semantics).
+  // Allocation-free and lock-free on purpose: guest/host_register.cc calls it
+  // while the registering thread is parked. Returns 0 or an errno value.
+  int map_arena_at(void* va, std::uint64_t arena_off, std::size_t len) noexcept;
+
   // The calling thread's staging area (BAR offset and size).
   std::uint64_t staging_off();
   std::uint64_t staging_size() const noexcept { return layout_.staging_bytes; }
@@ -90,6 +96,7 @@ class Runtime {
   std::unordered_map<std::uint64_t, FuncInfo> funcs;       // function -> layout
   std::unordered_map<std::uint64_t, int> ctx_device;       // context -> guest ordinal
   std::unordered_map<std::uint64_t, std::uint64_t> streams;  // stream -> context
+  std::unordered_map<std::uint64_t, unsigned> stream_flags;  // stream -> creation flags
   std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
   std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
   std::map<int, int> primary_refs;                         // device -> our retain count
@@ -188,6 +195,17 @@ class CtxStack {
 };
 CtxStack& ctx_stack() noexcept;
 inline std::uint64_t current_ctx() noexcept { return ctx_stack().top(); }
+
+// The bytes cuModuleLoadData reads from `image` (PTX, ELF cubin, fatbin, or
+// the fatbin behind a wrapper as nvcc embeds it); empty for a null image.
+// The caller vouches for the image: its headers are trusted, as the real
+// driver trusts them.
+std::span<const std::byte> module_image(const void* image) noexcept;
+
+// The function a CUkernel passed as a CUfunction stands for in the current
+// context (cudart passes kernels so); any other handle is returned as it is
+// (library.cc).
+CUfunction kernel_function(CUfunction f) noexcept;
 
 // Log a line once per key to stderr with the "ivcuda:" prefix.
 void log_once(const char* key, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));

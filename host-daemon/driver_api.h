@@ -1,6 +1,8 @@
 // The real driver, loaded with dlopen so that ivcudad builds and starts on
 // machines without one. Each entry is the symbol cuda.h's macros select for
-// a CUDA 13 caller (cuMemAlloc -> cuMemAlloc_v2, cuCtxCreate -> cuCtxCreate_v4).
+// a CUDA 13 caller (cuMemAlloc -> cuMemAlloc_v2, cuCtxCreate -> cuCtxCreate_v4,
+// cuStreamBeginCapture -> _v2, cuStreamGetCaptureInfo -> _v3, cuGraphInstantiate ->
+// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2).
 #pragma once
 
 #include <cuda.h>
@@ -29,7 +31,18 @@ namespace ivcuda::host {
   X(cuStreamQuery) X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamGetPriority)         \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)                     \
   X(cuEventElapsedTime) X(cuEventDestroy) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)        \
-  X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetLimit) X(cuCtxSetLimit)
+  X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetLimit) X(cuCtxSetLimit)                \
+  X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemAllocAsync) \
+  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuMemPoolSetAttribute)                       \
+  X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo) X(cuLaunchCooperativeKernel)                    \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                        \
+  X(cuStreamGetCaptureInfo) X(cuGraphCreate) X(cuGraphGetNodes) X(cuGraphInstantiate)         \
+  X(cuGraphLaunch) X(cuGraphUpload) X(cuGraphExecDestroy) X(cuGraphDestroy)                   \
+  X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)                  \
+  X(cuOccupancyMaxPotentialBlockSizeWithFlags) X(cuOccupancyMaxActiveClusters)                \
+  X(cuTensorMapEncodeTiled) X(cuLaunchKernelEx) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)            \
+  X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) X(cuMemcpyPeer) X(cuMemcpyPeerAsync)       \
+  X(cuStreamWriteValue32) X(cuStreamWaitValue32)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -105,6 +105,16 @@ void Worker::drop_ctx_objects(std::uint64_t ctx) {
     if (e.ctx == ctx) dead.push_back(h);
   });
   for (auto h : dead) events_.erase(h);
+  dead.clear();
+  graphs_.for_each([&](std::uint64_t h, GraphEntry& g) {
+    if (g.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) graphs_.erase(h);
+  dead.clear();
+  execs_.for_each([&](std::uint64_t h, ExecEntry& e) {
+    if (e.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) execs_.erase(h);
   for (auto it = ranges_.begin(); it != ranges_.end();)
     it = it->second.ctx == ctx ? ranges_.erase(it) : std::next(it);
 }
@@ -128,6 +138,12 @@ CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
   });
   events_.for_each([&](std::uint64_t, EventEntry& e) {
     if (e.ctx == h) cu_.cuEventDestroy(e.real);
+  });
+  execs_.for_each([&](std::uint64_t, ExecEntry& e) {
+    if (e.ctx == h) cu_.cuGraphExecDestroy(e.real);
+  });
+  graphs_.for_each([&](std::uint64_t, GraphEntry& g) {
+    if (g.ctx == h) cu_.cuGraphDestroy(g.real);
   });
   drop_ctx_objects(h);
   return CUDA_SUCCESS;
@@ -409,6 +425,7 @@ CUresult Worker::on_MemcpyHtoDInline(Call& c) {
   if ((r.flags & kAsync) != 0) {
     CUstream s;
     if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    if (CUresult st = refuse_in_capture(s); st != CUDA_SUCCESS) return st;
     // Pageable source: the driver has staged it when the call returns, so
     // our private copy may be reused right after.
     return cu_.cuMemcpyHtoDAsync(r.dst, data.data(), r.bytes, s);
@@ -416,32 +433,52 @@ CUresult Worker::on_MemcpyHtoDInline(Call& c) {
   return cu_.cuMemcpyHtoD(r.dst, data.data(), r.bytes);
 }
 
+// Copies between the arena and the device. A chunk in the channel's own
+// staging area is a piece of a pipelined pageable copy: the guest posts
+// chunks ahead and reuses (HtoD) or reads (DtoH) one only after the
+// channel's staging_done counter says so. The copies below return only when
+// the chunk's data has moved (the arena is registered memory, for which the
+// synchronous copies are synchronous; kWaitStream waits for the stream), so
+// the counter is bumped right after, whatever the outcome: a guest waits on
+// it and must never wait forever.
 CUresult Worker::on_MemcpyHtoDArena(Call& c) {
   const auto r = c.req<ReqCopy>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
-  if (r.bytes == 0) return CUDA_SUCCESS;
-  if ((r.flags & kAsync) != 0) {
-    CUstream s;
-    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-    const CUresult st = cu_.cuMemcpyHtoDAsync(r.dst, arena_ptr(r.arena_off), r.bytes, s);
-    return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
-  }
-  return cu_.cuMemcpyHtoD(r.dst, arena_ptr(r.arena_off), r.bytes);
+  const CUresult st = [&] {
+    if (CUresult e = use_ctx(r.ctx); e != CUDA_SUCCESS) return e;
+    if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (r.bytes == 0) return CUDA_SUCCESS;
+    if ((r.flags & kAsync) != 0) {
+      CUstream s;
+      if (CUresult e = resolve_stream(r.ctx, r.stream, &s); e != CUDA_SUCCESS) return e;
+      if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes))
+        if (CUresult e = refuse_in_capture(s); e != CUDA_SUCCESS) return e;
+      const CUresult e = cu_.cuMemcpyHtoDAsync(r.dst, arena_ptr(r.arena_off), r.bytes, s);
+      return e == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : e;
+    }
+    return cu_.cuMemcpyHtoD(r.dst, arena_ptr(r.arena_off), r.bytes);
+  }();
+  if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes)) ring::bump_staging_done(bar_.data(), l_, c.ch.index);
+  return st;
 }
 
 CUresult Worker::on_MemcpyDtoHArena(Call& c) {
   const auto r = c.req<ReqCopy>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.src, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
-  if (r.bytes == 0) return CUDA_SUCCESS;
-  if ((r.flags & kAsync) != 0) {
-    CUstream s;
-    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-    const CUresult st = cu_.cuMemcpyDtoHAsync(arena_ptr(r.arena_off), r.src, r.bytes, s);
-    return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
-  }
-  return cu_.cuMemcpyDtoH(arena_ptr(r.arena_off), r.src, r.bytes);
+  const CUresult st = [&] {
+    if (CUresult e = use_ctx(r.ctx); e != CUDA_SUCCESS) return e;
+    if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.src, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (r.bytes == 0) return CUDA_SUCCESS;
+    if ((r.flags & kAsync) != 0) {
+      CUstream s;
+      if (CUresult e = resolve_stream(r.ctx, r.stream, &s); e != CUDA_SUCCESS) return e;
+      if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes))
+        if (CUresult e = refuse_in_capture(s); e != CUDA_SUCCESS) return e;
+      const CUresult e = cu_.cuMemcpyDtoHAsync(arena_ptr(r.arena_off), r.src, r.bytes, s);
+      return e == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : e;
+    }
+    return cu_.cuMemcpyDtoH(arena_ptr(r.arena_off), r.src, r.bytes);
+  }();
+  if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes)) ring::bump_staging_done(bar_.data(), l_, c.ch.index);
+  return st;
 }
 
 CUresult Worker::on_MemcpyDtoD(Call& c) {
@@ -503,6 +540,8 @@ CUresult Worker::on_Memcpy2D(Call& c) {
   if ((r.flags & kAsync) != 0) {
     CUstream s;
     if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    if ((r.flags & kWaitStream) != 0)
+      if (CUresult st = refuse_in_capture(s); st != CUDA_SUCCESS) return st;
     const CUresult st = cu_.cuMemcpy2DAsync(&p, s);
     return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
   }
@@ -644,9 +683,58 @@ CUresult Worker::on_FuncSetAttribute(Call& c) {
   return cu_.cuFuncSetAttribute(f->real, static_cast<CUfunction_attribute>(r.attrib), r.value);
 }
 
-CUresult Worker::on_Launch(Call& c) {
-  const auto r = c.req<ReqLaunch>();
-  const auto params = c.tail<ReqLaunch>();
+CUresult Worker::on_Launch(Call& c) { return launch(c, false); }
+
+CUresult Worker::on_LaunchCooperative(Call& c) { return launch(c, true); }
+
+CUresult Worker::launch(Call& c, bool cooperative) {
+  return launch_with(c.req<ReqLaunch>(), c.tail<ReqLaunch>(), {}, cooperative);
+}
+
+CUresult Worker::on_LaunchEx(Call& c) {
+  const auto r = c.req<ReqLaunchEx>();
+  const auto tail = c.tail<ReqLaunchEx>();
+  if (r.attr_count > kMaxLaunchAttrs || tail.size() < r.attr_count * sizeof(LaunchAttr))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUlaunchAttribute attrs[kMaxLaunchAttrs] = {};
+  for (std::uint32_t i = 0; i < r.attr_count; ++i) {
+    LaunchAttr a;
+    std::memcpy(&a, tail.data() + i * sizeof(LaunchAttr), sizeof a);
+    CUlaunchAttribute& out = attrs[i];
+    out.id = static_cast<CUlaunchAttributeID>(a.id);
+    // Only attributes whose values are plain numbers: anything naming an
+    // object (events, access-policy windows) would need translating.
+    switch (a.id) {
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        out.value.clusterDim.x = a.value[0];
+        out.value.clusterDim.y = a.value[1];
+        out.value.clusterDim.z = a.value[2];
+        break;
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        out.value.clusterSchedulingPolicyPreference = static_cast<CUclusterSchedulingPolicy>(a.value[0]);
+        break;
+      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: out.value.cooperative = static_cast<int>(a.value[0]); break;
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY: out.value.priority = static_cast<int>(a.value[0]); break;
+      case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+        out.value.programmaticStreamSerializationAllowed = static_cast<int>(a.value[0]);
+        break;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+        out.value.memSyncDomain = static_cast<CUlaunchMemSyncDomain>(a.value[0]);
+        break;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+        out.value.memSyncDomainMap.default_ = static_cast<unsigned char>(a.value[0]);
+        out.value.memSyncDomainMap.remote = static_cast<unsigned char>(a.value[1]);
+        break;
+      case CU_LAUNCH_ATTRIBUTE_IGNORE: break;
+      default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  return launch_with(r.launch, tail.subspan(r.attr_count * sizeof(LaunchAttr)),
+                     std::span<const CUlaunchAttribute>(attrs, r.attr_count), false);
+}
+
+CUresult Worker::launch_with(const ReqLaunch& r, std::span<const std::byte> params,
+                             std::span<const CUlaunchAttribute> attrs, bool cooperative) {
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   FuncEntry* f = funcs_.find(r.function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -657,8 +745,26 @@ CUresult Worker::on_Launch(Call& c) {
   void* argv[kMaxParams];
   for (std::size_t i = 0; i < f->params.size(); ++i)
     argv[i] = const_cast<std::byte*>(params.data()) + f->params[i].offset;
+  void** args = f->params.empty() ? nullptr : argv;
+  if (!attrs.empty()) {
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = r.grid[0];
+    cfg.gridDimY = r.grid[1];
+    cfg.gridDimZ = r.grid[2];
+    cfg.blockDimX = r.block[0];
+    cfg.blockDimY = r.block[1];
+    cfg.blockDimZ = r.block[2];
+    cfg.sharedMemBytes = r.shared_bytes;
+    cfg.hStream = s;
+    cfg.attrs = const_cast<CUlaunchAttribute*>(attrs.data());
+    cfg.numAttrs = static_cast<unsigned>(attrs.size());
+    return cu_.cuLaunchKernelEx(&cfg, f->real, args, nullptr);
+  }
+  if (cooperative)
+    return cu_.cuLaunchCooperativeKernel(f->real, r.grid[0], r.grid[1], r.grid[2], r.block[0], r.block[1],
+                                         r.block[2], r.shared_bytes, s, args);
   return cu_.cuLaunchKernel(f->real, r.grid[0], r.grid[1], r.grid[2], r.block[0], r.block[1], r.block[2],
-                            r.shared_bytes, s, f->params.empty() ? nullptr : argv, nullptr);
+                            r.shared_bytes, s, args, nullptr);
 }
 
 CUresult Worker::on_Occupancy(Call& c) {
@@ -676,6 +782,14 @@ CUresult Worker::on_Occupancy(Call& c) {
     size_t bytes = 0;
     st = cu_.cuOccupancyAvailableDynamicSMemPerBlock(&bytes, f->real, r.num_blocks, r.block_size);
     rep.value = static_cast<std::int64_t>(bytes);
+  } else if (r.kind == kOccMaxPotentialBlockSize) {
+    // The guest runs a per-block-size shared-memory callback itself; without
+    // one the driver's own search answers.
+    int grid = 0, block = 0;
+    st = cu_.cuOccupancyMaxPotentialBlockSizeWithFlags(&grid, &block, f->real, nullptr, r.dynamic_smem,
+                                                       r.block_size, r.flags);
+    rep.value = static_cast<std::int64_t>((static_cast<std::uint64_t>(static_cast<std::uint32_t>(grid)) << 32) |
+                                          static_cast<std::uint32_t>(block));
   } else {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -728,7 +842,15 @@ CUresult Worker::on_StreamSynchronize(Call& c) {
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
   if (streams_.find(r.handle) == nullptr) return cu_.cuStreamSynchronize(s);  // special streams
+  // A capturing stream cannot be waited for: the driver's own answer (and
+  // its invalidation of the capture) is the one CUDA gives.
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (cu_.cuStreamIsCapturing(s, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
+    return cu_.cuStreamSynchronize(s);
   const CUresult st = cu_.cuStreamQuery(s);
+  // Done: the synchronise itself returns at once, and unlike a query it
+  // makes the driver write out pending device printf output.
+  if (st == CUDA_SUCCESS) return cu_.cuStreamSynchronize(s);
   if (st != CUDA_ERROR_NOT_READY) return st;
   // Not done: park the call so that this guest's other channels keep moving.
   return park(c, Op::kStreamSynchronize, r.handle);
@@ -791,6 +913,7 @@ CUresult Worker::on_EventSynchronize(Call& c) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
   const CUresult st = cu_.cuEventQuery(e->real);
+  if (st == CUDA_SUCCESS) return cu_.cuEventSynchronize(e->real);  // flushes device printf, as above
   if (st != CUDA_ERROR_NOT_READY) return st;
   return park(c, Op::kEventSynchronize, r.handle);
 }
@@ -809,6 +932,411 @@ CUresult Worker::on_EventElapsedTime(Call& c) {
 
 CUresult Worker::on_EventDestroy(Call& c) {
   return destroy_in_ctx(events_, c.req<ReqHandle>().handle, [&](EventEntry& e) { return cu_.cuEventDestroy(e.real); });
+}
+
+// ------------------------------------------------------------------ capture helpers
+
+// A copy through memory the worker only lends for the duration of the call
+// (an inline record, a staging chunk) cannot become a graph node: the graph
+// would replay from memory that has been reused. Such a copy into a
+// capturing stream fails as CUDA fails an unsupported capture operation,
+// and the capture is invalidated the way the driver does it for other
+// illegal calls (synchronising a capturing stream does exactly that).
+CUresult Worker::refuse_in_capture(CUstream s) {
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (cu_.cuStreamIsCapturing(s, &cs) != CUDA_SUCCESS || cs == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
+  if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) (void)cu_.cuStreamSynchronize(s);
+  if (errors_logged_++ < 100)
+    IVLOG_INFO("guest %u: a pageable-memory copy cannot be captured into a graph", cfg_.guest_id);
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+// ------------------------------------------------------------------ memory pools
+
+std::uint64_t Worker::pool_handle(CUmemoryPool real, int device) {
+  std::uint64_t found = 0;
+  pools_.for_each([&](std::uint64_t h, PoolEntry& p) {
+    if (p.real == real) found = h;
+  });
+  return found != 0 ? found : pools_.insert(PoolEntry{real, device});
+}
+
+CUresult Worker::on_MemPool(Call& c) {
+  const auto r = c.req<ReqMemPool>();
+  if (r.ctx != 0)
+    if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  RepValue rep{};
+  CUresult st = CUDA_SUCCESS;
+  switch (r.kind) {
+    case kPoolGetDefault:
+    case kPoolGetCurrent: {
+      if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+      const CUdevice d = devices_[dev_index(r.device)];
+      CUmemoryPool p = nullptr;
+      st = r.kind == kPoolGetDefault ? cu_.cuDeviceGetDefaultMemPool(&p, d) : cu_.cuDeviceGetMemPool(&p, d);
+      if (st != CUDA_SUCCESS) return st;
+      rep.value = static_cast<std::int64_t>(pool_handle(p, r.device));
+      break;
+    }
+    case kPoolSetCurrent: {
+      if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+      PoolEntry* p = pools_.find(r.pool);
+      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      st = cu_.cuDeviceSetMemPool(devices_[dev_index(r.device)], p->real);
+      break;
+    }
+    case kPoolSetAttr:
+    case kPoolGetAttr: {
+      PoolEntry* p = pools_.find(r.pool);
+      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      const auto attr = static_cast<CUmemPool_attribute>(r.attr);
+      // The value's type depends on the attribute: the first three are ints.
+      const bool is_int = attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
+                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+      const bool is_u64 = attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && attr <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+      if (!is_int && !is_u64) return CUDA_ERROR_INVALID_VALUE;
+      int iv = static_cast<int>(r.value);
+      cuuint64_t uv = r.value;
+      void* v = is_int ? static_cast<void*>(&iv) : static_cast<void*>(&uv);
+      if (r.kind == kPoolSetAttr) {
+        st = cu_.cuMemPoolSetAttribute(p->real, attr, v);
+      } else {
+        st = cu_.cuMemPoolGetAttribute(p->real, attr, v);
+        rep.value = is_int ? iv : static_cast<std::int64_t>(uv);
+      }
+      break;
+    }
+    case kPoolTrim: {
+      PoolEntry* p = pools_.find(r.pool);
+      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      st = cu_.cuMemPoolTrimTo(p->real, r.value);
+      break;
+    }
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  c.set_reply(rep);
+  return st;
+}
+
+CUresult Worker::on_MemAllocAsync(Call& c) {
+  const auto r = c.req<ReqMemAllocAsync>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  CUdeviceptr d = 0;
+  CUresult st;
+  if (r.pool != 0) {
+    PoolEntry* p = pools_.find(r.pool);
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    st = cu_.cuMemAllocFromPoolAsync(&d, r.bytes, p->real, s);
+  } else {
+    st = cu_.cuMemAllocAsync(&d, r.bytes, s);
+  }
+  if (st != CUDA_SUCCESS) return st;
+  // The guest's memory like any allocation: device-pointer checks accept it,
+  // cuMemFree may free it and it is freed when the guest goes away.
+  ranges_[d] = DevRange{r.bytes, r.ctx, RangeKind::kAlloc};
+  c.set_reply(RepMemAlloc{d, 0});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemFreeAsync(Call& c) {
+  const auto r = c.req<ReqFreeAsync>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  auto it = ranges_.find(r.dptr);
+  if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = cu_.cuMemFreeAsync(r.dptr, s);
+  // Work queued before the free may still use the memory; nothing the guest
+  // sends from now on may.
+  if (st == CUDA_SUCCESS) ranges_.erase(it);
+  return st;
+}
+
+// ------------------------------------------------------------------ capture and graphs
+
+CUresult Worker::on_StreamBeginCapture(Call& c) {
+  const auto r = c.req<ReqCapture>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  return cu_.cuStreamBeginCapture(s, static_cast<CUstreamCaptureMode>(r.mode));
+}
+
+CUresult Worker::on_StreamEndCapture(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
+  CUgraph g = nullptr;
+  const CUresult st = cu_.cuStreamEndCapture(s, &g);
+  RepHandle rep{};
+  if (g != nullptr) rep.handle = graphs_.insert(GraphEntry{g, r.ctx});
+  c.set_reply(rep);
+  return st;
+}
+
+CUresult Worker::on_StreamCaptureInfo(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  size_t n = 0;
+  const CUresult st = cu_.cuStreamGetCaptureInfo(s, &cs, &id, nullptr, nullptr, nullptr, &n);
+  c.set_reply(RepCaptureInfo{static_cast<std::uint32_t>(cs), 0, id, n});
+  return st;
+}
+
+CUresult Worker::on_GraphCreate(Call& c) {
+  const auto r = c.req<ReqGraphCreate>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.flags > 0xffffffffu) return CUDA_ERROR_INVALID_VALUE;
+  CUgraph g = nullptr;
+  const CUresult st = cu_.cuGraphCreate(&g, static_cast<unsigned>(r.flags));
+  if (st != CUDA_SUCCESS) return st;
+  c.set_reply(RepHandle{graphs_.insert(GraphEntry{g, r.ctx})});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_GraphNodeCount(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  GraphEntry* g = graphs_.find(r.handle);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = use_ctx(g->ctx); st != CUDA_SUCCESS) return st;
+  size_t n = 0;
+  const CUresult st = cu_.cuGraphGetNodes(g->real, nullptr, &n);
+  c.set_reply(RepValue{static_cast<std::int64_t>(n)});
+  return st;
+}
+
+CUresult Worker::on_GraphInstantiate(Call& c) {
+  const auto r = c.req<ReqGraphCreate>();
+  GraphEntry* g = graphs_.find(r.graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = use_ctx(r.ctx != 0 ? r.ctx : g->ctx); st != CUDA_SUCCESS) return st;
+  CUgraphExec e = nullptr;
+  const CUresult st = cu_.cuGraphInstantiate(&e, g->real, r.flags);
+  if (st != CUDA_SUCCESS) return st;
+  c.set_reply(RepHandle{execs_.insert(ExecEntry{e, g->ctx})});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_GraphLaunch(Call& c) {
+  const auto r = c.req<ReqGraphLaunch>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  ExecEntry* e = execs_.find(r.exec);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  return cu_.cuGraphLaunch(e->real, s);
+}
+
+CUresult Worker::on_GraphUpload(Call& c) {
+  const auto r = c.req<ReqGraphLaunch>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  ExecEntry* e = execs_.find(r.exec);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  return cu_.cuGraphUpload(e->real, s);
+}
+
+CUresult Worker::on_GraphExecDestroy(Call& c) {
+  const auto h = c.req<ReqHandle>().handle;
+  if (execs_.find(h) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return destroy_in_ctx(execs_, h, [&](ExecEntry& e) { return cu_.cuGraphExecDestroy(e.real); });
+}
+
+CUresult Worker::on_GraphDestroy(Call& c) {
+  const auto h = c.req<ReqHandle>().handle;
+  if (graphs_.find(h) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return destroy_in_ctx(graphs_, h, [&](GraphEntry& g) { return cu_.cuGraphDestroy(g.real); });
+}
+
+// ------------------------------------------------------------------ module enumeration
+
+CUresult Worker::on_ModuleEnumerate(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  ModuleEntry* m = modules_.find(r.handle);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+  unsigned n = 0;
+  CUresult st = cu_.cuModuleGetFunctionCount(&n, m->real);
+  if (st != CUDA_SUCCESS) return st;
+  std::vector<CUfunction> fs(n);
+  if (n != 0 && (st = cu_.cuModuleEnumerateFunctions(fs.data(), n, m->real)) != CUDA_SUCCESS) return st;
+  // Names, not handles: the guest looks each one up by name, which also
+  // teaches it the function's parameter layout.
+  c.set_reply(RepValue{n});
+  const std::size_t room = c.ch.cpl.max_payload();
+  for (CUfunction f : fs) {
+    const char* name = nullptr;
+    if ((st = cu_.cuFuncGetName(&name, f)) != CUDA_SUCCESS) return st;
+    const std::size_t len = name != nullptr ? std::strlen(name) : 0;
+    if (len == 0 || len > kNameMax) return CUDA_ERROR_NOT_SUPPORTED;
+    if (c.out.size() + sizeof(std::uint32_t) + len > room) {
+      IVLOG_WARN("guest %u: module has too many kernel names for one reply", cfg_.guest_id);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    const auto len32 = static_cast<std::uint32_t>(len);
+    c.append(&len32, sizeof len32);
+    c.append(name, len);
+  }
+  return CUDA_SUCCESS;
+}
+
+// ------------------------------------------------------------------ occupancy and tensor maps
+
+CUresult Worker::on_OccupancyCluster(Call& c) {
+  const auto r = c.req<ReqOccCluster>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  FuncEntry* f = funcs_.find(r.function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  CUlaunchAttribute attrs[2]{};
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = r.grid[0];
+  cfg.gridDimY = r.grid[1];
+  cfg.gridDimZ = r.grid[2];
+  cfg.blockDimX = r.block[0];
+  cfg.blockDimY = r.block[1];
+  cfg.blockDimZ = r.block[2];
+  cfg.sharedMemBytes = r.shared_bytes;
+  cfg.hStream = s;
+  cfg.attrs = attrs;
+  if (r.cluster[0] != 0 || r.cluster[1] != 0 || r.cluster[2] != 0) {
+    attrs[cfg.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[cfg.numAttrs].value.clusterDim.x = r.cluster[0];
+    attrs[cfg.numAttrs].value.clusterDim.y = r.cluster[1];
+    attrs[cfg.numAttrs].value.clusterDim.z = r.cluster[2];
+    ++cfg.numAttrs;
+  }
+  if (r.policy != 0) {
+    attrs[cfg.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[cfg.numAttrs].value.clusterSchedulingPolicyPreference = static_cast<CUclusterSchedulingPolicy>(r.policy);
+    ++cfg.numAttrs;
+  }
+  int n = 0;
+  const CUresult st = cu_.cuOccupancyMaxActiveClusters(&n, f->real, &cfg);
+  c.set_reply(RepValue{n});
+  return st;
+}
+
+CUresult Worker::on_TensorMapEncodeTiled(Call& c) {
+  const auto r = c.req<ReqTensorMap>();
+  if (r.ctx != 0)
+    if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  // The descriptor is plain data the guest gets back: the driver validates
+  // the layout; only the array bounds are ours to check.
+  if (r.rank == 0 || r.rank > kTensorMaxRank) return CUDA_ERROR_INVALID_VALUE;
+  CUtensorMap map{};
+  const CUresult st = cu_.cuTensorMapEncodeTiled(
+      &map, static_cast<CUtensorMapDataType>(r.data_type), r.rank, reinterpret_cast<void*>(r.global_address),
+      r.global_dim, r.global_strides, r.box_dim, r.element_strides, static_cast<CUtensorMapInterleave>(r.interleave),
+      static_cast<CUtensorMapSwizzle>(r.swizzle), static_cast<CUtensorMapL2promotion>(r.l2_promotion),
+      static_cast<CUtensorMapFloatOOBfill>(r.oob_fill));
+  if (st != CUDA_SUCCESS) return st;
+  RepTensorMap rep{};
+  static_assert(sizeof map == sizeof rep);
+  std::memcpy(&rep, &map, sizeof rep);
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+// -------------------------------------------------------------------- peers
+// Guest ordinals map to the GPUs this guest was granted; a peer is only ever
+// another of those.
+
+CUresult Worker::on_PeerQuery(Call& c) {
+  const auto r = c.req<ReqPeerQuery>();
+  if (!valid_device(r.device) || !valid_device(r.peer)) return CUDA_ERROR_INVALID_DEVICE;
+  const CUdevice a = devices_[dev_index(r.device)];
+  const CUdevice b = devices_[dev_index(r.peer)];
+  int v = 0;
+  const CUresult st =
+      r.attrib == 0 ? cu_.cuDeviceCanAccessPeer(&v, a, b)
+                    : cu_.cuDeviceGetP2PAttribute(&v, static_cast<CUdevice_P2PAttribute>(r.attrib - 1), a, b);
+  if (st != CUDA_SUCCESS) return st;
+  c.set_reply(RepValue{v});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_PeerAccess(Call& c) {
+  const auto r = c.req<ReqPeerAccess>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  const CtxEntry* peer = ctxs_.find(r.peer_ctx);
+  if (peer == nullptr || peer->real == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  return r.enable != 0 ? cu_.cuCtxEnablePeerAccess(peer->real, r.flags) : cu_.cuCtxDisablePeerAccess(peer->real);
+}
+
+CUresult Worker::on_MemcpyPeer(Call& c) {
+  const auto r = c.req<ReqCopyPeer>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  // A null context is the driver's to judge (with unified addressing it
+  // accepts one); any other must be this guest's.
+  CUcontext real[2] = {nullptr, nullptr};
+  const std::uint64_t named[2] = {r.dst_ctx, r.src_ctx};
+  for (int i = 0; i < 2; ++i) {
+    if (named[i] == 0) continue;
+    const CtxEntry* e = ctxs_.find(named[i]);
+    if (e == nullptr || e->real == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    real[i] = e->real;
+  }
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  if (!owns_device(r.src, r.bytes) || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    return cu_.cuMemcpyPeerAsync(r.dst, real[0], r.src, real[1], r.bytes, s);
+  }
+  return cu_.cuMemcpyPeer(r.dst, real[0], r.src, real[1], r.bytes);
+}
+
+
+// ------------------------------------------------------------ host functions
+
+// cuLaunchHostFunc / cuStreamAddCallback (docs/design.md, "Host functions").
+// The guest's function runs in the guest; the stream only has to tell it when
+// the earlier work is done and hold later work until it returns. Two stream
+// memory operations on arena words do both on the GPU: no host thread waits.
+CUresult Worker::on_HostFunc(Call& c) {
+  const auto r = c.req<ReqHostFunc>();
+  constexpr std::uint64_t kWord = sizeof(std::uint32_t);
+  // Both words must be aligned and inside this guest's own arena alias: the
+  // GPU would otherwise store to, or spin on, memory the guest does not own.
+  const auto in_arena = [&](std::uint64_t d) {
+    return arena_dev_ != 0 && d % kWord == 0 && ring::span_within(d, kWord, arena_dev_, l_.arena_size);
+  };
+  if (!in_arena(r.reached) || !in_arena(r.done) || r.seq == 0 || r.seq >= kHostFuncFailed)
+    return CUDA_ERROR_INVALID_VALUE;
+  // From here on the guest's dispatcher watches `reached`: tell it when the
+  // pair never gets enqueued, else it would keep the call pending for ever.
+  // (arena_range() holds: in_arena() checked the same span.)
+  const auto fail = [&](CUresult st) {
+    auto* w = reinterpret_cast<std::uint32_t*>(arena_ptr(l_.arena_off + (r.reached - arena_dev_)));
+    ring::store_release(*w, r.seq | kHostFuncFailed);  // pairs with load_acquire in guest/hostfunc.cc
+    return st;
+  };
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return fail(st);
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return fail(st);
+  // A captured pair would be replayed with a stale seq: the guest's function
+  // would run once and later replays would not wait for it.
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (CUresult st = cu_.cuStreamIsCapturing(s, &cs); st != CUDA_SUCCESS) return fail(st);
+  if (cs != CU_STREAM_CAPTURE_STATUS_NONE) return fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  if (CUresult st = cu_.cuStreamWriteValue32(s, r.reached, r.seq, 0); st != CUDA_SUCCESS) return fail(st);
+  // The write is queued: the guest will run the function once the stream gets
+  // there, so a failing wait only loses the ordering of later work.
+  return cu_.cuStreamWaitValue32(s, r.done, r.seq, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
 }  // namespace ivcuda::host

@@ -5,6 +5,7 @@
 // process; this parent never touches the GPU.
 #include <signal.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -47,6 +48,7 @@ struct Options {
   std::vector<std::string> plain_files;
   unsigned poll_us = 500;
   std::string join;
+  std::vector<std::string> guest_sockets;  // SOCKET=GPUS
 };
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
@@ -102,7 +104,8 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
 
 // Creates and formats an ivshmem-plain memory file and forks its worker.
 pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
-                         std::uint64_t generation, const std::string& path, std::int64_t id, int listen_fd) {
+                         std::uint64_t generation, const std::string& path, std::int64_t id,
+                         const std::vector<int>& listen_fds) {
   ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
     IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
@@ -128,7 +131,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
                             static_cast<int>(pid));
     return pid;
   }
-  ::close(listen_fd);
+  for (const int lfd : listen_fds) ::close(lfd);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   ivcuda::host::WorkerConfig cfg;
   cfg.guest_id = static_cast<std::uint32_t>(id);
@@ -275,6 +278,10 @@ int main(int argc, char** argv) {
   app.add_option("--join", o.join,
                  "join an existing ivshmem-server at this socket as its host peer, instead of listening; "
                  "it serves one guest at a time (all peers of such a server share one memory)");
+  app.add_option("--guest-socket", o.guest_sockets,
+                 "SOCKET=GPUS: one more socket, whose guests get only these host GPUs (e.g. "
+                 "/run/ivcuda/vm2.sock=1); repeatable. One socket per VM gives each VM its own GPUs")
+      ->take_all();
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
@@ -313,10 +320,35 @@ int main(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
     return run_join(o, gpus, new_generation());
   }
-  auto server = ivcuda::ivshmem::IvshmemServer::listen(o.socket, o.vectors);
-  if (!server) {
-    IVLOG_ERROR("cannot listen on %s: %s", o.socket.c_str(), server.error().what.c_str());
-    return 1;
+  // Listeners: --socket with --gpus, then each --guest-socket with its own.
+  struct Listener {
+    std::string path;
+    std::vector<int> gpus;
+    ivcuda::ivshmem::IvshmemServer server;
+  };
+  std::vector<Listener> listeners;
+  auto add_listener = [&](const std::string& path, std::vector<int> grant) {
+    auto server = ivcuda::ivshmem::IvshmemServer::listen(path, o.vectors);
+    if (!server) {
+      IVLOG_ERROR("cannot listen on %s: %s", path.c_str(), server.error().what.c_str());
+      return false;
+    }
+    listeners.push_back(Listener{path, std::move(grant), std::move(*server)});
+    return true;
+  };
+  if (!add_listener(o.socket, gpus)) return 1;
+  for (const auto& spec : o.guest_sockets) {
+    const auto eq = spec.rfind('=');
+    std::string gerr;
+    const std::vector<int> grant = eq == std::string::npos ? std::vector<int>{} : parse_gpus(spec.substr(eq + 1), &gerr);
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size() || !gerr.empty()) {
+      IVLOG_ERROR("--guest-socket %s: expected SOCKET=GPUS, e.g. /run/ivcuda/vm2.sock=1%s%s", spec.c_str(),
+                  gerr.empty() ? "" : ": ", gerr.c_str());
+      return 2;
+    }
+    if (!add_listener(spec.substr(0, eq), grant)) return 1;
+    IVLOG_INFO("listening on %s for guests granted GPU(s) %s", spec.substr(0, eq).c_str(),
+               spec.substr(eq + 1).c_str());
   }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -331,10 +363,12 @@ int main(int argc, char** argv) {
   std::map<pid_t, std::int64_t> workers;  // pid -> guest id
   // ivshmem-plain guests: a memory file each, formatted here, served by a
   // worker that polls. Their ids start above every peer id.
+  std::vector<int> listen_fds;
+  for (const auto& l : listeners) listen_fds.push_back(l.server.listen_fd());
   for (std::size_t i = 0; i < o.plain_files.size(); ++i) {
     const std::int64_t id = 0x10000 + static_cast<std::int64_t>(i);
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
-                                         server->listen_fd());
+                                         listen_fds);
     if (pid < 0) return 1;
     workers[pid] = id;
   }
@@ -352,51 +386,58 @@ int main(int argc, char** argv) {
         IVLOG_INFO("worker for guest %lld ended (status %d)", id, WEXITSTATUS(status));
       if (it != workers.end()) workers.erase(it);
     }
-    auto pending = server->accept(200);
-    if (!pending) {
-      if (pending.error().code != ETIMEDOUT && pending.error().code != EINTR)
-        IVLOG_WARN("accept: %s", pending.error().what.c_str());
-      continue;
-    }
-    if (workers.size() >= o.max_guests) {
-      IVLOG_WARN("refusing a guest: %u guests already served", o.max_guests);
-      continue;  // closing the connection tells the peer
-    }
-    // Each guest gets memory of its own: nobody else can map it.
-    auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
-    if (!shm) {
-      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), shm.error().what.c_str());
-      continue;
-    }
-    {
-      auto map = ivcuda::sys::Mapping::map_shared(shm->get(), o.shm_size);
-      if (!map) {
-        IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), map.error().what.c_str());
+    std::vector<pollfd> pfds;
+    for (const auto& l : listeners) pfds.push_back(pollfd{l.server.listen_fd(), POLLIN, 0});
+    if (::poll(pfds.data(), pfds.size(), 200) <= 0) continue;
+    for (std::size_t li = 0; li < listeners.size(); ++li) {
+      if ((pfds[li].revents & POLLIN) == 0) continue;
+      Listener& l = listeners[li];
+      auto pending = l.server.accept(0);
+      if (!pending) {
+        if (pending.error().code != ETIMEDOUT && pending.error().code != EINTR)
+          IVLOG_WARN("accept on %s: %s", l.path.c_str(), pending.error().what.c_str());
         continue;
       }
-      (void)ivcuda::ring::format_bar(map->data(), *layout, generation,
-                                     static_cast<std::uint32_t>(ivcuda::ivshmem::kHostPeerId),
-                                     static_cast<std::uint32_t>(o.vectors),
-                                     ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+      if (workers.size() >= o.max_guests) {
+        IVLOG_WARN("refusing a guest: %u guests already served", o.max_guests);
+        continue;  // closing the connection tells the peer
+      }
+      // Each guest gets memory of its own: nobody else can map it.
+      auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
+      if (!shm) {
+        IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), shm.error().what.c_str());
+        continue;
+      }
+      {
+        auto map = ivcuda::sys::Mapping::map_shared(shm->get(), o.shm_size);
+        if (!map) {
+          IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), map.error().what.c_str());
+          continue;
+        }
+        (void)ivcuda::ring::format_bar(map->data(), *layout, generation,
+                                       static_cast<std::uint32_t>(ivcuda::ivshmem::kHostPeerId),
+                                       static_cast<std::uint32_t>(o.vectors),
+                                       ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+      }
+      const long long id = pending->peer_id;
+      auto conn = l.server.greet(std::move(*pending), shm->get());
+      if (!conn) {
+        IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
+        continue;
+      }
+      const pid_t pid = ::fork();
+      if (pid < 0) {
+        IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
+        continue;
+      }
+      if (pid == 0) {
+        for (const auto& other : listeners) ::close(other.server.listen_fd());
+        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get());
+        ::_exit(rc);
+      }
+      workers[pid] = id;
+      IVLOG_INFO("guest %lld connected on %s; worker pid %d", id, l.path.c_str(), static_cast<int>(pid));
     }
-    const long long id = pending->peer_id;
-    auto conn = server->greet(std::move(*pending), shm->get());
-    if (!conn) {
-      IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
-      continue;
-    }
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
-      continue;
-    }
-    if (pid == 0) {
-      ::close(server->listen_fd());
-      const int rc = run_worker(o, gpus, *layout, generation, *conn, shm->get());
-      ::_exit(rc);
-    }
-    workers[pid] = id;
-    IVLOG_INFO("guest %lld connected; worker pid %d", id, static_cast<int>(pid));
     // The parent keeps nothing of the guest's: when the worker ends, the
     // guest's connection closes with it.
   }

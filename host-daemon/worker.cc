@@ -1,9 +1,13 @@
 #include "host-daemon/worker.h"
 
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "host-daemon/log.h"
@@ -122,10 +126,47 @@ Result<void> Worker::init() {
   if (st != CUDA_SUCCESS) return make_error(st, std::string("arena device pointer: ") + err_name(st));
   arena_dev_ = d;
   channels_.resize(l_.channels);
+  if (cfg_.forward_stdout) start_console();
   IVLOG_INFO("serving guest %u: %zu GPU(s), %u channels, arena %llu MiB at device 0x%llx",
              cfg_.guest_id, devices_.size(), l_.channels,
              static_cast<unsigned long long>(l_.arena_size >> 20), static_cast<unsigned long long>(arena_dev_));
   return {};
+}
+
+// Device printf: the driver writes a kernel's printf output to this
+// process's stdout when the guest synchronises. The worker points fd 1 at a
+// pipe and sends what arrives to the guest with its next replies; the guest
+// writes it to its own stdout. Both ends are non-blocking: a reader that
+// falls behind loses output instead of stalling the GPU work behind a full
+// pipe. The worker's own log lines go to stderr.
+void Worker::start_console() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    IVLOG_WARN("guest %u: no pipe for device printf (%s); it stays on the daemon's stdout", cfg_.guest_id,
+               std::strerror(errno));
+    return;
+  }
+  sys::UniqueFd rd(fds[0]), wr(fds[1]);
+  (void)::fcntl(wr.get(), F_SETPIPE_SZ, 1 << 20);  // the driver's printf FIFO is 1 MiB by default
+  std::fflush(stdout);
+  if (::dup2(wr.get(), STDOUT_FILENO) < 0) {
+    IVLOG_WARN("guest %u: cannot redirect stdout for device printf: %s", cfg_.guest_id, std::strerror(errno));
+    return;
+  }
+  console_rd_ = std::move(rd);
+}
+
+void Worker::drain_console() {
+  if (!console_rd_.valid()) return;
+  std::fflush(stdout);  // output the driver left in stdio's buffer
+  constexpr std::size_t kMaxPending = 4u << 20;
+  char buf[16384];
+  for (;;) {
+    const ssize_t n = ::read(console_rd_.get(), buf, sizeof buf);
+    if (n <= 0) break;
+    if (console_.size() < kMaxPending) console_.append(buf, std::min<std::size_t>(static_cast<std::size_t>(n),
+                                                                                   kMaxPending - console_.size()));
+  }
 }
 
 void Worker::cleanup() noexcept {
@@ -191,6 +232,15 @@ void Worker::reply(Channel& ch, const ring::Record& rec, CUresult st, std::span<
   h.seq = rec.hdr.seq;
   h.status = static_cast<std::int32_t>(st);
   h.len = static_cast<std::uint32_t>(body.size());
+  // Pending device printf output rides at the end of the payload, followed
+  // by its length (proto::kReplyConsole).
+  std::size_t console = 0;
+  const std::size_t room = ch.cpl.max_payload();
+  if (!console_.empty() && body.size() + sizeof(std::uint32_t) < room) {
+    console = std::min<std::size_t>({console_.size(), room - body.size() - sizeof(std::uint32_t), 1u << 16});
+    h.flags = proto::kReplyConsole;
+    h.len = static_cast<std::uint32_t>(body.size() + console + sizeof(std::uint32_t));
+  }
   ring::RingStatus rs;
   std::byte* p = nullptr;
   // The guest waits for this reply, so its ring has room unless it misbehaves;
@@ -207,6 +257,12 @@ void Worker::reply(Channel& ch, const ring::Record& rec, CUresult st, std::span<
     return;
   }
   if (!body.empty()) std::memcpy(p, body.data(), body.size());
+  if (console != 0) {
+    const auto n = static_cast<std::uint32_t>(console);
+    std::memcpy(p + body.size(), console_.data(), console);
+    std::memcpy(p + body.size() + console, &n, sizeof n);
+    console_.erase(0, console);
+  }
   ch.cpl.commit();
   ch.cpl.publish();
 }
@@ -237,14 +293,17 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     return;
   }
   const auto pop = static_cast<proto::Op>(op);
-  if (st == CUDA_SUCCESS && reports_async_errors(pop) && pending_ != CUDA_SUCCESS) {
-    st = pending_;
+  if (needs_reply && reports_async_errors(pop) && pending_ != CUDA_SUCCESS) {
+    // One report per error: a call that fails on its own also answers for
+    // the posted work before it (as a real driver reports once).
+    if (st == CUDA_SUCCESS) st = pending_;
     pending_ = CUDA_SUCCESS;
   }
   if (!needs_reply) {
     post_error(st, proto::op_name(op));
     return;
   }
+  if (reports_async_errors(pop)) drain_console();
   if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY && errors_logged_++ < 100)
     IVLOG_INFO("guest %u: %s -> %s", cfg_.guest_id, proto::op_name(op), err_name(st));
   reply(ch, rec, st, out);
@@ -253,12 +312,16 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
 bool Worker::poll_parked(Channel& ch) {
   auto& p = ch.parked;
   CUresult st;
+  // Once the query says done, the synchronise returns at once and makes the
+  // driver write out pending device printf output (a query does not).
   if (p.op == proto::Op::kStreamSynchronize) {
     auto* s = streams_.find(p.handle);
     st = s == nullptr ? CUDA_ERROR_INVALID_HANDLE : cu_.cuStreamQuery(s->real);
+    if (st == CUDA_SUCCESS) st = cu_.cuStreamSynchronize(s->real);
   } else {
     auto* e = events_.find(p.handle);
     st = e == nullptr ? CUDA_ERROR_INVALID_HANDLE : cu_.cuEventQuery(e->real);
+    if (st == CUDA_SUCCESS) st = cu_.cuEventSynchronize(e->real);
   }
   if (st == CUDA_ERROR_NOT_READY) return false;
   if (st == CUDA_SUCCESS && pending_ != CUDA_SUCCESS) {
@@ -266,6 +329,8 @@ bool Worker::poll_parked(Channel& ch) {
     pending_ = CUDA_SUCCESS;
   }
   p.active = false;
+  parked_since_ = {};
+  drain_console();
   ring::Record rec;
   rec.hdr = p.hdr;
   reply(ch, rec, st, {});
@@ -317,11 +382,21 @@ void Worker::sleep_until_work() {
   for (auto& chp : channels_)
     if (chp && !chp->dead && chp->parked.active) parked = true;
   if (parked) {
-    // Waiting on the GPU for a parked synchronise: poll it at a fine grain.
-    (void)waiter_->wait(0);
-    ::usleep(20);
+    // Waiting on the GPU for a parked synchronise. As the native driver does
+    // by default, poll without sleeping (yielding the core to anyone who
+    // needs it) for a while, so that the reply leaves within a microsecond of
+    // the GPU finishing; a long wait falls back to short sleeps.
+    const auto now = std::chrono::steady_clock::now();
+    if (parked_since_ == std::chrono::steady_clock::time_point{}) parked_since_ = now;
+    if (waiter_->wait(0) & UringWaiter::kHangup) {
+      stop_ = true;
+      return;
+    }
+    if (now - parked_since_ < kParkedSpin) ::sched_yield();
+    else ::usleep(10);
     return;
   }
+  parked_since_ = {};
   auto* sb = ring::superblock(bar_.data());
   ring::store_relaxed(sb->host_sleeping, std::uint32_t{1});
   bool work = false;
@@ -347,6 +422,9 @@ void Worker::sleep_until_work() {
 }
 
 int Worker::run() {
+  // The default 50 us timer slack would stretch every short sleep below
+  // (and the uring wait's timeouts) far past what was asked.
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   auto* sb = ring::superblock(bar_.data());
   auto last_work = std::chrono::steady_clock::now();
   unsigned spins = 0;

@@ -40,6 +40,9 @@ struct WorkerConfig {
   // every `poll_interval` instead of sleeping until a doorbell.
   bool poll_only = false;
   std::chrono::microseconds poll_interval{500};
+  // Point fd 1 at a pipe and forward what lands there (the driver's device
+  // printf output) to the guest with the replies of synchronising calls.
+  bool forward_stdout = true;
 };
 
 class Worker {
@@ -91,6 +94,18 @@ class Worker {
     CUevent real = nullptr;
     std::uint64_t ctx = 0;
   };
+  struct PoolEntry {
+    CUmemoryPool real = nullptr;
+    int device = 0;  // guest ordinal
+  };
+  struct GraphEntry {
+    CUgraph real = nullptr;
+    std::uint64_t ctx = 0;
+  };
+  struct ExecEntry {
+    CUgraphExec real = nullptr;
+    std::uint64_t ctx = 0;
+  };
   enum class RangeKind : std::uint8_t { kAlloc, kGlobal };
   struct DevRange {
     std::uint64_t size = 0;
@@ -122,6 +137,16 @@ class Worker {
   std::size_t dev_index(int device) const noexcept;
   template <class Table, class Destroy>
   CUresult destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy);
+  CUresult launch(Call& c, bool cooperative);
+  // The launch itself, once the request is parsed: attrs empty = cuLaunchKernel.
+  CUresult launch_with(const proto::ReqLaunch& r, std::span<const std::byte> params,
+                       std::span<const CUlaunchAttribute> attrs, bool cooperative);
+  CUresult refuse_in_capture(CUstream s);
+  // The handle of a driver pool, made on first sight.
+  std::uint64_t pool_handle(CUmemoryPool real, int device);
+  // Device printf forwarding (cfg_.forward_stdout).
+  void start_console();
+  void drain_console();
 
 #define IVCUDA_WORKER_DECL(name, req, rep, sync) CUresult on_##name(Call& c);
   IVCUDA_OPS(IVCUDA_WORKER_DECL)
@@ -146,11 +171,20 @@ class Worker {
   HandleTable<FuncEntry> funcs_{proto::HandleKind::kFunction};
   HandleTable<StreamEntry> streams_{proto::HandleKind::kStream};
   HandleTable<EventEntry> events_{proto::HandleKind::kEvent};
+  HandleTable<PoolEntry> pools_{proto::HandleKind::kMemPool};
+  HandleTable<GraphEntry> graphs_{proto::HandleKind::kGraph};
+  HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
+  // When the current wait for a parked synchronise began (zero: none).
+  std::chrono::steady_clock::time_point parked_since_{};
+  // How long a parked synchronise is polled without sleeping.
+  static constexpr std::chrono::milliseconds kParkedSpin{20};
+  sys::UniqueFd console_rd_;   // read end of the pipe fd 1 points at
+  std::string console_;        // drained, not yet sent to the guest
 };
 
 }  // namespace ivcuda::host

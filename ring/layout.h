@@ -59,6 +59,28 @@ RingView completion_ring(std::byte* base, const Layout& l, std::uint32_t ch) noe
 inline std::uint64_t staging_off(const Layout& l, std::uint32_t ch) noexcept {
   return l.arena_off + std::uint64_t{ch} * l.staging_bytes;
 }
+// Is [off, off + len) inside channel ch's staging area? Overflow-safe.
+inline bool in_staging(const Layout& l, std::uint32_t ch, std::uint64_t off, std::uint64_t len) noexcept {
+  const std::uint64_t base = staging_off(l, ch);
+  return ch < l.channels && off >= base && len <= l.staging_bytes && off - base <= l.staging_bytes - len;
+}
+
+// The staged-copy completion counter (ChannelDesc::staging_done).
+// Host: bumps it once per staged chunk, after the chunk's copy finished; the
+// release pairs with the guest's acquire in staging_done(), which makes the
+// DMA'd data (DtoH) visible to the guest's memcpy out of the chunk, and orders
+// the guest's next write into the chunk (HtoD) after the DMA that read it.
+inline void bump_staging_done(std::byte* base, const Layout& l, std::uint32_t ch) noexcept {
+  auto* d = channel_desc(base, l, ch);
+  // Only the host writes the counter, so a plain read-modify-write suffices;
+  // a guest that scribbles on it only confuses its own copies.
+  store_release(d->staging_done, load_relaxed(d->staging_done) + 1);
+}
+// Guest: how many staged chunks of channel ch the host has finished.
+inline std::uint64_t staging_done(std::byte* base, const Layout& l, std::uint32_t ch) noexcept {
+  return load_acquire(channel_desc(base, l, ch)->staging_done);  // pairs with bump_staging_done()
+}
+
 // Arena bytes after all staging areas: the pool for page-locked memory.
 inline std::uint64_t pool_off(const Layout& l) noexcept {
   return l.arena_off + std::uint64_t{l.channels} * l.staging_bytes;

@@ -2,6 +2,8 @@
 // announce sleep and block on a notifier until the peer rings.
 #pragma once
 
+#include <sched.h>
+
 #include <chrono>
 #include <cstdint>
 
@@ -42,6 +44,7 @@ class EventfdWaiter final : public Waiter {
 struct SpinPolicy {
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
   int block_timeout_ms = 100;  // a lost doorbell costs at most this much
+  bool yield = false;          // give the core away now and then while spinning
 };
 
 // Waits until ready() is true. announce(true) must publish the sleeping flag
@@ -55,7 +58,10 @@ void spin_then_block(Ready&& ready, Announce&& announce, Waiter& waiter, const S
   for (;;) {
     if (ready()) return;
     cpu_relax();
-    if ((++n & 63) == 0 && std::chrono::steady_clock::now() >= until) break;
+    if ((++n & 63) == 0) {
+      if (std::chrono::steady_clock::now() >= until) break;
+      if (pol.yield) ::sched_yield();
+    }
   }
   for (;;) {
     announce(true);

@@ -33,7 +33,10 @@ inline constexpr u32 kDevNameBytes = 256;
 
 // Handles the host gives the guest: tag in the top byte, generation in the
 // next 24 bits, table index in the low 32. Never zero.
-enum class HandleKind : u8 { kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5 };
+enum class HandleKind : u8 {
+  kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
+  kMemPool = 6, kGraph = 7, kGraphExec = 8,
+};
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
 #define IVCUDA_OPS(X)                                                    \
@@ -81,6 +84,28 @@ enum class HandleKind : u8 { kContext = 1, kModule = 2, kFunction = 3, kStream =
   X(Occupancy, ReqOccupancy, RepValue, 1)                                \
   X(CtxGetLimit, ReqLimit, RepValue, 1)                                  \
   X(CtxSetLimit, ReqLimit, RepNone, 1)                                   \
+  X(MemPool, ReqMemPool, RepValue, 1)                                    \
+  X(MemAllocAsync, ReqMemAllocAsync, RepMemAlloc, 1)                     \
+  X(MemFreeAsync, ReqFreeAsync, RepNone, 1)                              \
+  X(LaunchCooperative, ReqLaunch, RepNone, 0)                            \
+  X(LaunchEx, ReqLaunchEx, RepNone, 0)                                   \
+  X(StreamBeginCapture, ReqCapture, RepNone, 1)                          \
+  X(StreamEndCapture, ReqHandle, RepHandle, 1)                           \
+  X(StreamCaptureInfo, ReqHandle, RepCaptureInfo, 1)                     \
+  X(GraphCreate, ReqGraphCreate, RepHandle, 1)                           \
+  X(GraphNodeCount, ReqHandle, RepValue, 1)                              \
+  X(GraphInstantiate, ReqGraphCreate, RepHandle, 1)                      \
+  X(GraphLaunch, ReqGraphLaunch, RepNone, 0)                             \
+  X(GraphUpload, ReqGraphLaunch, RepNone, 0)                             \
+  X(GraphExecDestroy, ReqHandle, RepNone, 1)                             \
+  X(GraphDestroy, ReqHandle, RepNone, 1)                                 \
+  X(ModuleEnumerate, ReqHandle, RepValue, 1)                             \
+  X(OccupancyCluster, ReqOccCluster, RepValue, 1)                        \
+  X(TensorMapEncodeTiled, ReqTensorMap, RepTensorMap, 1)                 \
+  X(PeerQuery, ReqPeerQuery, RepValue, 1)                               \
+  X(PeerAccess, ReqPeerAccess, RepNone, 1)                               \
+  X(MemcpyPeer, ReqCopyPeer, RepNone, 0)                                 \
+  X(HostFunc, ReqHostFunc, RepNone, 0)                                   \
   X(Flush, ReqCtx, RepNone, 1)                                           \
   X(Goodbye, ReqCtx, RepNone, 1)
 
@@ -210,6 +235,36 @@ struct ReqCopy {
   u32 reserved;
 };
 
+// Peer access. A query with attrib 0 is cuDeviceCanAccessPeer(device, peer);
+// otherwise it is cuDeviceGetP2PAttribute(attrib - 1, device, peer).
+struct ReqPeerQuery {
+  i32 device;
+  i32 peer;
+  u32 attrib;
+  u32 reserved;
+};
+// cuCtxEnablePeerAccess (enable 1) or cuCtxDisablePeerAccess (enable 0) from
+// ctx, the guest's current context, to peer_ctx.
+struct ReqPeerAccess {
+  u64 ctx;
+  u64 peer_ctx;
+  u32 flags;
+  u32 enable;
+};
+// cuMemcpyPeer(Async): both contexts named; ctx is the caller's current one,
+// whose null stream stream 0 means.
+struct ReqCopyPeer {
+  u64 ctx;
+  u64 stream;
+  u64 dst;
+  u64 dst_ctx;
+  u64 src;
+  u64 src_ctx;
+  u64 bytes;
+  u32 flags;
+  u32 reserved;
+};
+
 // A 2D copy. Host-side memory is always in the arena: the guest stages
 // pageable rows there first. Memory types follow CUmemorytype: 1 host (arena
 // offset in *_arena_off), 2 device.
@@ -281,6 +336,9 @@ struct ReqFuncAttr {
 // Occupancy queries; `kind` picks the driver call.
 inline constexpr u32 kOccMaxActiveBlocks = 0;       // cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
 inline constexpr u32 kOccAvailableDynamicSmem = 1;  // cuOccupancyAvailableDynamicSMemPerBlock
+// cuOccupancyMaxPotentialBlockSizeWithFlags without a callback: block_size is the
+// limit; the reply packs (min grid size << 32) | block size.
+inline constexpr u32 kOccMaxPotentialBlockSize = 2;
 struct ReqOccupancy {
   u64 ctx;
   u64 function;
@@ -307,6 +365,116 @@ struct ReqLaunch {
   u32 param_bytes;  // packed parameters follow the struct
 };
 
+// cuLaunchKernelEx with launch attributes: ReqLaunchEx, then attr_count
+// LaunchAttr, then the packed parameters. Only attributes made of plain
+// values travel (clusters, scheduling policy, cooperative, priority,
+// programmatic serialization, memory sync domains); the host checks ids.
+inline constexpr u32 kMaxLaunchAttrs = 16;
+struct LaunchAttr {
+  u32 id;        // CUlaunchAttributeID
+  u32 reserved;
+  u32 value[4];  // the attribute's value, as its union member lays it out
+};
+struct ReqLaunchEx {
+  ReqLaunch launch;
+  u32 attr_count;
+  u32 reserved;
+};
+
+// ---- stream-ordered memory. Pools are host handles (HandleKind::kMemPool);
+// only the devices' default pools exist.
+inline constexpr u32 kPoolGetDefault = 0;  // device -> pool
+inline constexpr u32 kPoolGetCurrent = 1;  // device -> pool
+inline constexpr u32 kPoolSetCurrent = 2;  // device, pool
+inline constexpr u32 kPoolSetAttr = 3;     // pool, attr, value
+inline constexpr u32 kPoolGetAttr = 4;     // pool, attr -> value
+inline constexpr u32 kPoolTrim = 5;        // pool, value = bytes to keep
+struct ReqMemPool {
+  u64 ctx;
+  u64 pool;
+  u64 value;
+  i32 device;
+  i32 attr;   // CUmemPool_attribute; ints travel widened to 64 bits
+  u32 kind;
+  u32 reserved;
+};
+struct ReqMemAllocAsync {
+  u64 ctx;
+  u64 stream;
+  u64 pool;   // 0: the stream's device's current pool
+  u64 bytes;
+};
+struct ReqFreeAsync {
+  u64 ctx;
+  u64 stream;
+  u64 dptr;
+};
+
+// ---- stream capture and graphs (graphs and executable graphs are host handles)
+struct ReqCapture {
+  u64 ctx;
+  u64 stream;
+  u32 mode;   // CUstreamCaptureMode
+  u32 reserved;
+};
+struct RepCaptureInfo {
+  u32 status;  // CUstreamCaptureStatus
+  u32 reserved;
+  u64 id;
+  u64 num_deps;
+};
+struct ReqGraphCreate {
+  u64 ctx;
+  u64 graph;  // GraphInstantiate: the graph; GraphCreate: 0
+  u64 flags;
+};
+struct ReqGraphLaunch {
+  u64 ctx;
+  u64 exec;
+  u64 stream;
+};
+
+// cuOccupancyMaxActiveClusters: the launch configuration, attributes unpacked.
+struct ReqOccCluster {
+  u64 ctx;
+  u64 function;
+  u64 stream;
+  u32 grid[3];
+  u32 block[3];
+  u32 shared_bytes;
+  u32 cluster[3];      // all 0: no cluster dimension attribute
+  u32 policy;          // CUclusterSchedulingPolicy, 0: none given
+  u32 reserved;
+};
+
+// cuTensorMapEncodeTiled, arrays sized for the largest rank (5).
+inline constexpr u32 kTensorMaxRank = 5;
+struct ReqTensorMap {
+  u64 ctx;
+  u64 global_address;
+  u64 global_dim[kTensorMaxRank];
+  u64 global_strides[kTensorMaxRank - 1];
+  u32 box_dim[kTensorMaxRank];
+  u32 element_strides[kTensorMaxRank];
+  u32 data_type;
+  u32 rank;
+  u32 interleave;
+  u32 swizzle;
+  u32 l2_promotion;
+  u32 oob_fill;
+};
+struct RepTensorMap {
+  u64 words[16];  // the 128-byte CUtensorMap
+};
+
+// ModuleEnumerate replies with the count in RepValue, then per function a
+// u32 name length and the name (no terminator).
+
+// Completion-record flag (RecordHeader.flags of a reply): the payload ends
+// with bytes the worker's process wrote to its stdout (device printf) and a
+// u32 count of them; the guest writes them to its own stdout.
+inline constexpr std::uint16_t kReplyConsole = 1u << 8;
+
 struct ReqStreamCreate {
   u64 ctx;
   u32 flags;
@@ -317,6 +485,20 @@ struct ReqStreamWaitEvent {
   u64 stream;
   u64 event;
   u32 flags;
+  u32 reserved;
+};
+// cuLaunchHostFunc: the stream stores `seq` into the arena word at `reached`,
+// then waits until the word at `done` holds `seq` or later (wrap-aware, as
+// cuStreamWaitValue32's GEQ). Both are device addresses inside this guest's
+// arena alias, 4-byte aligned. If the host cannot enqueue the pair it stores
+// seq | kHostFuncFailed into `reached` itself, so the guest drops the call.
+inline constexpr u32 kHostFuncFailed = 0x80000000u;
+struct ReqHostFunc {
+  u64 ctx;
+  u64 stream;
+  u64 reached;   // device address of the "stream got here" word
+  u64 done;      // device address of the "host function returned" word
+  u32 seq;       // nonzero, below kHostFuncFailed
   u32 reserved;
 };
 struct ReqEventCreate {
@@ -372,8 +554,12 @@ inline const char* op_name(std::uint16_t op) noexcept {
 // Fixed sizes are part of the protocol.
 static_assert(sizeof(RepHello) == 72);
 static_assert(sizeof(ReqCopy) == 56);
+static_assert(sizeof(ReqHostFunc) == 40);
 static_assert(sizeof(ReqCopy2D) == 128);
 static_assert(sizeof(ReqLaunch) == 56);
+static_assert(sizeof(ReqTensorMap) == 152);
+static_assert(sizeof(RepTensorMap) == 128);
+static_assert(sizeof(ReqOccCluster) == 72);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

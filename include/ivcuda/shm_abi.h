@@ -26,7 +26,8 @@ inline constexpr std::uint32_t kCacheLine = 64;
 // "IVCUDA" followed by 0x00 0x01, read as a little-endian u64.
 inline constexpr std::uint64_t kMagic = 0x0100414455435649ull;
 inline constexpr std::uint16_t kAbiMajor = 1;
-inline constexpr std::uint16_t kAbiMinor = 0;
+// Minor 1: ChannelDesc::staging_done (pipelined pageable copies).
+inline constexpr std::uint16_t kAbiMinor = 1;
 
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
@@ -104,7 +105,13 @@ struct ChannelDesc {
   // Line 1: host-written.
   std::uint64_t staging_off;         // host: arena offset of this channel's staging
   std::uint64_t staging_size;        // host: its size in bytes
-  std::uint64_t reserved1[6];        // zero
+  // host: staged copies finished, counting every MemcpyHtoDArena /
+  // MemcpyDtoHArena request of this channel whose arena range lies in this
+  // channel's staging area. Release-stored once the chunk may be reused (HtoD:
+  // its DMA is done) or read (DtoH: the data is there), failed or not.
+  // Free-running; the guest compares differences only.
+  std::uint64_t staging_done;
+  std::uint64_t reserved1[5];        // zero
 };
 
 // ---------------------------------------------------------------------------
@@ -188,7 +195,8 @@ IVCUDA_ABI_FIELD(ChannelDesc, guest_owner, 8, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, reserved0, 16, 48);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_off, 64, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_size, 72, 8);
-IVCUDA_ABI_FIELD(ChannelDesc, reserved1, 80, 48);
+IVCUDA_ABI_FIELD(ChannelDesc, staging_done, 80, 8);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved1, 88, 40);
 static_assert(sizeof(ChannelDesc) == 2 * kCacheLine);
 
 static_assert(std::is_standard_layout_v<RingCtl>);

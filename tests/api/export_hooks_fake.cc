@@ -83,5 +83,13 @@ CUresult device_attribute(CUdevice dev, CUdevice_attribute attr, int* out) noexc
   }
 }
 
+// Any non-null module holds two kernels, whose handles are the module's + 1 and + 2.
+CUresult module_functions(CUmodule mod, void (*cb)(void*, CUfunction), void* user) noexcept {
+  if (mod == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  for (std::uintptr_t k = 1; k <= 2; ++k)
+    cb(user, reinterpret_cast<CUfunction>(reinterpret_cast<std::uintptr_t>(mod) + k));
+  return CUDA_SUCCESS;
+}
+
 }  // namespace hooks
 }  // namespace ivcuda::guest

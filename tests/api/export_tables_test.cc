@@ -529,7 +529,15 @@ TEST_CASE("21318c60: context ids, stream resolution and distinct stream ids", "[
 TEST_CASE("cuFFT's and cuBLASLt's tables", "[export]") {
   using Callback = void (*)(void*, CUfunction);
   auto enumerate = slot_fn<CUresult(CUcontext, CUmodule, Callback, void*)>(fetch(kModuleEnum), 7);
-  CHECK(enumerate(nullptr, nullptr, nullptr, nullptr) == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(enumerate(nullptr, nullptr, nullptr, nullptr) == CUDA_ERROR_INVALID_VALUE);
+  std::vector<CUfunction> seen;
+  const Callback note = [](void* user, CUfunction f) { static_cast<std::vector<CUfunction>*>(user)->push_back(f); };
+  CHECK(enumerate(nullptr, nullptr, note, &seen) == CUDA_ERROR_INVALID_HANDLE);
+  // Every kernel goes to the callback, and success is 1, which is what cuFFT checks for.
+  auto* mod = static_cast<CUmodule>(key_of(0x40));
+  CHECK(enumerate(nullptr, mod, note, &seen) == static_cast<CUresult>(1));
+  CHECK(seen == std::vector<CUfunction>{reinterpret_cast<CUfunction>(reinterpret_cast<std::uintptr_t>(mod) + 1),
+                                        reinterpret_cast<CUfunction>(reinterpret_cast<std::uintptr_t>(mod) + 2)});
 
   const void* const* lt = fetch(kLtMatmul);
   void* h1 = key_of(0x55);

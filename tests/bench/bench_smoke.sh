@@ -12,10 +12,15 @@ mkdir "$work/native" && ln -s "$(readlink -f "$double")" "$work/native/libcuda.s
 daemon=$!
 for _ in $(seq 100); do [ -S "$work/s" ] && break; sleep 0.05; done
 LD_LIBRARY_PATH=$work/native "$build/bench/ivcuda-bench" --quick --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-  --native-lib "$work/native" --ivcuda-lib "$build/lib" --socket "$work/s" --json "$work/bench.json" | tee "$work/out"
-for fig in null.ctx_synchronize.median launch.empty.rate sleep.100us.task htod.pinned.1024KiB \
-           dtoh.pageable.16384KiB dtod.1024KiB 8procs.crowd.launch.rate; do
+  --native-lib "$work/native" --ivcuda-lib "$build/lib" --socket "$work/s" --json "$work/bench.json" \
+  --png "$work/bench.png" | tee "$work/out"
+for fig in null.ctx_synchronize.median null.stream_query.p99 launch.empty.rate launch.10us.rate \
+           sleep.100us.task sleep.1000us.task_p99 htod.pinned.1024KiB htod.pageable.4KiB \
+           dtoh.pageable.16384KiB dtoh.pinned.16384KiB dtod.1024KiB 8procs.crowd.launch.rate \
+           8procs.crowd.htod.pinned 8procs.crowd.dtoh.pageable; do
   grep -q "^$fig " "$work/out" || { echo "FAIL: $fig missing"; exit 1; }
 done
-python3 -c "import json,sys; d=json.load(open('$work/bench.json')); assert len(d['figures']) > 20, d" 
+python3 -c "import json,sys; d=json.load(open('$work/bench.json')); assert len(d['figures']) > 20, d; \
+assert [x['name'] for x in d['derived']][-1] == 'sleep.1000us.overhead', d['derived']"
+[ "$(head -c 8 "$work/bench.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || { echo "FAIL: no PNG"; exit 1; }
 echo "PASS: ivcuda-bench smoke"

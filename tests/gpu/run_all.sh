@@ -4,7 +4,7 @@
 #   guest next to the real GPU (run_vm_on_gpu.sh) and ivcuda-bench.
 # The device tool returns at most 8 files: the summaries go to $OUT as text,
 # every log into one tarball.
-#   usage (repository root): bash tests/gpu/run_all.sh [suite|vm|bench ...]
+#   usage (repository root): bash tests/gpu/run_all.sh [suite|vm|multi|bench ...]
 set -u
 root=$(pwd)
 final=${OUT:-$root/out}
@@ -22,6 +22,9 @@ for part in $parts; do
   vm)
     OUT=$work timeout 300 bash tests/gpu/run_vm_on_gpu.sh build/gpu 2>&1 | tee "$final/vm.txt"
     stamp vm ;;
+  multi)
+    OUT=$work timeout 400 bash tests/gpu/run_multi_gpu.sh build/gpu 2>&1 | tee "$final/multi.txt"
+    stamp multi ;;
   bench)
     build=$root/build/gpu
     cmake --build "$build" -j "$(nproc)" --target ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels \

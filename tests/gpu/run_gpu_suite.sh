@@ -32,7 +32,7 @@ echo "== build"
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_devices rt_basic ivcuda_gpu_double_kernels"
+core="ivcudad ivcuda_guest drv_core drv_kernels drv_library drv_errors drv_devices drv_graphs drv_peer drv_hostfunc rt_basic ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
 [ -n "${IVCUDA_GPU_QUICK:-}" ] || core="$core ivcuda-ring-bench"
 cmake --build "$build" -j "$jobs" --target $core >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
@@ -63,10 +63,25 @@ compare() {  # name, then the program and its arguments
 echo "== driver-API programs, native vs ivcuda (real H200 behind ivcudad)"
 compare drv_core "$bin/drv_core"
 compare drv_kernels "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin"
+compare drv_library "$bin/drv_library" --fatbin "$fatbin" --ptx "$ptx"
+compare drv_graphs "$bin/drv_graphs" --ptx "$ptx"
+compare drv_hostfunc "$bin/drv_hostfunc" --ptx "$ptx"
 compare drv_errors "$bin/drv_errors" --ptx "$ptx"
 compare drv_fault "$bin/drv_errors" --ptx "$ptx" --fault
+compare drv_peer "$bin/drv_peer"
 compare rt_basic_static "$bin/rt_basic_static"
+compare drv_hostreg "$bin/drv_hostreg" --ptx "$ptx"
+compare rt_nvbench_pattern_static "$bin/rt_nvbench_pattern_static"
 extra_libs=/usr/local/cuda/lib64 compare rt_basic_shared "$bin/rt_basic_shared"
+# rt_features section by section (a crash or a poisoned context stays in its section), the
+# shared-cudart build whole; then the libraries, with their results compared.
+for section in $("$bin/rt_features_static" --list); do
+  compare "rt_features_static_$section" "$bin/rt_features_static" --only "$section"
+done
+extra_libs=/usr/local/cuda/lib64 compare rt_features_shared "$bin/rt_features_shared"
+for p in lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc; do
+  if [ -x "$bin/$p" ]; then extra_libs=/usr/local/cuda/lib64 compare "$p" "$bin/$p"; else echo "SKIP $p: not built"; fi
+done
 kill $daemon; wait $daemon 2>/dev/null
 
 if [ -n "${IVCUDA_GPU_QUICK:-}" ]; then echo "== summary: $pass passed, $fail failed (quick)"; exit 0; fi

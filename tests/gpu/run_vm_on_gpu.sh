@@ -49,7 +49,7 @@ if [[ ! -f $build/CMakeCache.txt ]]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
     >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed"; }
 fi
-targets="ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip ivcuda_gpu_double_kernels"
+targets="ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg rt_nvbench_pattern ivcuda_gpu_double_kernels"
 # shellcheck disable=SC2086 # one word per target
 cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; die "build failed"; }
@@ -57,7 +57,7 @@ cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
 lib=$build/lib
 bin=$build/tests/bin
 kernels=$build/tests/gpu_double
-progs=(drv_core drv_kernels drv_errors drv_roundtrip)
+progs=(drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg rt_nvbench_pattern_static)
 for f in "$lib/libcuda.so.1" "$kernels/test_kernels.ptx" "$kernels/test_kernels.fatbin" "${progs[@]/#/$bin/}"; do
   [[ -e $f ]] || die "$f is not built"
 done
@@ -119,7 +119,7 @@ pass=0 fail=0
 ptx=/opt/ivcuda/test_kernels.ptx fat=/opt/ivcuda/test_kernels.fatbin
 guest_cmd="export LD_LIBRARY_PATH=$lib; rc=0
 for t in 'drv_core' 'drv_kernels --ptx $ptx --fatbin $fat' 'drv_roundtrip --rounds 1000 --gap-us 1000' \
- 'drv_errors --ptx $ptx --fault --forged-handles'; do
+ 'drv_hostreg --ptx $ptx' 'rt_nvbench_pattern_static' 'drv_errors --ptx $ptx --fault --forged-handles'; do
  \$t; r=\$?; echo \"GUEST_RESULT \$r \$t\"; [ \$r = 0 ] || rc=1
 done; exit \$rc"
 
@@ -141,8 +141,8 @@ run_guest() {  # mode, then run-in-guest.sh device options
       fail=$((fail + 1))
     fi
   done < <(grep -a '^GUEST_RESULT ' "$log" | tr -d '\r')
-  if ((n != 4)); then
-    echo "FAIL vm-$mode: $n of 4 programs reported; guest console (last lines):"
+  if ((n != ${#progs[@]})); then
+    echo "FAIL vm-$mode: $n of ${#progs[@]} programs reported; guest console (last lines):"
     tail -n 25 "$log"
     fail=$((fail + 1))
   fi

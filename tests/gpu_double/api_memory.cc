@@ -410,19 +410,31 @@ CUresult CUDAAPI cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
 CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   return dtod(dst, src, n, nullptr);
 }
+// Work given to a capturing stream is recorded (state.h), not run: the closure repeats
+// the call, with every argument by value, when the graph is launched.
+#define IVC_CAPTURE(stream, call)                                                   \
+  do {                                                                              \
+    CUresult r_ = CUDA_SUCCESS;                                                     \
+    if (capture_call(stream, [=]() -> CUresult { return call; }, &r_)) return r_; \
+  } while (0)
+
 CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream h) {
+  IVC_CAPTURE(h, cuMemcpyHtoDAsync_v2(dst, src, n, h));
   return htod(dst, src, n, &h);
 }
 CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream h) {
+  IVC_CAPTURE(h, cuMemcpyDtoHAsync_v2(dst, src, n, h));
   return dtoh(dst, src, n, &h);
 }
 CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  IVC_CAPTURE(h, cuMemcpyDtoDAsync_v2(dst, src, n, h));
   return dtod(dst, src, n, &h);
 }
 CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   return unified(dst, src, n, nullptr);
 }
 CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  IVC_CAPTURE(h, cuMemcpyAsync(dst, src, n, h));
   return unified(dst, src, n, &h);
 }
 
@@ -438,12 +450,15 @@ CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dst, unsigned int ui, size_t N) {
   return memset_n(dst, ui, N, nullptr);
 }
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t N, CUstream h) {
+  IVC_CAPTURE(h, cuMemsetD8Async(dst, uc, N, h));
   return memset_n(dst, uc, N, &h);
 }
 CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t N, CUstream h) {
+  IVC_CAPTURE(h, cuMemsetD16Async(dst, us, N, h));
   return memset_n(dst, us, N, &h);
 }
 CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t N, CUstream h) {
+  IVC_CAPTURE(h, cuMemsetD32Async(dst, ui, N, h));
   return memset_n(dst, ui, N, &h);
 }
 
@@ -468,14 +483,17 @@ CUresult CUDAAPI cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, s
 }
 CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h,
                                    CUstream st) {
+  IVC_CAPTURE(st, cuMemsetD2D8Async(d, pitch, v, w, h, st));
   return memset_2d(d, pitch, v, w, h, &st);
 }
 CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h,
                                     CUstream st) {
+  IVC_CAPTURE(st, cuMemsetD2D16Async(d, pitch, v, w, h, st));
   return memset_2d(d, pitch, v, w, h, &st);
 }
 CUresult CUDAAPI cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h,
                                     CUstream st) {
+  IVC_CAPTURE(st, cuMemsetD2D32Async(d, pitch, v, w, h, st));
   return memset_2d(d, pitch, v, w, h, &st);
 }
 
@@ -486,5 +504,177 @@ CUresult CUDAAPI cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy) {
   return copy_2d(pCopy, nullptr);
 }
 CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  if (pCopy != nullptr) {
+    const CUDA_MEMCPY2D c = *pCopy;
+    IVC_CAPTURE(hStream, cuMemcpy2DAsync_v2(&c, hStream));
+  }
   return copy_2d(pCopy, &hStream);
+}
+
+// ---- stream-ordered memory ---------------------------------------------------------------
+
+namespace {
+
+// The device's default pool, made on first use.
+Handle default_pool(State& s, int device) {
+  if (s.default_pool.empty()) s.default_pool.assign(static_cast<std::size_t>(s.device_count), 0);
+  Handle& h = s.default_pool.at(static_cast<std::size_t>(device));
+  if (h == 0) {
+    h = s.new_handle();
+    s.pools[h] = Pool{.device = device};
+  }
+  return h;
+}
+
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
+  return guarded([&](State& s) -> CUresult {
+    if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (const CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
+    const int device = s.contexts.at(ctx).device;
+    Handle p = from_handle(pool);
+    if (p == 0) {
+      if (s.current_pool.size() > static_cast<std::size_t>(device) && s.current_pool[static_cast<std::size_t>(device)] != 0)
+        p = s.current_pool[static_cast<std::size_t>(device)];
+      else
+        p = default_pool(s, device);
+    }
+    const auto pit = s.pools.find(p);
+    if (pit == s.pools.end() || pit->second.device != device) return CUDA_ERROR_INVALID_VALUE;
+    // Allocated at once, also while capturing: the address must be known to the work
+    // captured after it (a graph's allocation node would provide it at launch).
+    void* out = nullptr;
+    if (const CUresult r = allocate(s, ctx, bytes, MemKind::kDevice, 0, &out); r != CUDA_SUCCESS) return r;
+    s.allocations.at(reinterpret_cast<std::uintptr_t>(out)).pool = p;
+    cuuint64_t used = 0;
+    for (const auto& [base, a] : s.allocations)
+      if (a.pool == p) used += a.size;
+    pit->second.used_high = std::max(pit->second.used_high, used);
+    *dptr = reinterpret_cast<CUdeviceptr>(out);
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return alloc_async(dptr, bytesize, nullptr, hStream);
+}
+
+CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                         CUstream hStream) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return alloc_async(dptr, bytesize, pool, hStream);
+}
+
+// Freed at once, also while capturing (the double's graphs have no free nodes): work
+// recorded earlier that still uses the memory would fault when replayed, so tests free
+// captured allocations outside the capture.
+CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (const CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+    return free_kind(s, static_cast<std::uintptr_t>(dptr), MemKind::kDevice, CUDA_ERROR_INVALID_VALUE);
+  });
+}
+
+CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool_out, CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+    *pool_out = to_handle<CUmemPoolHandle_st>(default_pool(s, dev));
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+    const auto d = static_cast<std::size_t>(dev);
+    const Handle cur = s.current_pool.size() > d ? s.current_pool[d] : 0;
+    *pool = to_handle<CUmemPoolHandle_st>(cur != 0 ? cur : default_pool(s, dev));
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  return guarded([&](State& s) -> CUresult {
+    if (dev < 0 || dev >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+    const auto it = s.pools.find(from_handle(pool));
+    if (it == s.pools.end() || it->second.device != dev) return CUDA_ERROR_INVALID_VALUE;
+    if (s.current_pool.empty()) s.current_pool.assign(static_cast<std::size_t>(s.device_count), 0);
+    s.current_pool[static_cast<std::size_t>(dev)] = from_handle(pool);
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+cuuint64_t pool_used(const State& s, Handle pool) {
+  cuuint64_t used = 0;
+  for (const auto& [base, a] : s.allocations)
+    if (a.pool == pool) used += a.size;
+  return used;
+}
+}  // namespace
+
+CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.pools.find(from_handle(pool));
+    if (it == s.pools.end() || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Pool& p = it->second;
+    switch (attr) {
+      case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        std::memcpy(&p.reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES], value, sizeof(int));
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        std::memcpy(&p.release_threshold, value, sizeof(cuuint64_t));
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      case CU_MEMPOOL_ATTR_USED_MEM_HIGH: {
+        // Only a reset to 0 is allowed; the watermark restarts from what is in use.
+        cuuint64_t v = 0;
+        std::memcpy(&v, value, sizeof v);
+        if (v != 0) return CUDA_ERROR_INVALID_VALUE;
+        p.used_high = pool_used(s, from_handle(pool));
+        return CUDA_SUCCESS;
+      }
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  });
+}
+
+CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.pools.find(from_handle(pool));
+    if (it == s.pools.end() || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const Pool& p = it->second;
+    cuuint64_t v = 0;
+    switch (attr) {
+      case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        std::memcpy(value, &p.reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES], sizeof(int));
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p.release_threshold; break;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v = pool_used(s, from_handle(pool)); break;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      case CU_MEMPOOL_ATTR_USED_MEM_HIGH: v = p.used_high; break;
+      default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::memcpy(value, &v, sizeof v);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t) {
+  return guarded([&](State& s) -> CUresult {
+    return s.pools.contains(from_handle(pool)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -333,6 +334,10 @@ CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunc
   });
 }
 
+namespace {
+int max_active_blocks(const PtxEntry& e, int block_size, std::size_t dynamic_smem);
+}  // namespace
+
 // Occupancy from a simple SM model (2048 threads, 32 blocks and the opt-in
 // shared memory per SM): plausible, monotonic answers for tests.
 CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, CUfunction func,
@@ -343,14 +348,89 @@ CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBl
       return CUDA_ERROR_INVALID_VALUE;
     FunctionRef r;
     if (const CUresult e = lookup_function(s, func, &r); e != CUDA_SUCCESS) return e;
-    const std::size_t smem = r.entry->static_shared + dynamicSMemSize;
-    if (smem > static_cast<std::size_t>(kMaxSharedPerBlockOptin)) {
-      *numBlocks = 0;
-      return CUDA_SUCCESS;
+    *numBlocks = max_active_blocks(*r.entry, blockSize, dynamicSMemSize);
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+int max_active_blocks(const PtxEntry& e, int block_size, std::size_t dynamic_smem) {
+  const std::size_t smem = e.static_shared + dynamic_smem;
+  if (block_size <= 0 || smem > static_cast<std::size_t>(kMaxSharedPerBlockOptin)) return 0;
+  int blocks = std::min(32, 2048 / block_size);
+  if (smem != 0) blocks = std::min<int>(blocks, static_cast<int>(kMaxSharedPerBlockOptin / smem));
+  return blocks;
+}
+}  // namespace
+
+// The search the driver documents: the block size (a multiple of the warp size, or the
+// limit) with the most resident threads per SM, the largest on ties.
+CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(int* minGridSize, int* blockSize, CUfunction func,
+                                                           CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                           size_t dynamicSMemSize, int blockSizeLimit,
+                                                           unsigned int flags) {
+  const PtxEntry* entry = nullptr;
+  const CUresult r0 = guarded([&](State& s) -> CUresult {
+    if (minGridSize == nullptr || blockSize == nullptr || blockSizeLimit < 0 || flags > 1)
+      return CUDA_ERROR_INVALID_VALUE;
+    FunctionRef r;
+    if (const CUresult e = lookup_function(s, func, &r); e != CUDA_SUCCESS) return e;
+    entry = r.entry;
+    return CUDA_SUCCESS;
+  });
+  if (r0 != CUDA_SUCCESS) return r0;
+  // The callback is the caller's code: it runs outside the state lock.
+  const int cap = blockSizeLimit > 0 ? std::min(blockSizeLimit, kMaxThreadsPerBlock) : kMaxThreadsPerBlock;
+  int best = 0, best_blocks = 0, best_threads = 0;
+  for (int aligned = (cap + 31) / 32 * 32; aligned > 0; aligned -= 32) {
+    const int b = std::min(cap, aligned);
+    const std::size_t smem = blockSizeToDynamicSMemSize != nullptr ? blockSizeToDynamicSMemSize(b) : dynamicSMemSize;
+    int blocks = 0;
+    {
+      std::lock_guard lock(state().mu);
+      blocks = max_active_blocks(*entry, b, smem);
     }
-    int blocks = std::min(32, 2048 / blockSize);
-    if (smem != 0) blocks = std::min<int>(blocks, static_cast<int>(kMaxSharedPerBlockOptin / smem));
-    *numBlocks = blocks;
+    if (blocks * b > best_threads) {
+      best_threads = blocks * b;
+      best = b;
+      best_blocks = blocks;
+    }
+    if (best_threads == 2048) break;
+  }
+  *minGridSize = best_blocks * 132;
+  *blockSize = best;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int* minGridSize, int* blockSize, CUfunction func,
+                                                  CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                  size_t dynamicSMemSize, int blockSizeLimit) {
+  return cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize, blockSize, func, blockSizeToDynamicSMemSize,
+                                                   dynamicSMemSize, blockSizeLimit, 0);
+}
+
+// Clusters of up to 8 blocks; as many as fit when every block of a cluster must be resident.
+CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func, const CUlaunchConfig* config) {
+  return guarded([&](State& s) -> CUresult {
+    if (numClusters == nullptr || config == nullptr || (config->numAttrs != 0 && config->attrs == nullptr))
+      return CUDA_ERROR_INVALID_VALUE;
+    FunctionRef r;
+    if (const CUresult e = lookup_function(s, func, &r); e != CUDA_SUCCESS) return e;
+    if (const CUresult e = check_stream(s, config->hStream); e != CUDA_SUCCESS) return e;
+    std::uint64_t cluster = 1;
+    for (unsigned i = 0; i < config->numAttrs; ++i)
+      if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+        const auto& d = config->attrs[i].value.clusterDim;
+        cluster = std::uint64_t{d.x} * d.y * d.z;
+      }
+    const std::uint64_t threads = std::uint64_t{config->blockDimX} * config->blockDimY * config->blockDimZ;
+    // Past 8 blocks only with the non-portable attribute, and never past 16 (an H100/H200's
+    // limit); cuBLAS probes upwards until this error.
+    const bool non_portable = r.fn->settable[CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED] != 0;
+    if (cluster > (non_portable ? 16u : 8u)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    if (cluster == 0 || threads == 0 || threads > kMaxThreadsPerBlock) return CUDA_ERROR_INVALID_VALUE;
+    const int per_sm = max_active_blocks(*r.entry, static_cast<int>(threads), config->sharedMemBytes);
+    *numClusters = static_cast<int>(std::uint64_t{132} * static_cast<std::uint64_t>(per_sm) / cluster);
     return CUDA_SUCCESS;
   });
 }
@@ -405,11 +485,12 @@ CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attri
   });
 }
 
-CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                unsigned int gridDimZ, unsigned int blockDimX,
-                                unsigned int blockDimY, unsigned int blockDimZ,
-                                unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
-                                void** extra) {
+namespace {
+
+CUresult launch(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
+                bool cooperative) {
   return guarded([&](State& s) -> CUresult {
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
@@ -431,6 +512,25 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
     std::vector<unsigned char> params;
     if (const CUresult r = pack_params(*fr.entry, kernelParams, extra, &params); r != CUDA_SUCCESS)
       return r;
+    if (cooperative) {
+      // Every block must be resident at once.
+      const auto threads = static_cast<int>(blockDimX * blockDimY * blockDimZ);
+      const std::uint64_t fit = std::uint64_t{132} *
+                                static_cast<std::uint64_t>(max_active_blocks(*fr.entry, threads, sharedMemBytes));
+      if (std::uint64_t{gridDimX} * gridDimY * gridDimZ > fit) return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
+    if (!s.captures.empty()) {
+      // The arguments are packed now: the caller's kernelParams are gone by replay time.
+      auto packed = std::make_shared<const std::vector<unsigned char>>(params);
+      auto node = [=]() -> CUresult {
+        std::size_t n = packed->size();
+        void* ex[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<unsigned char*>(packed->data()),
+                      CU_LAUNCH_PARAM_BUFFER_SIZE, &n, CU_LAUNCH_PARAM_END};
+        return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                      nullptr, n == 0 ? nullptr : ex, cooperative);
+      };
+      if (CUresult r = CUDA_SUCCESS; record_if_capturing(s, hStream, node, &r)) return r;
+    }
     const CpuKernel kernel = find_cpu_kernel(fr.entry->name);
     if (kernel == nullptr) {
       log("no CPU implementation of kernel '%s'; add one to tests/gpu_double/kernels.cc",
@@ -461,6 +561,25 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
     }
     return r;
   });
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                unsigned int gridDimZ, unsigned int blockDimX,
+                                unsigned int blockDimY, unsigned int blockDimZ,
+                                unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
+                                void** extra) {
+  return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                kernelParams, extra, false);
+}
+
+CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                           unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                           unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                           void** kernelParams) {
+  return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                kernelParams, nullptr, true);
 }
 
 // ---- libraries (what cudart 12+/13 loads its fatbins through) ----------------------------
@@ -652,4 +771,70 @@ CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUke
     if (r != CUDA_SUCCESS) return r;
   }
   return cuFuncSetAttribute(reinterpret_cast<CUfunction>(kernel), attrib, val);
+}
+
+// ---- module enumeration ----------------------------------------------------------------------
+
+CUresult CUDAAPI cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) {
+  return guarded([&](State& s) -> CUresult {
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto it = s.modules.find(from_handle(mod));
+    if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *count = static_cast<unsigned>(it->second.image.entries.size());
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions, unsigned int numFunctions, CUmodule mod) {
+  return guarded([&](State& s) -> CUresult {
+    if (functions == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto it = s.modules.find(from_handle(mod));
+    if (it == s.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+    const auto& entries = it->second.image.entries;
+    if (numFunctions > entries.size()) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < numFunctions; ++i)
+      functions[i] = to_handle<CUfunc_st>(it->second.functions.at(entries[i].name));
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- tensor maps -----------------------------------------------------------------------------
+
+// Checks what the driver documents for a tiled descriptor and writes a deterministic
+// descriptor (the fields in order): there is no TMA unit to read it.
+CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
+                                        cuuint32_t tensorRank, void* globalAddress, const cuuint64_t* globalDim,
+                                        const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
+                                        const cuuint32_t* elementStrides, CUtensorMapInterleave interleave,
+                                        CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
+                                        CUtensorMapFloatOOBfill oobFill) {
+  if (tensorMap == nullptr || tensorRank == 0 || tensorRank > 5 || globalDim == nullptr || boxDim == nullptr ||
+      elementStrides == nullptr || (tensorRank > 1 && globalStrides == nullptr) ||
+      reinterpret_cast<std::uintptr_t>(globalAddress) % 16 != 0 ||
+      static_cast<unsigned>(tensorDataType) > CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B ||
+      static_cast<unsigned>(interleave) > CU_TENSOR_MAP_INTERLEAVE_32B ||
+      static_cast<unsigned>(swizzle) > CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B ||
+      static_cast<unsigned>(l2Promotion) > CU_TENSOR_MAP_L2_PROMOTION_L2_256B ||
+      static_cast<unsigned>(oobFill) > CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t i = 0; i < tensorRank; ++i) {
+    if (globalDim[i] == 0 || globalDim[i] > (cuuint64_t{1} << 32) || boxDim[i] == 0 || boxDim[i] > 256 ||
+        elementStrides[i] == 0 || elementStrides[i] > 8)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (i + 1 < tensorRank && (globalStrides[i] % 16 != 0 || globalStrides[i] >= (cuuint64_t{1} << 40)))
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUtensorMap m{};
+  cuuint64_t* w = m.opaque;
+  w[0] = reinterpret_cast<std::uintptr_t>(globalAddress);
+  w[1] = (cuuint64_t{tensorRank} << 32) | static_cast<unsigned>(tensorDataType);
+  w[2] = (cuuint64_t{static_cast<unsigned>(interleave)} << 24) | (cuuint64_t{static_cast<unsigned>(swizzle)} << 16) |
+         (cuuint64_t{static_cast<unsigned>(l2Promotion)} << 8) | static_cast<unsigned>(oobFill);
+  for (cuuint32_t i = 0; i < tensorRank; ++i) {
+    w[3 + i] = globalDim[i];
+    w[8 + i] = (cuuint64_t{boxDim[i]} << 32) | elementStrides[i];
+    if (i + 1 < tensorRank && 13 + i < 16) w[13 + i] = globalStrides[i];
+  }
+  *tensorMap = m;
+  return CUDA_SUCCESS;
 }

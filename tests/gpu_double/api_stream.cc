@@ -76,6 +76,11 @@ CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
     Handle ctx = 0;
     const Stream* st = nullptr;
     if (const CUresult r = stream_context(s, hStream, &ctx, &st); r != CUDA_SUCCESS) return r;
+    // Waiting for a capturing stream is illegal and ends the capture, as on the driver.
+    if (const auto c = s.captures.find(from_handle(hStream)); c != s.captures.end()) {
+      c->second.invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     return s.fault_of(ctx);
   });
 }
@@ -128,6 +133,8 @@ CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
 }
 
 CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  if (CUresult r = CUDA_SUCCESS; capture_call(hStream, [=] { return cuStreamWaitEvent(hStream, hEvent, Flags); }, &r))
+    return r;
   return guarded([&](State& s) -> CUresult {
     if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0)
       return CUDA_ERROR_INVALID_VALUE;
@@ -163,6 +170,9 @@ CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
 }
 
 CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+  if (CUresult r = CUDA_SUCCESS;
+      capture_call(hStream, [=] { return cuEventRecordWithFlags(hEvent, hStream, flags); }, &r))
+    return r;
   return guarded([&](State& s) -> CUresult {
     if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0)
       return CUDA_ERROR_INVALID_VALUE;
@@ -195,4 +205,188 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) { return cuEventQuery(hEvent
 
 CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   return elapsed(pMilliseconds, hStart, hEnd);
+}
+
+// ---- stream capture and graphs ---------------------------------------------------------------
+
+namespace {
+
+// A capture needs a stream of its own: the legacy default stream synchronises with every
+// other and cannot be captured.
+CUresult capturable(State& s, CUstream h, Handle* ctx) {
+  if (h == nullptr || h == CU_STREAM_LEGACY) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  const Stream* st = nullptr;
+  return stream_context(s, h, ctx, &st);
+}
+
+CUresult begin_capture(CUstream h, CUstreamCaptureMode mode) {
+  return guarded([&](State& s) -> CUresult {
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+      return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = capturable(s, h, &ctx); r != CUDA_SUCCESS) return r;
+    if (s.captures.contains(from_handle(h))) return CUDA_ERROR_ILLEGAL_STATE;
+    const Handle g = s.new_handle();
+    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}};
+    s.captures[from_handle(h)] = Capture{.graph = g, .mode = mode, .invalidated = false, .id = s.next_capture_id++};
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  return begin_capture(hStream, mode);
+}
+
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) {
+  return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  return guarded([&](State& s) -> CUresult {
+    if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = capturable(s, hStream, &ctx); r != CUDA_SUCCESS) return r;
+    const auto it = s.captures.find(from_handle(hStream));
+    if (it == s.captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
+    const Capture c = it->second;
+    s.captures.erase(it);
+    if (c.invalidated) {
+      s.graphs.erase(c.graph);
+      *phGraph = nullptr;
+      return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *phGraph = to_handle<CUgraph_st>(c.graph);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* status) {
+  return guarded([&](State& s) -> CUresult {
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    const Stream* st = nullptr;
+    if (const CUresult r = stream_context(s, hStream, &ctx, &st); r != CUDA_SUCCESS) return r;
+    const auto it = s.captures.find(from_handle(hStream));
+    *status = it == s.captures.end()      ? CU_STREAM_CAPTURE_STATUS_NONE
+              : it->second.invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                       : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                           CUgraph* graph, const CUgraphNode** deps,
+                                           const CUgraphEdgeData** edges, size_t* ndeps) {
+  return guarded([&](State& s) -> CUresult {
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    const Stream* st = nullptr;
+    if (const CUresult r = stream_context(s, hStream, &ctx, &st); r != CUDA_SUCCESS) return r;
+    const auto it = s.captures.find(from_handle(hStream));
+    const bool active = it != s.captures.end() && !it->second.invalidated;
+    *status = it == s.captures.end() ? CU_STREAM_CAPTURE_STATUS_NONE
+              : active              ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                    : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    if (id != nullptr && active) *id = it->second.id;
+    if (graph != nullptr && active) *graph = to_handle<CUgraph_st>(it->second.graph);
+    // Nodes are closures here, without handles: no dependencies to report.
+    if (deps != nullptr && active) *deps = nullptr;
+    if (edges != nullptr && active) *edges = nullptr;
+    if (ndeps != nullptr && active) *ndeps = 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUstreamCaptureMode m = *mode;
+  if (m != CU_STREAM_CAPTURE_MODE_GLOBAL && m != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      m != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  *mode = current;
+  current = m;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    const Handle g = s.new_handle();
+    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}};
+    *phGraph = to_handle<CUgraph_st>(g);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.graphs.find(from_handle(hGraph));
+    if (it == s.graphs.end() || numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // nodes have no handles here
+    *numNodes = it->second.nodes.size();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (phGraphExec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto it = s.graphs.find(from_handle(hGraph));
+    if (it == s.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
+    constexpr unsigned long long kKnown = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                          CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+                                          CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+                                          CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+    if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+    const Handle e = s.new_handle();
+    s.execs[e] = it->second;  // an executable graph is a snapshot
+    *phGraphExec = to_handle<CUgraphExec_st>(e);
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+CUresult graph_launch(CUgraphExec exec, CUstream stream, bool run) {
+  std::vector<Node> nodes;
+  const CUresult r = guarded([&](State& s) -> CUresult {
+    const auto it = s.execs.find(from_handle(exec));
+    if (it == s.execs.end()) return CUDA_ERROR_INVALID_VALUE;
+    if (const CUresult e = check_stream(s, stream); e != CUDA_SUCCESS) return e;
+    if (run) nodes = it->second.nodes;
+    return CUDA_SUCCESS;
+  });
+  if (r != CUDA_SUCCESS) return r;
+  // Launched into a capturing stream, the whole graph becomes part of that capture.
+  if (CUresult c = CUDA_SUCCESS; run && capture_call(stream, [nodes] { return replay(nodes); }, &c)) return c;
+  return replay(nodes);
+}
+}  // namespace
+
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+  return graph_launch(hGraphExec, hStream, true);
+}
+
+CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
+  return graph_launch(hGraphExec, hStream, false);
+}
+
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
+  return guarded([&](State& s) -> CUresult {
+    return s.execs.erase(from_handle(hGraphExec)) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
+  return guarded([&](State& s) -> CUresult {
+    const Handle g = from_handle(hGraph);
+    for (const auto& [stream, c] : s.captures)
+      if (c.graph == g) return CUDA_ERROR_INVALID_VALUE;  // still being captured
+    return s.graphs.erase(g) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
 }

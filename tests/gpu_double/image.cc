@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <optional>
+#include <string>
 
 namespace ivcuda::gpu_double {
 namespace {
@@ -403,6 +405,294 @@ struct FatbinEntryHeader {
 static_assert(sizeof(FatbinEntryHeader) == 0x40);
 
 constexpr int kDeviceSm = 90;
+constexpr std::uint64_t kZstdFlag = 0x8000;
+constexpr std::uint64_t kLz4Flag = 0x2000;
+// Uncompressed entries of the toolkit's libraries stay below a few MiB; a larger claim is corrupt.
+constexpr std::uint64_t kMaxEntryBytes = std::uint64_t{1} << 30;
+
+// The decompressors come from the system's libzstd/liblz4 at run time, so that the double
+// has no build dependency for a path that only foreign images take.
+struct Decompressors {
+  using ZstdFn = std::size_t (*)(void*, std::size_t, const void*, std::size_t);
+  using ZstdIsError = unsigned (*)(std::size_t);
+  using Lz4Fn = int (*)(const char*, char*, int, int);
+  ZstdFn zstd = nullptr;
+  ZstdIsError zstd_is_error = nullptr;
+  Lz4Fn lz4 = nullptr;
+
+  Decompressors() {
+    if (void* z = dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL)) {
+      zstd = reinterpret_cast<ZstdFn>(dlsym(z, "ZSTD_decompress"));
+      zstd_is_error = reinterpret_cast<ZstdIsError>(dlsym(z, "ZSTD_isError"));
+    }
+    if (void* l = dlopen("liblz4.so.1", RTLD_NOW | RTLD_LOCAL))
+      lz4 = reinterpret_cast<Lz4Fn>(dlsym(l, "LZ4_decompress_safe"));
+  }
+};
+
+const Decompressors& decompressors() {
+  static const Decompressors d;
+  return d;
+}
+
+// The payload of a fatbin entry, decompressed when its flags say so.
+std::optional<std::vector<unsigned char>> entry_payload(const FatbinEntryHeader& e,
+                                                        const unsigned char* payload,
+                                                        std::string& why) {
+  const bool zstd = (e.flags & kZstdFlag) != 0, lz4 = (e.flags & kLz4Flag) != 0;
+  if (!zstd && !lz4) return std::vector<unsigned char>(payload, payload + e.payload_size);
+  if (e.compressed_size > e.payload_size || e.uncompressed_size == 0 ||
+      e.uncompressed_size > kMaxEntryBytes) {
+    why = "corrupt sizes in a compressed fatbin entry";
+    return std::nullopt;
+  }
+  std::vector<unsigned char> out(static_cast<std::size_t>(e.uncompressed_size));
+  const Decompressors& d = decompressors();
+  if (zstd) {
+    if (d.zstd == nullptr || d.zstd_is_error == nullptr) {
+      why = "a zstd-compressed fatbin entry, and libzstd.so.1 is not loadable";
+      return std::nullopt;
+    }
+    const std::size_t n = d.zstd(out.data(), out.size(), payload, e.compressed_size);
+    if (d.zstd_is_error(n) != 0 || n != out.size()) {
+      why = "a zstd-compressed fatbin entry does not decompress to its stated size";
+      return std::nullopt;
+    }
+    return out;
+  }
+  if (d.lz4 == nullptr) {
+    why = "an LZ4-compressed fatbin entry, and liblz4.so.1 is not loadable";
+    return std::nullopt;
+  }
+  if (e.compressed_size > INT32_MAX || out.size() > INT32_MAX) {
+    why = "an LZ4-compressed fatbin entry too large for LZ4";
+    return std::nullopt;
+  }
+  const int n = d.lz4(reinterpret_cast<const char*>(payload), reinterpret_cast<char*>(out.data()),
+                      static_cast<int>(e.compressed_size), static_cast<int>(out.size()));
+  if (n < 0 || static_cast<std::size_t>(n) != out.size()) {
+    why = "an LZ4-compressed fatbin entry does not decompress to its stated size";
+    return std::nullopt;
+  }
+  return out;
+}
+
+// ---- cubins (ELF): what their symbol table and .nv.info sections declare -------------------
+
+constexpr std::uint32_t kShtSymtab = 2;
+constexpr std::uint32_t kShtNobits = 8;
+constexpr unsigned char kSttObject = 1;
+constexpr unsigned char kSttFunc = 2;
+constexpr unsigned char kStoCudaEntry = 0x10;
+constexpr unsigned char kEiFmtSval = 4;  // .nv.info record with a u16 size and a payload
+constexpr unsigned char kEiAttrParamCbank = 0x0a;
+constexpr unsigned char kEiAttrKparamInfo = 0x17;
+
+struct ElfSection {
+  std::uint32_t name = 0;
+  std::uint32_t type = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  std::uint32_t link = 0;
+  std::uint64_t entsize = 0;
+  std::string_view sname;
+};
+
+template <class T>
+T read_le(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+class CubinParser {
+ public:
+  CubinParser(const unsigned char* p, std::size_t len, std::string& why) : p_(p), len_(len), why_(why) {}
+
+  CUresult run(PtxImage& img) {
+    if (!read_sections()) return CUDA_ERROR_INVALID_IMAGE;
+    const ElfSection* symtab = nullptr;
+    for (const auto& s : secs_)
+      if (s.type == kShtSymtab) symtab = &s;
+    if (symtab == nullptr || symtab->entsize != 24 || symtab->link >= secs_.size())
+      return fail("cubin without a usable symbol table");
+    const ElfSection& strtab = secs_[symtab->link];
+    img.target_sm = kDeviceSm;  // SASS for the emulated GPU (or the closest there was)
+    for (std::uint64_t k = 0; k < symtab->size / 24; ++k) {
+      const unsigned char* sym = p_ + symtab->offset + k * 24;
+      const auto name = str(strtab, read_le<std::uint32_t>(sym));
+      const unsigned char info = sym[4], other = sym[5];
+      const auto shndx = read_le<std::uint16_t>(sym + 6);
+      const auto value = read_le<std::uint64_t>(sym + 8);
+      const auto size = read_le<std::uint64_t>(sym + 16);
+      if (name.empty() || shndx == 0 || shndx >= secs_.size()) continue;
+      if ((info & 0xf) == kSttFunc && (other & kStoCudaEntry) != 0) {
+        if (!add_entry(img, name)) return CUDA_ERROR_INVALID_IMAGE;
+      } else if ((info & 0xf) == kSttObject && size != 0) {
+        const ElfSection& home = secs_[shndx];
+        const bool global = home.sname.starts_with(".nv.global");
+        const bool constant = home.sname.starts_with(".nv.constant") && !home.sname.starts_with(".nv.constant0");
+        if (!global && !constant) continue;
+        if (size > (std::uint64_t{1} << 40)) return fail("global " + std::string(name) + " is too large");
+        PtxGlobal g;
+        g.name = std::string(name);
+        g.constant = constant;
+        g.size = static_cast<std::size_t>(size);
+        g.align = 8;
+        if (home.type != kShtNobits && value <= home.size && size <= home.size - value)
+          g.init.assign(p_ + home.offset + value, p_ + home.offset + value + size);
+        img.globals.push_back(std::move(g));
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+
+ private:
+  CUresult fail(std::string msg) {
+    why_ = std::move(msg);
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+
+  bool read_sections() {
+    if (len_ < 64 || p_[4] != 2 || p_[5] != 1) {
+      fail("not a 64-bit little-endian ELF");
+      return false;
+    }
+    const auto shoff = read_le<std::uint64_t>(p_ + 0x28);
+    const auto shentsize = read_le<std::uint16_t>(p_ + 0x3a);
+    const auto shnum = read_le<std::uint16_t>(p_ + 0x3c);
+    const auto shstrndx = read_le<std::uint16_t>(p_ + 0x3e);
+    if (shentsize != 64 || shnum == 0 || shstrndx >= shnum || shoff > len_ ||
+        std::uint64_t{shnum} * 64 > len_ - shoff) {
+      fail("corrupt ELF section table");
+      return false;
+    }
+    secs_.resize(shnum);
+    for (std::size_t i = 0; i < shnum; ++i) {
+      const unsigned char* h = p_ + shoff + i * 64;
+      ElfSection& s = secs_[i];
+      s.name = read_le<std::uint32_t>(h);
+      s.type = read_le<std::uint32_t>(h + 4);
+      s.offset = read_le<std::uint64_t>(h + 0x18);
+      s.size = read_le<std::uint64_t>(h + 0x20);
+      s.link = read_le<std::uint32_t>(h + 0x28);
+      s.entsize = read_le<std::uint64_t>(h + 0x38);
+      if (s.type != kShtNobits && s.type != 0 && (s.offset > len_ || s.size > len_ - s.offset)) {
+        fail("an ELF section overruns the image");
+        return false;
+      }
+    }
+    for (auto& s : secs_) s.sname = str(secs_[shstrndx], s.name);
+    return true;
+  }
+
+  // A NUL-terminated string inside section s, or empty.
+  std::string_view str(const ElfSection& s, std::uint64_t off) const {
+    if (s.type == kShtNobits || off >= s.size) return {};
+    const auto* b = reinterpret_cast<const char*>(p_ + s.offset + off);
+    const auto* e = static_cast<const char*>(std::memchr(b, '\0', static_cast<std::size_t>(s.size - off)));
+    return e == nullptr ? std::string_view{} : std::string_view(b, static_cast<std::size_t>(e - b));
+  }
+
+  const ElfSection* section(std::string_view prefix, std::string_view name) const {
+    for (const auto& s : secs_)
+      if (s.sname.size() == prefix.size() + name.size() && s.sname.starts_with(prefix) &&
+          s.sname.ends_with(name))
+        return &s;
+    return nullptr;
+  }
+
+  bool add_entry(PtxImage& img, std::string_view name) {
+    PtxEntry e;
+    e.name = std::string(name);
+    if (const ElfSection* sh = section(".nv.shared.", name)) e.static_shared = static_cast<std::size_t>(sh->size);
+    struct Slot {
+      std::uint16_t ordinal;
+      PtxParam p;
+    };
+    std::vector<Slot> slots;
+    if (const ElfSection* info = section(".nv.info.", name)) {
+      const unsigned char* r = p_ + info->offset;
+      std::uint64_t left = info->size;
+      while (left >= 4) {
+        const unsigned char fmt = r[0], attr = r[1];
+        std::uint64_t rec = 4;
+        if (fmt == kEiFmtSval) {
+          const auto n = read_le<std::uint16_t>(r + 2);
+          if (n > left - 4) {
+            fail(".nv.info of " + e.name + " overruns its section");
+            return false;
+          }
+          rec += n;
+          if (attr == kEiAttrKparamInfo && n >= 12) {
+            Slot sl{};
+            sl.ordinal = read_le<std::uint16_t>(r + 8);
+            sl.p.offset = read_le<std::uint16_t>(r + 10);
+            sl.p.size = (read_le<std::uint32_t>(r + 12) >> 18) & 0x3fff;
+            // The ELF keeps no alignment: the largest power of two (<= 8) the offset allows.
+            sl.p.align = sl.p.offset == 0 ? 8 : std::min<std::size_t>(8, sl.p.offset & (~sl.p.offset + 1));
+            if (sl.p.size == 0 || sl.p.offset > kMaxParamBytes || sl.p.size > kMaxParamBytes - sl.p.offset) {
+              fail("a parameter of " + e.name + " lies outside the parameter space");
+              return false;
+            }
+            slots.push_back(sl);
+          } else if (attr == kEiAttrParamCbank && n >= 8) {
+            e.param_bytes = std::max<std::size_t>(e.param_bytes, read_le<std::uint16_t>(r + 10));
+          }
+        }
+        r += rec;
+        left -= rec;
+      }
+    }
+    std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) { return a.ordinal < b.ordinal; });
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].ordinal != i) {
+        fail("the parameter ordinals of " + e.name + " are not 0..n-1");
+        return false;
+      }
+      e.params.push_back(slots[i].p);
+      e.param_bytes = std::max(e.param_bytes, slots[i].p.offset + slots[i].p.size);
+    }
+    if (e.param_bytes > kMaxParamBytes) {
+      fail("the parameters of " + e.name + " exceed the parameter space");
+      return false;
+    }
+    img.entries.push_back(std::move(e));
+    return true;
+  }
+
+  const unsigned char* p_;
+  std::size_t len_;
+  std::string& why_;
+  std::vector<ElfSection> secs_;
+};
+
+// The extent of an ELF image known only by its address (cuModuleLoadData of a cubin): the
+// end of its section table or of its last section, whichever is further. Like the driver,
+// the double has to trust the header that far.
+std::optional<std::size_t> elf_extent(const unsigned char* p) {
+  if (p[4] != 2 || p[5] != 1) return std::nullopt;
+  const auto shoff = read_le<std::uint64_t>(p + 0x28);
+  const auto shentsize = read_le<std::uint16_t>(p + 0x3a);
+  const auto shnum = read_le<std::uint16_t>(p + 0x3c);
+  if (shentsize != 64 || shoff > kMaxEntryBytes) return std::nullopt;
+  std::uint64_t end = shoff + std::uint64_t{shnum} * 64;
+  for (std::size_t i = 0; i < shnum; ++i) {
+    const unsigned char* h = p + shoff + i * 64;
+    const auto type = read_le<std::uint32_t>(h + 4);
+    const auto off = read_le<std::uint64_t>(h + 0x18);
+    const auto size = read_le<std::uint64_t>(h + 0x20);
+    if (type == kShtNobits || type == 0) continue;
+    if (off > kMaxEntryBytes || size > kMaxEntryBytes - off) return std::nullopt;
+    end = std::max(end, off + size);
+  }
+  return static_cast<std::size_t>(end);
+}
+
+CUresult parse_cubin(const unsigned char* p, std::size_t len, PtxImage& out, std::string& why) {
+  out = PtxImage{};
+  return CubinParser(p, len, why).run(out);
+}
 
 CUresult load_fatbin(const unsigned char* base, PtxImage& out, std::string& why) {
   FatbinHeader h;
@@ -411,12 +701,18 @@ CUresult load_fatbin(const unsigned char* base, PtxImage& out, std::string& why)
     why = "corrupt fatbin header";
     return CUDA_ERROR_INVALID_IMAGE;
   }
+  const bool foreign = foreign_images_enabled();
   const std::uint64_t end = h.header_size + h.payload_size;
   std::uint64_t off = h.header_size;
   const unsigned char* best = nullptr;
   std::uint64_t best_len = 0;
   std::uint32_t best_arch = 0;
   bool saw_compressed = false;
+  // Foreign images only: compressed PTX, and SASS (the exact arch preferred).
+  std::optional<FatbinEntryHeader> zptx, elf;
+  const unsigned char* zptx_at = nullptr;
+  const unsigned char* elf_at = nullptr;
+  auto elf_rank = [](std::uint32_t arch) { return arch == kDeviceSm ? 1000u : arch < kDeviceSm ? arch : 0u; };
   while (off < end) {
     FatbinEntryHeader e;
     if (end - off < sizeof e) {
@@ -429,19 +725,46 @@ CUresult load_fatbin(const unsigned char* base, PtxImage& out, std::string& why)
       why = "fatbin entry overruns the fatbin";
       return CUDA_ERROR_INVALID_IMAGE;
     }
+    const unsigned char* payload = base + off + e.header_size;
     if (e.kind == kFatbinKindPtx) {
       const bool compressed = (e.flags & kFatbinCompressedFlags) != 0 || e.uncompressed_size != 0;
       saw_compressed |= compressed;
       if (!compressed && e.arch <= kDeviceSm && (best == nullptr || e.arch > best_arch)) {
-        best = base + off + e.header_size;
+        best = payload;
         best_len = e.payload_size;
         best_arch = e.arch;
       }
-    } else if (e.kind != kFatbinKindElf) {
+      if (compressed && e.arch <= kDeviceSm && (!zptx || e.arch > zptx->arch)) {
+        zptx = e;
+        zptx_at = payload;
+      }
+    } else if (e.kind == kFatbinKindElf) {
+      if (!elf || elf_rank(e.arch) > elf_rank(elf->arch)) {
+        elf = e;
+        elf_at = payload;
+      }
+    } else if (!foreign) {
       why = "unknown fatbin entry kind " + std::to_string(e.kind);
       return CUDA_ERROR_INVALID_IMAGE;
-    }
+    }  // foreign images: other kinds (LTO IR, ...) carry nothing the double uses
     off += e.header_size + e.payload_size;
+  }
+  if (best == nullptr && foreign) {
+    std::string ptx_why;
+    if (zptx) {
+      if (auto text = entry_payload(*zptx, zptx_at, ptx_why)) {
+        const auto* t = reinterpret_cast<const char*>(text->data());
+        const std::size_t len = static_cast<std::size_t>(std::find(t, t + text->size(), '\0') - t);
+        if (parse_ptx(std::string_view(t, len), out, ptx_why) == CUDA_SUCCESS) return CUDA_SUCCESS;
+      }
+    }
+    if (elf) {
+      auto bytes = entry_payload(*elf, elf_at, why);
+      if (!bytes) return CUDA_ERROR_INVALID_IMAGE;
+      return parse_cubin(bytes->data(), bytes->size(), out, why);
+    }
+    why = ptx_why.empty() ? "the fatbin holds neither PTX nor SASS" : ptx_why;
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
   }
   if (best == nullptr) {
     why = saw_compressed ? "the fatbin's PTX is compressed (build it with nvcc --no-compress)"
@@ -456,6 +779,14 @@ CUresult load_fatbin(const unsigned char* base, PtxImage& out, std::string& why)
 }
 
 }  // namespace
+
+bool foreign_images_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("IVCUDA_DOUBLE_UNKNOWN_KERNELS");
+    return v != nullptr && std::strcmp(v, "skip") == 0;
+  }();
+  return on;
+}
 
 CUresult parse_ptx(std::string_view text, PtxImage& out, std::string& why) {
   out = PtxImage{};
@@ -491,6 +822,14 @@ CUresult load_image(const void* image, PtxImage& out, std::string& why) {
     return load_fatbin(fb, out, why);
   }
   if (magic == kFatbinMagic) return load_fatbin(bytes, out, why);
+  if (magic == 0x464c457fu && foreign_images_enabled()) {
+    const auto len = elf_extent(bytes);
+    if (!len) {
+      why = "corrupt cubin header";
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    return parse_cubin(bytes, *len, out, why);
+  }
   if (magic == 0x464c457fu) {  // "\x7fELF": a cubin
     why = "cubin images hold SASS, which the GPU test double cannot run";
     return CUDA_ERROR_NO_BINARY_FOR_GPU;

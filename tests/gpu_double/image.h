@@ -44,6 +44,12 @@ struct PtxImage {
 // Largest parameter buffer a CUDA 12.1+ kernel may take.
 inline constexpr std::size_t kMaxParamBytes = 32764;
 
+// True when IVCUDA_DOUBLE_UNKNOWN_KERNELS=skip: images without usable PTX (cubins, SASS-only or
+// compressed fatbins, as the toolkit's libraries carry) load with the entries, parameter
+// layouts and globals their ELF declares, and launches of kernels without a CPU version do
+// nothing. Lets CI check a library's API flow and data movement; off by default.
+bool foreign_images_enabled();
+
 // Parses PTX text. CUDA_ERROR_INVALID_PTX when the text is not PTX we can lay out; `why`
 // says what was wrong.
 CUresult parse_ptx(std::string_view text, PtxImage& out, std::string& why);

@@ -1,7 +1,12 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "state.h"
@@ -136,6 +141,188 @@ CUresult fault(KernelEnv& env) {
   return CUDA_SUCCESS;
 }
 
+// ---- rt_features.cu (tests/runtime): one CPU version per kernel there ---------------------
+
+struct RtfMixed {  // ivc_rtf_mixed, laid out as nvcc does
+  char c;
+  double d;
+  short s;
+  float f[3];
+};
+static_assert(sizeof(RtfMixed) == 32 && alignof(RtfMixed) == 8);
+struct RtfArr {
+  int v[7];
+};
+static_assert(sizeof(RtfArr) == 28);
+
+CUresult rtf_params(KernelEnv& env) {
+  RtfMixed m{};
+  RtfArr a{};
+  char c = 0;
+  short sh = 0;
+  unsigned char uc = 0;
+  std::uint64_t in = 0, out = 0, u64 = 0;
+  std::int64_t s64 = 0;
+  float f = 0;
+  double d = 0;
+  int n = 0;
+  if (!env.param(0, &m) || !env.param(1, &c) || !env.param(2, &a) || !env.param(3, &in) ||
+      !env.param(4, &sh) || !env.param(5, &out) || !env.param(6, &s64) || !env.param(7, &uc) ||
+      !env.param(8, &u64) || !env.param(9, &f) || !env.param(10, &d) || !env.param(11, &n))
+    return mismatch(env);
+  const std::uint64_t k = active(env, n);
+  IVC_ACCESS(env, in, k, 8);
+  IVC_ACCESS(env, out, k, 8);
+  for (std::uint64_t i = 0; i < k; ++i)
+    ptr<double>(out)[i] = ptr<const double>(in)[i] * d + f + static_cast<double>(s64) +
+                          static_cast<double>(u64 & 0xffffu) + c + sh + uc + m.c + m.d + m.s +
+                          m.f[i % 3] + a.v[i % 7];
+  return CUDA_SUCCESS;
+}
+
+CUresult rtf_symbols(KernelEnv& env) {
+  std::uint64_t out = 0;
+  int n = 0;
+  if (!env.param(0, &out) || !env.param(1, &n)) return mismatch(env);
+  unsigned char* table = env.global("ivc_rtf_table", 64 * sizeof(float));
+  unsigned char* coef = env.global("ivc_rtf_coef", 4 * sizeof(float));
+  unsigned char* offset = env.global("ivc_rtf_offset", sizeof(int));
+  unsigned char* hits = env.global("ivc_rtf_hits", sizeof(unsigned));
+  if (table == nullptr || coef == nullptr || offset == nullptr || hits == nullptr)
+    return mismatch(env);
+  const std::uint64_t k = active(env, n);
+  IVC_ACCESS(env, out, k, 4);
+  float t[64], c[4];
+  int off = 0;
+  std::memcpy(t, table, sizeof t);
+  std::memcpy(c, coef, sizeof c);
+  std::memcpy(&off, offset, sizeof off);
+  for (std::uint64_t i = 0; i < k; ++i) ptr<float>(out)[i] = t[i % 64] * c[i % 4] + static_cast<float>(off);
+  unsigned h = 0;
+  std::memcpy(&h, hits, sizeof h);
+  ++h;
+  std::memcpy(hits, &h, sizeof h);
+  return CUDA_SUCCESS;
+}
+
+CUresult rtf_axpy(KernelEnv& env) {
+  float a = 0;
+  std::uint64_t x = 0, y = 0;
+  int n = 0;
+  if (!env.param(0, &a) || !env.param(1, &x) || !env.param(2, &y) || !env.param(3, &n))
+    return mismatch(env);
+  const std::uint64_t k = active(env, n);
+  IVC_ACCESS(env, x, k, 4);
+  IVC_ACCESS(env, y, k, 4);
+  for (std::uint64_t i = 0; i < k; ++i) ptr<float>(y)[i] = a * ptr<const float>(x)[i] + ptr<float>(y)[i];
+  return CUDA_SUCCESS;
+}
+
+CUresult rtf_iota(KernelEnv& env) {
+  std::uint64_t p = 0;
+  int base = 0, step = 0, n = 0;
+  if (!env.param(0, &p) || !env.param(1, &base) || !env.param(2, &step) || !env.param(3, &n))
+    return mismatch(env);
+  const std::uint64_t k = n > 0 ? static_cast<std::uint64_t>(n) : 0;  // grid-stride: all n
+  IVC_ACCESS(env, p, k, 4);
+  for (std::uint64_t i = 0; i < k; ++i)  // int arithmetic wraps on the GPU; do it unsigned here
+    ptr<int>(p)[i] = static_cast<int>(static_cast<unsigned>(base) + static_cast<unsigned>(i) * static_cast<unsigned>(step));
+  return CUDA_SUCCESS;
+}
+
+CUresult rtf_twice_plus(KernelEnv& env) {
+  std::uint64_t p = 0;
+  int add = 0, n = 0;
+  if (!env.param(0, &p) || !env.param(1, &add) || !env.param(2, &n)) return mismatch(env);
+  const std::uint64_t k = active(env, n);
+  IVC_ACCESS(env, p, k, 4);
+  for (std::uint64_t i = 0; i < k; ++i)
+    ptr<int>(p)[i] = static_cast<int>(2u * static_cast<unsigned>(ptr<int>(p)[i]) + static_cast<unsigned>(add));
+  return CUDA_SUCCESS;
+}
+
+// Both phases of the cooperative kernel; the grid barrier between them is the launch order here.
+CUresult rtf_coop(KernelEnv& env) {
+  std::uint64_t a = 0, b = 0;
+  int n = 0;
+  if (!env.param(0, &a) || !env.param(1, &b) || !env.param(2, &n)) return mismatch(env);
+  if (n <= 0) return CUDA_SUCCESS;
+  const auto k = static_cast<std::uint64_t>(n);
+  IVC_ACCESS(env, a, k, 4);
+  IVC_ACCESS(env, b, k, 4);
+  int* pa = ptr<int>(a);
+  for (std::uint64_t i = 0; i < k; ++i) pa[i] = static_cast<int>(i) * 3 + 1;
+  for (std::uint64_t i = 0; i < k; ++i) ptr<int>(b)[i] = pa[k - 1 - i] + pa[(i + 1) % k];
+  return CUDA_SUCCESS;
+}
+
+// Device printf: a real driver writes the kernel's lines to its process's stdout at the next
+// synchronisation; the double writes them at once (its launches are synchronous).
+CUresult rtf_printf(KernelEnv& env) {
+  int lines = 0;
+  long long big = 0;
+  double x = 0;
+  if (!env.param(0, &lines) || !env.param(1, &big) || !env.param(2, &x)) return mismatch(env);
+  for (int k = 0; k < lines; ++k)
+    std::printf("ivc printf %d/%d: %lld %u 0x%x %.3f %c\n", k, lines, big + k,
+                static_cast<unsigned>(k) * 7u, k * 255, x * k, 'a' + k);
+  std::fflush(stdout);
+  return CUDA_SUCCESS;
+}
+
+// The CPU may store the flag while the kernel runs: every access is atomic.
+CUresult wait_flag(KernelEnv& env) {
+  std::uint64_t flag = 0, out = 0, timeout_ns = 0;
+  if (!env.param(0, &flag) || !env.param(1, &out) || !env.param(2, &timeout_ns)) return mismatch(env);
+  IVC_ACCESS(env, flag, 1, 4);
+  IVC_ACCESS(env, out, 1, 4);
+  std::atomic_ref<unsigned> f(*ptr<unsigned>(flag));
+  std::atomic_ref<unsigned> o(*ptr<unsigned>(out));
+  // Capped like spins: a test that forgets the flag must not hang the double.
+  constexpr std::uint64_t kMaxWaitNs = 30'000'000'000;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kMaxWaitNs));
+  unsigned v = 0;
+  while ((v = f.load(std::memory_order_acquire)) == 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      o.store(0xffffffffu, std::memory_order_release);
+      return CUDA_SUCCESS;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  o.store(v + 1, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+CUresult inc_u32(KernelEnv& env) {
+  std::uint64_t p = 0;
+  if (!env.param(0, &p)) return mismatch(env);
+  IVC_ACCESS(env, p, 1, 4);
+  std::atomic_ref<unsigned>(*ptr<unsigned>(p)).fetch_add(1, std::memory_order_acq_rel);
+  return CUDA_SUCCESS;
+}
+
+// lib_nvrtc.cu (tests/libs) compiles this one at run time, to PTX and to a cubin.
+CUresult rtc_axpb(KernelEnv& env) {
+  std::uint64_t x = 0, y = 0;
+  float a = 0, b = 0;
+  int n = 0;
+  if (!env.param(0, &x) || !env.param(1, &y) || !env.param(2, &a) || !env.param(3, &b) ||
+      !env.param(4, &n))
+    return mismatch(env);
+  unsigned char* calls = env.global("ivc_rtc_calls", sizeof(unsigned));
+  if (calls == nullptr) return mismatch(env);
+  const std::uint64_t k = active(env, n);
+  IVC_ACCESS(env, x, k, 4);
+  IVC_ACCESS(env, y, k, 4);
+  for (std::uint64_t i = 0; i < k; ++i) ptr<float>(y)[i] = a * ptr<const float>(x)[i] + b;
+  unsigned c = 0;
+  std::memcpy(&c, calls, sizeof c);
+  ++c;
+  std::memcpy(calls, &c, sizeof c);
+  return CUDA_SUCCESS;
+}
+
 struct Registered {
   std::string_view name;
   CpuKernel fn;
@@ -146,14 +333,32 @@ constexpr Registered kKernels[] = {
     {"ivc_reduce_sum", reduce_sum}, {"ivc_scale_struct", scale_struct},
     {"ivc_add_const", add_const},   {"ivc_spin_ns", spin_ns},
     {"ivc_fault", fault},
+    {"ivc_wait_flag", wait_flag},   {"ivc_inc_u32", inc_u32},
+    {"ivc_rtf_params", rtf_params}, {"ivc_rtf_symbols", rtf_symbols},
+    {"ivc_rtf_axpy", rtf_axpy},     {"ivc_rtf_iota", rtf_iota},
+    {"ivc_rtf_twice_plus", rtf_twice_plus}, {"ivc_rtf_coop", rtf_coop},
+    {"ivc_rtf_printf", rtf_printf},
+    {"ivc_rtc_axpb", rtc_axpb},
 };
+
+// Stands in for kernels the double has no CPU version of (a library's SASS) when
+// IVCUDA_DOUBLE_UNKNOWN_KERNELS=skip: the launch does nothing, and says so once per name.
+CUresult skip_unknown(KernelEnv& env) {
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> seen;
+  std::lock_guard lock(mu);
+  if (seen.insert(env.entry.name).second)
+    log("no CPU version of kernel '%s': its launches do nothing (IVCUDA_DOUBLE_UNKNOWN_KERNELS=skip)",
+        env.entry.name.c_str());
+  return CUDA_SUCCESS;
+}
 
 }  // namespace
 
 CpuKernel find_cpu_kernel(std::string_view name) {
   for (const auto& k : kKernels)
     if (k.name == name) return k.fn;
-  return nullptr;
+  return foreign_images_enabled() ? skip_unknown : nullptr;
 }
 
 }  // namespace ivcuda::gpu_double

@@ -62,6 +62,48 @@ void State::release_context_resources(Handle ctx) {
     for (const auto& [name, fn] : it->second.functions) functions.erase(fn);
     it = modules.erase(it);  // its globals went with the allocations above
   }
+  std::erase_if(graphs, [&](const auto& kv) { return kv.second.ctx == ctx; });
+  std::erase_if(execs, [&](const auto& kv) { return kv.second.ctx == ctx; });
+  std::erase_if(captures, [&](const auto& kv) { return !streams.contains(kv.first); });
+}
+
+namespace {
+thread_local bool t_replaying = false;
+}
+
+bool record_if_capturing(State& s, CUstream stream, Node node, CUresult* st) {
+  if (t_replaying) return false;
+  const auto it = s.captures.find(from_handle(stream));
+  if (it == s.captures.end()) return false;
+  if (it->second.invalidated) {
+    *st = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  s.graphs.at(it->second.graph).nodes.push_back(std::move(node));
+  *st = CUDA_SUCCESS;
+  return true;
+}
+
+bool capture_call(CUstream stream, Node node, CUresult* st) {
+  if (t_replaying) return false;
+  bool recorded = false;
+  const CUresult r = guarded([&](State& s) -> CUresult {
+    CUresult inner = CUDA_SUCCESS;
+    recorded = record_if_capturing(s, stream, std::move(node), &inner);
+    return inner;
+  });
+  *st = r;
+  return recorded;
+}
+
+CUresult replay(const std::vector<Node>& nodes) {
+  const bool outer = t_replaying;  // a graph launched inside a graph
+  t_replaying = true;
+  CUresult st = CUDA_SUCCESS;
+  for (const Node& n : nodes)
+    if ((st = n()) != CUDA_SUCCESS) break;
+  t_replaying = outer;
+  return st;
 }
 
 CUresult current_context(State& s, Handle* out) {

@@ -51,6 +51,32 @@ struct Allocation {
   unsigned flags = 0;
   void* storage = nullptr;  // std::free'd on release; null for registered host memory
   std::size_t mapped = 0;   // device memory: munmap'ed bytes instead of std::free
+  Handle pool = 0;          // stream-ordered allocations: the pool they came from
+};
+
+// A memory pool: only each device's default pool exists. Stream-ordered allocations are
+// ordinary device allocations that remember their pool; nothing is cached, so trimming
+// has nothing to do.
+struct Pool {
+  int device = 0;
+  cuuint64_t release_threshold = 0;
+  int reuse[3] = {1, 1, 1};  // FOLLOW_EVENT_DEPENDENCIES, ALLOW_OPPORTUNISTIC, ALLOW_INTERNAL_DEPENDENCIES
+  cuuint64_t used_high = 0;
+};
+
+// Stream capture records the work a capturing stream is given as closures; a graph is
+// that list, an executable graph a copy of it, and a launch replays it in order (work
+// runs at once in the double, so order is all a stream promises).
+using Node = std::function<CUresult()>;
+struct Capture {
+  Handle graph = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  bool invalidated = false;
+  unsigned long long id = 0;
+};
+struct Graph {
+  Handle ctx = 0;
+  std::vector<Node> nodes;
 };
 
 struct Context {
@@ -121,6 +147,13 @@ struct State {
   std::unordered_map<Handle, Function> functions;
   std::unordered_map<Handle, Library> libraries;
   std::unordered_map<Handle, Kernel> kernels;
+  std::unordered_map<Handle, Pool> pools;
+  std::vector<Handle> default_pool;  // per device, made on first use
+  std::vector<Handle> current_pool;  // per device; 0 = the default
+  std::unordered_map<Handle, Capture> captures;  // by stream handle
+  std::unordered_map<Handle, Graph> graphs;
+  std::unordered_map<Handle, Graph> execs;       // executable graphs
+  unsigned long long next_capture_id = 1;
   Handle next_handle = 0x1000000;
   unsigned long long next_stream_id = 16;
 
@@ -153,6 +186,15 @@ CUresult current_context(State& s, Handle* out);
 // anything else must be a live stream. Like the real driver, copies and launches accept a
 // stream of another context (work runs at once, so whose queue it joins does not matter).
 CUresult check_stream(const State& s, CUstream stream);
+// Stream capture. Called under the state lock by work on `stream`: when the stream is
+// capturing, `node` (which repeats the call) is recorded instead of running and *st says
+// what the call returns. Replays run with capture bypassed.
+bool record_if_capturing(State& s, CUstream stream, Node node, CUresult* st);
+// For the API entry points: takes the lock itself.
+bool capture_call(CUstream stream, Node node, CUresult* st);
+// Runs recorded nodes in order, outside the state lock; stops at the first error.
+CUresult replay(const std::vector<Node>& nodes);
+
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
 // global): what a device pointer may reach.
 CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n);

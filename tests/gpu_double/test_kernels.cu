@@ -57,3 +57,39 @@ extern "C" __global__ void ivc_spin_ns(unsigned long long ns) {
 }
 
 extern "C" __global__ void ivc_fault(int* p) { *p = 42; }
+
+// Mapped host memory shared without API calls (cuMemHostRegister): spins until the CPU
+// stores a non-zero *flag, then answers *out = *flag + 1 (0xffffffff on timeout).
+extern "C" __global__ void ivc_wait_flag(const volatile unsigned* flag, volatile unsigned* out,
+                                         unsigned long long timeout_ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  unsigned v;
+  while ((v = *flag) == 0) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start >= timeout_ns) {
+      *out = 0xffffffffu;
+      __threadfence_system();
+      return;
+    }
+  }
+  *out = v + 1;
+  __threadfence_system();
+}
+
+// One increment of a counter in mapped host memory, by one thread.
+extern "C" __global__ void ivc_inc_u32(volatile unsigned* p) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *p = *p + 1;
+    __threadfence_system();
+  }
+}
+
+// Device printf. The same entry as tests/runtime/rt_features.cu's, so that the double's
+// CPU version of it (kernels.cc) serves both: one thread prints, so the order is defined.
+extern "C" __global__ void ivc_rtf_printf(int lines, long long big, double x) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  for (int k = 0; k < lines; ++k)
+    printf("ivc printf %d/%d: %lld %u 0x%x %.3f %c\n", k, lines, big + k, (unsigned)k * 7u, k * 255, x * k,
+           'a' + k);
+}

@@ -48,6 +48,14 @@ verdict "--gpus 3,1: device 0 is host GPU 3" test "$(line 0 <"$work/sel.out")" =
 verdict "--gpus 3,1: device 1 is host GPU 1" test "$(line 1 <"$work/sel.out")" = "$(direct 1)"
 verdict "--gpus 3,1: a third GPU is refused" grep -q "cuDeviceGet(2): CUDA_ERROR_INVALID_DEVICE" "$work/sel.out"
 
+peer=$build/tests/bin/drv_peer
+IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 120 "$peer" >"$work/peer2.out" 2>&1
+verdict "--gpus 3,1: peer access and a peer copy between the two granted GPUs, 4 threads on 2 contexts" \
+  bash -c "grep -q '^peer copy of .* verified' '$work/peer2.out' && grep -q '^enable peer access: CUDA_SUCCESS' '$work/peer2.out' && grep -q 'checks, 0 failed' '$work/peer2.out'"
+CUDA_VISIBLE_DEVICES=0 IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 120 "$peer" >"$work/peer1.out" 2>&1
+verdict "one visible GPU: no peer of itself, a copy between two of its contexts" \
+  bash -c "grep -q '^devices 1' '$work/peer1.out' && grep -q 'link 0->0 canAccessPeer CUDA_SUCCESS 0' '$work/peer1.out' && grep -q 'checks, 0 failed' '$work/peer1.out'"
+
 CUDA_VISIBLE_DEVICES=1 guest >"$work/cvd1.out"
 verdict "CUDA_VISIBLE_DEVICES=1 inside the grant: host GPU 1 only" \
   bash -c "grep -q '^count 1' '$work/cvd1.out' && [ \"\$(grep '^device 0 ' '$work/cvd1.out' | cut -d' ' -f3-)\" = '$(direct 1)' ]"
@@ -63,6 +71,29 @@ CUDA_VISIBLE_DEVICES=1,7,0 guest >"$work/cvdt.out"
 verdict "CUDA_VISIBLE_DEVICES stops at the first invalid entry" grep -q "^count 1" "$work/cvdt.out"
 CUDA_VISIBLE_DEVICES= guest >"$work/cvde.out"
 verdict "CUDA_VISIBLE_DEVICES empty: no device" grep -q "cuInit: CUDA_ERROR_NO_DEVICE" "$work/cvde.out"
+
+# One socket per VM, each with its own grant; given in a config file, as an
+# operator would. Two guests at once, one on each socket.
+cat >"$work/ivcudad.toml" <<CONF
+gpus = "0"
+guest-socket = ["$work/s2=2", "$work/s3=3,1"]
+CONF
+start --config "$work/ivcudad.toml"
+for _ in $(seq 100); do [ -S "$work/s3" ] && break; sleep 0.05; done
+guest >"$work/g0.out" &
+g0=$!
+IVCUDA_SOCKET=$work/s2 LD_LIBRARY_PATH=$build/lib timeout 60 "$prog" >"$work/g2.out" 2>&1 &
+g2=$!
+IVCUDA_SOCKET=$work/s3 LD_LIBRARY_PATH=$build/lib timeout 60 "$prog" >"$work/g3.out" 2>&1
+wait "$g0" "$g2"
+verdict "config: the main socket's guest sees host GPU 0 only" \
+  bash -c "grep -q '^count 1' '$work/g0.out' && [ \"\$(grep '^device 0 ' '$work/g0.out' | cut -d' ' -f3-)\" = '$(direct 0)' ]"
+verdict "config: a guest on the second socket sees host GPU 2 only" \
+  bash -c "grep -q '^count 1' '$work/g2.out' && [ \"\$(grep '^device 0 ' '$work/g2.out' | cut -d' ' -f3-)\" = '$(direct 2)' ]"
+verdict "config: a guest on the third socket sees host GPUs 3 and 1 as 0 and 1" \
+  bash -c "grep -q '^count 2' '$work/g3.out' && [ \"\$(grep '^device 1 ' '$work/g3.out' | cut -d' ' -f3-)\" = '$(direct 1)' ]"
+verdict "a malformed --guest-socket is refused with a message" \
+  bash -c "timeout 10 '$build/host-daemon/ivcudad' --socket '$work/bad' --driver '$double' --guest-socket nogpus 2>&1 | grep -q 'expected SOCKET=GPUS'"
 
 start --gpus 9
 guest >"$work/none.out"

@@ -1,0 +1,22 @@
+// Internal entry points of graphs.cc that other guest files use.
+#pragma once
+
+#include <cuda.h>
+
+#include <span>
+
+#include "ivcuda/proto.h"
+
+namespace ivcuda::guest {
+
+// cuLaunchKernel's argument packing, for a plain or a cooperative launch
+// (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_COOPERATIVE), or one with
+// launch attributes (cuLaunchKernelEx with clusters and the like).
+CUresult launch_kernel(CUfunction f, const unsigned grid[3], const unsigned block[3], unsigned shmem, CUstream s,
+                       void** params, void** extra, bool cooperative,
+                       std::span<const proto::LaunchAttr> attrs = {}) noexcept;
+
+// Calls cb(user, f) for every kernel of `mod` (cuFFT's export-table hook).
+CUresult for_each_module_function(CUmodule mod, void (*cb)(void* user, CUfunction f), void* user) noexcept;
+
+}  // namespace ivcuda::guest

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Several GPUs (issue 8), on a machine with two or more: one guest given two
+# GPUs (peer access and a peer copy, checked against the same program run
+# natively), and two guests at once, each given a different GPU on its own
+# socket (each sees only its GPU, with the real UUID and PCI address).
+#   usage (repository root): bash tests/gpu/run_multi_gpu.sh [BUILD_DIR]
+# BUILD_DIR defaults to build/gpu (run_gpu_suite.sh's); missing targets are built.
+set -u
+root=$(pwd)
+build=${1:-$root/build/gpu}
+out=${OUT:-$root/out}/multi
+mkdir -p "$out"
+deps=/tmp/ivcuda-deps
+if [[ ! -d $deps/usr ]]; then
+  mkdir -p "$deps"
+  for f in "$root"/.deps/*.deb; do dpkg -x "$f" "$deps"; done
+fi
+export PKG_CONFIG_SYSROOT_DIR=$deps PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
+export CPLUS_INCLUDE_PATH=$deps/usr/include LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu
+[[ -f $build/CMakeCache.txt ]] || cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_PREFIX_PATH="$deps/usr" >"$out/configure.log" 2>&1
+cmake --build "$build" -j "$(nproc)" --target ivcudad ivcuda_guest drv_peer drv_devices drv_core \
+  >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
+bin=$build/tests/bin
+ngpu=$(nvidia-smi -L | wc -l)
+echo "== $ngpu GPU(s)"
+nvidia-smi -L
+nvidia-smi topo -m 2>/dev/null | head -5
+pass=0 fail=0 daemon=
+verdict() { if [ "$2" -eq 0 ]; then echo "PASS $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi; }
+stop() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null; daemon=; }
+start() {  # ivcudad arguments
+  stop
+  rm -f /tmp/ivm-*.sock
+  "$build/host-daemon/ivcudad" --socket /tmp/ivm-0.sock --shm-size 1G --driver libcuda.so.1 "$@" \
+    >>"$out/ivcudad.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 200); do [ -S /tmp/ivm-0.sock ] && break; sleep 0.05; done
+  sleep 0.2
+}
+via() { local s=$1; shift; IVCUDA_SOCKET=$s LD_LIBRARY_PATH=$build/lib timeout 300 "$@"; }
+if [ "$ngpu" -lt 2 ]; then echo "SKIP: fewer than two GPUs"; exit 0; fi
+
+echo "== one guest, GPUs 0 and 1: peer access and copies, native vs ivcuda"
+"$bin/drv_peer" >"$out/peer.native" 2>&1; rn=$?
+start --gpus 0,1
+via /tmp/ivm-0.sock "$bin/drv_peer" >"$out/peer.ivcuda" 2>&1; ri=$?
+cat "$out/peer.ivcuda"
+diff "$out/peer.native" "$out/peer.ivcuda" && same=0 || same=1
+verdict "drv_peer on two GPUs: native rc=$rn, ivcuda rc=$ri, identical output" $((rn + ri + same))
+grep -q "^peer copy of .* verified" "$out/peer.ivcuda"; verdict "a peer copy between the two GPUs, verified byte for byte" $?
+"$bin/drv_devices" >"$out/devices.native" 2>&1
+via /tmp/ivm-0.sock "$bin/drv_devices" >"$out/devices.ivcuda" 2>&1
+diff <(grep '^device' "$out/devices.native") <(grep '^device' "$out/devices.ivcuda") >/dev/null
+verdict "both GPUs granted: the guest sees the same UUIDs and PCI addresses as the host" $?
+
+echo "== two guests at once, each on its own socket with its own GPU"
+start --gpus 0 --guest-socket /tmp/ivm-1.sock=1
+for _ in $(seq 100); do [ -S /tmp/ivm-1.sock ] && break; sleep 0.05; done
+via /tmp/ivm-0.sock "$bin/drv_core" >"$out/core.g0" 2>&1 & c0=$!
+via /tmp/ivm-1.sock "$bin/drv_core" >"$out/core.g1" 2>&1 & c1=$!
+via /tmp/ivm-0.sock "$bin/drv_devices" --try-ordinal 1 >"$out/dev.g0" 2>&1
+via /tmp/ivm-1.sock "$bin/drv_devices" --try-ordinal 1 >"$out/dev.g1" 2>&1
+wait $c0; r0=$?; wait $c1; r1=$?
+cat "$out/dev.g0" "$out/dev.g1"
+tail -1 "$out/core.g0"; tail -1 "$out/core.g1"
+verdict "both guests run drv_core at the same time, each on its own GPU" $((r0 + r1))
+want0=$(grep '^device 0 ' "$out/devices.native" | cut -d' ' -f3-)
+want1=$(grep '^device 1 ' "$out/devices.native" | cut -d' ' -f3-)
+[ "$(grep -c '^device' "$out/dev.g0")" = 1 ] && [ "$(grep '^device 0 ' "$out/dev.g0" | cut -d' ' -f3-)" = "$want0" ]
+verdict "guest on socket 0 sees host GPU 0 only, as device 0" $?
+[ "$(grep -c '^device' "$out/dev.g1")" = 1 ] && [ "$(grep '^device 0 ' "$out/dev.g1" | cut -d' ' -f3-)" = "$want1" ]
+verdict "guest on socket 1 sees host GPU 1 only, as device 0" $?
+grep -q "cuDeviceGet(1): CUDA_ERROR_INVALID_DEVICE" "$out/dev.g1"
+verdict "guest on socket 1 cannot reach a second GPU" $?
+stop
+echo "== multi-GPU summary: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
