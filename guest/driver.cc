@@ -304,12 +304,24 @@ CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, std::uint
 // Host-to-device from guest memory: page-locked memory DMAs straight from the
 // arena; small pageable copies ride inline; large ones go through the
 // channel's staging area chunk by chunk.
+// Where [p, p + n) lies in arena memory the host's DMA reaches directly:
+// cuMemHostAlloc memory, or memory registered with cuMemHostRegister (whose
+// pages were moved onto one contiguous run of arena pages).
+std::optional<std::uint64_t> arena_offset_of(Runtime* rt, const void* p, size_t n) {
+  if (auto off = rt->pinned_offset(p, n)) return off;
+  const auto reg = ivcuda::guest::hostreg::find(rt, p);
+  if (!reg) return std::nullopt;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (n > reg->size - (a - reg->base)) return std::nullopt;
+  return reg->dptr - rt->hello().arena_device_base;
+}
+
 CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
                    bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::ReqCopy r = copy_req(ctx, s, dst, 0, n, async);
-  if (auto off = rt->pinned_offset(src, n)) {
+  if (auto off = arena_offset_of(rt, src, n)) {
     r.arena_off = *off;
     return async ? rt->post<Op::kMemcpyHtoDArena>(r) : rt->call<Op::kMemcpyHtoDArena>(r);
   }
@@ -361,7 +373,7 @@ CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::ReqCopy r = copy_req(ctx, s, 0, src, n, async);
-  if (auto off = rt->pinned_offset(dst, n)) {
+  if (auto off = arena_offset_of(rt, dst, n)) {
     r.arena_off = *off;
     return async ? rt->post<Op::kMemcpyDtoHArena>(r) : rt->call<Op::kMemcpyDtoHArena>(r);
   }

@@ -49,7 +49,7 @@ if [[ ! -f $build/CMakeCache.txt ]]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
     >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed"; }
 fi
-targets="ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg rt_nvbench_pattern ivcuda_gpu_double_kernels"
+targets="ivcuda-bench ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg rt_nvbench_pattern ivcuda_gpu_double_kernels"
 # shellcheck disable=SC2086 # one word per target
 cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; die "build failed"; }
@@ -70,7 +70,7 @@ for p in "${progs[@]}"; do add+=(--add-bin "$bin/$p:/usr/bin/$p"); done
 # never to the machine's real driver. The image keeps host paths, so the guest
 # finds it through the same variable.
 LD_LIBRARY_PATH=$lib "$guest/bundle-image.sh" unpack "$root/.deps/guest" "$image" \
-  --add-bin "$lib/libcuda.so.1" "${add[@]}" \
+  --add-bin "$lib/libcuda.so.1" "${add[@]}" --add-bin "$build/bench/ivcuda-bench:/usr/bin/ivcuda-bench" \
   --add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
   --add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin" || die "image unpack failed"
 cmp -s "$lib/libcuda.so.1" "$image/extra-root$lib/libcuda.so.1" || die "the image's libcuda.so.1 is not ivcuda's"
@@ -117,9 +117,12 @@ pass=0 fail=0
 # The guest script: every program runs even when one fails, each reports.
 # drv_errors --fault leaves its context broken: it runs last.
 ptx=/opt/ivcuda/test_kernels.ptx fat=/opt/ivcuda/test_kernels.fatbin
+# ivcuda-bench's own workloads (its child, --quick) run in the guest too, before
+# drv_errors poisons the VM's contexts; its figures are the TCG guest's.
 guest_cmd="export LD_LIBRARY_PATH=$lib; rc=0
 for t in 'drv_core' 'drv_kernels --ptx $ptx --fatbin $fat' 'drv_roundtrip --rounds 1000 --gap-us 1000' \
- 'drv_hostreg --ptx $ptx' 'rt_nvbench_pattern_static' 'drv_errors --ptx $ptx --fault --forged-handles'; do
+ 'drv_hostreg --ptx $ptx' 'rt_nvbench_pattern_static' 'ivcuda-bench --child solo --quick --ptx $ptx' \
+ 'drv_errors --ptx $ptx --fault --forged-handles'; do
  \$t; r=\$?; echo \"GUEST_RESULT \$r \$t\"; [ \$r = 0 ] || rc=1
 done; exit \$rc"
 
@@ -141,12 +144,15 @@ run_guest() {  # mode, then run-in-guest.sh device options
       fail=$((fail + 1))
     fi
   done < <(grep -a '^GUEST_RESULT ' "$log" | tr -d '\r')
-  if ((n != ${#progs[@]})); then
-    echo "FAIL vm-$mode: $n of ${#progs[@]} programs reported; guest console (last lines):"
+  if ((n != ${#progs[@]} + 1)); then
+    echo "FAIL vm-$mode: $n of $((${#progs[@]} + 1)) programs reported; guest console (last lines):"
     tail -n 25 "$log"
     fail=$((fail + 1))
   fi
   grep -a '^roundtrip ' "$log" | tr -d '\r' | sed "s/^/TCG guest, ivshmem-$mode: /"
+  # ivcuda-bench child lines: "figure unit value"
+  grep -aE '^(null|launch|sleep|htod|dtoh|dtod)[.][^ ]+ [^ ]+ [0-9.e+-]+' "$log" | tr -d '\r' |
+    sed "s/^/TCG guest, ivshmem-$mode, ivcuda-bench: /"
   kill -0 "$daemon" 2>/dev/null || { echo "FAIL vm-$mode: ivcudad died"; tail -n 20 "$out/ivcudad-$mode.log"; fail=$((fail + 1)); }
   echo "-- ivcudad ($mode), last lines"
   tail -n 4 "$out/ivcudad-$mode.log"
