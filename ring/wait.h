@@ -44,7 +44,8 @@ class EventfdWaiter final : public Waiter {
 struct SpinPolicy {
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};
   int block_timeout_ms = 100;  // a lost doorbell costs at most this much
-  bool yield = false;          // give the core away now and then while spinning
+  bool yield = false;          // give the core away now and then while spinning...
+  std::chrono::nanoseconds yield_after{std::chrono::microseconds(100)};  // ...once this much has passed
 };
 
 // Waits until ready() is true. announce(true) must publish the sleeping flag
@@ -53,14 +54,18 @@ template <class Ready, class Announce>
 void spin_then_block(Ready&& ready, Announce&& announce, Waiter& waiter, const SpinPolicy& pol) {
   // ready() may consume what it finds, so it is never called again after it
   // returned true.
-  const auto until = std::chrono::steady_clock::now() + pol.spin;
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + pol.spin;
+  const auto yield_from = start + pol.yield_after;
   unsigned n = 0;
   for (;;) {
     if (ready()) return;
     cpu_relax();
     if ((++n & 63) == 0) {
-      if (std::chrono::steady_clock::now() >= until) break;
-      if (pol.yield) ::sched_yield();
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= until) break;
+      // A quick answer is caught by pure spinning; a long wait yields.
+      if (pol.yield && now >= yield_from) ::sched_yield();
     }
   }
   for (;;) {

@@ -27,6 +27,14 @@ for part in $parts; do
     stamp multi ;;
   bench)
     build=$root/build/gpu
+    if [ ! -f "$build/CMakeCache.txt" ]; then  # bench alone: configure as the suite does
+      deps=/tmp/ivcuda-deps
+      mkdir -p "$deps" && for f in "$root"/.deps/*.deb; do dpkg -x "$f" "$deps"; done
+      export PKG_CONFIG_SYSROOT_DIR=$deps PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
+      export CPLUS_INCLUDE_PATH=$deps/usr/include LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu
+      cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
+        >"$work/bench-configure.log" 2>&1 || { tail -20 "$work/bench-configure.log"; continue; }
+    fi
     cmake --build "$build" -j "$(nproc)" --target ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels \
       >"$work/bench-build.log" 2>&1 || { tail -20 "$work/bench-build.log"; continue; }
     sock=/tmp/ivcuda-bench.sock
