@@ -1580,7 +1580,7 @@ CUresult cuModuleGetFunction(CUfunction* f, CUmodule mod, const char* name) {
     if (extra.size() != rep.param_count * sizeof(proto::ParamSlot)) return CUDA_ERROR_UNKNOWN;
     ivcuda::guest::FuncInfo info;
     info.params.resize(rep.param_count);
-    std::memcpy(info.params.data(), extra.data(), extra.size());
+    if (!extra.empty()) std::memcpy(info.params.data(), extra.data(), extra.size());  // kernels without parameters
     info.param_bytes = rep.param_bytes;
     {
       std::lock_guard lk(rt->books_mu);
