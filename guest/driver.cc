@@ -26,6 +26,7 @@
 #include "guest/errors.h"
 #include "guest/export_tables.h"
 #include "guest/guard.h"
+#include "guest/graphs.h"
 #include "guest/host_register.h"
 #include "guest/runtime.h"
 
@@ -1651,63 +1652,8 @@ CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int value) {
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params,
                         void** extra) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    f = ivcuda::guest::kernel_function(f);
-    // Small argument blocks (nearly all) are packed on the stack.
-    std::byte small[1024];
-    std::vector<std::byte> large;
-    std::span<std::byte> buf;
-    {
-      std::lock_guard lk(rt->books_mu);
-      auto it = rt->funcs.find(h(f));
-      if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
-      const auto& info = it->second;
-      if (info.param_bytes <= sizeof small) {
-        buf = std::span<std::byte>(small, info.param_bytes);
-      } else {
-        large.resize(info.param_bytes);
-        buf = large;
-      }
-      std::memset(buf.data(), 0, buf.size());
-      if (params != nullptr) {
-        // CUDA's kernelParams carries no sizes: pack by the layout the host
-        // learned from the driver.
-        for (size_t i = 0; i < info.params.size(); ++i) {
-          if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-          std::memcpy(buf.data() + info.params[i].offset, params[i], info.params[i].size);
-        }
-      } else if (extra != nullptr) {
-        const void* p = nullptr;
-        size_t n = 0;
-        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-          if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
-          else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) n = *static_cast<const size_t*>(extra[i + 1]);
-          else return CUDA_ERROR_INVALID_VALUE;
-        }
-        if (p == nullptr || n < info.param_bytes) return CUDA_ERROR_INVALID_VALUE;
-        std::memcpy(buf.data(), p, info.param_bytes);
-      } else if (!info.params.empty()) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-    }
-    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
-    proto::ReqLaunch r{};
-    r.ctx = ctx;
-    r.function = h(f);
-    r.stream = h(s);
-    r.grid[0] = gx;
-    r.grid[1] = gy;
-    r.grid[2] = gz;
-    r.block[0] = bx;
-    r.block[1] = by;
-    r.block[2] = bz;
-    r.shared_bytes = shmem;
-    r.param_bytes = static_cast<std::uint32_t>(buf.size());
-    return rt->post<Op::kLaunch>(r, buf);
-  });
+  const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  return ivcuda::guest::launch_kernel(f, grid, block, shmem, s, params, extra, false);
 }
 
 // =================================================================== streams

@@ -260,19 +260,33 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
     NEED_RT();
     NEED_CTX();
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (attrs.size() > proto::kMaxLaunchAttrs) return CUDA_ERROR_INVALID_VALUE;
     f = kernel_function(f);
-    std::vector<std::byte> buf;
+    // The record's tail: the attributes (LaunchEx only), then the packed
+    // parameters. Small tails (nearly all launches) stay on the stack.
+    const std::size_t attr_bytes = attrs.size_bytes();
+    std::byte small[1024];
+    std::vector<std::byte> large;
+    std::span<std::byte> tail;
     {
       std::lock_guard lk(rt->books_mu);
       auto it = rt->funcs.find(h(f));
       if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
       const auto& info = it->second;
-      buf.resize(info.param_bytes);
+      if (attr_bytes + info.param_bytes <= sizeof small) {
+        tail = std::span<std::byte>(small, attr_bytes + info.param_bytes);
+      } else {
+        large.resize(attr_bytes + info.param_bytes);
+        tail = large;
+      }
+      std::memset(tail.data(), 0, tail.size());
+      if (attr_bytes != 0) std::memcpy(tail.data(), attrs.data(), attr_bytes);
+      std::byte* buf = tail.data() + attr_bytes;
       if (params != nullptr) {
         // kernelParams carries no sizes: pack by the layout the host learned.
         for (size_t i = 0; i < info.params.size(); ++i) {
           if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-          std::memcpy(buf.data() + info.params[i].offset, params[i], info.params[i].size);
+          std::memcpy(buf + info.params[i].offset, params[i], info.params[i].size);
         }
       } else if (extra != nullptr) {
         const void* p = nullptr;
@@ -283,7 +297,7 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
           else return CUDA_ERROR_INVALID_VALUE;
         }
         if (p == nullptr || n < info.param_bytes) return CUDA_ERROR_INVALID_VALUE;
-        std::memcpy(buf.data(), p, info.param_bytes);
+        std::memcpy(buf, p, info.param_bytes);
       } else if (!info.params.empty()) {
         return CUDA_ERROR_INVALID_VALUE;
       }
@@ -297,17 +311,14 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
     std::memcpy(r.grid, grid, sizeof r.grid);
     std::memcpy(r.block, block, sizeof r.block);
     r.shared_bytes = shmem;
-    r.param_bytes = static_cast<std::uint32_t>(buf.size());
+    r.param_bytes = static_cast<std::uint32_t>(tail.size() - attr_bytes);
     if (!attrs.empty()) {
-      if (attrs.size() > proto::kMaxLaunchAttrs) return CUDA_ERROR_INVALID_VALUE;
       proto::ReqLaunchEx x{};
       x.launch = r;
       x.attr_count = static_cast<std::uint32_t>(attrs.size());
-      const auto attr_bytes = std::as_bytes(attrs);
-      buf.insert(buf.begin(), attr_bytes.begin(), attr_bytes.end());
-      return rt->post<Op::kLaunchEx>(x, buf);
+      return rt->post<Op::kLaunchEx>(x, tail);
     }
-    return cooperative ? rt->post<Op::kLaunchCooperative>(r, buf) : rt->post<Op::kLaunch>(r, buf);
+    return cooperative ? rt->post<Op::kLaunchCooperative>(r, tail) : rt->post<Op::kLaunch>(r, tail);
   });
 }
 

@@ -1128,25 +1128,21 @@ CUresult Worker::on_GraphInstantiate(Call& c) {
   return CUDA_SUCCESS;
 }
 
-CUresult Worker::on_GraphLaunch(Call& c) {
+// cuGraphLaunch and cuGraphUpload: an executable graph and a stream.
+template <class DriverCall>
+CUresult Worker::exec_on_stream(Call& c, DriverCall call) {
   const auto r = c.req<ReqGraphLaunch>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   ExecEntry* e = execs_.find(r.exec);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  return cu_.cuGraphLaunch(e->real, s);
+  return call(e->real, s);
 }
 
-CUresult Worker::on_GraphUpload(Call& c) {
-  const auto r = c.req<ReqGraphLaunch>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  ExecEntry* e = execs_.find(r.exec);
-  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  return cu_.cuGraphUpload(e->real, s);
-}
+CUresult Worker::on_GraphLaunch(Call& c) { return exec_on_stream(c, cu_.cuGraphLaunch); }
+
+CUresult Worker::on_GraphUpload(Call& c) { return exec_on_stream(c, cu_.cuGraphUpload); }
 
 CUresult Worker::on_GraphExecDestroy(Call& c) {
   const auto h = c.req<ReqHandle>().handle;

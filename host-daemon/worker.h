@@ -138,6 +138,8 @@ class Worker {
   template <class Table, class Destroy>
   CUresult destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy);
   CUresult launch(Call& c, bool cooperative);
+  template <class DriverCall>
+  CUresult exec_on_stream(Call& c, DriverCall call);
   // The launch itself, once the request is parsed: attrs empty = cuLaunchKernel.
   CUresult launch_with(const proto::ReqLaunch& r, std::span<const std::byte> params,
                        std::span<const CUlaunchAttribute> attrs, bool cooperative);
