@@ -69,8 +69,12 @@ for _ in $(seq 100); do
 	sleep 0.05
 done
 [[ -S $sock ]] || { cat "$tmp/ivcudad.log"; echo "FAIL: ivcudad did not start"; exit 1; }
-if [[ $mode == plain ]]; then  # the memory file is formatted before the socket listens
-	grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" || { cat "$tmp/ivcudad.log"; exit 1; }
+if [[ $mode == plain ]]; then  # the daemon formats the memory file, then says so
+	for _ in $(seq 100); do
+		grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" && break
+		sleep 0.05
+	done
+	grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" || { cat "$tmp/ivcudad.log"; echo "FAIL: no ivshmem-plain worker"; exit 1; }
 fi
 
 rc=0
