@@ -352,30 +352,28 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes, C
 CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
 CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { return free_async(d, ptsz(s)); }
 
-CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+namespace {
+// A device's default (kPoolGetDefault) or current (kPoolGetCurrent) pool.
+CUresult device_pool(CUmemoryPool* pool, CUdevice dev, std::uint32_t kind) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Runtime* rt = Runtime::current();
   if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   proto::ReqMemPool r{};
   r.device = rt->to_worker(dev);
-  r.kind = proto::kPoolGetDefault;
+  r.kind = kind;
   std::int64_t v = 0;
   const CUresult st = pool_op(r, &v);
   if (st == CUDA_SUCCESS) *pool = reinterpret_cast<CUmemoryPool>(v);
   return st;
 }
+}  // namespace
+
+CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  return device_pool(pool, dev, proto::kPoolGetDefault);
+}
 
 CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Runtime* rt = Runtime::current();
-  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  proto::ReqMemPool r{};
-  r.device = rt->to_worker(dev);
-  r.kind = proto::kPoolGetCurrent;
-  std::int64_t v = 0;
-  const CUresult st = pool_op(r, &v);
-  if (st == CUDA_SUCCESS) *pool = reinterpret_cast<CUmemoryPool>(v);
-  return st;
+  return device_pool(pool, dev, proto::kPoolGetCurrent);
 }
 
 CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {

@@ -441,43 +441,31 @@ CUresult Worker::on_MemcpyHtoDInline(Call& c) {
 // synchronous copies are synchronous; kWaitStream waits for the stream), so
 // the counter is bumped right after, whatever the outcome: a guest waits on
 // it and must never wait forever.
-CUresult Worker::on_MemcpyHtoDArena(Call& c) {
-  const auto r = c.req<ReqCopy>();
-  const CUresult st = [&] {
-    if (CUresult e = use_ctx(r.ctx); e != CUDA_SUCCESS) return e;
-    if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
-    if (r.bytes == 0) return CUDA_SUCCESS;
-    if ((r.flags & kAsync) != 0) {
-      CUstream s;
-      if (CUresult e = resolve_stream(r.ctx, r.stream, &s); e != CUDA_SUCCESS) return e;
-      if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes))
-        if (CUresult e = refuse_in_capture(s); e != CUDA_SUCCESS) return e;
-      const CUresult e = cu_.cuMemcpyHtoDAsync(r.dst, arena_ptr(r.arena_off), r.bytes, s);
-      return e == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : e;
-    }
-    return cu_.cuMemcpyHtoD(r.dst, arena_ptr(r.arena_off), r.bytes);
-  }();
-  if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes)) ring::bump_staging_done(bar_.data(), l_, c.ch.index);
-  return st;
-}
+CUresult Worker::on_MemcpyHtoDArena(Call& c) { return arena_copy(c, true); }
 
-CUresult Worker::on_MemcpyDtoHArena(Call& c) {
+CUresult Worker::on_MemcpyDtoHArena(Call& c) { return arena_copy(c, false); }
+
+CUresult Worker::arena_copy(Call& c, bool to_device) {
   const auto r = c.req<ReqCopy>();
+  const CUdeviceptr dev = to_device ? r.dst : r.src;
+  const bool staged = ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes);
   const CUresult st = [&] {
     if (CUresult e = use_ctx(r.ctx); e != CUDA_SUCCESS) return e;
-    if (!arena_range(r.arena_off, r.bytes) || !owns_device(r.src, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (!arena_range(r.arena_off, r.bytes) || !owns_device(dev, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
     if (r.bytes == 0) return CUDA_SUCCESS;
+    void* host = arena_ptr(r.arena_off);
     if ((r.flags & kAsync) != 0) {
       CUstream s;
       if (CUresult e = resolve_stream(r.ctx, r.stream, &s); e != CUDA_SUCCESS) return e;
-      if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes))
+      if (staged)
         if (CUresult e = refuse_in_capture(s); e != CUDA_SUCCESS) return e;
-      const CUresult e = cu_.cuMemcpyDtoHAsync(arena_ptr(r.arena_off), r.src, r.bytes, s);
+      const CUresult e = to_device ? cu_.cuMemcpyHtoDAsync(dev, host, r.bytes, s)
+                                   : cu_.cuMemcpyDtoHAsync(host, dev, r.bytes, s);
       return e == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : e;
     }
-    return cu_.cuMemcpyDtoH(arena_ptr(r.arena_off), r.src, r.bytes);
+    return to_device ? cu_.cuMemcpyHtoD(dev, host, r.bytes) : cu_.cuMemcpyDtoH(host, dev, r.bytes);
   }();
-  if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes)) ring::bump_staging_done(bar_.data(), l_, c.ch.index);
+  if (staged) ring::bump_staging_done(bar_.data(), l_, c.ch.index);
   return st;
 }
 

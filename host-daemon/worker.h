@@ -138,6 +138,8 @@ class Worker {
   template <class Table, class Destroy>
   CUresult destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy);
   CUresult launch(Call& c, bool cooperative);
+  // Both directions of a copy between the arena and the device.
+  CUresult arena_copy(Call& c, bool to_device);
   template <class DriverCall>
   CUresult exec_on_stream(Call& c, DriverCall call);
   // The launch itself, once the request is parsed: attrs empty = cuLaunchKernel.

@@ -145,34 +145,9 @@ esac
 cp "$ko" "$root/lib/modules/ivcuda_uio.ko"
 install -m 0755 "$here/guest-init.sh" "$root/init"
 
-# copy_into SRC DEST: DEST is an absolute path inside the image.
-copy_into() {
-	local src=$1 dest=$2
-	[[ -e $src ]] || die "no such file: $src"
-	mkdir -p "$root$(dirname "$dest")"
-	cp -RL "$src" "$root$dest"
-}
-
-for a in "${adds[@]}"; do
-	copy_into "${a%%:/*}" "/${a#*:/}"
-done
-
-for a in "${add_bins[@]}"; do
-	src=${a%%:*}
-	dest=$src
-	[[ $a == *:* ]] && dest=${a#*:}
-	[[ $dest == /* ]] || dest=$(realpath -m "$dest")
-	copy_into "$src" "$dest"
-	if ldd "$src" 2>/dev/null | grep -q 'not found'; then
-		ldd "$src" >&2
-		die "$src needs libraries that are not installed"
-	fi
-	# Lines look like "libx.so.1 => /lib/.../libx.so.1 (0x...)" or
-	# "/lib64/ld-linux-x86-64.so.2 (0x...)"; a static file has none.
-	while read -r dep; do
-		[[ -e $root$dep ]] || copy_into "$dep" "$dep"
-	done < <(ldd "$src" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }')
-done
+# shellcheck source=tools/guest/stage-files.sh
+. "$here/stage-files.sh"
+stage_files "$root"
 
 (cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) |
 	gzip -1 >"$outdir/initramfs.cpio.gz.tmp"

@@ -28,6 +28,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 die() { echo "bundle-image: $*" >&2; exit 1; }
+# shellcheck source=tools/guest/stage-files.sh
+. "$here/stage-files.sh"
 
 xz_dc() {
 	if command -v xz >/dev/null; then
@@ -89,29 +91,7 @@ unpack() {
 	local root=$image/extra-root
 	rm -rf "$root"
 	mkdir -p "$root"
-	copy_into() {
-		[[ -e $1 ]] || die "no such file: $1"
-		mkdir -p "$root$(dirname "$2")"
-		cp -RL "$1" "$root$2"
-	}
-	local a src dest dep
-	for a in "${adds[@]}"; do
-		copy_into "${a%%:/*}" "/${a#*:/}"
-	done
-	for a in "${add_bins[@]}"; do
-		src=${a%%:*}
-		dest=$src
-		[[ $a == *:* ]] && dest=${a#*:}
-		[[ $dest == /* ]] || dest=$(realpath -m "$dest")
-		copy_into "$src" "$dest"
-		if ldd "$src" 2>/dev/null | grep -q 'not found'; then
-			ldd "$src" >&2
-			die "$src needs libraries that are not installed"
-		fi
-		while read -r dep; do
-			[[ -e $root$dep ]] || copy_into "$dep" "$dep"
-		done < <(ldd "$src" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }')
-	done
+	stage_files "$root"
 	# The base image's /lib and /usr are real folders: an appended entry must
 	# not turn them into links (Ubuntu's /lib is one; cp -RL of files keeps
 	# that from happening, this catches --add of a folder holding links).
