@@ -5,6 +5,7 @@
 // CUDA 13 caller links against (cuMemAlloc -> cuMemAlloc_v2). Exceptions
 // never cross this boundary: every body runs inside guard().
 #include <cuda.h>
+#include <elf.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -599,13 +600,24 @@ size_t image_size(const void* image) {
   const auto* b = static_cast<const unsigned char*>(image);
   std::uint32_t magic;
   std::memcpy(&magic, b, 4);
-  if (magic == 0x464c457fu) {  // ELF: section headers end the file
-    std::uint64_t shoff;
-    std::uint16_t shentsize, shnum;
-    std::memcpy(&shoff, b + 0x28, 8);
-    std::memcpy(&shentsize, b + 0x3a, 2);
-    std::memcpy(&shnum, b + 0x3c, 2);
-    return shoff + std::uint64_t{shentsize} * shnum;
+  if (magic == 0x464c457fu) {
+    // ELF: the file ends where its last table, section or segment ends.
+    // (nvcc puts the section headers last, NVRTC the program headers.)
+    Elf64_Ehdr eh;
+    std::memcpy(&eh, b, sizeof eh);
+    std::uint64_t end = std::max<std::uint64_t>(eh.e_ehsize, eh.e_shoff + std::uint64_t{eh.e_shentsize} * eh.e_shnum);
+    end = std::max(end, eh.e_phoff + std::uint64_t{eh.e_phentsize} * eh.e_phnum);
+    for (unsigned i = 0; eh.e_shentsize >= sizeof(Elf64_Shdr) && i < eh.e_shnum; ++i) {
+      Elf64_Shdr sh;
+      std::memcpy(&sh, b + eh.e_shoff + std::uint64_t{i} * eh.e_shentsize, sizeof sh);
+      if (sh.sh_type != SHT_NOBITS) end = std::max(end, sh.sh_offset + sh.sh_size);
+    }
+    for (unsigned i = 0; eh.e_phentsize >= sizeof(Elf64_Phdr) && i < eh.e_phnum; ++i) {
+      Elf64_Phdr ph;
+      std::memcpy(&ph, b + eh.e_phoff + std::uint64_t{i} * eh.e_phentsize, sizeof ph);
+      end = std::max(end, ph.p_offset + ph.p_filesz);
+    }
+    return end;
   }
   if (magic == 0xba55ed50u) {  // fatbin: u32 magic, u16 version, u16 header size, u64 payload size
     std::uint16_t hsize;

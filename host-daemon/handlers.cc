@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "host-daemon/image_check.h"
 #include "host-daemon/log.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
@@ -562,6 +563,13 @@ CUresult Worker::on_ModuleLoad(Call& c) {
   std::vector<char> image(r.bytes + 1);
   std::memcpy(image.data(), arena_ptr(r.arena_off), r.bytes);
   image[r.bytes] = '\0';
+  // The driver takes the image without a length and believes its own size
+  // fields: every extent it declares must lie within the copy.
+  if (const auto v = check_image(std::as_bytes(std::span(image))); !v.ok) {
+    IVLOG_WARN("guest %u: module image of %llu bytes refused: %s", cfg_.guest_id,
+               static_cast<unsigned long long>(r.bytes), v.why.c_str());
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
   CUmodule m = nullptr;
   const CUresult st = cu_.cuModuleLoadData(&m, image.data());
   if (st != CUDA_SUCCESS) return st;
@@ -612,10 +620,21 @@ CUresult Worker::on_ModuleGetFunction(Call& c) {
     e.module = r.module;
     // The guest packs kernel arguments by these offsets and sizes: CUDA's
     // void** kernelParams carries no sizes of its own.
-    for (size_t i = 0; i < kMaxParams; ++i) {
+    // The driver reads kernelParams[i] for every parameter the function
+    // has, so the list must be complete: it ends where the driver says
+    // "index out of range" (INVALID_VALUE) and nowhere else. A function with
+    // more parameters than the protocol carries is refused.
+    for (size_t i = 0;; ++i) {
       size_t off = 0, size = 0;
       st = cu_.cuFuncGetParamInfo(f, i, &off, &size);
-      if (st != CUDA_SUCCESS) break;
+      if (st == CUDA_ERROR_INVALID_VALUE) break;
+      if (st != CUDA_SUCCESS) return st;
+      if (i == kMaxParams) {
+        IVLOG_WARN("guest %u: kernel %s has more than %u parameters; refused", cfg_.guest_id, name.c_str(),
+                   kMaxParams);
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      if (off > kMaxParamBytes || size > kMaxParamBytes - off) return CUDA_ERROR_INVALID_IMAGE;
       e.params.push_back({static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(size)});
       e.param_bytes = std::max(e.param_bytes, static_cast<std::uint32_t>(off + size));
     }
@@ -729,8 +748,16 @@ CUresult Worker::launch_with(const ReqLaunch& r, std::span<const std::byte> para
   if (r.param_bytes != f->param_bytes || params.size() != f->param_bytes) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  // Offsets were bounded by param_bytes when the function was looked up.
-  void* argv[kMaxParams];
+  // Offsets were bounded by param_bytes when the function was looked up, and
+  // the list holds every parameter the driver will read.
+  constexpr std::size_t kOnStack = 64;
+  void* on_stack[kOnStack];
+  std::vector<void*> on_heap;
+  void** argv = on_stack;
+  if (f->params.size() > kOnStack) {
+    on_heap.resize(f->params.size());
+    argv = on_heap.data();
+  }
   for (std::size_t i = 0; i < f->params.size(); ++i)
     argv[i] = const_cast<std::byte*>(params.data()) + f->params[i].offset;
   void** args = f->params.empty() ? nullptr : argv;

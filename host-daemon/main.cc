@@ -7,11 +7,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +28,8 @@
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
+// --join: other peers of the ivshmem-server whose eventfds we keep.
+constexpr std::size_t kJoinMaxPeers = 8;
 ivcuda::host::Worker* g_worker = nullptr;
 
 void on_signal(int) {
@@ -44,6 +48,7 @@ struct Options {
   std::string driver = "libcuda.so.1";
   unsigned spin_us = 200;
   unsigned max_guests = 64;
+  unsigned max_guests_per_uid = 16;
   std::string log_level = "info";
   std::vector<std::string> plain_files;
   unsigned poll_us = 500;
@@ -72,6 +77,39 @@ std::uint64_t new_generation() {
   std::uint64_t g = 0;
   if (::getrandom(&g, sizeof g, 0) != sizeof g) g = static_cast<std::uint64_t>(::time(nullptr)) ^ ::getpid();
   return g | 1;  // never zero
+}
+
+// Clears and formats memory that others hold too: an ivshmem-plain file that
+// QEMU opens, or the memory of an ivshmem-server whose peers all have its fd.
+// Such memory can shrink under a mapping, and touching a page past its new
+// end raises SIGBUS. So the size is checked first, and a short-lived child
+// does the touching: a shrink in between costs that child, never the daemon
+// that serves every guest. Returns false (logged) if the memory is not served.
+ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, std::uint64_t generation,
+                                   std::uint32_t host_peer, std::uint32_t vectors, std::uint64_t features) {
+  IVCUDA_TRY_ASSIGN(const std::uint64_t size, ivcuda::sys::file_size(fd));
+  if (size < layout.shm_size)
+    return ivcuda::make_error(EINVAL, "the shared memory has " + std::to_string(size) +
+                                          " bytes, the layout needs " + std::to_string(layout.shm_size));
+  const pid_t pid = ::fork();
+  if (pid < 0) return ivcuda::make_error(errno, std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    auto map = ivcuda::sys::Mapping::map_shared(fd, layout.shm_size);
+    if (!map) ::_exit(3);
+    // A fresh layout every start: whatever a previous daemon or guest left
+    // there is not trusted.
+    std::memset(map->data(), 0, layout.rings_off + layout.channel_stride * layout.channels);
+    ::_exit(ivcuda::ring::format_bar(map->data(), layout, generation, host_peer, vectors, features) ? 0 : 4);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status))
+    return ivcuda::make_error(EFAULT, "formatting the shared memory died of signal " +
+                                          std::to_string(WTERMSIG(status)) + " (it shrank meanwhile?)");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return ivcuda::make_error(EIO, "cannot map the shared memory to format it");
+  return {};
 }
 
 // The worker: runs in a child process with the guest's resources only.
@@ -111,16 +149,10 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
     IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
     return -1;
   }
-  {
-    auto map = ivcuda::sys::Mapping::map_shared(fd.get(), o.shm_size);
-    if (!map) {
-      IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), map.error().what.c_str());
-      return -1;
-    }
-    // A fresh layout every start: whatever a previous daemon or guest left
-    // there is not trusted.
-    std::memset(map->data(), 0, layout.rings_off + layout.channel_stride * layout.channels);
-    (void)ivcuda::ring::format_bar(map->data(), layout, generation, 0, 1, 0);
+  // QEMU opens this file too: format it as memory others hold.
+  if (auto f = format_shared(fd.get(), layout, generation, 0, 1, 0); !f) {
+    IVLOG_ERROR("ivshmem-plain file %s: %s; not serving it", path.c_str(), f.error().what.c_str());
+    return -1;
   }
   auto host_efd = ivcuda::sys::make_eventfd(true);
   auto guest_efd = ivcuda::sys::make_eventfd(true);
@@ -159,7 +191,10 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
 // shared by all its peers, so we serve the first guest that appears, then
 // the next one after it left.
 int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t generation) {
-  auto client = ivcuda::ivshmem::ivshmem_connect(o.join, std::chrono::milliseconds(5000), o.vectors);
+  // We serve one guest at a time, so a few peers' eventfds are all we need:
+  // peers beyond them cannot run the daemon out of descriptors.
+  auto client = ivcuda::ivshmem::ivshmem_connect(o.join, std::chrono::milliseconds(5000), o.vectors, {},
+                                                 kJoinMaxPeers);
   if (!client) {
     IVLOG_ERROR("cannot join the ivshmem-server at %s: %s", o.join.c_str(), client.error().what.c_str());
     return 1;
@@ -176,15 +211,28 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
     return 1;
   }
   const std::int64_t me = client->id();
+  std::string refused;  // why the memory is not served now (logged once per reason)
   while (g_stop == 0) {
-    {
-      auto map = ivcuda::sys::Mapping::map_shared(client->shm_fd(), layout->shm_size);
-      if (!map) return 1;
-      std::memset(map->data(), 0, layout->rings_off + layout->channel_stride * layout->channels);
-      (void)ivcuda::ring::format_bar(map->data(), *layout, generation, static_cast<std::uint32_t>(me),
-                                     static_cast<std::uint32_t>(o.vectors),
-                                     ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+    // Every peer of that server holds the memory's fd and may have shrunk it
+    // (the server seals nothing): check and format it anew before each guest.
+    // While it is unusable, look again on every peer change and every second.
+    auto f = format_shared(client->shm_fd(), *layout, generation, static_cast<std::uint32_t>(me),
+                           static_cast<std::uint32_t>(o.vectors),
+                           ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+    if (!f) {
+      if (f.error().what != refused)
+        IVLOG_ERROR("the memory of the ivshmem-server at %s: %s; not serving it until that changes", o.join.c_str(),
+                    f.error().what.c_str());
+      refused = f.error().what;
+      (void)ivcuda::sys::wait_readable(client->socket_fd(), 1000);
+      auto ev = client->process_pending();
+      if (!ev) {
+        IVLOG_ERROR("the ivshmem-server went away: %s", ev.error().what.c_str());
+        return 1;
+      }
+      continue;
     }
+    refused.clear();
     IVLOG_INFO("joined %s as peer %lld; waiting for a guest", o.join.c_str(), static_cast<long long>(me));
     std::int64_t guest = -1;
     while (g_stop == 0 && guest < 0) {
@@ -222,7 +270,8 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
     }
     IVLOG_INFO("serving guest peer %lld; worker pid %d", static_cast<long long>(guest), static_cast<int>(pid));
     // The worker serves until the guest leaves the server (or we stop).
-    bool left = false;
+    bool left = false, reaped = false;
+    int status = 0;
     while (g_stop == 0 && !left) {
       (void)ivcuda::sys::wait_readable(client->socket_fd(), 200);
       auto ev = client->process_pending();
@@ -232,10 +281,14 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
         break;
       }
       left = client->peers().count(guest) == 0;
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) left = true;
+      if (::waitpid(pid, &status, WNOHANG) == pid) reaped = left = true;
     }
-    ::kill(pid, SIGTERM);
-    ::waitpid(pid, nullptr, 0);
+    if (!reaped) {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, &status, 0);
+    }
+    if (WIFSIGNALED(status))
+      IVLOG_WARN("worker for guest peer %lld died of signal %d", static_cast<long long>(guest), WTERMSIG(status));
     IVLOG_INFO("guest peer %lld left; its worker is gone", static_cast<long long>(guest));
   }
   return 0;
@@ -269,6 +322,10 @@ int main(int argc, char** argv) {
   app.add_option("--spin-us", o.spin_us, "how long a worker polls after the last request before sleeping")
       ->capture_default_str();
   app.add_option("--max-guests", o.max_guests, "guests served at once")->capture_default_str();
+  app.add_option("--max-guests-per-uid", o.max_guests_per_uid,
+                 "guests served at once for one connecting user id (0: no limit besides --max-guests); "
+                 "each guest pins --shm-size of RAM")
+      ->capture_default_str();
   app.add_option("--plain-file", o.plain_files,
                  "serve an ivshmem-plain guest through this memory file (QEMU: memory-backend-file, "
                  "share=on, mem-path=FILE, size=--shm-size); repeatable. No interrupts: both sides poll")
@@ -360,7 +417,15 @@ int main(int argc, char** argv) {
              o.socket.c_str(), o.vectors, static_cast<unsigned long long>(o.shm_size >> 20), o.driver.c_str(),
              static_cast<unsigned long long>(generation));
 
-  std::map<pid_t, std::int64_t> workers;  // pid -> guest id
+  struct Served {
+    std::int64_t id = 0;
+    uid_t uid = 0;  // the connecting process's (SO_PEERCRED); plain files: the daemon's
+  };
+  std::map<pid_t, Served> workers;  // pid -> guest
+  auto guests_of = [&](uid_t uid) {
+    return static_cast<unsigned>(std::count_if(workers.begin(), workers.end(),
+                                               [&](const auto& w) { return w.second.uid == uid; }));
+  };
   // ivshmem-plain guests: a memory file each, formatted here, served by a
   // worker that polls. Their ids start above every peer id.
   std::vector<int> listen_fds;
@@ -370,7 +435,7 @@ int main(int argc, char** argv) {
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
                                          listen_fds);
     if (pid < 0) return 1;
-    workers[pid] = id;
+    workers[pid] = Served{id, ::getuid()};
   }
   while (g_stop == 0) {
     // Reap workers: a guest that went away, or a worker that failed.
@@ -379,7 +444,7 @@ int main(int argc, char** argv) {
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) break;
       auto it = workers.find(pid);
-      const long long id = it == workers.end() ? -1 : it->second;
+      const long long id = it == workers.end() ? -1 : it->second.id;
       if (WIFSIGNALED(status))
         IVLOG_WARN("worker for guest %lld died of signal %d; its GPU resources are freed", id, WTERMSIG(status));
       else
@@ -401,6 +466,19 @@ int main(int argc, char** argv) {
       if (workers.size() >= o.max_guests) {
         IVLOG_WARN("refusing a guest: %u guests already served", o.max_guests);
         continue;  // closing the connection tells the peer
+      }
+      // Every guest pins --shm-size of RAM before it proves anything: one
+      // local user must not take all of it.
+      ucred cred{};
+      socklen_t cred_len = sizeof cred;
+      if (::getsockopt(pending->conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+        IVLOG_WARN("refusing a guest on %s: SO_PEERCRED: %s", l.path.c_str(), std::strerror(errno));
+        continue;
+      }
+      if (o.max_guests_per_uid != 0 && guests_of(cred.uid) >= o.max_guests_per_uid) {
+        IVLOG_WARN("refusing a guest of uid %u (pid %d): it has %u guests already (--max-guests-per-uid)",
+                   static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), o.max_guests_per_uid);
+        continue;
       }
       // Each guest gets memory of its own: nobody else can map it.
       auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
@@ -435,8 +513,9 @@ int main(int argc, char** argv) {
         const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get());
         ::_exit(rc);
       }
-      workers[pid] = id;
-      IVLOG_INFO("guest %lld connected on %s; worker pid %d", id, l.path.c_str(), static_cast<int>(pid));
+      workers[pid] = Served{id, cred.uid};
+      IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
+                 l.path.c_str(), static_cast<int>(pid));
     }
     // The parent keeps nothing of the guest's: when the worker ends, the
     // guest's connection closes with it.

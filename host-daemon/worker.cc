@@ -84,7 +84,6 @@ Result<void> Worker::init() {
   log::set_prefix(prefix);
   if (cfg_.host_fds.empty() || cfg_.guest_fds.empty())
     return make_error(EINVAL, "worker needs at least one doorbell vector each way");
-  IVCUDA_TRY_ASSIGN(bar_, sys::Mapping::map_shared(cfg_.shm_fd, l_.shm_size));
   IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
   IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.conn_fd));
   CUresult st = cu_.cuInit(0);
@@ -109,6 +108,7 @@ Result<void> Worker::init() {
     primary_.push_back(ctxs_.insert(e));
   }
   if (devices_.empty()) return make_error(ENODEV, "no GPU for this guest");
+  IVCUDA_TRY(map_bar());
   // Register the arena with the GPU once, in the first device's primary
   // context, so that copies from page-locked guest memory and from staging
   // DMA straight from the shared pages.
@@ -132,6 +132,28 @@ Result<void> Worker::init() {
              static_cast<unsigned long long>(l_.arena_size >> 20), static_cast<unsigned long long>(arena_dev_));
   return {};
 }
+
+// The guest learns where the BAR is mapped here (RepHello's arena device
+// base: with unified addressing the arena's device alias is this host
+// address). So the mapping is made after the driver reserved its address
+// ranges (cuInit, devices), at a random address of its own: it reveals
+// nothing about the rest of the worker's address space, and nothing on the
+// host takes a guest-supplied address as a pointer (docs/security.md).
+Result<void> Worker::map_bar() {
+  // Memory smaller than the layout would fault on first touch: refuse it.
+  IVCUDA_TRY_ASSIGN(const std::uint64_t size, sys::file_size(cfg_.shm_fd));
+  if (size < l_.shm_size)
+    return make_error(EINVAL, "the shared memory has " + std::to_string(size) + " bytes, the layout needs " +
+                                  std::to_string(l_.shm_size));
+  auto m = sys::Mapping::map_shared_random(cfg_.shm_fd, l_.shm_size);
+  if (!m) {
+    IVLOG_WARN("guest %u: %s; mapping the BAR where the kernel puts it", cfg_.guest_id, m.error().what.c_str());
+    m = sys::Mapping::map_shared(cfg_.shm_fd, l_.shm_size);
+  }
+  IVCUDA_TRY_ASSIGN(bar_, std::move(m));
+  return {};
+}
+
 
 // Device printf: the driver writes a kernel's printf output to this
 // process's stdout when the guest synchronises. The worker points fd 1 at a

@@ -115,6 +115,7 @@ class Worker {
 
   explicit Worker(WorkerConfig cfg);
   Result<void> init();
+  Result<void> map_bar();
   void attach_channels();
   void handle(Channel& ch, const ring::Record& rec);
   void reply(Channel& ch, const ring::Record& rec, CUresult st, std::span<const std::byte> body);

@@ -208,6 +208,10 @@ Result<std::optional<PeerEvent>> IvshmemClient::apply(Message m) {
     peers_.erase(m.value);
     return std::optional<PeerEvent>(PeerEvent{m.value, std::nullopt});
   }
+  if (m.value != id_ && peers_.count(m.value) == 0 && peers_.size() >= max_peers_) {
+    ++ignored_;  // m.fd closes here: a peer beyond the bound stays unknown
+    return std::optional<PeerEvent>{};
+  }
   std::vector<sys::UniqueFd>& fds = m.value == id_ ? own_ : peers_[m.value];
   const std::size_t limit = m.value == id_ ? vectors_ : kMaxVectors;
   if (fds.size() >= limit)
@@ -243,13 +247,15 @@ Result<void> IvshmemClient::notify(std::int64_t peer, std::size_t vector) const 
 }
 
 Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd sock, std::size_t vectors,
-                                               std::chrono::milliseconds timeout, const VectorsOf& vectors_of) {
+                                               std::chrono::milliseconds timeout, const VectorsOf& vectors_of,
+                                               std::size_t max_peers) {
   if (vectors > kMaxVectors)
     return make_error(EINVAL, "ivshmem: at most " + std::to_string(kMaxVectors) + " vectors");
   const auto deadline = Clock::now() + timeout;
   IvshmemClient c;
   c.sock_ = std::move(sock);
   c.vectors_ = vectors;
+  c.max_peers_ = max_peers;
 
   IVCUDA_TRY_ASSIGN(Message version, c.reader_.read(c.sock_.get(), deadline));
   if (version.value != kProtocolVersion)
@@ -291,7 +297,7 @@ Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd sock, std::size_t v
 }
 
 Result<IvshmemClient> ivshmem_connect(const std::string& path, std::chrono::milliseconds timeout,
-                                      std::size_t vectors, const VectorsOf& vectors_of) {
+                                      std::size_t vectors, const VectorsOf& vectors_of, std::size_t max_peers) {
   const auto deadline = Clock::now() + timeout;
   IVCUDA_TRY_ASSIGN(const sockaddr_un addr, unix_address(path));
   sys::UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -306,7 +312,7 @@ Result<IvshmemClient> ivshmem_connect(const std::string& path, std::chrono::mill
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return ivshmem_client_handshake(std::move(sock), vectors,
-                                  std::max(left, std::chrono::milliseconds(0)), vectors_of);
+                                  std::max(left, std::chrono::milliseconds(0)), vectors_of, max_peers);
 }
 
 // ---------------------------------------------------------------------------

@@ -48,6 +48,11 @@ inline constexpr std::int64_t kMaxPeerId = 0xffff;
 inline constexpr std::size_t kMaxVectors = 64;
 // The daemon's id on every guest connection.
 inline constexpr std::int64_t kHostPeerId = 0;
+// Other peers whose eventfds a client keeps by default. Each peer costs up to
+// kMaxVectors descriptors; a server with peers that come and stay must not be
+// able to run a client out of them. Eventfds of peers beyond the bound are
+// closed on arrival and those peers stay unknown (see ignored_peers()).
+inline constexpr std::size_t kMaxPeers = 64;
 
 struct Message {
   std::int64_t value = 0;
@@ -111,6 +116,8 @@ class IvshmemClient {
   const std::vector<sys::UniqueFd>& own_eventfds() const noexcept { return own_; }
   // The connection, for callers that poll it next to other fds.
   int socket_fd() const noexcept { return sock_.get(); }
+  // Eventfds dropped because the peer bound was reached.
+  std::uint64_t ignored_eventfds() const noexcept { return ignored_; }
 
   // Processes every message already queued without blocking. ECONNRESET when
   // the server went away; any error leaves the connection unusable.
@@ -121,7 +128,8 @@ class IvshmemClient {
 
  private:
   friend Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd, std::size_t,
-                                                        std::chrono::milliseconds, const VectorsOf&);
+                                                        std::chrono::milliseconds, const VectorsOf&,
+                                                        std::size_t);
   Result<std::optional<PeerEvent>> apply(Message m);
   bool greeting_complete() const noexcept { return shm_.valid() && own_.size() == vectors_; }
 
@@ -133,6 +141,8 @@ class IvshmemClient {
   std::uint64_t shm_size_ = 0;
   std::map<std::int64_t, std::vector<sys::UniqueFd>> peers_;
   std::vector<sys::UniqueFd> own_;
+  std::size_t max_peers_ = kMaxPeers;
+  std::uint64_t ignored_ = 0;
 };
 
 // Connects to the server at `path` and reads the greeting within `timeout`.
@@ -142,13 +152,16 @@ class IvshmemClient {
 // `vectors` is how many eventfds of our own we expect (QEMU's `vectors`
 // property, at most kMaxVectors): the greeting is complete once the shared
 // memory and that many own eventfds arrived. More own eventfds than that are
-// refused, where QEMU would log and drop them.
+// refused, where QEMU would log and drop them. At most `max_peers` other
+// peers are tracked at a time.
 Result<IvshmemClient> ivshmem_connect(const std::string& path, std::chrono::milliseconds timeout,
-                                      std::size_t vectors, const VectorsOf& vectors_of = {});
+                                      std::size_t vectors, const VectorsOf& vectors_of = {},
+                                      std::size_t max_peers = kMaxPeers);
 // The same on an already connected socket (a socketpair, an inherited fd).
 Result<IvshmemClient> ivshmem_client_handshake(sys::UniqueFd sock, std::size_t vectors,
                                                std::chrono::milliseconds timeout,
-                                               const VectorsOf& vectors_of = {});
+                                               const VectorsOf& vectors_of = {},
+                                               std::size_t max_peers = kMaxPeers);
 
 // ---------------------------------------------------------------------------
 // Server side: the daemon's role.

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,14 +34,47 @@ Result<Mapping> Mapping::map_shared(int fd, std::size_t size, std::uint64_t offs
   return m;
 }
 
+Result<Mapping> Mapping::map_shared_random(int fd, std::size_t size) {
+  // Placed by a random hint, independently of the kernel's mmap base, so that
+  // the address says nothing about where libraries, heap or stacks are. The
+  // window [16 TiB, 64 TiB) stays clear of the low region GPU drivers use for
+  // their own reservations and of the mmap area under the stack.
+  constexpr std::uint64_t kLow = 1ull << 44, kHigh = 1ull << 46, kAlign = 2ull << 20;
+  if (size != 0 && size < kHigh - kLow) {
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      std::uint64_t r = 0;
+      if (::getrandom(&r, sizeof r, 0) != sizeof r) break;
+      const std::uint64_t span = (kHigh - kLow - size) / kAlign;
+      const std::uint64_t hint = kLow + (r % span) * kAlign;
+      void* p = ::mmap(reinterpret_cast<void*>(hint), size, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+      if (p == MAP_FAILED) {
+        if (errno == EEXIST) continue;  // something lives there: another draw
+        return make_error(errno, "mmap: " + errno_string(errno));
+      }
+      if (p != reinterpret_cast<void*>(hint)) {  // kernels before 4.17 treat the flag as a hint
+        ::munmap(p, size);
+        continue;
+      }
+      Mapping m;
+      m.addr_ = p;
+      m.size_ = size;
+      return m;
+    }
+  }
+  return make_error(EADDRNOTAVAIL, "mmap: no free random address for " + std::to_string(size) + " bytes");
+}
+
 Result<UniqueFd> make_memfd(const char* name, std::uint64_t size) {
   UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return make_error(errno, "memfd_create: " + errno_string(errno));
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
     return make_error(errno, "ftruncate: " + errno_string(errno));
   // The size is part of the contract with the peer: it must not shrink under
-  // a mapping (SIGBUS) or grow behind the layout.
-  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+  // a mapping (SIGBUS) or grow behind the layout. F_SEAL_SEAL closes the set:
+  // otherwise a peer holding the fd could add F_SEAL_FUTURE_WRITE (or
+  // F_SEAL_WRITE) before the worker maps it, and the worker's mapping fails.
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
     return make_error(errno, "F_ADD_SEALS: " + errno_string(errno));
   return fd;
 }

@@ -52,6 +52,9 @@ class Mapping {
   ~Mapping() { reset(); }
 
   static Result<Mapping> map_shared(int fd, std::size_t size, std::uint64_t offset = 0);
+  // The same at a random, 2 MiB-aligned address of its own (for a mapping
+  // whose address a peer learns).
+  static Result<Mapping> map_shared_random(int fd, std::size_t size);
   std::byte* data() const noexcept { return static_cast<std::byte*>(addr_); }
   std::size_t size() const noexcept { return size_; }
   void reset() noexcept;
@@ -61,6 +64,7 @@ class Mapping {
   std::size_t size_ = 0;
 };
 
+// A memfd of `size` bytes, sealed against shrinking, growing and new seals.
 Result<UniqueFd> make_memfd(const char* name, std::uint64_t size);
 Result<UniqueFd> make_eventfd(bool nonblocking);
 // Size of the file behind fd (fstat).

@@ -27,6 +27,7 @@ using u64 = std::uint64_t;
 inline constexpr u32 kProtoVersion = 1;
 inline constexpr u32 kNameMax = 1024;          // kernel / global names
 inline constexpr u32 kMaxParams = 4096;        // parameters per kernel
+inline constexpr u32 kMaxParamBytes = 32764;   // CUDA's limit on a kernel's parameter bytes
 inline constexpr u32 kMaxDevices = 64;
 inline constexpr u32 kAttrSlots = 192;         // > CU_DEVICE_ATTRIBUTE_MAX
 inline constexpr u32 kDevNameBytes = 256;

@@ -4,11 +4,18 @@
 #include <catch2/catch.hpp>
 
 #include <cuda.h>
+#include <elf.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <optional>
+#include <fcntl.h>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -29,13 +36,19 @@ namespace {
 struct Daemon {
   pid_t pid = -1;
   std::string sock;
-  Daemon() {
+  explicit Daemon(std::vector<std::string> extra = {}) {
     sock = "/tmp/ivcuda-hostile-" + std::to_string(::getpid()) + ".sock";
     ::unlink(sock.c_str());
+    std::vector<std::string> args = {IVCUDAD_PATH, "--socket", sock, "--shm-size", "256M", "--channels", "4",
+                                     "--staging-size", "4M", "--driver", GPU_DOUBLE_PATH, "--log-level", "error"};
+    args.insert(args.end(), extra.begin(), extra.end());
     pid = ::fork();
     if (pid == 0) {
-      ::execl(IVCUDAD_PATH, IVCUDAD_PATH, "--socket", sock.c_str(), "--shm-size", "256M", "--channels", "4",
-              "--staging-size", "4M", "--driver", GPU_DOUBLE_PATH, "--log-level", "error", nullptr);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a test killed mid-way leaves no daemon behind
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(IVCUDAD_PATH, argv.data());
       ::_exit(127);
     }
     for (int i = 0; i < 200 && ::access(sock.c_str(), F_OK) != 0; ++i)
@@ -46,6 +59,13 @@ struct Daemon {
     ::waitpid(pid, nullptr, 0);
   }
   bool alive() const { return ::kill(pid, 0) == 0 && ::waitpid(pid, nullptr, WNOHANG) == 0; }
+  // The daemon's children: its workers.
+  std::vector<pid_t> workers() const {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    std::vector<pid_t> out;
+    for (pid_t p; f >> p;) out.push_back(p);
+    return out;
+  }
 };
 
 // One guest connection with hand-driven channels.
@@ -249,5 +269,212 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
     other.open(0);
     CHECK(other.call(0, Op::kHello, hello) == CUDA_SUCCESS);
   }
+  CHECK(d.alive());
+}
+
+namespace {
+
+// A guest's handle of device 0's primary context.
+std::uint64_t primary_ctx(RawGuest& g) {
+  std::vector<std::byte> out;
+  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  REQUIRE(g.call(0, Op::kHello, hello) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  return RawGuest::as<proto::RepHandle>(out).handle;
+}
+
+// Stages `image` at the start of the arena and loads it as a module.
+CUresult load_module(RawGuest& g, std::uint64_t ctx, const std::vector<std::byte>& image,
+                     std::uint64_t* module = nullptr) {
+  std::memcpy(g.bar.data() + g.l.arena_off, image.data(), image.size());
+  std::vector<std::byte> out;
+  const CUresult r = g.call(0, Op::kModuleLoad, proto::ReqModuleLoad{ctx, image.size(), g.l.arena_off, 0, 0}, &out);
+  if (module != nullptr && r == CUDA_SUCCESS) *module = RawGuest::as<proto::RepHandle>(out).handle;
+  return r;
+}
+
+template <class... Fields>
+std::vector<std::byte> bytes_of(const Fields&... f) {
+  std::vector<std::byte> v;
+  auto add = [&](const auto& x) {
+    const auto* p = reinterpret_cast<const std::byte*>(&x);
+    v.insert(v.end(), p, p + sizeof x);
+  };
+  (add(f), ...);
+  return v;
+}
+
+std::vector<std::byte> text(const std::string& s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
+}
+
+// PTX of one kernel `name` taking `n` one-byte parameters.
+std::string ptx_with_params(const std::string& name, int n) {
+  std::ostringstream o;
+  o << ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry " << name << "(";
+  for (int i = 0; i < n; ++i) o << (i ? ",\n" : "") << ".param .u8 p" << i;
+  o << ")\n{\nret;\n}\n";
+  return o.str();
+}
+
+CUresult get_function(RawGuest& g, std::uint64_t ctx, std::uint64_t module, const std::string& name,
+                      proto::RepFunction* rep = nullptr) {
+  std::vector<std::byte> out;
+  proto::ReqModuleName mn{ctx, module, static_cast<std::uint32_t>(name.size()), 0};
+  const CUresult r = g.call(0, Op::kModuleGetFunction, mn, &out, std::as_bytes(std::span(name)));
+  if (rep != nullptr) *rep = RawGuest::as<proto::RepFunction>(out);
+  return r;
+}
+
+}  // namespace
+
+// issue 12, hole 2: the worker must pass the driver a pointer for every
+// parameter the function has, or the driver reads past the worker's array.
+TEST_CASE("a kernel with more parameters than the worker can pass is refused", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock);
+  g.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  std::uint64_t big = 0, max = 0;
+  REQUIRE(load_module(g, ctx, text(ptx_with_params("too_many", proto::kMaxParams + 4)), &big) == CUDA_SUCCESS);
+  CHECK(get_function(g, ctx, big, "too_many") == CUDA_ERROR_NOT_SUPPORTED);
+  // Exactly as many as the protocol carries still works, launch included.
+  REQUIRE(load_module(g, ctx, text(ptx_with_params("just_enough", proto::kMaxParams)), &max) == CUDA_SUCCESS);
+  proto::RepFunction f{};
+  REQUIRE(get_function(g, ctx, max, "just_enough", &f) == CUDA_SUCCESS);
+  CHECK(f.param_count == proto::kMaxParams);
+  proto::ReqLaunch l{};
+  l.ctx = ctx;
+  l.function = f.function;
+  l.grid[0] = l.grid[1] = l.grid[2] = l.block[0] = l.block[1] = l.block[2] = 1;
+  l.param_bytes = f.param_bytes;
+  std::vector<std::byte> params(f.param_bytes);
+  // The double has no CPU version of this kernel: NOT_SUPPORTED, after it
+  // read every parameter through the pointers the worker passed.
+  CHECK(g.call(0, Op::kLaunch, l, nullptr, params) == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(g.call(0, Op::kFlush, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
+  CHECK(d.alive());
+}
+
+// issue 12, holes 3 and 4: the driver takes images without a length and
+// follows what they say about themselves.
+TEST_CASE("images that would make the driver follow a pointer or read past the copy are refused",
+          "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock);
+  g.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+
+  SECTION("a fatbin wrapper: magic, version, a pointer the guest chose") {
+    CHECK(load_module(g, ctx, bytes_of(0x466243B1u, 1u, std::uint64_t{0x10}, std::uint64_t{0})) ==
+          CUDA_ERROR_INVALID_IMAGE);
+    // aimed at guest-writable memory: the arena's device alias
+    std::vector<std::byte> out;
+    proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+    REQUIRE(g.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
+    const auto base = RawGuest::as<proto::RepHello>(out).arena_device_base;
+    CHECK(load_module(g, ctx, bytes_of(0x466243B1u, 1u, base + g.l.arena_off + 4096, std::uint64_t{0})) ==
+          CUDA_ERROR_INVALID_IMAGE);
+  }
+  SECTION("a fatbin header that declares more payload than was sent") {
+    CHECK(load_module(g, ctx, bytes_of(0xBA55ED50u, std::uint16_t{1}, std::uint16_t{16},
+                                       std::uint64_t{64 << 10})) == CUDA_ERROR_INVALID_IMAGE);
+    // a fatbin entry that claims more than its fatbin
+    CHECK(load_module(g, ctx, bytes_of(0xBA55ED50u, std::uint16_t{1}, std::uint16_t{16}, std::uint64_t{64},
+                                       std::uint16_t{1}, std::uint16_t{0}, 64u, std::uint64_t{1} << 20,
+                                       std::array<std::uint64_t, 6>{})) == CUDA_ERROR_INVALID_IMAGE);
+  }
+  SECTION("ELF images whose tables and sections lie outside the bytes sent") {
+    Elf64_Ehdr eh{};
+    std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
+    eh.e_ident[EI_CLASS] = ELFCLASS64;
+    eh.e_ident[EI_DATA] = ELFDATA2LSB;
+    eh.e_ident[EI_VERSION] = EV_CURRENT;
+    eh.e_type = ET_EXEC;
+    eh.e_machine = 190;  // EM_CUDA
+    eh.e_version = EV_CURRENT;
+    eh.e_ehsize = sizeof eh;
+    eh.e_shentsize = sizeof(Elf64_Shdr);
+    eh.e_phentsize = sizeof(Elf64_Phdr);
+    Elf64_Ehdr far = eh;
+    far.e_shoff = 1 << 20;  // a section header table a megabyte past the image
+    far.e_shnum = 8;
+    CHECK(load_module(g, ctx, bytes_of(far)) == CUDA_ERROR_INVALID_IMAGE);
+    Elf64_Ehdr one = eh;  // one section, whose bytes lie past the image
+    one.e_shoff = sizeof eh;
+    one.e_shnum = 2;
+    Elf64_Shdr null{}, sec{};
+    sec.sh_type = SHT_PROGBITS;
+    sec.sh_offset = 64;
+    sec.sh_size = 1 << 20;
+    CHECK(load_module(g, ctx, bytes_of(one, null, sec)) == CUDA_ERROR_INVALID_IMAGE);
+    Elf64_Ehdr seg = eh;  // a program segment past the image
+    seg.e_phoff = sizeof eh;
+    seg.e_phnum = 1;
+    Elf64_Phdr ph{};
+    ph.p_type = PT_LOAD;
+    ph.p_offset = 16;
+    ph.p_filesz = 1 << 20;
+    CHECK(load_module(g, ctx, bytes_of(seg, ph)) == CUDA_ERROR_INVALID_IMAGE);
+  }
+  // Real images still load, and the worker kept serving through all of it.
+  CHECK(load_module(g, ctx, text(ptx_with_params("fine", 2))) == CUDA_SUCCESS);
+  CHECK(d.alive());
+}
+
+// issue 12, hole 5: what the guest learns of the worker, and what it can do
+// to the memory it shares with it.
+TEST_CASE("the guest learns no address of the worker's own and cannot reseal its memory", "[process][hostile]") {
+  Daemon d;
+  RawGuest a(d.sock), b(d.sock);
+  a.open(0);
+  b.open(0);
+  // A process-mode guest that adds a seal before its worker maps the memory
+  // would break that mapping: the memory comes with its seals sealed.
+  errno = 0;
+  CHECK(::fcntl(a.client.shm_fd(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == -1);
+  CHECK(errno == EPERM);
+  CHECK((::fcntl(a.client.shm_fd(), F_GET_SEALS) & F_SEAL_SEAL) != 0);
+
+  std::vector<std::byte> out;
+  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  REQUIRE(a.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
+  const auto base_a = RawGuest::as<proto::RepHello>(out).arena_device_base;
+  REQUIRE(b.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
+  const auto base_b = RawGuest::as<proto::RepHello>(out).arena_device_base;
+  CHECK(base_a != base_b);  // placed at random per worker
+  // The arena's device alias is the BAR's host address in the worker (the
+  // double, like the driver with unified addressing, maps registered memory at
+  // its own address). It must lie far from the worker's libraries.
+  const auto workers = d.workers();
+  REQUIRE(workers.size() == 2);
+  for (pid_t w : workers) {
+    std::ifstream maps("/proc/" + std::to_string(w) + "/maps");
+    std::string line;
+    std::uint64_t libc = 0;
+    while (std::getline(maps, line))
+      if (line.find("/libc.so") != std::string::npos) libc = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    REQUIRE(libc != 0);
+    for (std::uint64_t base : {base_a, base_b}) {
+      const std::uint64_t dist = base > libc ? base - libc : libc - base;
+      CHECK(dist > (std::uint64_t{1} << 40));
+    }
+  }
+}
+
+TEST_CASE("one user id gets at most --max-guests-per-uid guests at once", "[process][hostile]") {
+  Daemon d({"--max-guests-per-uid", "2"});
+  auto connect = [&] { return ivshmem::ivshmem_connect(d.sock, std::chrono::milliseconds(2000), 8); };
+  std::optional<RawGuest> first(std::in_place, d.sock);
+  RawGuest second(d.sock);
+  CHECK_FALSE(connect().ok());  // the third is turned away
+  first.reset();                // one leaves: room for another
+  bool admitted = false;
+  for (int i = 0; i < 50 && !admitted; ++i) {
+    admitted = connect().ok();
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(admitted);
   CHECK(d.alive());
 }

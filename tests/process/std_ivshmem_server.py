@@ -41,16 +41,26 @@ def main():
                 pid = next_id
                 next_id += 1
                 fds = [os.eventfd(0, os.EFD_NONBLOCK) for _ in range(vectors)]
-                send(conn, 0)
-                send(conn, pid)
-                send(conn, -1, shm)
-                for oid, (oconn, ofds) in peers.items():
-                    for fd in ofds:
-                        send(conn, oid, fd)
+                try:
+                    send(conn, 0)
+                    send(conn, pid)
+                    send(conn, -1, shm)
+                    for oid, (oconn, ofds) in peers.items():
+                        for fd in ofds:
+                            send(conn, oid, fd)
                     for fd in fds:
-                        send(oconn, pid, fd)
-                for fd in fds:
-                    send(conn, pid, fd)
+                        send(conn, pid, fd)
+                except OSError:  # it left during its greeting: nobody heard of it
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                for oconn, _ in peers.values():
+                    for fd in fds:
+                        try:
+                            send(oconn, pid, fd)
+                        except OSError:
+                            pass  # that one left; its hang-up is handled below
                 peers[pid] = (conn, fds)
                 continue
             # A peer spoke or hung up: peers never speak, so it left.

@@ -1,0 +1,34 @@
+// Checks a code image a guest sent (a module, library, linker or JIT input)
+// before the driver parses it. The driver takes such images without a
+// length and believes what they say about themselves: a fatbin header's
+// payload size, an ELF file's section and program-header extents, a fatbin
+// wrapper's pointer. The worker holds a private copy of exactly the bytes
+// the guest sent; this decides whether every extent the image declares lies
+// within that copy, and refuses what would make the driver follow a pointer.
+// docs/security.md lists the rules.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace ivcuda::host {
+
+enum class ImageKind : std::uint8_t { kPtx, kElf, kFatbin };
+
+struct ImageVerdict {
+  bool ok = false;
+  ImageKind kind = ImageKind::kPtx;
+  std::string why;  // set when !ok: what was wrong, for the log
+};
+
+inline constexpr std::uint32_t kFatbinMagic = 0xBA55ED50u;
+inline constexpr std::uint32_t kFatbinWrapperMagic = 0x466243B1u;
+
+// `image` is the copy the driver will get, which must end in a NUL byte that
+// is not part of what the guest sent (so PTX is always terminated): the
+// checked image is image[0 .. size-1).
+[[nodiscard]] ImageVerdict check_image(std::span<const std::byte> image);
+
+}  // namespace ivcuda::host
