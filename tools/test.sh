@@ -5,23 +5,57 @@
 #    against the GPU test double included;
 #  - asan (AddressSanitizer + UBSan): all tests but the VM ones;
 #  - tsan (ThreadSanitizer): the ring and transport tests.
+# Nothing is skipped quietly: a test group whose tools are missing fails the
+# configure, a test that exits "skipped" fails the run, and every preset must
+# register exactly the tests in tests/expected-tests.tsv. A developer on a
+# machine without some tool can ask for skips: IVCUDA_ALLOW_SKIPS=1 tools/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
 export PATH=/usr/local/cuda/bin:$PATH
 jobs=${IVCUDA_JOBS:-$(nproc)}
+allow=${IVCUDA_ALLOW_SKIPS:-}
+skips=OFF
+[ "$allow" = 1 ] && skips=ON
+
+# check_tests PRESET ARGS: the preset registers the expected tests.
+check_tests() {
+  local preset=$1; shift
+  if ! python3 tools/check_tests.py "build/$preset" "$@"; then
+    if [ "$allow" = 1 ]; then echo "(IVCUDA_ALLOW_SKIPS: tests missing, allowed)"; else return 1; fi
+  fi
+}
+# run_tests PRESET CTEST-ARGS: ctest, failing on any test that did not run.
+run_tests() {
+  local preset=$1; shift
+  local log="build/$preset/ctest-output.txt"
+  ctest --preset "$preset" "$@" 2>&1 | tee "$log"
+  if grep -qE "tests did not run|\(Skipped\)|Not Run" "$log"; then
+    if [ "$allow" = 1 ]; then echo "(IVCUDA_ALLOW_SKIPS: skipped tests allowed)"; else
+      echo "FAIL: tests were skipped (see above); IVCUDA_ALLOW_SKIPS=1 allows that on a developer's machine"
+      return 1
+    fi
+  fi
+}
+
 for preset in default asan tsan; do
   echo "=== configure + build: $preset"
-  cmake --preset "$preset" >/dev/null
+  # stdout holds only status lines; a dropped test group is an error (or,
+  # with IVCUDA_ALLOW_SKIPS, a warning) on stderr.
+  cmake --preset "$preset" -DIVCUDA_ALLOW_SKIPS=$skips >/dev/null
   if [ "$preset" = tsan ]; then
     cmake --build --preset tsan -j "$jobs" --target ivcuda_ring_tests
   else
     cmake --build --preset "$preset" -j "$jobs"
   fi
 done
+echo "=== registered tests"
+check_tests default
+check_tests asan --exclude-labels vm
+check_tests tsan --labels ring,transport
 echo "=== tests: tsan (ring, transport)"
-ctest --preset tsan -L "^(ring|transport)$" -j "$jobs"
+run_tests tsan -L "^(ring|transport)$" -j "$jobs"
 echo "=== tests: asan"
-ctest --preset asan -LE "^vm$" -j "$jobs"
+run_tests asan -LE "^vm$" -j "$jobs"
 echo "=== tests: default"
-ctest --preset default -j "$jobs"
+run_tests default -j "$jobs"

@@ -64,8 +64,10 @@ int main(int argc, char** argv) {
   std::vector<Question> asked;
   std::ifstream in(argv[2]);
   for (std::string line; std::getline(in, line);) {
-    const auto sp = line.find(' ');
+    if (line.empty() || line[0] == '#') continue;  // data/cudart13-requests.tsv: symbol, version, flags, kind
+    const auto sp = line.find('\t');
     Question q{line.substr(0, sp), 0, 0};
+    if (q.name == "-") q.name.clear();  // the empty name
     if (sp == std::string::npos || std::sscanf(line.c_str() + sp, "%d %llu", &q.version, &q.flags) != 2) {
       std::fprintf(stderr, "api_probe: bad request line: %s\n", line.c_str());
       return 1;

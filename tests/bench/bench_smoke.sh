@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ivcuda-bench --quick against the GPU test double, "natively" (the double as
 # the program's libcuda.so.1) and through ivcudad: every figure must be there.
-set -eu
+set -euo pipefail
 build=$(cd "$1" && pwd)
 double=$2
 work=$(mktemp -d /tmp/ivcuda-bench.XXXXXX)

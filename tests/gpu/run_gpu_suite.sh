@@ -4,6 +4,12 @@
 # ivcudad), compares them, runs the process-mode end-to-end script against
 # the real driver, and the ring benchmark. One call of the device tool:
 #   bash tests/gpu/run_gpu_suite.sh            (from the repository root)
+# A comparison passes when both runs exit 0, their outputs are identical and
+# ivcudad's log shows that the ivcuda run's very process said hello to a
+# worker (a program that found the system's libcuda.so.1 instead would agree
+# with native and prove nothing). The exit status is the verdict: every case
+# the lists below make must pass (IVCUDA_GPU_QUICK=1 leaves out the
+# process-mode script and the ring benchmark, and says so).
 # Needs the Debian packages in .deps/ (liburing, Catch2, CLI11), which
 # `tests/gpu/fetch-deps.sh` downloads on a Debian machine.
 set -u
@@ -47,49 +53,87 @@ rm -f "$sock"
 daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 
-pass=0 fail=0
+# shellcheck source=../lib/verdicts.sh
+. "$root/tests/lib/verdicts.sh"
+log=$out/ivcudad.log
 compare() {  # name, then the program and its arguments
   local name=$1; shift
   local extra=${extra_libs:-}
   LD_LIBRARY_PATH=$extra timeout 300 "$@" >"$out/$name.native" 2>&1; local rn=$?
-  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib${extra:+:$extra} timeout 300 "$@" >"$out/$name.ivcuda" 2>&1; local ri=$?
-  if [ $rn -eq 0 ] && [ $ri -eq 0 ] && diff -q "$out/$name.native" "$out/$name.ivcuda" >/dev/null; then
-    echo "PASS $name: native and ivcuda agree ($(tail -1 "$out/$name.ivcuda"))"; pass=$((pass + 1))
+  rm -f "$out/$name.pid"
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib${extra:+:$extra} timeout 300 "${tagged[@]}" "$out/$name.pid" "$@" \
+    >"$out/$name.ivcuda" 2>&1; local ri=$?
+  local pid; pid=$(cat "$out/$name.pid" 2>/dev/null)
+  if [ $rn -eq 0 ] && [ $ri -eq 0 ] && diff -q "$out/$name.native" "$out/$name.ivcuda" >/dev/null &&
+     served_by "$log" "$pid"; then
+    verdict "$name: native and ivcuda agree, ivcudad served it ($(tail -1 "$out/$name.ivcuda"))" 0
   else
-    echo "FAIL $name: native rc=$rn, ivcuda rc=$ri"; fail=$((fail + 1))
+    served_by "$log" "$pid" || echo "  no hello from process ${pid:-?} in ivcudad's log: not served by ivcuda"
+    verdict "$name: native rc=$rn, ivcuda rc=$ri" 1
     diff "$out/$name.native" "$out/$name.ivcuda" | head -20
   fi
 }
-echo "== driver-API programs, native vs ivcuda (real H200 behind ivcudad)"
-compare drv_core "$bin/drv_core"
-compare drv_kernels "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin"
-compare drv_library "$bin/drv_library" --fatbin "$fatbin" --ptx "$ptx"
-compare drv_graphs "$bin/drv_graphs" --ptx "$ptx"
-compare drv_hostfunc "$bin/drv_hostfunc" --ptx "$ptx"
-compare drv_errors "$bin/drv_errors" --ptx "$ptx"
-compare drv_fault "$bin/drv_errors" --ptx "$ptx" --fault
-compare drv_peer "$bin/drv_peer"
-compare rt_basic_static "$bin/rt_basic_static"
-compare drv_hostreg "$bin/drv_hostreg" --ptx "$ptx"
-compare rt_nvbench_pattern_static "$bin/rt_nvbench_pattern_static"
-extra_libs=/usr/local/cuda/lib64 compare rt_basic_shared "$bin/rt_basic_shared"
-# rt_features section by section (a crash or a poisoned context stays in its section), the
-# shared-cudart build whole; then the libraries, with their results compared.
-for section in $("$bin/rt_features_static" --list); do
+# The programs compared: "name|program and arguments|extra library path".
+programs=(
+  "drv_core|$bin/drv_core|"
+  "drv_kernels|$bin/drv_kernels --ptx $ptx --fatbin $fatbin|"
+  "drv_library|$bin/drv_library --fatbin $fatbin --ptx $ptx|"
+  "drv_graphs|$bin/drv_graphs --ptx $ptx|"
+  "drv_hostfunc|$bin/drv_hostfunc --ptx $ptx|"
+  "drv_errors|$bin/drv_errors --ptx $ptx|"
+  "drv_fault|$bin/drv_errors --ptx $ptx --fault|"
+  "drv_peer|$bin/drv_peer|"
+  "rt_basic_static|$bin/rt_basic_static|"
+  "drv_hostreg|$bin/drv_hostreg --ptx $ptx|"
+  "rt_nvbench_pattern_static|$bin/rt_nvbench_pattern_static|"
+  "rt_basic_shared|$bin/rt_basic_shared|/usr/local/cuda/lib64"
+  "rt_features_shared|$bin/rt_features_shared|/usr/local/cuda/lib64"
+)
+libs=(lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc)
+# rt_features (static cudart) runs section by section: a crash or a poisoned
+# context stays in its section. It must list some.
+sections=$("$bin/rt_features_static" --list)
+nsections=$(echo $sections | wc -w)
+quick=${IVCUDA_GPU_QUICK:-}
+# each program, each section, each library, the bypass control; the process-mode script unless quick
+expect_cases $((${#programs[@]} + nsections + 1 + ${#libs[@]} + 1 + (quick ? 0 : 1)))
+
+echo "== driver-API, runtime-API and library programs, native vs ivcuda (real GPU behind ivcudad)"
+for entry in "${programs[@]}"; do
+  IFS='|' read -r name cmd extra <<<"$entry"
+  # shellcheck disable=SC2086 # one word per argument
+  extra_libs=$extra compare "$name" $cmd
+done
+[ "$nsections" -gt 0 ]; verdict "rt_features_static lists $nsections sections" $?
+for section in $sections; do
   compare "rt_features_static_$section" "$bin/rt_features_static" --only "$section"
 done
-extra_libs=/usr/local/cuda/lib64 compare rt_features_shared "$bin/rt_features_shared"
-for p in lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc; do
-  if [ -x "$bin/$p" ]; then extra_libs=/usr/local/cuda/lib64 compare "$p" "$bin/$p"; else echo "SKIP $p: not built"; fi
+for p in "${libs[@]}"; do
+  if [ -x "$bin/$p" ]; then extra_libs=/usr/local/cuda/lib64 compare "$p" "$bin/$p"; else not_run "$p" "not built"; fi
 done
+# The check above must catch a program that did not go through ivcuda: run one
+# with the library path pointing away from ivcuda's library (it then finds this
+# machine's driver) and expect no hello from it.
+rm -f "$out/bypass.pid"
+IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=/nonexistent timeout 120 "${tagged[@]}" "$out/bypass.pid" "$bin/drv_core" \
+  >"$out/bypass.out" 2>&1
+bypass=$(cat "$out/bypass.pid")
+! served_by "$log" "$bypass"; rc=$?
+verdict "control: a program that bypassed ivcuda is caught (no hello from its process $bypass)" $rc
 kill $daemon; wait $daemon 2>/dev/null
 
-if [ -n "${IVCUDA_GPU_QUICK:-}" ]; then echo "== summary: $pass passed, $fail failed (quick)"; exit 0; fi
-echo "== process-mode end-to-end script against the real driver"
-bash "$root/tests/process/run_process_tests.sh" "$build" libcuda.so.1 2>&1 | tee "$out/process.log" | tail -12
-
-if [ -x "$build/bench/ivcuda-ring-bench" ]; then
-  echo "== ring benchmark"
-  "$build/bench/ivcuda-ring-bench" 2>&1 | tee "$out/ring-bench.txt" | tail -20
+if [ -n "$quick" ]; then
+  echo "== quick: the process-mode script and the ring benchmark are not run"
+else
+  echo "== process-mode end-to-end script against the real driver"
+  bash "$root/tests/process/run_process_tests.sh" "$build" libcuda.so.1 >"$out/process.log" 2>&1
+  rc=$?
+  grep -E "^(FAIL|SKIP)" "$out/process.log"
+  verdict "process-mode script with the real driver: $(tail -1 "$out/process.log")" $rc
+  if [ -x "$build/bench/ivcuda-ring-bench" ]; then
+    echo "== ring benchmark (figures, not a case)"
+    "$build/bench/ivcuda-ring-bench" 2>&1 | tee "$out/ring-bench.txt" | tail -20
+  fi
 fi
-echo "== summary: $pass passed, $fail failed"
+echo "== suite summary:"
+finish

@@ -26,8 +26,10 @@ ngpu=$(nvidia-smi -L | wc -l)
 echo "== $ngpu GPU(s)"
 nvidia-smi -L
 nvidia-smi topo -m 2>/dev/null | head -5
-pass=0 fail=0 daemon=
-verdict() { if [ "$2" -eq 0 ]; then echo "PASS $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi; }
+daemon=
+# shellcheck source=../lib/verdicts.sh
+. "$root/tests/lib/verdicts.sh"
+expect_cases 7
 stop() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null; daemon=; }
 start() {  # ivcudad arguments
   stop
@@ -39,7 +41,11 @@ start() {  # ivcudad arguments
   sleep 0.2
 }
 via() { local s=$1; shift; IVCUDA_SOCKET=$s LD_LIBRARY_PATH=$build/lib timeout 300 "$@"; }
-if [ "$ngpu" -lt 2 ]; then echo "SKIP: fewer than two GPUs"; exit 0; fi
+if [ "$ngpu" -lt 2 ]; then
+  not_run "every multi-GPU case" "this machine has $ngpu GPU(s); run it on nvidia-h200-x2"
+  expect_cases 1
+  finish; exit
+fi
 
 echo "== one guest, GPUs 0 and 1: peer access and copies, native vs ivcuda"
 "$bin/drv_peer" >"$out/peer.native" 2>&1; rn=$?
@@ -49,30 +55,35 @@ cat "$out/peer.ivcuda"
 diff "$out/peer.native" "$out/peer.ivcuda" && same=0 || same=1
 verdict "drv_peer on two GPUs: native rc=$rn, ivcuda rc=$ri, identical output" $((rn + ri + same))
 grep -q "^peer copy of .* verified" "$out/peer.ivcuda"; verdict "a peer copy between the two GPUs, verified byte for byte" $?
-"$bin/drv_devices" >"$out/devices.native" 2>&1
-via /tmp/ivm-0.sock "$bin/drv_devices" >"$out/devices.ivcuda" 2>&1
-diff <(grep '^device' "$out/devices.native") <(grep '^device' "$out/devices.ivcuda") >/dev/null
-verdict "both GPUs granted: the guest sees the same UUIDs and PCI addresses as the host" $?
+"$bin/drv_devices" >"$out/devices.native" 2>&1; rn=$?
+via /tmp/ivm-0.sock "$bin/drv_devices" >"$out/devices.ivcuda" 2>&1; ri=$?
+# Both succeed, both list every GPU of this machine, and the lists agree.
+[ $rn -eq 0 ] && [ $ri -eq 0 ] && [ "$(grep -c '^device' "$out/devices.native")" -eq "$ngpu" ] &&
+  diff <(grep '^device' "$out/devices.native") <(grep '^device' "$out/devices.ivcuda") >/dev/null
+verdict "both GPUs granted: the guest sees the same UUIDs and PCI addresses as the host (rc $rn/$ri)" $?
 
 echo "== two guests at once, each on its own socket with its own GPU"
 start --gpus 0 --guest-socket /tmp/ivm-1.sock=1
 for _ in $(seq 100); do [ -S /tmp/ivm-1.sock ] && break; sleep 0.05; done
 via /tmp/ivm-0.sock "$bin/drv_core" >"$out/core.g0" 2>&1 & c0=$!
 via /tmp/ivm-1.sock "$bin/drv_core" >"$out/core.g1" 2>&1 & c1=$!
-via /tmp/ivm-0.sock "$bin/drv_devices" --try-ordinal 1 >"$out/dev.g0" 2>&1
-via /tmp/ivm-1.sock "$bin/drv_devices" --try-ordinal 1 >"$out/dev.g1" 2>&1
+via /tmp/ivm-0.sock "$bin/drv_devices" --try-ordinal 1 >"$out/dev.g0" 2>&1; rd0=$?
+via /tmp/ivm-1.sock "$bin/drv_devices" --try-ordinal 1 >"$out/dev.g1" 2>&1; rd1=$?
+echo "drv_devices exit status: socket 0 $rd0, socket 1 $rd1"
 wait $c0; r0=$?; wait $c1; r1=$?
 cat "$out/dev.g0" "$out/dev.g1"
 tail -1 "$out/core.g0"; tail -1 "$out/core.g1"
 verdict "both guests run drv_core at the same time, each on its own GPU" $((r0 + r1))
 want0=$(grep '^device 0 ' "$out/devices.native" | cut -d' ' -f3-)
 want1=$(grep '^device 1 ' "$out/devices.native" | cut -d' ' -f3-)
-[ "$(grep -c '^device' "$out/dev.g0")" = 1 ] && [ "$(grep '^device 0 ' "$out/dev.g0" | cut -d' ' -f3-)" = "$want0" ]
+[ $rd0 -eq 0 ] && [ -n "$want0" ] && [ "$(grep -c '^device' "$out/dev.g0")" = 1 ] &&
+  [ "$(grep '^device 0 ' "$out/dev.g0" | cut -d' ' -f3-)" = "$want0" ]
 verdict "guest on socket 0 sees host GPU 0 only, as device 0" $?
-[ "$(grep -c '^device' "$out/dev.g1")" = 1 ] && [ "$(grep '^device 0 ' "$out/dev.g1" | cut -d' ' -f3-)" = "$want1" ]
+[ $rd1 -eq 0 ] && [ -n "$want1" ] && [ "$(grep -c '^device' "$out/dev.g1")" = 1 ] &&
+  [ "$(grep '^device 0 ' "$out/dev.g1" | cut -d' ' -f3-)" = "$want1" ]
 verdict "guest on socket 1 sees host GPU 1 only, as device 0" $?
 grep -q "cuDeviceGet(1): CUDA_ERROR_INVALID_DEVICE" "$out/dev.g1"
 verdict "guest on socket 1 cannot reach a second GPU" $?
 stop
-echo "== multi-GPU summary: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+echo "== multi-GPU summary:"
+finish

@@ -12,9 +12,14 @@
 #              built when missing or stale (configured first if need be)
 #   DRIVER     what ivcudad loads: default libcuda.so.1, the real driver; the
 #              GPU test double's path (libivcuda_gpu_double.so) on a CPU machine
-# Logs go to $OUT/vm (default out/vm). Exit status 0 when every program passed
-# in both modes. Guest timings are under TCG and labelled so: they show what
-# the transport costs a software-emulated CPU, not what it costs under KVM.
+# Logs go to $OUT/vm (default out/vm). A program passes in the guest when it
+# exits 0, ivcudad's log shows that very guest process said hello (so it went
+# through ivcuda, not some other libcuda.so.1), and - for the programs whose
+# output is deterministic - its output equals the same program's run natively
+# on this host (with the test double: through ivcuda in process mode). The
+# exit status is the verdict: every case expected from the lists below must
+# pass. Guest timings are under TCG and labelled so: they show what the
+# transport costs a software-emulated CPU, not what it costs under KVM.
 set -u
 root=$(pwd)
 build=${1:-$root/build/gpu}
@@ -57,10 +62,34 @@ cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
 lib=$build/lib
 bin=$build/tests/bin
 kernels=$build/tests/gpu_double
-progs=(drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg rt_nvbench_pattern_static)
-for f in "$lib/libcuda.so.1" "$kernels/test_kernels.ptx" "$kernels/test_kernels.fatbin" "${progs[@]/#/$bin/}"; do
+# The guest's programs: "name|arguments|check". @PTX@ and @FAT@ stand for the
+# test kernels' paths (in the guest /opt/ivcuda/..., on this host the build's).
+# check: "diff" compares the output with the reference run, "timing" (figures
+# that differ run to run) only the exit status and the daemon's log.
+# drv_errors --fault leaves the VM's contexts broken: it runs last.
+cases=(
+  "drv_core||diff"
+  "drv_kernels|--ptx @PTX@ --fatbin @FAT@|diff"
+  "drv_roundtrip|--rounds 1000 --gap-us 1000|timing"
+  "drv_hostreg|--ptx @PTX@|diff"
+  "rt_nvbench_pattern_static||diff"
+  "ivcuda-bench|--child solo --quick --ptx @PTX@|timing"
+  "drv_errors|--ptx @PTX@ --fault|diff"
+)
+progs=()
+for c in "${cases[@]}"; do
+  p=${c%%|*}
+  [[ $p == ivcuda-bench ]] || progs+=("$p")
+done
+for f in "$lib/libcuda.so.1" "$kernels/test_kernels.ptx" "$kernels/test_kernels.fatbin" "${progs[@]/#/$bin/}" \
+         "$build/bench/ivcuda-bench"; do
   [[ -e $f ]] || die "$f is not built"
 done
+# shellcheck source=../lib/verdicts.sh
+. "$root/tests/lib/verdicts.sh"
+modes=(doorbell plain)
+# per mode: each guest program, and the daemon alive after the guest; plus the process-mode run
+expect_cases $((${#modes[@]} * (${#cases[@]} + 1) + 1))
 
 echo "== guest image (.deps/guest + this machine's programs)"
 image=/tmp/ivcuda-vm-image
@@ -113,47 +142,84 @@ start_daemon() {  # mode, vectors, then extra ivcudad options
   die "ivcudad did not start ($mode)"
 }
 
-pass=0 fail=0
-# The guest script: every program runs even when one fails, each reports.
-# drv_errors --fault leaves its context broken: it runs last.
-ptx=/opt/ivcuda/test_kernels.ptx fat=/opt/ivcuda/test_kernels.fatbin
-# ivcuda-bench's own workloads (its child, --quick) run in the guest too, before
-# drv_errors poisons the VM's contexts; its figures are the TCG guest's.
-guest_cmd="export LD_LIBRARY_PATH=$lib; rc=0
-for t in 'drv_core' 'drv_kernels --ptx $ptx --fatbin $fat' 'drv_roundtrip --rounds 1000 --gap-us 1000' \
- 'drv_hostreg --ptx $ptx' 'rt_nvbench_pattern_static' 'ivcuda-bench --child solo --quick --ptx $ptx' \
- 'drv_errors --ptx $ptx --fault --forged-handles'; do
- \$t; r=\$?; echo \"GUEST_RESULT \$r \$t\"; [ \$r = 0 ] || rc=1
-done; exit \$rc"
+# The guest script: every program runs even when one fails; each one's output
+# is framed by GUEST_BEGIN and GUEST_RESULT, its first line its process id.
+# (Short: it travels on the guest kernel's command line.)
+guest_cmd="export LD_LIBRARY_PATH=$lib; rc=0; K=/opt/ivcuda
+t() { echo GUEST_BEGIN \$1; sh -c 'echo GUEST_PID \$\$; exec \"\$@\"' g \"\$@\" >/tmp/o 2>&1; r=\$?; cat /tmp/o
+echo GUEST_RESULT \$r \$1; [ \$r = 0 ] || rc=1; }"
+for c in "${cases[@]}"; do
+  IFS='|' read -r p args _ <<<"$c"
+  args=${args//@PTX@/\$K/test_kernels.ptx}
+  args=${args//@FAT@/\$K/test_kernels.fatbin}
+  guest_cmd+="
+t $p $args"
+done
+guest_cmd+="
+exit \$rc"
+
+# The reference each deterministic program's guest output is compared with:
+# the same program and arguments on this host, natively with the real driver;
+# with the test double, through ivcuda in process mode (the double is no
+# libcuda.so.1 that cudart could use natively).
+refdir=$out/reference
+mkdir -p "$refdir"
+reference_runs() {
+  local c p args check
+  for c in "${cases[@]}"; do
+    IFS='|' read -r p args check <<<"$c"
+    [[ $check == diff ]] || continue
+    args=${args//@PTX@/$kernels/test_kernels.ptx}
+    args=${args//@FAT@/$kernels/test_kernels.fatbin}
+    # shellcheck disable=SC2086 # one word per argument
+    if [[ $driver == libcuda.so.1 ]]; then
+      timeout 300 "$bin/$p" $args >"$refdir/$p.out" 2>&1
+    else
+      IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$lib timeout 300 "$bin/$p" $args >"$refdir/$p.out" 2>&1
+    fi
+    echo "reference $p: exit $? ($(tail -1 "$refdir/$p.out"))"
+  done
+}
 
 run_guest() {  # mode, then run-in-guest.sh device options
   local mode=$1; shift
-  local log=$out/guest-$mode.log rc=0
+  local log=$out/guest-$mode.log rc=0 c p check r pid
   "$guest/run-in-guest.sh" --image "$image" "$@" --accel tcg --timeout 200 --log "$log" \
     "$guest_cmd" >/dev/null 2>"$out/run-in-guest-$mode.err" || rc=$?
   echo "-- $mode: run-in-guest exit $rc ($(grep -a 'run-in-guest:' "$out/run-in-guest-$mode.err" | tail -1))"
-  local n=0
-  while read -r _ r name _; do
-    n=$((n + 1))
-    if [[ $r == 0 ]]; then
-      echo "PASS vm-$mode $name (TCG guest): $(grep -a "^$name: .* checks" "$log" | tail -1 | tr -d '\r')"
-      pass=$((pass + 1))
-    else
-      echo "FAIL vm-$mode $name (TCG guest): exit $r"
-      grep -a "FAIL" "$log" | head -10
-      fail=$((fail + 1))
+  tr -d '\r' <"$log" >"$log.clean"
+  for c in "${cases[@]}"; do
+    IFS='|' read -r p _ check <<<"$c"
+    # The program's section of the console: its pid line, its output, its result.
+    awk -v b="GUEST_BEGIN $p" -v e="GUEST_RESULT " '$0 == b {on = 1; next} on && index($0, e) == 1 {print; exit}
+         on {print}' "$log.clean" >"$out/$mode-$p.section"
+    r=$(sed -n 's/^GUEST_RESULT \([0-9]*\) .*/\1/p' "$out/$mode-$p.section")
+    pid=$(sed -n 's/^GUEST_PID \([0-9]*\)$/\1/p' "$out/$mode-$p.section" | head -1)
+    grep -v -e '^GUEST_PID ' -e '^GUEST_RESULT ' "$out/$mode-$p.section" >"$out/$mode-$p.out"
+    local why=
+    if [[ -z $r ]]; then why="no result from the guest"
+    elif [[ $r != 0 ]]; then why="exit $r"
+    elif [[ -z $pid ]] || ! served_by "$out/ivcudad-$mode.log" "$pid"; then
+      why="not served by ivcudad: no hello from guest process ${pid:-?} in its log"
+    elif [[ $check == diff ]] && ! diff -q "$refdir/$p.out" "$out/$mode-$p.out" >/dev/null; then
+      why="output differs from the reference run"
     fi
-  done < <(grep -a '^GUEST_RESULT ' "$log" | tr -d '\r')
-  if ((n != ${#progs[@]} + 1)); then
-    echo "FAIL vm-$mode: $n of $((${#progs[@]} + 1)) programs reported; guest console (last lines):"
-    tail -n 25 "$log"
-    fail=$((fail + 1))
-  fi
-  grep -a '^roundtrip ' "$log" | tr -d '\r' | sed "s/^/TCG guest, ivshmem-$mode: /"
+    if [[ -z $why ]]; then
+      local how="output = reference run"
+      [[ $check == diff ]] || how="timings: exit status and served only"
+      verdict "vm-$mode $p (TCG guest, served, $how): $(tail -1 "$out/$mode-$p.out")" 0
+    else
+      echo "  $why"
+      if [[ $why == output* ]]; then diff "$refdir/$p.out" "$out/$mode-$p.out" | head -10; else tail -5 "$out/$mode-$p.out"; fi
+      verdict "vm-$mode $p (TCG guest)" 1
+    fi
+  done
+  grep -a '^roundtrip ' "$log.clean" | sed "s/^/TCG guest, ivshmem-$mode: /"
   # ivcuda-bench child lines: "figure unit value"
-  grep -aE '^(null|launch|sleep|htod|dtoh|dtod)[.][^ ]+ [^ ]+ [0-9.e+-]+' "$log" | tr -d '\r' |
+  grep -aE '^(null|launch|sleep|htod|dtoh|dtod)[.][^ ]+ [^ ]+ [0-9.e+-]+' "$log.clean" |
     sed "s/^/TCG guest, ivshmem-$mode, ivcuda-bench: /"
-  kill -0 "$daemon" 2>/dev/null || { echo "FAIL vm-$mode: ivcudad died"; tail -n 20 "$out/ivcudad-$mode.log"; fail=$((fail + 1)); }
+  kill -0 "$daemon" 2>/dev/null
+  verdict "vm-$mode: ivcudad still running after the guest" $?
   echo "-- ivcudad ($mode), last lines"
   tail -n 4 "$out/ivcudad-$mode.log"
 }
@@ -164,9 +230,11 @@ if [[ $driver == libcuda.so.1 ]]; then
 fi
 # Process mode: the guest library asks for 8 vectors, ivcudad's default.
 start_daemon process 8
-IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$lib "$bin/drv_roundtrip" >"$out/process-roundtrip.txt" 2>&1 ||
-  { echo "FAIL process-mode drv_roundtrip:"; cat "$out/process-roundtrip.txt"; fail=$((fail + 1)); }
+IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$lib "$bin/drv_roundtrip" >"$out/process-roundtrip.txt" 2>&1
+verdict "process-mode drv_roundtrip" $?
 grep '^roundtrip' "$out/process-roundtrip.txt" | sed 's/^/host process, ivcuda process mode: /'
+echo "== reference runs of the deterministic guest programs ($([[ $driver == libcuda.so.1 ]] && echo native || echo "through ivcuda, process mode: $driver is a test double"))"
+reference_runs
 cleanup
 
 echo "== doorbell mode: ivshmem-doorbell, $vectors MSI-X vectors, on ivcudad's socket"
@@ -186,5 +254,5 @@ grep -q "ivshmem-plain guest" "$out/ivcudad-plain.log" || { cat "$out/ivcudad-pl
 run_guest plain --shm-file "$shm" --shm-size $((256 << 20))
 cleanup
 
-echo "== summary: $pass passed, $fail failed (guest figures: TCG, 1 vCPU; logs in $out)"
-((fail == 0 && pass == 8))
+echo "== VM summary (guest figures: TCG, 1 vCPU; logs in $out):"
+finish

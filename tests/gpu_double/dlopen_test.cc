@@ -4,6 +4,8 @@
 #include <dlfcn.h>
 
 #include <catch2/catch.hpp>
+
+#include "tests/skip.h"
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -69,8 +71,7 @@ TEST_CASE("IVCUDA_GPU_DOUBLE_DEVICES sets the device count, each device distinct
           "[gpu_double][dlopen]") {
   const char* env = std::getenv("IVCUDA_GPU_DOUBLE_DEVICES");
   if (env == nullptr || std::string(env) != "3") {
-    WARN("SKIP: run through CTest, which sets IVCUDA_GPU_DOUBLE_DEVICES=3");
-    return;
+    IVCUDA_SKIP("run through CTest, which sets IVCUDA_GPU_DOUBLE_DEVICES=3");
   }
   REQUIRE(sym<decltype(cuInit)>("cuInit")(0) == CUDA_SUCCESS);
   int n = 0;

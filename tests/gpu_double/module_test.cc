@@ -207,7 +207,7 @@ TEST_CASE("images that are not PTX with sm_90-compatible text are refused",
   CU_REQUIRE_ERR(cuModuleLoadDataEx(&m, "garbage", 1, nullptr, vals), CUDA_ERROR_INVALID_VALUE);
 }
 
-TEST_CASE("fatbins with uncompressed PTX load; others are refused",
+TEST_CASE("fatbins with uncompressed PTX load, others are refused",
           "[gpu_double][double_only][module]") {
   ScopedContext ctx;
   const std::string fatbin = kernels_fatbin();

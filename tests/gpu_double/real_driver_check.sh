@@ -23,18 +23,19 @@ echo "double built with $(g++ --version | head -1)"
 TESTS="$T/handles_test.cc $T/library_test.cc $T/device_test.cc $T/context_test.cc $T/memory_test.cc
   $T/stream_test.cc $T/module_test.cc $T/test_support.cc tests/test_main.cc"
 g++ $FLAGS $DEFS -o $W/on_double $TESTS -L$W -livcuda-gpu-double -Wl,-rpath,$W -pthread || exit 1
-$W/on_double 2>/dev/null | tail -2
+# shellcheck source=../lib/verdicts.sh
+. tests/lib/verdicts.sh
+$W/on_double -w NoTests >$W/on_double.log 2>&1; rc=$?
+verdict "the double's own tests on the double ($(tail -2 $W/on_double.log | head -1))" $rc
 g++ $FLAGS $DEFS -o $W/on_real $TESTS -L/usr/local/cuda/lib64/stubs -lcuda -pthread || exit 1
-failed=0
+names=$($W/on_real --list-test-names-only '~[double_only]')
+[ -n "$names" ]; verdict "the real-driver build lists $(echo "$names" | grep -c .) test cases" $?
+# One process per test case; -w NoTests: a name that matches nothing fails.
 while IFS= read -r name; do
   [ -z "$name" ] && continue
   spec=${name//,/\\,}
-  if out=$($W/on_real "$spec" 2>&1); then
-    echo "real ok:   $name"
-  else
-    failed=1
-    echo "REAL FAIL: $name"
-    echo "$out" | grep -A8 'FAILED' | head -40
-  fi
-done < <($W/on_real --list-test-names-only '~[double_only]')
-exit $failed
+  out=$($W/on_real -w NoTests "$spec" 2>&1); rc=$?
+  [ $rc -ne 0 ] && echo "$out" | grep -A8 'FAILED' | head -40
+  verdict "real driver: $name" $rc
+done <<<"$names"
+finish

@@ -14,8 +14,9 @@ fatbin=$build/tests/gpu_double/test_kernels.fatbin
 work=$(mktemp -d /tmp/ivcuda-proc.XXXXXX)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-passed=0 failed=0
 daemon_pid=
+# shellcheck source=../lib/verdicts.sh
+. "$(dirname "$0")/../lib/verdicts.sh"
 
 cleanup() {
   [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
@@ -32,45 +33,52 @@ start_daemon() {
   echo "ivcudad did not start:"; cat "$log"; exit 1
 }
 
-verdict() {  # name rc
-  if [ "$2" -eq 0 ]; then echo "PASS $1"; passed=$((passed + 1));
-  else echo "FAIL $1 (exit $2)"; failed=$((failed + 1)); fi
+# Runs a program with ivcuda's libcuda.so.1 on the library path; its process
+# id lands in $work/pid, so that the daemon's log can prove it was served.
+through_ivcuda() {
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "${tagged[@]}" "$work/pid" "$@"
 }
-
-through_ivcuda() {  # run a program with ivcuda's libcuda.so.1 on the library path
-  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$@"
+# case_ivcuda NAME ENV... -- PROGRAM ARGS...: one case, run through ivcuda.
+# It passes when the program exits 0 and ivcudad served that very process
+# (a program that found another libcuda.so.1 would never say hello).
+case_ivcuda() {
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  rm -f "$work/pid"
+  env "${envs[@]}" IVCUDA_SOCKET="$sock" timeout 300 "${tagged[@]}" "$work/pid" "$@" >"$work/out" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ] && ! served_by "$log" "$(cat "$work/pid" 2>/dev/null)"; then
+    echo "not served by ivcudad: no hello from process $(cat "$work/pid" 2>/dev/null) in its log"
+    rc=99
+  fi
+  [ $rc -ne 0 ] && cat "$work/out"
+  verdict "$name" $rc
 }
+lib=LD_LIBRARY_PATH=$build/lib
 
 start_daemon
 
-through_ivcuda "$bin/drv_core" >"$work/out" 2>&1; rc=$?; [ $rc -ne 0 ] && cat "$work/out"
-verdict "drv_core (LD_LIBRARY_PATH)" $rc
-through_ivcuda "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin" >"$work/out" 2>&1; rc=$?
-[ $rc -ne 0 ] && cat "$work/out"
-verdict "drv_kernels: PTX JIT, fatbin, launches, streams, events" $rc
-through_ivcuda "$bin/drv_graphs" --ptx "$ptx" >"$work/out" 2>&1; rc=$?
-[ $rc -ne 0 ] && cat "$work/out"
-verdict "drv_graphs: stream-ordered memory, capture and graphs, cooperative launch, printf" $rc
-through_ivcuda "$bin/drv_hostfunc" --ptx "$ptx" >"$work/out" 2>&1; rc=$?
-[ $rc -ne 0 ] && cat "$work/out"
-verdict "drv_hostfunc: host functions and stream callbacks in stream order" $rc
-through_ivcuda "$bin/drv_library" --fatbin "$fatbin" --ptx "$ptx" >"$work/out" 2>&1; rc=$?
-[ $rc -ne 0 ] && cat "$work/out"
-verdict "drv_library: libraries loaded with no context current, used in two contexts" $rc
-through_ivcuda "$bin/drv_errors" --ptx "$ptx" --fault --forged-handles >"$work/out" 2>&1; rc=$?
-[ $rc -ne 0 ] && cat "$work/out"
-verdict "drv_errors: bad input, async error, faulting kernel" $rc
-through_ivcuda "$bin/drv_hostreg" --ptx "$ptx" >"$work/out" 2>&1; rc=$?
-[ $rc -ne 0 ] && cat "$work/out"
-verdict "drv_hostreg: registered heap/stack/global memory shared with running kernels" $rc
+case_ivcuda "drv_core (LD_LIBRARY_PATH)" "$lib" -- "$bin/drv_core"
+case_ivcuda "drv_kernels: PTX JIT, fatbin, launches, streams, events" "$lib" -- \
+  "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin"
+case_ivcuda "drv_graphs: stream-ordered memory, capture and graphs, cooperative launch, printf" "$lib" -- \
+  "$bin/drv_graphs" --ptx "$ptx"
+case_ivcuda "drv_hostfunc: host functions and stream callbacks in stream order" "$lib" -- \
+  "$bin/drv_hostfunc" --ptx "$ptx"
+case_ivcuda "drv_library: libraries loaded with no context current, used in two contexts" "$lib" -- \
+  "$bin/drv_library" --fatbin "$fatbin" --ptx "$ptx"
+case_ivcuda "drv_errors: bad input, async error, faulting kernel" "$lib" -- \
+  "$bin/drv_errors" --ptx "$ptx" --fault --forged-handles
+case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with running kernels" "$lib" -- \
+  "$bin/drv_hostreg" --ptx "$ptx"
 if [ -n "${IVCUDA_SANITIZE:-}" ]; then
   # A sanitizer runtime must be the first library loaded; preloading an
-  # instrumented libcuda.so.1 ahead of it is refused by design.
-  echo "SKIP drv_core (LD_PRELOAD): not meaningful in a $IVCUDA_SANITIZE build"
+  # instrumented libcuda.so.1 ahead of it is refused by design: not a case here.
+  echo "N/A drv_core (LD_PRELOAD): a sanitizer build cannot be preloaded ($IVCUDA_SANITIZE)"
 else
-  IVCUDA_SOCKET=$sock LD_PRELOAD=$build/lib/libcuda.so.1 timeout 120 "$bin/drv_core" >"$work/out" 2>&1; rc=$?
-  [ $rc -ne 0 ] && cat "$work/out"
-  verdict "drv_core (LD_PRELOAD)" $rc
+  case_ivcuda "drv_core (LD_PRELOAD)" "LD_PRELOAD=$build/lib/libcuda.so.1" -- "$bin/drv_core"
 fi
 
 # Runtime-API programs, static and shared cudart, unchanged. nvcc builds
@@ -83,56 +91,38 @@ esac
 case "${IVCUDA_SANITIZE:-}" in
   *undefined*) preload="$preload $(gcc -print-file-name=libubsan.so)" ;;
 esac
+rt_env_preload="LD_PRELOAD=$preload" rt_env_path="LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64"
 for kind in static shared; do
   prog=$bin/rt_basic_$kind
-  if [ ! -x "$prog" ]; then echo "SKIP rt_basic ($kind cudart): not built (no nvcc)"; continue; fi
-  IVCUDA_SOCKET=$sock LD_PRELOAD=$preload LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64 timeout 120 "$prog" \
-    >"$work/out" 2>&1; rc=$?
-  [ $rc -ne 0 ] && cat "$work/out"
-  verdict "rt_basic: runtime API, $kind cudart" $rc
+  if [ ! -x "$prog" ]; then not_run "rt_basic ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_basic: runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
   prog=$bin/rt_nvbench_pattern_$kind
-  if [ ! -x "$prog" ]; then echo "SKIP rt_nvbench_pattern ($kind cudart): not built (no nvcc)"; continue; fi
-  IVCUDA_SOCKET=$sock LD_PRELOAD=$preload LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64 timeout 120 "$prog" \
-    >"$work/out" 2>&1; rc=$?
-  [ $rc -ne 0 ] && cat "$work/out"
-  verdict "rt_nvbench_pattern: NVBench's blocking kernel released by a CPU store, $kind cudart" $rc
+  if [ ! -x "$prog" ]; then not_run "rt_nvbench_pattern ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_nvbench_pattern: NVBench's blocking kernel released by a CPU store, $kind cudart" \
+    "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 
-# Expected failures, named where the reason lives; a case that starts passing is reported
-# XPASS (take it off its list then). An XFAIL does not fail the run.
-xfail=0 xpass=0
-verdict_pending() {  # name rc
-  if [ "$2" -eq 0 ]; then echo "XPASS $1 (expected to fail: take it off the pending list)"; xpass=$((xpass + 1));
-  else echo "XFAIL $1 (exit $2; pending, see run_process_tests.sh)"; xfail=$((xfail + 1)); fi
-}
-pending() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }  # list name
-
 # rt_features: runtime-API features section by section (one process each, so that a crash or
-# a poisoned context stays in its section). A section listed in rt_features_pending is
-# expected to fail (XFAIL) until its forwarding lands; none is pending now.
-rt_features_pending=""
+# a poisoned context stays in its section). Both builds must list the same sections, and some.
+static_sections=
 for kind in static shared; do
   prog=$bin/rt_features_$kind
-  if [ ! -x "$prog" ]; then echo "SKIP rt_features ($kind cudart): not built (no nvcc)"; continue; fi
-  for section in $("$prog" --list); do
-    IVCUDA_SOCKET=$sock LD_PRELOAD=$preload LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64 timeout 120 \
-      "$prog" --only "$section" >"$work/out" 2>&1; rc=$?
-    if pending "$rt_features_pending" "$section"; then
-      verdict_pending "rt_features $section, $kind cudart" $rc
-    else
-      [ $rc -ne 0 ] && cat "$work/out"
-      verdict "rt_features $section, $kind cudart" $rc
-    fi
+  if [ ! -x "$prog" ]; then not_run "rt_features ($kind cudart)" "not built (no nvcc)"; continue; fi
+  sections=$(env "$rt_env_path" "$prog" --list)
+  [ $kind = static ] && static_sections=$sections
+  [ -n "$sections" ] && [ "$sections" = "$static_sections" ]
+  verdict "rt_features ($kind cudart) lists its $(echo $sections | wc -w) sections" $?
+  for section in $sections; do
+    case_ivcuda "rt_features $section, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog" --only "$section"
   done
 done
 
 # The toolkit's libraries (cuBLAS, cuBLASLt, cuFFT, cuRAND, NVRTC). The GPU test double runs
 # none of their SASS: against it, a daemon whose double loads SASS-only and compressed images
 # and skips kernels it has no CPU version of, and the programs in flow-only mode (every call
-# succeeds, data round-trips; library results not compared). None is pending now.
-libs_pending=""
+# succeeds, data round-trips; library results not compared: tests/libs/README.md).
 libs_flow=
 case "$driver" in
   *gpu-double*) libs_flow=--flow-only ;;
@@ -142,15 +132,9 @@ if [ -n "$libs_flow" ]; then
   IVCUDA_DOUBLE_UNKNOWN_KERNELS=skip start_daemon
 fi
 for p in lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc; do
-  if [ ! -x "$bin/$p" ]; then echo "SKIP $p: not built (no nvcc or no library)"; continue; fi
-  IVCUDA_SOCKET=$sock LD_PRELOAD=$preload LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64 timeout 300 \
-    "$bin/$p" $libs_flow >"$work/out" 2>&1; rc=$?
-  if pending "$libs_pending" "$p"; then
-    verdict_pending "$p ${libs_flow:-(results compared)}" $rc
-  else
-    [ $rc -ne 0 ] && cat "$work/out"
-    verdict "$p ${libs_flow:-(results compared)}" $rc
-  fi
+  if [ ! -x "$bin/$p" ]; then not_run "$p" "not built (no nvcc or no library)"; continue; fi
+  # shellcheck disable=SC2086 # no flag is no word
+  case_ivcuda "$p ${libs_flow:-(results compared)}" "$rt_env_preload" "$rt_env_path" -- "$bin/$p" $libs_flow
 done
 if [ -n "$libs_flow" ]; then
   kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null
@@ -165,15 +149,23 @@ wait $p1; r1=$?; wait $p2; r2=$?
 verdict "two guests at once" $((r1 | r2))
 
 # A guest killed in the middle of its calls: the daemon reclaims its worker
-# and keeps serving everybody else.
+# and keeps serving everybody else. The victim says "ready" once its copies
+# run; the kill must be what ended it (SIGKILL: status 137 through timeout).
 before=$(grep -c "ended (status" "$log")
+rm -f "$work/pid"
 through_ivcuda "$bin/drv_errors" --spin-forever >"$work/out" 2>&1 & victim=$!
-sleep 1.5
-kill -9 $victim; wait $victim 2>/dev/null
 ok=1
+for _ in $(seq 200); do grep -q '^ready' "$work/out" && { ok=0; break; }; sleep 0.05; done
+[ $ok -ne 0 ] && { echo "the victim never said ready:"; cat "$work/out"; }
+victim_pid=$(cat "$work/pid" 2>/dev/null)
+kill -0 "$victim_pid" 2>/dev/null || { ok=1; echo "the victim was not running when it was to be killed"; }
+kill -9 "$victim_pid"; wait $victim; vrc=$?
+[ $vrc -eq 137 ] || { ok=1; echo "the victim ended with status $vrc, not by SIGKILL (137)"; }
+reclaimed=1
 for _ in $(seq 100); do
-  [ "$(grep -c "ended (status" "$log")" -gt "$before" ] && { ok=0; break; }; sleep 0.05
+  [ "$(grep -c "ended (status" "$log")" -gt "$before" ] && { reclaimed=0; break; }; sleep 0.05
 done
+[ $reclaimed -eq 0 ] || { ok=1; echo "its worker did not end"; }
 kill -0 "$daemon_pid" 2>/dev/null || ok=1
 through_ivcuda "$bin/drv_core" >"$work/out" 2>&1 || ok=1
 verdict "guest killed mid-call: worker reclaimed, daemon serves on" $ok
@@ -187,7 +179,7 @@ verdict "no daemon: cuInit returns CUDA_ERROR_NO_DEVICE" $rc
 # The daemon goes away under a running guest: calls fail, nothing hangs;
 # a restarted daemon serves new guests.
 through_ivcuda "$bin/drv_errors" --spin-forever --expect-daemon-loss >"$work/out" 2>&1 & victim=$!
-sleep 1.5
+for _ in $(seq 200); do grep -q '^ready' "$work/out" && break; sleep 0.05; done
 kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null; daemon_pid=
 wait $victim; rc=$?
 [ $rc -ne 0 ] && cat "$work/out"
@@ -197,5 +189,4 @@ verdict "daemon restart: running guest fails cleanly, new guest served" $rc
 
 echo "--- ivcudad log (last lines) ---"
 tail -n 15 "$log"
-echo "$passed passed, $failed failed, $xfail expected failures, $xpass unexpected passes"
-[ "$failed" -eq 0 ]
+finish

@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
     CUdeviceptr dp = 0;
     OK(cuMemAlloc(&dp, n));
     if (check::g_failures != 0) return check::finish("drv_errors --spin-forever");
+    std::printf("ready\n");  // a test that kills us waits for this line
+    std::fflush(stdout);
     for (;;) {
       CUresult r = cuMemcpyHtoD(dp, a.data(), n);
       if (r == CUDA_SUCCESS) r = cuMemcpyDtoH(b.data(), dp, n);
