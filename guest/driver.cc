@@ -335,8 +335,7 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
   }
   const auto g = staging_of(rt);
   if (!g) {
-    ivcuda::guest::log_once("no-staging", "the daemon reserved no staging memory; pageable copies fail");
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return ivcuda::guest::not_supported("the daemon reserved no staging memory; pageable copies fail");
   }
   // Each chunk finishes on the host before its slot is reused, so an Async
   // copy still runs in its stream, ordered after the work queued there.
@@ -381,8 +380,7 @@ CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
   }
   const auto g = staging_of(rt);
   if (!g) {
-    ivcuda::guest::log_once("no-staging", "the daemon reserved no staging memory; pageable copies fail");
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return ivcuda::guest::not_supported("the daemon reserved no staging memory; pageable copies fail");
   }
   r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
   auto* p = static_cast<std::byte*>(dst);
@@ -471,8 +469,7 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
   const void* src_host = resolve(c.srcMemoryType, c.srcHost, c.srcDevice);
   const void* dst_host = resolve(c.dstMemoryType, c.dstHost, c.dstDevice);
   if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
-    ivcuda::guest::log_once("cuMemcpy2D-array", "cuMemcpy2D with CUDA arrays is not supported yet");
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return ivcuda::guest::not_supported("cuMemcpy2D with CUDA arrays is not supported yet");
   }
   if (c.WidthInBytes == 0 || c.Height == 0) return CUDA_SUCCESS;
   proto::ReqCopy2D r{};
@@ -846,8 +843,7 @@ CUresult cuCtxCreate(CUcontext* pctx, CUctxCreateParams* params, unsigned int fl
     NEED_RT();
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (params != nullptr && (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
-      ivcuda::guest::log_once("ctxparams", "cuCtxCreate: execution-affinity and CIG parameters are not supported");
-      return CUDA_ERROR_NOT_SUPPORTED;
+      return ivcuda::guest::not_supported("cuCtxCreate: execution-affinity and CIG parameters are not supported");
     }
     proto::RepHandle rep{};
     const CUresult st = rt->call<Op::kCtxCreate>(proto::ReqDeviceFlags{rt->to_worker(dev), flags}, {}, &rep);
@@ -1458,8 +1454,7 @@ CUresult pointer_attribute(Runtime* rt, const PtrInfo& i, CUpointer_attribute a,
       put(data, 0ull);
       return CUDA_SUCCESS;
     default:
-      ivcuda::guest::log_once("ptrattr", "cuPointerGetAttribute: attribute %d is not supported", static_cast<int>(a));
-      return CUDA_ERROR_NOT_SUPPORTED;
+      return ivcuda::guest::not_supported("cuPointerGetAttribute: attribute %d is not supported", static_cast<int>(a));
   }
 }
 
@@ -1822,6 +1817,18 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
     NEED_CTX();
     if (!known_event(rt, e) || !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
     return rt->post<Op::kEventRecord>(proto::ReqEventRecord{ctx, h(e), h(s)});
+  });
+}
+
+CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) {
+  if (flags == CU_EVENT_RECORD_DEFAULT) return cuEventRecord(e, s);
+  // Checked here, as the driver checks it at the call: the record is posted.
+  if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_event(rt, e) || !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->post<Op::kEventRecordFlags>(proto::ReqEventRecordFlags{ctx, h(e), h(s), flags, 0});
   });
 }
 

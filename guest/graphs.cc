@@ -500,8 +500,7 @@ CUresult CUDAAPI cuGraphGetNodes(CUgraph graph, CUgraphNode* nodes, size_t* coun
     NEED_RT();
     if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (nodes != nullptr) {
-      ivcuda::guest::log_once("graph-nodes", "cuGraphGetNodes: node handles are not forwarded yet (count only)");
-      return CUDA_ERROR_NOT_SUPPORTED;
+      return ivcuda::guest::not_supported("cuGraphGetNodes: node handles are not forwarded yet (count only)");
     }
     proto::RepValue rep{};
     const CUresult st = rt->call<Op::kGraphNodeCount>(proto::ReqHandle{current_ctx(), h(graph)}, {}, &rep);

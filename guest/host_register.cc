@@ -197,8 +197,7 @@ CUresult page_prots(std::uintptr_t lo, std::uintptr_t hi, std::vector<int>* out)
     if (std::sscanf(line.c_str(), "%llx-%llx %7s", &s, &e, perms) != 3) continue;
     if (e <= lo || s >= hi) continue;
     if (perms[3] == 's') {
-      log_once("hostreg-shared", "cuMemHostRegister: memory of a shared mapping cannot be registered");
-      return CUDA_ERROR_NOT_SUPPORTED;
+      return not_supported("cuMemHostRegister: memory of a shared mapping cannot be registered");
     }
     const int prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
                      (perms[2] == 'x' ? PROT_EXEC : 0);
@@ -265,8 +264,7 @@ CUresult register_range(Runtime* rt, std::uint64_t ctx, void* p, std::size_t byt
   // refuses it for ordinary memory with INVALID_VALUE.
   if ((flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (::sysconf(_SC_PAGESIZE) != static_cast<long>(kPage)) {
-    log_once("hostreg-page", "cuMemHostRegister: needs 4 KiB pages (the arena's granule)");
-    return CUDA_ERROR_NOT_SUPPORTED;
+    return not_supported("cuMemHostRegister: needs 4 KiB pages (the arena's granule)");
   }
   const auto base = reinterpret_cast<std::uintptr_t>(p);
   if (bytes > UINTPTR_MAX - kPage || base > UINTPTR_MAX - kPage - bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -304,10 +302,8 @@ CUresult register_range(Runtime* rt, std::uint64_t ctx, void* p, std::size_t byt
     const bool contiguous = first_known && last_known && last == lo + kPage &&
                             first_it->second.arena_off + kPage == last_it->second.arena_off;
     if (!contiguous) {
-      log_once("hostreg-edge",
-               "cuMemHostRegister: a range over several pages that shares its first or last page with "
+      return not_supported("cuMemHostRegister: a range over several pages that shares its first or last page with "
                "another registration is not supported (docs/design.md)");
-      return CUDA_ERROR_NOT_SUPPORTED;
     }
   }
 

@@ -97,6 +97,9 @@ CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flag
 }
 CUresult CUDAAPI cuStreamGetPriority_ptsz(CUstream s, int* p) { return cuStreamGetPriority(ptsz(s), p); }
 CUresult CUDAAPI cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, ptsz(s)); }
+CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int flags) {
+  return cuEventRecordWithFlags(e, ptsz(s), flags);
+}
 CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus* st) {
   return cuStreamIsCapturing(ptsz(s), st);
 }

@@ -409,8 +409,7 @@ CUresult cuKernelGetName(const char** name, CUkernel k) {
     auto it = r.kernels.find(h(k));
     if (it == r.kernels.end()) return CUDA_ERROR_INVALID_HANDLE;
     if (it->second.name.empty()) {
-      ivcuda::guest::log_once("kernelname", "cuKernelGetName: names of enumerated kernels are not known yet");
-      return CUDA_ERROR_NOT_SUPPORTED;
+      return ivcuda::guest::not_supported("cuKernelGetName: names of enumerated kernels are not known yet");
     }
     *name = it->second.name.c_str();
     return CUDA_SUCCESS;
@@ -487,9 +486,8 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, 
           plain = false;
           break;
         default:
-          ivcuda::guest::log_once("launchex", "cuLaunchKernelEx: launch attribute %d is not forwarded",
+          return ivcuda::guest::not_supported("cuLaunchKernelEx: launch attribute %d is not forwarded",
                                   static_cast<int>(a.id));
-          return CUDA_ERROR_NOT_SUPPORTED;
       }
     }
     const unsigned grid[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};

@@ -1,4 +1,5 @@
 #include "guest/runtime.h"
+#include "guest/unsupported.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -56,6 +57,17 @@ void log_once(const char* key, const char* fmt, ...) noexcept {
   va_start(ap, fmt);
   vlog(fmt, ap);
   va_end(ap);
+}
+
+CUresult not_supported(const char* fmt, ...) noexcept {
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  log_once(line, "%s", line);
+  note_unsupported(line);
+  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 CtxStack& ctx_stack() noexcept {
@@ -303,7 +315,9 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   Channel* ch = channel();
   if (ch == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lk(ch->mu);
-  return ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+  const CUresult st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+  if (st == CUDA_ERROR_NOT_SUPPORTED) note_unsupported(std::string("refused by the host: ") + proto::op_name(static_cast<std::uint16_t>(op)));
+  return st;
 }
 
 void Runtime::mark_dead(const char* why) noexcept {

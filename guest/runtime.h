@@ -210,5 +210,9 @@ CUfunction kernel_function(CUfunction f) noexcept;
 // Log a line once per key to stderr with the "ivcuda:" prefix.
 void log_once(const char* key, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 void log_line(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
+// What a function answers when it refuses what it was asked: logs the line
+// once, counts it for IVCUDA_LOG_UNSUPPORTED (guest/unsupported.h), returns
+// CUDA_ERROR_NOT_SUPPORTED.
+CUresult not_supported(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
 
 }  // namespace ivcuda::guest

@@ -914,6 +914,18 @@ CUresult Worker::on_EventRecord(Call& c) {
   return cu_.cuEventRecord(e->real, s);
 }
 
+CUresult Worker::on_EventRecordFlags(Call& c) {
+  const auto r = c.req<ReqEventRecordFlags>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  EventEntry* e = events_.find(r.event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  // The flags are plain values; the driver judges them (EXTERNAL only while
+  // the stream captures).
+  return cu_.cuEventRecordWithFlags(e->real, s, r.flags);
+}
+
 CUresult Worker::on_EventQuery(Call& c) {
   const auto r = c.req<ReqHandle>();
   EventEntry* e = events_.find(r.handle);

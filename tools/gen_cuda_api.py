@@ -247,20 +247,28 @@ def emit_stubs(api: Api) -> str:
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
+#include <iterator>
 
 namespace {
 
-std::atomic_flag g_logged[%d];
+std::atomic<unsigned> g_calls[%d];
 
 [[gnu::cold, gnu::noinline]] int unsupported(std::size_t index, const char* name) noexcept {
   // One line per function, not per call: a loop over an unsupported call must not flood.
-  if (!g_logged[index].test_and_set(std::memory_order_relaxed)) {
+  if (g_calls[index].fetch_add(1, std::memory_order_relaxed) == 0) {
     std::fprintf(stderr, "ivcuda: %%s is not supported yet\\n", name);
   }
   return %d;  // CUDA_ERROR_NOT_SUPPORTED
 }
 
 }  // namespace
+
+namespace ivcuda::api::detail {
+// How often the stub of kSymbols[index] answered (a strong definition never counts).
+unsigned stub_calls(std::size_t index) noexcept {
+  return index < std::size(g_calls) ? g_calls[index].load(std::memory_order_relaxed) : 0;
+}
+}  // namespace ivcuda::api::detail
 
 #define IVCUDA_STUB(index, name) \\
   extern "C" [[gnu::weak, gnu::visibility("default")]] int name(void) noexcept { \\

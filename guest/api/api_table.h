@@ -59,6 +59,8 @@ static_assert(std::all_of(std::begin(kProcEntries), std::end(kProcEntries), [](c
 // Address of kSymbols[index] as the linker bound it (generated cuda_symbols.cc); nullptr when
 // out of range.
 void* symbol_address(std::size_t index) noexcept;
+// How many calls the NOT_SUPPORTED stub of kSymbols[index] answered (generated cuda_stubs.cc).
+unsigned stub_calls(std::size_t index) noexcept;
 extern const std::size_t kSymbolAddressCount;
 
 }  // namespace ivcuda::api::detail

@@ -108,7 +108,8 @@ enum class HandleKind : u8 {
   X(MemcpyPeer, ReqCopyPeer, RepNone, 0)                                 \
   X(HostFunc, ReqHostFunc, RepNone, 0)                                   \
   X(Flush, ReqCtx, RepNone, 1)                                           \
-  X(Goodbye, ReqCtx, RepNone, 1)
+  X(Goodbye, ReqCtx, RepNone, 1)                                         \
+  X(EventRecordFlags, ReqEventRecordFlags, RepNone, 0)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -511,6 +512,13 @@ struct ReqEventRecord {
   u64 ctx;
   u64 event;
   u64 stream;
+};
+struct ReqEventRecordFlags {
+  u64 ctx;
+  u64 event;
+  u64 stream;
+  u32 flags;      // CU_EVENT_RECORD_*
+  u32 reserved;
 };
 struct ReqEventElapsed {
   u64 ctx;

@@ -73,6 +73,13 @@ case_ivcuda "drv_errors: bad input, async error, faulting kernel" "$lib" -- \
   "$bin/drv_errors" --ptx "$ptx" --fault --forged-handles
 case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with running kernels" "$lib" -- \
   "$bin/drv_hostreg" --ptx "$ptx"
+# IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
+case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
+  "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
+grep -q "NOT_SUPPORTED cuGraphicsUnregisterResource (not forwarded): 2 call(s)" "$work/unsupported.txt"
+rc=$?
+[ $rc -ne 0 ] && cat "$work/unsupported.txt"
+verdict "  ... and the list names cuGraphicsUnregisterResource, 2 calls" $rc
 if [ -n "${IVCUDA_SANITIZE:-}" ]; then
   # A sanitizer runtime must be the first library loaded; preloading an
   # instrumented libcuda.so.1 ahead of it is refused by design: not a case here.

@@ -1,17 +1,28 @@
 // Bad input gets the right CUresult and the process keeps working; an
 // asynchronous error surfaces at the next synchronising call.
 //   drv_errors --ptx test_kernels.ptx [--fault]
+//   drv_errors --call-unsupported   (ivcuda only) calls a function ivcuda never forwards, twice
 #include "check.h"
 
 int main(int argc, char** argv) {
   const char* ptx = check::arg(argc, argv, "--ptx");
-  bool fault = false, spin = false, expect_loss = false, expect_no_device = false, forged = false;
+  bool fault = false, spin = false, expect_loss = false, expect_no_device = false, forged = false,
+       unsupported = false;
   for (int i = 1; i < argc; ++i) {
     fault |= std::strcmp(argv[i], "--fault") == 0;
     spin |= std::strcmp(argv[i], "--spin-forever") == 0;
     expect_loss |= std::strcmp(argv[i], "--expect-daemon-loss") == 0;
     expect_no_device |= std::strcmp(argv[i], "--expect-no-device") == 0;
     forged |= std::strcmp(argv[i], "--forged-handles") == 0;
+    unsupported |= std::strcmp(argv[i], "--call-unsupported") == 0;
+  }
+  if (unsupported) {
+    // Graphics interop has no place in a guest: ivcuda answers NOT_SUPPORTED
+    // (and lists the calls at exit under IVCUDA_LOG_UNSUPPORTED).
+    OK(cuInit(0));
+    EXPECT_RES(CUDA_ERROR_NOT_SUPPORTED, cuGraphicsUnregisterResource(nullptr));
+    EXPECT_RES(CUDA_ERROR_NOT_SUPPORTED, cuGraphicsUnregisterResource(nullptr));
+    return check::finish("drv_errors --call-unsupported");
   }
   if (expect_no_device) {
     // No GPU service reachable: cuInit says so, promptly, like a machine

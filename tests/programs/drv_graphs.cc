@@ -340,6 +340,48 @@ void occupancy(const Kernels& k, CUdeviceptr dmem) {
 
 }  // namespace
 
+// cuEventRecordWithFlags (PyTorch records every event through it): the
+// default flag records as cuEventRecord does; EXTERNAL makes an event-record
+// node while the stream captures. What the driver answers for the other cases
+// is printed, so the native run and the ivcuda run are compared on it.
+void event_flags(const Kernels& k, CUstream s) {
+  CUevent ev = nullptr;
+  OK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  if (ev == nullptr) return;
+  OK(cuEventRecordWithFlags(ev, s, CU_EVENT_RECORD_DEFAULT));
+  OK(cuEventSynchronize(ev));
+  std::printf("events: record with flags 0x8: %s\n", check::name(cuEventRecordWithFlags(ev, s, 0x8)));
+  std::printf("events: record EXTERNAL outside a capture: %s\n",
+              check::name(cuEventRecordWithFlags(ev, s, CU_EVENT_RECORD_EXTERNAL)));
+  OK(cuStreamSynchronize(s));
+  CUdeviceptr d = 0;
+  OK(cuMemAlloc(&d, 1024 * 4));
+  unsigned v = 5;
+  unsigned long long count = 1024;
+  void* args[] = {&d, &v, &count};
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(cuLaunchKernel(k.fill, 4, 1, 1, 256, 1, 1, 0, s, args, nullptr));
+  OK(cuEventRecordWithFlags(ev, s, CU_EVENT_RECORD_EXTERNAL));
+  OK(cuLaunchKernel(k.fill, 4, 1, 1, 256, 1, 1, 0, s, args, nullptr));
+  CUgraph g = nullptr;
+  OK(cuStreamEndCapture(s, &g));
+  size_t nodes = 0;
+  OK(cuGraphGetNodes(g, nullptr, &nodes));
+  std::printf("events: a capture with an EXTERNAL record has %zu nodes\n", nodes);
+  CUgraphExec e = nullptr;
+  OK(cuGraphInstantiate(&e, g, 0));
+  OK(cuGraphLaunch(e, s));
+  OK(cuStreamSynchronize(s));
+  OK(cuEventQuery(ev));
+  std::vector<unsigned> host(1024);
+  OK(cuMemcpyDtoH(host.data(), d, host.size() * 4));
+  EXPECT(all_equal(host.data(), host.size(), 5));
+  OK(cuGraphExecDestroy(e));
+  OK(cuGraphDestroy(g));
+  OK(cuMemFree(d));
+  OK(cuEventDestroy(ev));
+}
+
 int main(int argc, char** argv) {
   const char* ptx = check::arg(argc, argv, "--ptx");
   if (ptx == nullptr) {
@@ -366,6 +408,7 @@ int main(int argc, char** argv) {
 
   mempool(dev, s);
   graphs(k, s);
+  event_flags(k, s);
   cooperative(k, dev, s);
   device_printf(k);
   modules(k, m);
