@@ -75,8 +75,6 @@ bool any_capture() {
   return !c.streams.empty();
 }
 
-thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
   return guard([&] {
     NEED_RT();
@@ -465,18 +463,19 @@ CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus* st
   return capture_info(s, status, id, graph, deps, edges, ndeps);
 }
 
-// The mode decides which calls a capture forbids in this thread. The host
-// serves all of a guest's threads from one thread, where each capture
-// carries the mode it was begun with; this thread's own mode is kept here
-// so that the exchange protocol round-trips as CUDA's does.
+// The mode decides which calls a capture forbids in this thread (PyTorch's
+// allocator turns relaxed around cudaMalloc while a graph captures). The host
+// serves all of a guest's threads from one thread: each guest thread's mode is
+// kept here, travels ahead of that thread's next call (Runtime::call_raw), and
+// the worker's thread takes it on before serving the call.
 CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const CUstreamCaptureMode m = *mode;
   if (m != CU_STREAM_CAPTURE_MODE_GLOBAL && m != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
       m != CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_ERROR_INVALID_VALUE;
-  *mode = t_capture_mode;
-  t_capture_mode = m;
+  *mode = ivcuda::guest::thread_capture_mode();
+  ivcuda::guest::thread_capture_mode() = m;
   return CUDA_SUCCESS;
 }
 

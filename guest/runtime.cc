@@ -59,6 +59,11 @@ void log_once(const char* key, const char* fmt, ...) noexcept {
   va_end(ap);
 }
 
+CUstreamCaptureMode& thread_capture_mode() noexcept {
+  thread_local CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  return mode;
+}
+
 CUresult not_supported(const char* fmt, ...) noexcept {
   char line[256];
   va_list ap;
@@ -115,6 +120,8 @@ class Channel {
 
   std::uint32_t index() const noexcept { return index_; }
   std::mutex mu;
+  // The capture mode the host holds for this channel (guarded by mu).
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
   // Waits (boundedly) until the host consumed everything posted here.
   void drain(std::chrono::milliseconds limit) {
@@ -315,6 +322,16 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   Channel* ch = channel();
   if (ch == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lk(ch->mu);
+  // The calling thread's capture mode travels ahead of its call when the
+  // channel's host side holds another (a new thread on a reused channel, a
+  // thread that exchanged its mode, threads sharing the overflow channel).
+  if (const CUstreamCaptureMode m = thread_capture_mode(); m != ch->capture_mode) {
+    const proto::ReqCaptureMode cm{static_cast<std::uint32_t>(m), 0};
+    if (const CUresult st = ch->exchange(proto::Op::kCaptureMode, &cm, sizeof cm, {}, nullptr, 0, nullptr, false);
+        st != CUDA_SUCCESS)
+      return st;
+    ch->capture_mode = m;
+  }
   const CUresult st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
   if (st == CUDA_ERROR_NOT_SUPPORTED) note_unsupported(std::string("refused by the host: ") + proto::op_name(static_cast<std::uint16_t>(op)));
   return st;

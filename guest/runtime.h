@@ -214,5 +214,8 @@ void log_line(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)
 // once, counts it for IVCUDA_LOG_UNSUPPORTED (guest/unsupported.h), returns
 // CUDA_ERROR_NOT_SUPPORTED.
 CUresult not_supported(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
+// This thread's stream-capture mode (cuThreadExchangeStreamCaptureMode); the
+// runtime passes it to the host ahead of the thread's next call.
+CUstreamCaptureMode& thread_capture_mode() noexcept;
 
 }  // namespace ivcuda::guest

@@ -29,7 +29,7 @@ namespace ivcuda::host {
   X(cuModuleGetGlobal) X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncSetAttribute)      \
   X(cuLaunchKernel) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy)        \
   X(cuStreamQuery) X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamGetPriority)         \
-  X(cuEventCreate) X(cuEventRecord) X(cuEventRecordWithFlags) X(cuEventQuery) X(cuEventSynchronize)                     \
+  X(cuEventCreate) X(cuEventRecord) X(cuEventRecordWithFlags) X(cuThreadExchangeStreamCaptureMode) X(cuEventQuery) X(cuEventSynchronize)                     \
   X(cuEventElapsedTime) X(cuEventDestroy) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)        \
   X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetLimit) X(cuCtxSetLimit)                \
   X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemAllocAsync) \

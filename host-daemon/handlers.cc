@@ -969,6 +969,15 @@ CUresult Worker::on_EventDestroy(Call& c) {
 // capturing stream fails as CUDA fails an unsupported capture operation,
 // and the capture is invalidated the way the driver does it for other
 // illegal calls (synchronising a capturing stream does exactly that).
+CUresult Worker::on_CaptureMode(Call& c) {
+  const auto r = c.req<ReqCaptureMode>();
+  if (r.mode != CU_STREAM_CAPTURE_MODE_GLOBAL && r.mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      r.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  c.ch.capture_mode = static_cast<CUstreamCaptureMode>(r.mode);
+  return CUDA_SUCCESS;
+}
+
 CUresult Worker::refuse_in_capture(CUstream s) {
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   if (cu_.cuStreamIsCapturing(s, &cs) != CUDA_SUCCESS || cs == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;

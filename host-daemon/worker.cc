@@ -308,6 +308,12 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
       IVLOG_WARN("guest %u channel %u: %s request truncated (%zu < %zu bytes)", cfg_.guest_id,
                  ch.index, proto::op_name(op), rec.payload.size(), kReqSize[op]);
   } else {
+    // All guest threads share the worker's one thread: it takes on the mode
+    // of the guest thread whose request it serves (exchanged only on change).
+    if (ch.capture_mode != driver_capture_mode_ && cu_.cuThreadExchangeStreamCaptureMode != nullptr) {
+      CUstreamCaptureMode m = ch.capture_mode;
+      if (cu_.cuThreadExchangeStreamCaptureMode(&m) == CUDA_SUCCESS) driver_capture_mode_ = ch.capture_mode;
+    }
     st = (this->*kHandlers[op])(call);
   }
   if (call.parked) {

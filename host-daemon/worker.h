@@ -182,6 +182,8 @@ class Worker {
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
+  // The capture mode the driver holds for the worker's thread now.
+  CUstreamCaptureMode driver_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
   // When the current wait for a parked synchronise began (zero: none).

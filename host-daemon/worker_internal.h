@@ -18,6 +18,10 @@ struct Worker::Channel {
   ring::Producer cpl;
   std::unique_ptr<ring::EventfdDoorbell> bell;
   bool dead = false;
+  // The capture mode of the guest thread on this channel
+  // (cuThreadExchangeStreamCaptureMode): the worker's thread takes it on
+  // before it serves the channel's requests.
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   struct Parked {
     bool active = false;
     proto::Op op = proto::Op::kInvalid;

@@ -109,7 +109,8 @@ enum class HandleKind : u8 {
   X(HostFunc, ReqHostFunc, RepNone, 0)                                   \
   X(Flush, ReqCtx, RepNone, 1)                                           \
   X(Goodbye, ReqCtx, RepNone, 1)                                         \
-  X(EventRecordFlags, ReqEventRecordFlags, RepNone, 0)
+  X(EventRecordFlags, ReqEventRecordFlags, RepNone, 0)                   \
+  X(CaptureMode, ReqCaptureMode, RepNone, 0)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -518,6 +519,12 @@ struct ReqEventRecordFlags {
   u64 event;
   u64 stream;
   u32 flags;      // CU_EVENT_RECORD_*
+  u32 reserved;
+};
+// The calling guest thread's capture mode (cuThreadExchangeStreamCaptureMode),
+// posted on that thread's channel whenever it changes.
+struct ReqCaptureMode {
+  u32 mode;       // CUstreamCaptureMode
   u32 reserved;
 };
 struct ReqEventElapsed {

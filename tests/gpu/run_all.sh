@@ -4,6 +4,7 @@
 #   vm      the TCG guest next to the real GPU (run_vm_on_gpu.sh)
 #   double  the GPU test double's own tests against the real driver (real_driver_check.sh)
 #   multi   several GPUs (run_multi_gpu.sh; nvidia-h200-x2)
+#   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)
 #   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases)
 # The device tool returns at most 8 files: the parts' outputs go to $OUT as
 # text, every log into one tarball. Each part's exit status is its verdict;
@@ -31,6 +32,17 @@ deps_env() {  # the build dependencies from .deps, unpacked once
   export CPLUS_INCLUDE_PATH=$deps/usr/include LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu
   DEPS=$deps
 }
+# build_gpu TARGETS...: configures build/gpu as the suite does, if need be, and builds them.
+build_gpu() {
+  local build=$root/build/gpu
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    deps_env
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$DEPS/usr" \
+      >"$work/configure.log" 2>&1 || { tail -20 "$work/configure.log"; return 1; }
+  fi
+  cmake --build "$build" -j "$(nproc)" --target "$@" >"$work/build-$1.log" 2>&1 ||
+    { tail -20 "$work/build-$1.log"; return 1; }
+}
 
 for p in $parts; do
   case $p in
@@ -48,18 +60,17 @@ for p in $parts; do
   multi)
     OUT=$work timeout 400 bash tests/gpu/run_multi_gpu.sh build/gpu 2>&1 | tee "$final/multi.txt"
     part multi $? ;;
+  frameworks)
+    if build_gpu ivcudad ivcuda_guest; then
+      OUT=$work timeout 540 bash tests/frameworks/run_frameworks.sh build/gpu 2>&1 | tee "$final/frameworks.txt"
+      part frameworks $?
+    else
+      part frameworks 1
+    fi ;;
   bench)
     build=$root/build/gpu
     rc=0
-    if [ ! -f "$build/CMakeCache.txt" ]; then  # bench alone: configure as the suite does
-      deps_env
-      cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$DEPS/usr" \
-        >"$work/bench-configure.log" 2>&1 || { tail -20 "$work/bench-configure.log"; rc=1; }
-    fi
-    if [ $rc -eq 0 ]; then
-      cmake --build "$build" -j "$(nproc)" --target ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels \
-        >"$work/bench-build.log" 2>&1 || { tail -20 "$work/bench-build.log"; rc=1; }
-    fi
+    build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels || rc=1
     if [ $rc -eq 0 ]; then
       sock=/tmp/ivcuda-bench.sock
       rm -f "$sock"

@@ -201,6 +201,7 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (const CUresult r = unsafe_during_capture(s); r != CUDA_SUCCESS) return r;
     void* p = nullptr;
     if (const CUresult r = allocate(s, ctx, bytesize, MemKind::kDevice, 0, &p); r != CUDA_SUCCESS)
       return r;

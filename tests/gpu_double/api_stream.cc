@@ -229,7 +229,8 @@ CUresult begin_capture(CUstream h, CUstreamCaptureMode mode) {
     if (s.captures.contains(from_handle(h))) return CUDA_ERROR_ILLEGAL_STATE;
     const Handle g = s.new_handle();
     s.graphs[g] = Graph{.ctx = ctx, .nodes = {}};
-    s.captures[from_handle(h)] = Capture{.graph = g, .mode = mode, .invalidated = false, .id = s.next_capture_id++};
+    s.captures[from_handle(h)] = Capture{
+        .graph = g, .mode = mode, .invalidated = false, .id = s.next_capture_id++, .owner = std::this_thread::get_id()};
     return CUDA_SUCCESS;
   });
 }
@@ -300,15 +301,38 @@ CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStat
   });
 }
 
-CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+CUstreamCaptureMode& ivcuda::gpu_double::thread_capture_mode() {
   thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  return current;
+}
+
+CUresult ivcuda::gpu_double::unsafe_during_capture(State& s) {
+  const CUstreamCaptureMode mine = thread_capture_mode();
+  if (mine == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  const auto me = std::this_thread::get_id();
+  bool prohibited = false;
+  for (auto& [stream, c] : s.captures) {
+    if (c.invalidated) continue;
+    // This thread's own capture, unless begun relaxed; another thread's global
+    // capture, unless this thread is thread-local.
+    const bool by = (c.owner == me && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+                    (c.owner != me && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL && mine == CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (by) {
+      c.invalidated = true;
+      prohibited = true;
+    }
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const CUstreamCaptureMode m = *mode;
   if (m != CU_STREAM_CAPTURE_MODE_GLOBAL && m != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
       m != CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_ERROR_INVALID_VALUE;
-  *mode = current;
-  current = m;
+  *mode = thread_capture_mode();
+  thread_capture_mode() = m;
   return CUDA_SUCCESS;
 }
 

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -73,6 +74,7 @@ struct Capture {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   bool invalidated = false;
   unsigned long long id = 0;
+  std::thread::id owner;  // the thread that began it
 };
 struct Graph {
   Handle ctx = 0;
@@ -192,6 +194,13 @@ CUresult check_stream(const State& s, CUstream stream);
 bool record_if_capturing(State& s, CUstream stream, Node node, CUresult* st);
 // For the API entry points: takes the lock itself.
 bool capture_call(CUstream stream, Node node, CUresult* st);
+// This thread's capture mode (cuThreadExchangeStreamCaptureMode).
+CUstreamCaptureMode& thread_capture_mode();
+// A potentially unsafe call (an allocation) while captures run: CUDA's rules
+// by this thread's mode and each capture's mode and thread. When the call is
+// prohibited, the captures that prohibit it are invalidated and the call
+// answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. Under the state lock.
+CUresult unsafe_during_capture(State& s);
 // Runs recorded nodes in order, outside the state lock; stops at the first error.
 CUresult replay(const std::vector<Node>& nodes);
 

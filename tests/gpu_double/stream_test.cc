@@ -106,3 +106,40 @@ TEST_CASE("streams and events belong to their context", "[gpu_double][stream]") 
   CU_REQUIRE(cuCtxDestroy(other));
   CU_REQUIRE(cuEventRecord(e, s));
 }
+
+TEST_CASE("an allocation during a global capture is refused unless the thread is relaxed",
+          "[gpu_double][stream][capture]") {
+  ScopedContext ctx;
+  CUstream s = nullptr;
+  CU_REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr d = 0;
+  CUgraph g = nullptr;
+
+  SECTION("a relaxed thread may allocate while its global capture runs") {
+    CU_REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CU_REQUIRE(cuThreadExchangeStreamCaptureMode(&m));
+    CHECK(m == CU_STREAM_CAPTURE_MODE_GLOBAL);
+    CU_REQUIRE(cuMemAlloc(&d, 4096));
+    CU_REQUIRE(cuThreadExchangeStreamCaptureMode(&m));
+    CHECK(m == CU_STREAM_CAPTURE_MODE_RELAXED);
+    CU_REQUIRE(cuStreamEndCapture(s, &g));
+    CHECK(g != nullptr);
+    CU_REQUIRE(cuGraphDestroy(g));
+    CU_REQUIRE(cuMemFree(d));
+  }
+  SECTION("in the default mode the allocation is refused and the capture invalidated") {
+    CU_REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU_REQUIRE_ERR(cuMemAlloc(&d, 4096), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CU_REQUIRE_ERR(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK(g == nullptr);
+  }
+  SECTION("a capture begun relaxed does not restrict its thread") {
+    CU_REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CU_REQUIRE(cuMemAlloc(&d, 4096));
+    CU_REQUIRE(cuStreamEndCapture(s, &g));
+    CU_REQUIRE(cuGraphDestroy(g));
+    CU_REQUIRE(cuMemFree(d));
+  }
+  CU_REQUIRE(cuStreamDestroy(s));
+}

@@ -382,6 +382,47 @@ void event_flags(const Kernels& k, CUstream s) {
   OK(cuEventDestroy(ev));
 }
 
+// Capture modes per thread: while a global capture runs, a thread that turned
+// relaxed may allocate (PyTorch's allocator does so inside torch.cuda.graph);
+// in the default mode the driver refuses the allocation and the capture is
+// invalidated. The refusal is printed, so that native and ivcuda runs agree.
+void capture_modes(const Kernels& k, CUstream s) {
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  OK(cuThreadExchangeStreamCaptureMode(&m));
+  EXPECT(m == CU_STREAM_CAPTURE_MODE_GLOBAL);
+  CUdeviceptr d = 0;
+  OK(cuMemAlloc(&d, 1024 * 4));  // allowed: this thread is relaxed
+  m = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  OK(cuThreadExchangeStreamCaptureMode(&m));
+  EXPECT(m == CU_STREAM_CAPTURE_MODE_RELAXED);
+  unsigned v = 3;
+  unsigned long long count = 1024;
+  void* args[] = {&d, &v, &count};
+  OK(cuLaunchKernel(k.fill, 4, 1, 1, 256, 1, 1, 0, s, args, nullptr));
+  CUgraph g = nullptr;
+  OK(cuStreamEndCapture(s, &g));
+  CUgraphExec e = nullptr;
+  OK(cuGraphInstantiate(&e, g, 0));
+  OK(cuGraphLaunch(e, s));
+  OK(cuStreamSynchronize(s));
+  std::vector<unsigned> host(1024);
+  OK(cuMemcpyDtoH(host.data(), d, host.size() * 4));
+  EXPECT(all_equal(host.data(), host.size(), 3));
+  OK(cuGraphExecDestroy(e));
+  OK(cuGraphDestroy(g));
+  // The same allocation in the default (global) mode.
+  OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr d2 = 0;
+  const CUresult r = cuMemAlloc(&d2, 4096);
+  std::printf("capture modes: cuMemAlloc during a global capture: %s\n", check::name(r));
+  g = nullptr;
+  std::printf("capture modes: then cuStreamEndCapture: %s\n", check::name(cuStreamEndCapture(s, &g)));
+  if (g != nullptr) OK(cuGraphDestroy(g));
+  if (r == CUDA_SUCCESS) OK(cuMemFree(d2));
+  OK(cuMemFree(d));
+}
+
 int main(int argc, char** argv) {
   const char* ptx = check::arg(argc, argv, "--ptx");
   if (ptx == nullptr) {
@@ -409,6 +450,7 @@ int main(int argc, char** argv) {
   mempool(dev, s);
   graphs(k, s);
   event_flags(k, s);
+  capture_modes(k, s);
   cooperative(k, dev, s);
   device_printf(k);
   modules(k, m);

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Framework scripts on the GPU machine, each run natively and through ivcuda
+# (process mode, the real driver behind ivcudad): a case passes when both exit
+# 0, their deterministic stdout lines (all but TIME lines) are identical, ivcudad
+# served the ivcuda run, and the ivcuda run made no call that answered
+# NOT_SUPPORTED (IVCUDA_LOG_UNSUPPORTED lists them; the list is printed).
+#   usage (repository root): bash tests/frameworks/run_frameworks.sh [BUILD_DIR]
+set -u
+root=$(pwd)
+build=${1:-$root/build/gpu}
+out=${OUT:-$root/out}/frameworks
+mkdir -p "$out"
+here=$root/tests/frameworks
+# shellcheck source=../lib/verdicts.sh
+. "$root/tests/lib/verdicts.sh"
+py=${PYTHON:-python3}
+sock=/tmp/ivcuda-fw.sock
+rm -f "$sock"
+"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 8G --driver libcuda.so.1 >"$out/ivcudad.log" 2>&1 &
+daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+
+# "name|script|environment (space-separated VAR=value)"
+cases=(
+  "torch_eager|torch_eager.py|"
+  "torch_graphs|torch_graphs.py|"
+  "torch_expandable|torch_eager.py|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+  "jax_train|jax_train.py|"
+  "jax_platform_alloc|jax_train.py|XLA_PYTHON_CLIENT_ALLOCATOR=platform"
+)
+expect_cases ${#cases[@]}
+for c in "${cases[@]}"; do
+  IFS='|' read -r name script envs <<<"$c"
+  # shellcheck disable=SC2086 # one word per variable
+  env $envs timeout 120 "$py" "$here/$script" >"$out/$name.native" 2>"$out/$name.native.err"; rn=$?
+  rm -f "$out/$name.pid" "$out/$name.unsupported"
+  # shellcheck disable=SC2086
+  env $envs IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_LOG_UNSUPPORTED="$out/$name.unsupported" \
+    timeout 120 "${tagged[@]}" "$out/$name.pid" "$py" "$here/$script" >"$out/$name.ivcuda" 2>"$out/$name.ivcuda.err"
+  ri=$?
+  tn=$(sed -n 's/^TIME //p' "$out/$name.native"); ti=$(sed -n 's/^TIME //p' "$out/$name.ivcuda")
+  why=
+  [ $rn -eq 0 ] || why="native exit $rn"
+  [ $ri -eq 0 ] || why="${why:+$why, }ivcuda exit $ri"
+  served_by "$out/ivcudad.log" "$(cat "$out/$name.pid" 2>/dev/null)" || why="${why:+$why, }not served by ivcudad"
+  diff <(grep -v '^TIME ' "$out/$name.native") <(grep -v '^TIME ' "$out/$name.ivcuda") >"$out/$name.diff" ||
+    why="${why:+$why, }outputs differ"
+  grep -q "NOT_SUPPORTED .*call" "$out/$name.unsupported" 2>/dev/null && why="${why:+$why, }NOT_SUPPORTED calls"
+  ratio=
+  [ -n "$tn" ] && [ -n "$ti" ] && ratio=$(awk -v a="$ti" -v b="$tn" 'BEGIN { printf "%.2f", a / b }')
+  if [ -z "$why" ]; then
+    verdict "$name: identical output, time native ${tn}s ivcuda ${ti}s (x$ratio)" 0
+  else
+    echo "  $name: $why"
+    grep -v '^  File\|^    ' "$out/$name.ivcuda.err" | tail -4 | sed 's/^/  ivcuda stderr> /'
+    head -6 "$out/$name.diff" | sed 's/^/  diff> /'
+    grep "NOT_SUPPORTED" "$out/$name.unsupported" 2>/dev/null | sed 's/^/  /' | head -30
+    verdict "$name" 1
+  fi
+done
+echo "== frameworks summary:"
+finish
