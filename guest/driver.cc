@@ -1822,13 +1822,18 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
 
 CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) {
   if (flags == CU_EVENT_RECORD_DEFAULT) return cuEventRecord(e, s);
-  // Checked here, as the driver checks it at the call: the record is posted.
+  // Checked here, as the driver checks it at the call: a default record is
+  // posted, so its errors would come late.
   if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
   return guard([&] {
     NEED_RT();
     NEED_CTX();
     if (!known_event(rt, e) || !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    return rt->post<Op::kEventRecordFlags>(proto::ReqEventRecordFlags{ctx, h(e), h(s), flags, 0});
+    // EXTERNAL is for a capturing stream only; the driver refuses it at once
+    // elsewhere. No capture of ours runs: no stream can capture. Otherwise the
+    // host answers (a stream can join another's capture through an event).
+    if (!ivcuda::guest::any_capture()) return CUDA_ERROR_ILLEGAL_STATE;
+    return rt->call<Op::kEventRecordFlags>(proto::ReqEventRecordFlags{ctx, h(e), h(s), flags, 0});
   });
 }
 

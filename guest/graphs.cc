@@ -69,11 +69,6 @@ Captures& captures() {
   static auto* c = new Captures;  // never destroyed: atexit handlers may still ask
   return *c;
 }
-bool any_capture() {
-  Captures& c = captures();
-  std::lock_guard lk(c.mu);
-  return !c.streams.empty();
-}
 
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
   return guard([&] {
@@ -121,7 +116,7 @@ CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id,
   return guard([&] {
     if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepCaptureInfo rep{};
-    if (any_capture()) {
+    if (ivcuda::guest::any_capture()) {
       NEED_RT();
       NEED_CTX();
       if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
@@ -741,4 +736,10 @@ CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType ty
     if (st == CUDA_SUCCESS) std::memcpy(map, &rep, sizeof rep);
     return st;
   });
+}
+
+bool ivcuda::guest::any_capture() noexcept {
+  Captures& c = captures();
+  std::lock_guard lk(c.mu);
+  return !c.streams.empty();
 }

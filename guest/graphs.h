@@ -16,6 +16,10 @@ CUresult launch_kernel(CUfunction f, const unsigned grid[3], const unsigned bloc
                        void** params, void** extra, bool cooperative,
                        std::span<const proto::LaunchAttr> attrs = {}) noexcept;
 
+// True while a stream of this process may be capturing (one began and did
+// not end): before that, capture queries are answered without a round trip.
+bool any_capture() noexcept;
+
 // Calls cb(user, f) for every kernel of `mod` (cuFFT's export-table hook).
 CUresult for_each_module_function(CUmodule mod, void (*cb)(void* user, CUfunction f), void* user) noexcept;
 

@@ -109,7 +109,7 @@ enum class HandleKind : u8 {
   X(HostFunc, ReqHostFunc, RepNone, 0)                                   \
   X(Flush, ReqCtx, RepNone, 1)                                           \
   X(Goodbye, ReqCtx, RepNone, 1)                                         \
-  X(EventRecordFlags, ReqEventRecordFlags, RepNone, 0)                   \
+  X(EventRecordFlags, ReqEventRecordFlags, RepNone, 1)                   \
   X(CaptureMode, ReqCaptureMode, RepNone, 0)
 
 enum class Op : std::uint16_t {

@@ -171,11 +171,17 @@ CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
 
 CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
   if (CUresult r = CUDA_SUCCESS;
-      capture_call(hStream, [=] { return cuEventRecordWithFlags(hEvent, hStream, flags); }, &r))
+      capture_call(hStream, [=] {
+        // The node records the event when the graph runs (EXTERNAL or not).
+        return cuEventRecordWithFlags(hEvent, hStream, CU_EVENT_RECORD_DEFAULT);
+      }, &r))
     return r;
   return guarded([&](State& s) -> CUresult {
     if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0)
       return CUDA_ERROR_INVALID_VALUE;
+    // EXTERNAL makes a node of a capture; on a stream that does not capture
+    // the driver answers ILLEGAL_STATE (a capturing stream never gets here).
+    if ((flags & CU_EVENT_RECORD_EXTERNAL) != 0) return CUDA_ERROR_ILLEGAL_STATE;
     const auto it = s.events.find(from_handle(hEvent));
     if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
     Handle ctx = 0;

@@ -79,6 +79,8 @@ TEST_CASE("events time what happens between their records", "[gpu_double][stream
   CU_REQUIRE_ERR(cuEventCreate(&bad, 0x40), CUDA_ERROR_INVALID_VALUE);
   CU_REQUIRE(cuEventRecordWithFlags(start, s, CU_EVENT_RECORD_DEFAULT));
   CU_REQUIRE_ERR(cuEventRecordWithFlags(start, s, 0x8), CUDA_ERROR_INVALID_VALUE);
+  // EXTERNAL only while the stream captures
+  CU_REQUIRE_ERR(cuEventRecordWithFlags(start, s, CU_EVENT_RECORD_EXTERNAL), CUDA_ERROR_ILLEGAL_STATE);
 
   CU_REQUIRE(cuEventDestroy(untimed));
   CU_REQUIRE(cuEventDestroy(start));
