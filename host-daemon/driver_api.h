@@ -29,8 +29,9 @@ namespace ivcuda::host {
   X(cuModuleGetGlobal) X(cuFuncGetParamInfo) X(cuFuncGetAttribute) X(cuFuncSetAttribute)      \
   X(cuLaunchKernel) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy)        \
   X(cuStreamQuery) X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamGetPriority)         \
-  X(cuEventCreate) X(cuEventRecord) X(cuEventRecordWithFlags) X(cuThreadExchangeStreamCaptureMode) X(cuEventQuery) X(cuEventSynchronize)                     \
-  X(cuEventElapsedTime) X(cuEventDestroy) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)        \
+  X(cuEventCreate) X(cuEventRecord) X(cuEventRecordWithFlags) X(cuEventQuery)                \
+  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)                               \
+  X(cuThreadExchangeStreamCaptureMode) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) \
   X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetLimit) X(cuCtxSetLimit)                \
   X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemAllocAsync) \
   X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuMemPoolSetAttribute)                       \
@@ -42,7 +43,10 @@ namespace ivcuda::host {
   X(cuOccupancyMaxPotentialBlockSizeWithFlags) X(cuOccupancyMaxActiveClusters)                \
   X(cuTensorMapEncodeTiled) X(cuLaunchKernelEx) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)            \
   X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) X(cuMemcpyPeer) X(cuMemcpyPeerAsync)       \
-  X(cuStreamWriteValue32) X(cuStreamWaitValue32)
+  X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuMemGetAllocationGranularity)             \
+  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)       \
+  X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) \
+  X(cuMemRetainAllocationHandle)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

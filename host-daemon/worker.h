@@ -98,6 +98,14 @@ class Worker {
     CUmemoryPool real = nullptr;
     int device = 0;  // guest ordinal
   };
+  struct MemHandleEntry {  // a physical allocation (cuMemCreate)
+    CUmemGenericAllocationHandle real = 0;
+    std::uint64_t size = 0;
+  };
+  struct MappingEntry {    // one cuMemMap of (part of) an allocation
+    std::uint64_t size = 0;
+    std::uint64_t handle = 0;  // the guest's handle it was mapped with
+  };
   struct GraphEntry {
     CUgraph real = nullptr;
     std::uint64_t ctx = 0;
@@ -106,7 +114,7 @@ class Worker {
     CUgraphExec real = nullptr;
     std::uint64_t ctx = 0;
   };
-  enum class RangeKind : std::uint8_t { kAlloc, kGlobal };
+  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped };
   struct DevRange {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
@@ -147,6 +155,10 @@ class Worker {
   CUresult launch_with(const proto::ReqLaunch& r, std::span<const std::byte> params,
                        std::span<const CUlaunchAttribute> attrs, bool cooperative);
   CUresult refuse_in_capture(CUstream s);
+  // VMM (vmm.cc): guest locations and properties in the driver's numbering.
+  CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
+  CUresult to_driver_prop(const proto::MemProp& p, CUmemAllocationProp* out) const;
+  bool fully_mapped(std::uint64_t ptr, std::uint64_t size) const;
   // The handle of a driver pool, made on first sight.
   std::uint64_t pool_handle(CUmemoryPool real, int device);
   // Device printf forwarding (cfg_.forward_stdout).
@@ -179,6 +191,9 @@ class Worker {
   HandleTable<PoolEntry> pools_{proto::HandleKind::kMemPool};
   HandleTable<GraphEntry> graphs_{proto::HandleKind::kGraph};
   HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
+  HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
+  std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
+  std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op

@@ -20,6 +20,7 @@
 namespace ivcuda::proto {
 
 using u8 = std::uint8_t;
+using u16 = std::uint16_t;
 using u32 = std::uint32_t;
 using i32 = std::int32_t;
 using u64 = std::uint64_t;
@@ -36,7 +37,7 @@ inline constexpr u32 kDevNameBytes = 256;
 // next 24 bits, table index in the low 32. Never zero.
 enum class HandleKind : u8 {
   kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
-  kMemPool = 6, kGraph = 7, kGraphExec = 8,
+  kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9,
 };
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
@@ -110,7 +111,18 @@ enum class HandleKind : u8 {
   X(Flush, ReqCtx, RepNone, 1)                                           \
   X(Goodbye, ReqCtx, RepNone, 1)                                         \
   X(EventRecordFlags, ReqEventRecordFlags, RepNone, 1)                   \
-  X(CaptureMode, ReqCaptureMode, RepNone, 0)
+  X(CaptureMode, ReqCaptureMode, RepNone, 0)                             \
+  X(MemGranularity, ReqMemGranularity, RepValue, 1)                      \
+  X(MemAddressReserve, ReqMemAddressReserve, RepRange, 1)                \
+  X(MemAddressFree, ReqMemRange, RepNone, 1)                             \
+  X(MemCreate, ReqMemCreate, RepHandle, 1)                               \
+  X(MemRelease, ReqHandle, RepNone, 1)                                   \
+  X(MemMap, ReqMemMap, RepNone, 1)                                       \
+  X(MemUnmap, ReqMemRange, RepNone, 1)                                   \
+  X(MemSetAccess, ReqMemSetAccess, RepNone, 1)                           \
+  X(MemGetAccess, ReqMemGetAccess, RepValue, 1)                          \
+  X(MemGetProperties, ReqHandle, RepMemProp, 1)                          \
+  X(MemRetainHandle, ReqPtr, RepHandle, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -521,6 +533,68 @@ struct ReqEventRecordFlags {
   u32 flags;      // CU_EVENT_RECORD_*
   u32 reserved;
 };
+// ---- virtual memory management (guest/vmm.cc, host-daemon/vmm.cc).
+// CUmemAllocationProp without its pointer (win32HandleMetaData, unused on
+// Linux); loc_id is a device ordinal as the worker numbers them.
+struct MemProp {
+  u32 type;          // CUmemAllocationType
+  u32 loc_type;      // CUmemLocationType
+  i32 loc_id;
+  u32 handle_types;  // CUmemAllocationHandleType bits
+  u8 compression;    // allocFlags.compressionType
+  u8 rdma;           // allocFlags.gpuDirectRDMACapable
+  u16 usage;         // allocFlags.usage
+  u32 reserved;
+};
+struct ReqMemGranularity {
+  MemProp prop;
+  u32 option;        // CUmemAllocationGranularity_flags
+  u32 reserved;
+};
+struct ReqMemAddressReserve {
+  u64 size;
+  u64 alignment;
+  u64 addr;          // a hint
+  u64 flags;
+};
+struct ReqMemRange {
+  u64 ptr;
+  u64 size;
+};
+struct ReqMemCreate {
+  MemProp prop;
+  u64 size;
+  u64 flags;
+};
+struct ReqMemMap {
+  u64 ptr;
+  u64 size;
+  u64 offset;
+  u64 handle;        // from MemCreate / MemRetainHandle
+  u64 flags;
+};
+// MemAccess[count] follow the struct.
+struct MemAccess {
+  u32 loc_type;
+  i32 loc_id;
+  u32 flags;         // CUmemAccess_flags
+  u32 reserved;
+};
+struct ReqMemSetAccess {
+  u64 ptr;
+  u64 size;
+  u32 count;
+  u32 reserved;
+};
+struct ReqMemGetAccess {
+  u64 ptr;
+  u32 loc_type;
+  i32 loc_id;
+};
+struct RepMemProp {
+  MemProp prop;
+};
+
 // The calling guest thread's capture mode (cuThreadExchangeStreamCaptureMode),
 // posted on that thread's channel whenever it changes.
 struct ReqCaptureMode {
@@ -572,6 +646,8 @@ static_assert(sizeof(RepHello) == 72);
 static_assert(sizeof(ReqCopy) == 56);
 static_assert(sizeof(ReqHostFunc) == 40);
 static_assert(sizeof(ReqCopy2D) == 128);
+static_assert(sizeof(MemProp) == 24);
+static_assert(sizeof(MemAccess) == 16);
 static_assert(sizeof(ReqLaunch) == 56);
 static_assert(sizeof(ReqTensorMap) == 152);
 static_assert(sizeof(RepTensorMap) == 128);

@@ -5,6 +5,7 @@
 # served the ivcuda run, and the ivcuda run made no call that answered
 # NOT_SUPPORTED (IVCUDA_LOG_UNSUPPORTED lists them; the list is printed).
 #   usage (repository root): bash tests/frameworks/run_frameworks.sh [BUILD_DIR]
+#   IVCUDA_FRAMEWORKS="jax_train ..." runs only those cases.
 set -u
 root=$(pwd)
 build=${1:-$root/build/gpu}
@@ -29,6 +30,13 @@ cases=(
   "jax_train|jax_train.py|"
   "jax_platform_alloc|jax_train.py|XLA_PYTHON_CLIENT_ALLOCATOR=platform"
 )
+if [ -n "${IVCUDA_FRAMEWORKS:-}" ]; then
+  kept=()
+  for c in "${cases[@]}"; do
+    case " $IVCUDA_FRAMEWORKS " in *" ${c%%|*} "*) kept+=("$c") ;; esac
+  done
+  cases=("${kept[@]}")
+fi
 expect_cases ${#cases[@]}
 for c in "${cases[@]}"; do
   IFS='|' read -r name script envs <<<"$c"

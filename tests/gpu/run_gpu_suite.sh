@@ -9,7 +9,8 @@
 # worker (a program that found the system's libcuda.so.1 instead would agree
 # with native and prove nothing). The exit status is the verdict: every case
 # the lists below make must pass (IVCUDA_GPU_QUICK=1 leaves out the
-# process-mode script and the ring benchmark, and says so).
+# process-mode script and the ring benchmark, and says so). IVCUDA_GPU_ONLY="drv_vmm ..."
+# builds and compares just those programs (and runs the bypass control): a re-check.
 # Needs the Debian packages in .deps/ (liburing, Catch2, CLI11), which
 # `tests/gpu/fetch-deps.sh` downloads on a Debian machine.
 set -u
@@ -38,8 +39,10 @@ echo "== build"
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_kernels drv_library drv_errors drv_devices drv_graphs drv_peer drv_hostfunc rt_basic ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
-[ -n "${IVCUDA_GPU_QUICK:-}" ] || core="$core ivcuda-ring-bench"
+core="ivcudad ivcuda_guest drv_core drv_vmm drv_kernels drv_library drv_errors drv_devices drv_graphs drv_peer drv_hostfunc rt_basic ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
+only=${IVCUDA_GPU_ONLY:-}
+[ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
+[ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $only"
 cmake --build "$build" -j "$jobs" --target $core >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
 echo "built: $core"
@@ -79,6 +82,7 @@ programs=(
   "drv_kernels|$bin/drv_kernels --ptx $ptx --fatbin $fatbin|"
   "drv_library|$bin/drv_library --fatbin $fatbin --ptx $ptx|"
   "drv_graphs|$bin/drv_graphs --ptx $ptx|"
+  "drv_vmm|$bin/drv_vmm --ptx $ptx|"
   "drv_hostfunc|$bin/drv_hostfunc --ptx $ptx|"
   "drv_errors|$bin/drv_errors --ptx $ptx|"
   "drv_fault|$bin/drv_errors --ptx $ptx --fault|"
@@ -90,13 +94,23 @@ programs=(
   "rt_features_shared|$bin/rt_features_shared|/usr/local/cuda/lib64"
 )
 libs=(lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc)
-# rt_features (static cudart) runs section by section: a crash or a poisoned
-# context stays in its section. It must list some.
-sections=$("$bin/rt_features_static" --list)
-nsections=$(echo $sections | wc -w)
 quick=${IVCUDA_GPU_QUICK:-}
-# each program, each section, each library, the bypass control; the process-mode script unless quick
-expect_cases $((${#programs[@]} + nsections + 1 + ${#libs[@]} + 1 + (quick ? 0 : 1)))
+if [ -n "$only" ]; then
+  kept=()
+  for entry in "${programs[@]}"; do
+    case " $only " in *" ${entry%%|*} "*) kept+=("$entry") ;; esac
+  done
+  programs=("${kept[@]}") libs=() quick=1
+  # only those programs and the bypass control
+  expect_cases $((${#programs[@]} + 1))
+else
+  # rt_features (static cudart) runs section by section: a crash or a poisoned
+  # context stays in its section. It must list some.
+  sections=$("$bin/rt_features_static" --list)
+  nsections=$(echo $sections | wc -w)
+  # each program, each section, each library, the bypass control; the process-mode script unless quick
+  expect_cases $((${#programs[@]} + nsections + 1 + ${#libs[@]} + 1 + (quick ? 0 : 1)))
+fi
 
 echo "== driver-API, runtime-API and library programs, native vs ivcuda (real GPU behind ivcudad)"
 for entry in "${programs[@]}"; do
@@ -104,10 +118,12 @@ for entry in "${programs[@]}"; do
   # shellcheck disable=SC2086 # one word per argument
   extra_libs=$extra compare "$name" $cmd
 done
-[ "$nsections" -gt 0 ]; verdict "rt_features_static lists $nsections sections" $?
-for section in $sections; do
-  compare "rt_features_static_$section" "$bin/rt_features_static" --only "$section"
-done
+if [ -z "$only" ]; then
+  [ "$nsections" -gt 0 ]; verdict "rt_features_static lists $nsections sections" $?
+  for section in $sections; do
+    compare "rt_features_static_$section" "$bin/rt_features_static" --only "$section"
+  done
+fi
 for p in "${libs[@]}"; do
   if [ -x "$bin/$p" ]; then extra_libs=/usr/local/cuda/lib64 compare "$p" "$bin/$p"; else not_run "$p" "not built"; fi
 done
@@ -123,7 +139,7 @@ verdict "control: a program that bypassed ivcuda is caught (no hello from its pr
 kill $daemon; wait $daemon 2>/dev/null
 
 if [ -n "$quick" ]; then
-  echo "== quick: the process-mode script and the ring benchmark are not run"
+  echo "== quick or only: the process-mode script and the ring benchmark are not run"
 else
   echo "== process-mode end-to-end script against the real driver"
   bash "$root/tests/process/run_process_tests.sh" "$build" libcuda.so.1 >"$out/process.log" 2>&1

@@ -185,6 +185,19 @@ const ProcEntry kProcs[] = {
     {"cuKernelGetName", 12030, fp(cuKernelGetName)},
     {"cuKernelGetParamInfo", 12040, fp(cuKernelGetParamInfo)},
     {"cuKernelGetLibrary", 12050, fp(cuKernelGetLibrary)},
+    {"cuMemGetAllocationGranularity", 10020, fp(cuMemGetAllocationGranularity)},
+    {"cuMemAddressReserve", 10020, fp(cuMemAddressReserve)},
+    {"cuMemAddressFree", 10020, fp(cuMemAddressFree)},
+    {"cuMemCreate", 10020, fp(cuMemCreate)},
+    {"cuMemRelease", 10020, fp(cuMemRelease)},
+    {"cuMemMap", 10020, fp(cuMemMap)},
+    {"cuMemUnmap", 10020, fp(cuMemUnmap)},
+    {"cuMemSetAccess", 10020, fp(cuMemSetAccess)},
+    {"cuMemGetAccess", 10020, fp(cuMemGetAccess)},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020, fp(cuMemGetAllocationPropertiesFromHandle)},
+    {"cuMemRetainAllocationHandle", 11000, fp(cuMemRetainAllocationHandle)},
+    {"cuMemExportToShareableHandle", 10020, fp(cuMemExportToShareableHandle)},
+    {"cuMemImportFromShareableHandle", 10020, fp(cuMemImportFromShareableHandle)},
 };
 
 }  // namespace

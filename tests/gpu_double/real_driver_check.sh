@@ -20,7 +20,7 @@ DEFS="-DIVCUDA_TEST_KERNELS_PTX=\"$W/k.ptx\" -DIVCUDA_TEST_KERNELS_FATBIN=\"$W/k
 g++ $FLAGS -fPIC -shared -o $W/libivcuda-gpu-double.so $T/api_*.cc $T/image.cc $T/kernels.cc \
   $T/state.cc -Wl,--version-script=$T/exports.map -Wl,--no-undefined -pthread || exit 1
 echo "double built with $(g++ --version | head -1)"
-TESTS="$T/handles_test.cc $T/library_test.cc $T/device_test.cc $T/context_test.cc $T/memory_test.cc
+TESTS="$T/handles_test.cc $T/library_test.cc $T/vmm_test.cc $T/device_test.cc $T/context_test.cc $T/memory_test.cc
   $T/stream_test.cc $T/module_test.cc $T/test_support.cc tests/test_main.cc"
 g++ $FLAGS $DEFS -o $W/on_double $TESTS -L$W -livcuda-gpu-double -Wl,-rpath,$W -pthread || exit 1
 # shellcheck source=../lib/verdicts.sh

@@ -40,7 +40,9 @@ inline constexpr int kMaxSharedPerBlockOptin = 227 * 1024;
 
 using Handle = std::uintptr_t;
 
-enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal };
+// kMapped: a VMM mapping that some device may access (cuMemSetAccess); it belongs to no
+// context, as in CUDA, and its storage is the mapping's own (api_vmm.cc).
+enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal, kMapped };
 
 struct Allocation {
   std::uintptr_t base = 0;
@@ -63,6 +65,27 @@ struct Pool {
   cuuint64_t release_threshold = 0;
   int reuse[3] = {1, 1, 1};  // FOLLOW_EVENT_DEPENDENCIES, ALLOW_OPPORTUNISTIC, ALLOW_INTERNAL_DEPENDENCIES
   cuuint64_t used_high = 0;
+};
+
+// Virtual memory management (api_vmm.cc). Physical memory is a memfd, so that several
+// mappings of it alias and an exported fd is the memory itself; reservations are PROT_NONE
+// address space. None of it belongs to a context.
+inline constexpr std::size_t kVmmGranularity = std::size_t{2} << 20;
+struct PhysicalMem {
+  std::size_t size = 0;
+  CUmemAllocationProp prop{};
+  int fd = -1;
+  std::size_t accounted = 0;  // charged against its device; imports charge nothing again
+  // The driver's two counts: the caller's handle references (cuMemCreate, import and
+  // cuMemRetainAllocationHandle add one, cuMemRelease drops one; at 0 the handle is dead to
+  // the caller), and mappings, which keep the memory alive after the last release.
+  unsigned refs = 0;
+  unsigned maps = 0;
+};
+struct VmmMapping {
+  std::size_t size = 0;
+  Handle mem = 0;
+  std::array<unsigned char, kMaxDevices> access{};  // CUmemAccess_flags, per device
 };
 
 // Stream capture records the work a capturing stream is given as closures; a graph is
@@ -155,6 +178,9 @@ struct State {
   std::unordered_map<Handle, Capture> captures;  // by stream handle
   std::unordered_map<Handle, Graph> graphs;
   std::unordered_map<Handle, Graph> execs;       // executable graphs
+  std::unordered_map<Handle, PhysicalMem> physical;   // cuMemCreate handles
+  std::map<std::uintptr_t, std::size_t> reservations;  // base -> size; never overlap
+  std::map<std::uintptr_t, VmmMapping> mappings;       // by base; never overlap
   unsigned long long next_capture_id = 1;
   Handle next_handle = 0x1000000;
   unsigned long long next_stream_id = 16;

@@ -478,3 +478,73 @@ TEST_CASE("one user id gets at most --max-guests-per-uid guests at once", "[proc
   CHECK(admitted);
   CHECK(d.alive());
 }
+
+// Virtual memory management (host-daemon/vmm.cc): a guest maps only its own
+// handles into its own reservations, and owns only what is mapped.
+TEST_CASE("VMM requests outside what the guest reserved and created are refused", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), other(d.sock);
+  g.open(0);
+  other.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  (void)primary_ctx(other);
+  std::vector<std::byte> out;
+  proto::MemProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.loc_id = 0;
+  REQUIRE(g.call(0, Op::kMemGranularity, proto::ReqMemGranularity{prop, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto gran = static_cast<std::uint64_t>(RawGuest::as<proto::RepValue>(out).value);
+  REQUIRE(gran != 0);
+  REQUIRE(g.call(0, Op::kMemAddressReserve, proto::ReqMemAddressReserve{4 * gran, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto base = RawGuest::as<proto::RepRange>(out).base;
+  REQUIRE(g.call(0, Op::kMemCreate, proto::ReqMemCreate{prop, 2 * gran, 0}, &out) == CUDA_SUCCESS);
+  const auto handle = RawGuest::as<proto::RepHandle>(out).handle;
+
+  // a forged handle, another kind's handle, a location of a device it was not given
+  CHECK(g.call(0, Op::kMemMap, proto::ReqMemMap{base, gran, 0, handle ^ 0x100000000ull, 0}) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(g.call(0, Op::kMemMap, proto::ReqMemMap{base, gran, 0, ctx, 0}) == CUDA_ERROR_INVALID_HANDLE);
+  proto::MemProp far = prop;
+  far.loc_id = 7;
+  CHECK(g.call(0, Op::kMemCreate, proto::ReqMemCreate{far, gran, 0}) == CUDA_ERROR_INVALID_DEVICE);
+  // outside its reservation, across its end, past the allocation
+  CHECK(g.call(0, Op::kMemMap, proto::ReqMemMap{base + 4 * gran, gran, 0, handle, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemMap, proto::ReqMemMap{base + 3 * gran, 2 * gran, 0, handle, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemMap, proto::ReqMemMap{base, 2 * gran, gran, handle, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemMap, proto::ReqMemMap{~0ull - gran + 1, gran, 0, handle, 0}) == CUDA_ERROR_INVALID_VALUE);
+  // another guest can neither map this guest's handle nor into its range
+  CHECK(other.call(0, Op::kMemMap, proto::ReqMemMap{base, gran, 0, handle, 0}) == CUDA_ERROR_INVALID_HANDLE);
+  // reserved but not mapped: not memory it may copy to
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.dst = base;
+  c.bytes = 64;
+  c.arena_off = g.l.arena_off;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);
+
+  REQUIRE(g.call(0, Op::kMemMap, proto::ReqMemMap{base, 2 * gran, 0, handle, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemMap, proto::ReqMemMap{base + gran, gran, 0, handle, 0}) == CUDA_ERROR_INVALID_VALUE);
+  proto::MemAccess a{CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 0};
+  const auto tail = std::as_bytes(std::span(&a, 1));
+  CHECK(g.call(0, Op::kMemSetAccess, proto::ReqMemSetAccess{base, 3 * gran, 1, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);  // beyond the mapping
+  CHECK(g.call(0, Op::kMemSetAccess, proto::ReqMemSetAccess{base, 2 * gran, 2, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);  // says two descriptors, sends one
+  REQUIRE(g.call(0, Op::kMemSetAccess, proto::ReqMemSetAccess{base, 2 * gran, 1, 0}, nullptr, tail) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);  // mapped: its memory now
+  c.dst = base + 2 * gran - 32;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // runs off the mapping
+  // a mapping is not an allocation, and not half of it can go
+  CHECK(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, base}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemUnmap, proto::ReqMemRange{base, gran}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 4 * gran}) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(g.call(0, Op::kMemUnmap, proto::ReqMemRange{base, 2 * gran}) == CUDA_SUCCESS);
+  c.dst = base;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // gone with the mapping
+  CHECK(g.call(0, Op::kMemRelease, proto::ReqHandle{0, handle}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemRelease, proto::ReqHandle{0, handle}) == CUDA_ERROR_INVALID_VALUE);  // stale
+  CHECK(g.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 2 * gran}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 4 * gran}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 4 * gran}) == CUDA_SUCCESS);
+  CHECK(d.alive());
+}

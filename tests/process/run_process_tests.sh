@@ -73,6 +73,8 @@ case_ivcuda "drv_errors: bad input, async error, faulting kernel" "$lib" -- \
   "$bin/drv_errors" --ptx "$ptx" --fault --forged-handles
 case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with running kernels" "$lib" -- \
   "$bin/drv_hostreg" --ptx "$ptx"
+case_ivcuda "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping" \
+  "$lib" -- "$bin/drv_vmm" --ptx "$ptx"
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported

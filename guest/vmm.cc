@@ -1,0 +1,229 @@
+// Virtual memory management, forwarded: address reservations, physical
+// allocations, their mappings and access (the host side and its rules are
+// host-daemon/vmm.cc). A reserved range is reserved in this process too and
+// counted as device memory from the start, so that cuMemcpy's unified
+// addressing tells its pointers from host ones; what is mapped where, and who
+// may touch it, only the host decides. Device ordinals are the application's
+// (after CUDA_VISIBLE_DEVICES) here and the worker's on the wire.
+#include <cuda.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "guest/guard.h"
+#include "guest/runtime.h"
+
+using ivcuda::guest::guard;
+using ivcuda::guest::Runtime;
+using ivcuda::proto::Op;
+namespace proto = ivcuda::proto;
+
+namespace {
+
+CUresult runtime(Runtime** rt) {
+  *rt = Runtime::current();
+  if (*rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if ((*rt)->dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+  return CUDA_SUCCESS;
+}
+
+// An application's location on the wire: device ordinals become the worker's.
+CUresult to_wire(Runtime* rt, const CUmemLocation& loc, std::uint32_t* type, std::int32_t* id) {
+  *type = static_cast<std::uint32_t>(loc.type);
+  *id = loc.id;
+  if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    *id = rt->to_worker(loc.id);
+    if (*id < 0) return CUDA_ERROR_INVALID_DEVICE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult to_wire(Runtime* rt, const CUmemAllocationProp& p, proto::MemProp* out) {
+  *out = proto::MemProp{};
+  out->type = static_cast<std::uint32_t>(p.type);
+  out->handle_types = static_cast<std::uint32_t>(p.requestedHandleTypes);
+  out->compression = p.allocFlags.compressionType;
+  out->rdma = p.allocFlags.gpuDirectRDMACapable;
+  out->usage = p.allocFlags.usage;
+  return to_wire(rt, p.location, &out->loc_type, &out->loc_id);
+}
+
+// The application's ordinal of a worker ordinal (-1: not visible).
+int app_ordinal(Runtime* rt, int worker) {
+  for (int i = 0; i < rt->device_count(); ++i)
+    if (rt->to_worker(i) == worker) return i;
+  return -1;
+}
+
+}  // namespace
+
+CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                       CUmemAllocationGranularity_flags option) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemGranularity r{};
+    if (const CUresult st = to_wire(rt, *prop, &r.prop); st != CUDA_SUCCESS) return st;
+    r.option = static_cast<std::uint32_t>(option);
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kMemGranularity>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *granularity = static_cast<size_t>(rep.value);
+    return st;
+  });
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (ptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    // A range that collides with this process's own memory is held and
+    // another asked for, as cuMemAlloc does; the held ones are freed after.
+    std::vector<proto::RepRange> held;
+    CUresult st = CUDA_SUCCESS;
+    proto::RepRange got{};
+    bool reserved = false;
+    for (int attempt = 0; attempt < 8 && !reserved; ++attempt) {
+      st = rt->call<Op::kMemAddressReserve>(proto::ReqMemAddressReserve{size, alignment, addr, flags}, {}, &got);
+      if (st != CUDA_SUCCESS) break;
+      reserved = rt->reserve_device_range(got.base, got.size);
+      if (!reserved) held.push_back(got);
+    }
+    for (const auto& h : held) (void)rt->call<Op::kMemAddressFree>(proto::ReqMemRange{h.base, h.size});
+    if (st != CUDA_SUCCESS) return st;
+    if (!reserved) {
+      (void)rt->call<Op::kMemAddressFree>(proto::ReqMemRange{got.base, got.size});
+      return CUDA_ERROR_OUT_OF_MEMORY;  // no range this process could share with the device
+    }
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->dev_allocs[got.base] = got.size;
+    }
+    *ptr = got.base;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    const CUresult st = rt->call<Op::kMemAddressFree>(proto::ReqMemRange{ptr, size});
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->dev_allocs.erase(ptr);
+    }
+    rt->release_device_range(ptr, size);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                     unsigned long long flags) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (handle == nullptr || prop == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemCreate r{};
+    if (const CUresult st = to_wire(rt, *prop, &r.prop); st != CUDA_SUCCESS) return st;
+    r.size = size;
+    r.flags = flags;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kMemCreate>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *handle = rep.handle;
+    return st;
+  });
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    return rt->call<Op::kMemRelease>(proto::ReqHandle{0, handle});
+  });
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    return rt->call<Op::kMemMap>(proto::ReqMemMap{ptr, size, offset, handle, flags});
+  });
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    return rt->call<Op::kMemUnmap>(proto::ReqMemRange{ptr, size});
+  });
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (desc == nullptr || count == 0 || count > proto::kMaxDevices) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<proto::MemAccess> wire(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (const CUresult st = to_wire(rt, desc[i].location, &wire[i].loc_type, &wire[i].loc_id); st != CUDA_SUCCESS)
+        return st;
+      wire[i].flags = static_cast<std::uint32_t>(desc[i].flags);
+    }
+    return rt->call<Op::kMemSetAccess>(proto::ReqMemSetAccess{ptr, size, static_cast<std::uint32_t>(count), 0},
+                                       std::as_bytes(std::span(wire)));
+  });
+}
+
+CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemGetAccess r{};
+    r.ptr = ptr;
+    if (const CUresult st = to_wire(rt, *location, &r.loc_type, &r.loc_id); st != CUDA_SUCCESS) return st;
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kMemGetAccess>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *flags = static_cast<unsigned long long>(rep.value);
+    return st;
+  });
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepMemProp rep{};
+    const CUresult st = rt->call<Op::kMemGetProperties>(proto::ReqHandle{0, handle}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    *prop = CUmemAllocationProp{};
+    prop->type = static_cast<CUmemAllocationType>(rep.prop.type);
+    prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(rep.prop.handle_types);
+    prop->location.type = static_cast<CUmemLocationType>(rep.prop.loc_type);
+    prop->location.id = rep.prop.loc_type == CU_MEM_LOCATION_TYPE_DEVICE ? app_ordinal(rt, rep.prop.loc_id)
+                                                                          : rep.prop.loc_id;
+    prop->allocFlags.compressionType = rep.prop.compression;
+    prop->allocFlags.gpuDirectRDMACapable = rep.prop.rdma;
+    prop->allocFlags.usage = rep.prop.usage;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kMemRetainHandle>(
+        proto::ReqPtr{0, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(addr))}, {}, &rep);
+    if (st == CUDA_SUCCESS) *handle = rep.handle;
+    return st;
+  });
+}

@@ -1,0 +1,234 @@
+// Virtual memory management: address reservations, physical allocations and
+// their mappings (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess,
+// ...), the API XLA's allocator, PyTorch's expandable segments and NCCL use.
+// The guest side is guest/vmm.cc.
+//
+// The guest owns what it reserved and created here, nothing else: a map must
+// lie inside one of its reservations and not overlap another mapping, an
+// unmap must cover whole mappings, and a mapped range becomes device memory
+// the guest owns (ranges_, kind kMapped) for copies and launches until it is
+// unmapped. Physical allocations are handles of this worker's table; the
+// driver's own handle values never reach the guest. Device ordinals in
+// locations are the guest's and are translated both ways.
+#include <cstring>
+
+#include "host-daemon/log.h"
+#include "host-daemon/worker_internal.h"
+#include "ring/validate.h"
+
+namespace ivcuda::host {
+
+using namespace ivcuda::proto;
+
+namespace {
+// Locations the worker can translate: devices, and the host (for the
+// host-memory VMM of newer drivers) as the driver numbers it.
+bool location_ok(std::uint32_t type) {
+  return type == CU_MEM_LOCATION_TYPE_DEVICE || type == CU_MEM_LOCATION_TYPE_HOST ||
+         type == CU_MEM_LOCATION_TYPE_HOST_NUMA || type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+}  // namespace
+
+CUresult Worker::to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const {
+  if (!location_ok(type)) return CUDA_ERROR_INVALID_VALUE;
+  out->type = static_cast<CUmemLocationType>(type);
+  out->id = id;
+  if (type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    if (!valid_device(id)) return CUDA_ERROR_INVALID_DEVICE;
+    out->id = static_cast<int>(devices_[dev_index(id)]);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::to_driver_prop(const MemProp& p, CUmemAllocationProp* out) const {
+  *out = CUmemAllocationProp{};
+  out->type = static_cast<CUmemAllocationType>(p.type);
+  out->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(p.handle_types);
+  if (CUresult st = to_driver_location(p.loc_type, p.loc_id, &out->location); st != CUDA_SUCCESS) return st;
+  out->allocFlags.compressionType = p.compression;
+  out->allocFlags.gpuDirectRDMACapable = p.rdma;
+  out->allocFlags.usage = p.usage;
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemGranularity(Call& c) {
+  const auto r = c.req<ReqMemGranularity>();
+  CUmemAllocationProp prop;
+  if (CUresult st = to_driver_prop(r.prop, &prop); st != CUDA_SUCCESS) return st;
+  size_t g = 0;
+  const CUresult st = cu_.cuMemGetAllocationGranularity(&g, &prop, static_cast<CUmemAllocationGranularity_flags>(r.option));
+  c.set_reply(RepValue{static_cast<std::int64_t>(g)});
+  return st;
+}
+
+CUresult Worker::on_MemAddressReserve(Call& c) {
+  const auto r = c.req<ReqMemAddressReserve>();
+  if (r.size == 0) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr p = 0;
+  const CUresult st = cu_.cuMemAddressReserve(&p, r.size, r.alignment, r.addr, r.flags);
+  if (st != CUDA_SUCCESS) return st;
+  reservations_[p] = r.size;
+  c.set_reply(RepRange{p, r.size});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemAddressFree(Call& c) {
+  const auto r = c.req<ReqMemRange>();
+  auto it = reservations_.find(r.ptr);
+  if (it == reservations_.end() || it->second != r.size) return CUDA_ERROR_INVALID_VALUE;
+  // The guest's view of the range must not outlive it: unmap first.
+  for (const auto& [addr, m] : mappings_)
+    if (ring::span_within(addr, m.size, r.ptr, r.size)) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = cu_.cuMemAddressFree(r.ptr, r.size);
+  if (st == CUDA_SUCCESS) reservations_.erase(it);
+  return st;
+}
+
+CUresult Worker::on_MemCreate(Call& c) {
+  const auto r = c.req<ReqMemCreate>();
+  CUmemAllocationProp prop;
+  if (CUresult st = to_driver_prop(r.prop, &prop); st != CUDA_SUCCESS) return st;
+  CUmemGenericAllocationHandle h = 0;
+  const CUresult st = cu_.cuMemCreate(&h, r.size, &prop, r.flags);
+  if (st != CUDA_SUCCESS) return st;
+  c.set_reply(RepHandle{mem_handles_.insert(MemHandleEntry{h, r.size})});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemRelease(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  MemHandleEntry* e = mem_handles_.find(r.handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // A mapping holds the driver's allocation alive on its own, as CUDA
+  // defines it: releasing the handle leaves mapped memory usable.
+  const CUresult st = cu_.cuMemRelease(e->real);
+  if (st == CUDA_SUCCESS) mem_handles_.erase(r.handle);
+  return st;
+}
+
+CUresult Worker::on_MemMap(Call& c) {
+  const auto r = c.req<ReqMemMap>();
+  if (r.size == 0) return CUDA_ERROR_INVALID_VALUE;
+  MemHandleEntry* e = mem_handles_.find(r.handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Inside one reservation of this guest, over no other mapping.
+  auto res = reservations_.upper_bound(r.ptr);
+  if (res == reservations_.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --res;
+  if (!ring::span_within(r.ptr, r.size, res->first, res->second)) return CUDA_ERROR_INVALID_VALUE;
+  if (!ring::range_ok(r.offset, r.size, e->size)) return CUDA_ERROR_INVALID_VALUE;
+  auto next = mappings_.lower_bound(r.ptr);
+  if (next != mappings_.end() && next->first - r.ptr < r.size) return CUDA_ERROR_INVALID_VALUE;
+  if (next != mappings_.begin()) {
+    auto prev = std::prev(next);
+    if (r.ptr - prev->first < prev->second.size) return CUDA_ERROR_INVALID_VALUE;
+  }
+  const CUresult st = cu_.cuMemMap(r.ptr, r.size, r.offset, e->real, r.flags);
+  if (st != CUDA_SUCCESS) return st;
+  mappings_[r.ptr] = MappingEntry{r.size, r.handle};
+  ranges_[r.ptr] = DevRange{r.size, 0, RangeKind::kMapped};
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemUnmap(Call& c) {
+  const auto r = c.req<ReqMemRange>();
+  if (r.size == 0 || r.ptr + r.size < r.ptr) return CUDA_ERROR_INVALID_VALUE;
+  // Every mapping the range touches must lie wholly inside it (the driver
+  // allows unmapped gaps between them); at least one must.
+  std::vector<std::uint64_t> covered;
+  auto it = mappings_.upper_bound(r.ptr);
+  if (it != mappings_.begin()) --it;
+  for (; it != mappings_.end() && it->first < r.ptr + r.size; ++it) {
+    if (it->first + it->second.size <= r.ptr) continue;  // ends before the range
+    if (!ring::span_within(it->first, it->second.size, r.ptr, r.size)) return CUDA_ERROR_INVALID_VALUE;
+    covered.push_back(it->first);
+  }
+  if (covered.empty()) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = cu_.cuMemUnmap(r.ptr, r.size);
+  if (st != CUDA_SUCCESS) return st;
+  for (auto a : covered) {
+    mappings_.erase(a);
+    ranges_.erase(a);
+  }
+  return CUDA_SUCCESS;
+}
+
+bool Worker::fully_mapped(std::uint64_t ptr, std::uint64_t size) const {
+  if (size == 0 || ptr + size < ptr) return false;
+  std::uint64_t at = ptr;
+  auto it = mappings_.upper_bound(ptr);
+  if (it == mappings_.begin()) return false;
+  --it;
+  for (; it != mappings_.end() && at < ptr + size; ++it) {
+    if (!ring::span_within(at, 1, it->first, it->second.size)) return false;
+    at = it->first + it->second.size;
+  }
+  return at >= ptr + size;
+}
+
+CUresult Worker::on_MemSetAccess(Call& c) {
+  const auto r = c.req<ReqMemSetAccess>();
+  const auto tail = c.tail<ReqMemSetAccess>();
+  if (r.count == 0 || r.count > kMaxDevices || tail.size() != r.count * sizeof(MemAccess))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fully_mapped(r.ptr, r.size)) return CUDA_ERROR_INVALID_VALUE;
+  CUmemAccessDesc desc[kMaxDevices];
+  for (std::uint32_t i = 0; i < r.count; ++i) {
+    MemAccess a;
+    std::memcpy(&a, tail.data() + i * sizeof a, sizeof a);
+    if (CUresult st = to_driver_location(a.loc_type, a.loc_id, &desc[i].location); st != CUDA_SUCCESS) return st;
+    desc[i].flags = static_cast<CUmemAccess_flags>(a.flags);
+  }
+  return cu_.cuMemSetAccess(r.ptr, r.size, desc, r.count);
+}
+
+CUresult Worker::on_MemGetAccess(Call& c) {
+  const auto r = c.req<ReqMemGetAccess>();
+  if (!fully_mapped(r.ptr, 1)) return CUDA_ERROR_INVALID_VALUE;
+  CUmemLocation loc{};
+  if (CUresult st = to_driver_location(r.loc_type, r.loc_id, &loc); st != CUDA_SUCCESS) return st;
+  unsigned long long flags = 0;
+  const CUresult st = cu_.cuMemGetAccess(&flags, &loc, r.ptr);
+  c.set_reply(RepValue{static_cast<std::int64_t>(flags)});
+  return st;
+}
+
+CUresult Worker::on_MemGetProperties(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  MemHandleEntry* e = mem_handles_.find(r.handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUmemAllocationProp prop{};
+  const CUresult st = cu_.cuMemGetAllocationPropertiesFromHandle(&prop, e->real);
+  if (st != CUDA_SUCCESS) return st;
+  RepMemProp rep{};
+  rep.prop.type = prop.type;
+  rep.prop.handle_types = prop.requestedHandleTypes;
+  rep.prop.loc_type = prop.location.type;
+  rep.prop.loc_id = prop.location.id;
+  if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    rep.prop.loc_id = -1;  // the guest's ordinal of that device
+    for (std::size_t i = 0; i < devices_.size(); ++i)
+      if (static_cast<int>(devices_[i]) == prop.location.id) rep.prop.loc_id = static_cast<std::int32_t>(i);
+  }
+  rep.prop.compression = prop.allocFlags.compressionType;
+  rep.prop.rdma = prop.allocFlags.gpuDirectRDMACapable;
+  rep.prop.usage = prop.allocFlags.usage;
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemRetainHandle(Call& c) {
+  const auto r = c.req<ReqPtr>();
+  auto it = mappings_.upper_bound(r.dptr);
+  if (it == mappings_.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  if (!ring::span_within(r.dptr, 1, it->first, it->second.size)) return CUDA_ERROR_INVALID_VALUE;
+  CUmemGenericAllocationHandle h = 0;
+  const CUresult st = cu_.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(r.dptr));
+  if (st != CUDA_SUCCESS) return st;
+  // The driver counts one more reference, released through this new handle.
+  c.set_reply(RepHandle{mem_handles_.insert(MemHandleEntry{h, it->second.size})});
+  return CUDA_SUCCESS;
+}
+
+}  // namespace ivcuda::host

@@ -1,0 +1,122 @@
+// Virtual memory management as frameworks use it (XLA's allocator, PyTorch's
+// expandable segments): reserve an address range, create physical memory,
+// map it (twice: the two views alias), grant access, copy, memset and run a
+// kernel through it, retain and release handles, unmap and free. Output is
+// relative to the reservation, so native and ivcuda runs print the same.
+//   drv_vmm --ptx test_kernels.ptx
+#include <fstream>
+#include <iterator>
+
+#include "check.h"
+
+namespace {
+std::string read_file(const char* path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* ptx = check::arg(argc, argv, "--ptx");
+  if (ptx == nullptr) {
+    std::fprintf(stderr, "usage: drv_vmm --ptx FILE\n");
+    return 2;
+  }
+  OK(cuInit(0));
+  CUdevice dev;
+  OK(cuDeviceGet(&dev, 0));
+  CUcontext ctx;
+  OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  OK(cuCtxSetCurrent(ctx));
+  int vmm = 0;
+  OK(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev));
+  EXPECT(vmm == 1);
+  if (check::g_failures != 0) return check::finish("drv_vmm");
+
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  size_t g = 0, rec = 0;
+  OK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  OK(cuMemGetAllocationGranularity(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  EXPECT(g != 0 && (g & (g - 1)) == 0 && rec >= g);
+  std::printf("vmm: granularity %zu KiB, recommended %zu KiB\n", g >> 10, rec >> 10);
+  if (g == 0) return check::finish("drv_vmm");
+
+  // Four granules of address space; one allocation of two granules mapped at
+  // the start and again right after it.
+  CUdeviceptr base = 0;
+  OK(cuMemAddressReserve(&base, 4 * g, 0, 0, 0));
+  CUmemGenericAllocationHandle h = 0;
+  OK(cuMemCreate(&h, 2 * g, &prop, 0));
+  OK(cuMemMap(base, 2 * g, 0, h, 0));
+  OK(cuMemMap(base + 2 * g, 2 * g, 0, h, 0));
+  CUmemAccessDesc acc{};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  OK(cuMemSetAccess(base, 4 * g, &acc, 1));
+  unsigned long long flags = 0;
+  OK(cuMemGetAccess(&flags, &prop.location, base + g));
+  std::printf("vmm: access flags %llu\n", flags);
+
+  const auto data = check::random_bytes(2 * g, 7);
+  std::vector<unsigned char> back(2 * g);
+  OK(cuMemcpyHtoD(base, data.data(), data.size()));
+  OK(cuMemcpyDtoH(back.data(), base + 2 * g, back.size()));
+  EXPECT(back == data);  // the second view sees what went through the first
+  OK(cuMemsetD32(base + g, 0x01020304u, 16));
+  unsigned word = 0;
+  OK(cuMemcpyDtoH(&word, base + 3 * g + 60, 4));
+  EXPECT(word == 0x01020304u);
+  CUdeviceptr rb = 0;
+  size_t rs = 0;
+  OK(cuMemGetAddressRange(&rb, &rs, base + 2 * g + 100));
+  std::printf("vmm: address range of a pointer in the second view: +%llu KiB, %zu KiB\n",
+              static_cast<unsigned long long>((rb - base) >> 10), rs >> 10);
+
+  // A kernel writes through the mapping.
+  const std::string text = read_file(ptx);
+  CUmodule m = nullptr;
+  OK(cuModuleLoadData(&m, text.c_str()));
+  CUfunction fill = nullptr;
+  if (m != nullptr) OK(cuModuleGetFunction(&fill, m, "ivc_fill_u32"));
+  if (fill != nullptr) {
+    CUdeviceptr at = base + 4096;
+    unsigned v = 77;
+    unsigned long long count = 1024;
+    void* args[] = {&at, &v, &count};
+    OK(cuLaunchKernel(fill, 4, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+    OK(cuCtxSynchronize());
+    std::vector<unsigned> out(1024);
+    OK(cuMemcpyDtoH(out.data(), base + 2 * g + 4096, out.size() * 4));
+    bool all = true;
+    for (unsigned x : out) all &= x == 77;
+    EXPECT(all);
+  }
+
+  // Properties and a retained handle.
+  CUmemAllocationProp got{};
+  OK(cuMemGetAllocationPropertiesFromHandle(&got, h));
+  EXPECT(got.type == CU_MEM_ALLOCATION_TYPE_PINNED && got.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+         got.location.id == dev);
+  CUmemGenericAllocationHandle again = 0;
+  OK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(base + 2 * g + 8)));
+  OK(cuMemRelease(again));
+  // Released while mapped: the mappings keep the memory.
+  OK(cuMemRelease(h));
+  OK(cuMemcpyDtoH(back.data(), base, back.size()));
+  EXPECT(back[0] == data[0] && back[back.size() - 1] == data[data.size() - 1]);
+
+  // Refusals, printed so that native and ivcuda runs are compared on them.
+  std::printf("vmm: free with mappings left: %s\n", check::name(cuMemAddressFree(base, 4 * g)));
+  std::printf("vmm: unmap half a mapping: %s\n", check::name(cuMemUnmap(base, g)));
+  OK(cuMemUnmap(base, 4 * g));
+  std::printf("vmm: copy to the unmapped range: %s\n",
+              check::name(cuMemcpyHtoD(base, data.data(), 64)));
+  std::printf("vmm: free with the wrong size: %s\n", check::name(cuMemAddressFree(base, 2 * g)));
+  OK(cuMemAddressFree(base, 4 * g));
+  if (m != nullptr) OK(cuModuleUnload(m));
+  OK(cuDevicePrimaryCtxRelease(dev));
+  return check::finish("drv_vmm");
+}
