@@ -1654,6 +1654,15 @@ CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int value) {
   });
 }
 
+CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache config) {
+  return guard([&] {
+    NEED_RT();
+    f = ivcuda::guest::kernel_function(f);
+    return rt->call<Op::kFuncSetCacheConfig>(
+        proto::ReqFuncCache{current_ctx(), h(f), static_cast<std::uint32_t>(config), 0});
+  });
+}
+
 // ==================================================================== launch
 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,

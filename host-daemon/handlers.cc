@@ -690,6 +690,14 @@ CUresult Worker::on_FuncSetAttribute(Call& c) {
   return cu_.cuFuncSetAttribute(f->real, static_cast<CUfunction_attribute>(r.attrib), r.value);
 }
 
+CUresult Worker::on_FuncSetCacheConfig(Call& c) {
+  const auto r = c.req<ReqFuncCache>();
+  FuncEntry* f = funcs_.find(r.function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(modules_.find(f->module)->ctx); st != CUDA_SUCCESS) return st;
+  return cu_.cuFuncSetCacheConfig(f->real, static_cast<CUfunc_cache>(r.config));
+}
+
 CUresult Worker::on_Launch(Call& c) { return launch(c, false); }
 
 CUresult Worker::on_LaunchCooperative(Call& c) { return launch(c, true); }

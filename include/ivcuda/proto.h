@@ -122,7 +122,8 @@ enum class HandleKind : u8 {
   X(MemSetAccess, ReqMemSetAccess, RepNone, 1)                           \
   X(MemGetAccess, ReqMemGetAccess, RepValue, 1)                          \
   X(MemGetProperties, ReqHandle, RepMemProp, 1)                          \
-  X(MemRetainHandle, ReqPtr, RepHandle, 1)
+  X(MemRetainHandle, ReqPtr, RepHandle, 1)                               \
+  X(FuncSetCacheConfig, ReqFuncCache, RepNone, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -533,6 +534,13 @@ struct ReqEventRecordFlags {
   u32 flags;      // CU_EVENT_RECORD_*
   u32 reserved;
 };
+struct ReqFuncCache {
+  u64 ctx;
+  u64 function;
+  u32 config;     // CUfunc_cache
+  u32 reserved;
+};
+
 // ---- virtual memory management (guest/vmm.cc, host-daemon/vmm.cc).
 // CUmemAllocationProp without its pointer (win32HandleMetaData, unused on
 // Linux); loc_id is a device ordinal as the worker numbers them.

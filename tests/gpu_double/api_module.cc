@@ -453,6 +453,16 @@ CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize
   });
 }
 
+// A preference the double has no cache to apply: checked, then accepted.
+CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+  return guarded([&](State& s) -> CUresult {
+    FunctionRef r;
+    if (const CUresult e = lookup_function(s, hfunc, &r); e != CUDA_SUCCESS) return e;
+    if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
   return guarded([&](State& s) -> CUresult {
     FunctionRef r;

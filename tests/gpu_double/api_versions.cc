@@ -168,6 +168,7 @@ const ProcEntry kProcs[] = {
     {"cuModuleGetLoadingMode", 11070, fp(cuModuleGetLoadingMode)},
     {"cuFuncGetAttribute", 2020, fp(cuFuncGetAttribute)},
     {"cuFuncSetAttribute", 9000, fp(cuFuncSetAttribute)},
+    {"cuFuncSetCacheConfig", 3000, fp(cuFuncSetCacheConfig)},
     {"cuFuncGetParamInfo", 12040, fp(cuFuncGetParamInfo)},
     {"cuFuncGetName", 12030, fp(cuFuncGetName)},
     {"cuFuncGetModule", 11000, fp(cuFuncGetModule)},

@@ -84,6 +84,9 @@ TEST_CASE("PTX entries expose their parameters as the launch ABI lays them out",
   const char* name = nullptr;
   CU_REQUIRE(cuFuncGetName(&name, get(m, "ivc_fault")));
   CHECK(std::string(name) == "ivc_fault");
+  // A cache preference is accepted for every CUfunc_cache value.
+  CU_REQUIRE(cuFuncSetCacheConfig(get(m, "ivc_fault"), CU_FUNC_CACHE_PREFER_SHARED));
+  CU_REQUIRE(cuFuncSetCacheConfig(get(m, "ivc_fault"), CU_FUNC_CACHE_PREFER_EQUAL));
   CU_REQUIRE(cuModuleUnload(m));
 }
 

@@ -44,6 +44,8 @@ void kernels(CUmodule m) {
   OK(cuFuncGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, add));
   EXPECT(threads >= 256);
   OK(cuFuncSetAttribute(add, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+  OK(cuFuncSetCacheConfig(add, CU_FUNC_CACHE_PREFER_SHARED));  // XLA sets it on every kernel
+  OK(cuFuncSetCacheConfig(add, CU_FUNC_CACHE_PREFER_NONE));
   // Occupancy: more threads per block never fit more blocks per SM.
   int blocks128 = 0, blocks1024 = 0;
   OK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks128, add, 128, 0));
