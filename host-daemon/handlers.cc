@@ -914,24 +914,23 @@ CUresult Worker::on_EventCreate(Call& c) {
 
 CUresult Worker::on_EventRecord(Call& c) {
   const auto r = c.req<ReqEventRecord>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  EventEntry* e = events_.find(r.event);
-  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  return cu_.cuEventRecord(e->real, s);
+  return record_event(r.ctx, r.event, r.stream, CU_EVENT_RECORD_DEFAULT);
 }
 
 CUresult Worker::on_EventRecordFlags(Call& c) {
   const auto r = c.req<ReqEventRecordFlags>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  EventEntry* e = events_.find(r.event);
+  return record_event(r.ctx, r.event, r.stream, r.flags);
+}
+
+CUresult Worker::record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags) {
+  if (CUresult st = use_ctx(ctx); st != CUDA_SUCCESS) return st;
+  EventEntry* e = events_.find(event);
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  if (CUresult st = resolve_stream(ctx, stream, &s); st != CUDA_SUCCESS) return st;
   // The flags are plain values; the driver judges them (EXTERNAL only while
   // the stream captures).
-  return cu_.cuEventRecordWithFlags(e->real, s, r.flags);
+  return flags == CU_EVENT_RECORD_DEFAULT ? cu_.cuEventRecord(e->real, s) : cu_.cuEventRecordWithFlags(e->real, s, flags);
 }
 
 CUresult Worker::on_EventQuery(Call& c) {

@@ -155,6 +155,7 @@ class Worker {
   CUresult launch_with(const proto::ReqLaunch& r, std::span<const std::byte> params,
                        std::span<const CUlaunchAttribute> attrs, bool cooperative);
   CUresult refuse_in_capture(CUstream s);
+  CUresult record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags);
   // VMM (vmm.cc): guest locations and properties in the driver's numbering.
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
   CUresult to_driver_prop(const proto::MemProp& p, CUmemAllocationProp* out) const;

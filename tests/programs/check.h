@@ -40,6 +40,17 @@ inline int finish(const char* prog) {
   return g_failures == 0 ? 0 : 1;
 }
 
+// A whole file (a PTX image), NUL-terminated as cuModuleLoadData wants text.
+inline std::string read_file(const char* path) {
+  std::string s;
+  if (FILE* f = std::fopen(path, "rb")) {
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) s.append(buf, n);
+    std::fclose(f);
+  }
+  return s;
+}
+
 // Reads argv for "--name value".
 inline const char* arg(int argc, char** argv, const char* name) {
   for (int i = 1; i + 1 < argc; ++i)

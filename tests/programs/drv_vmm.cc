@@ -4,17 +4,7 @@
 // kernel through it, retain and release handles, unmap and free. Output is
 // relative to the reservation, so native and ivcuda runs print the same.
 //   drv_vmm --ptx test_kernels.ptx
-#include <fstream>
-#include <iterator>
-
 #include "check.h"
-
-namespace {
-std::string read_file(const char* path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   const char* ptx = check::arg(argc, argv, "--ptx");
@@ -76,7 +66,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>((rb - base) >> 10), rs >> 10);
 
   // A kernel writes through the mapping.
-  const std::string text = read_file(ptx);
+  const std::string text = check::read_file(ptx);
   CUmodule m = nullptr;
   OK(cuModuleLoadData(&m, text.c_str()));
   CUfunction fill = nullptr;
