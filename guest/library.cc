@@ -9,10 +9,11 @@
 // context exists. A kernel taken while a context is current is the function
 // handle of the library's module there, so launching it as a CUfunction (as
 // cudart does) costs nothing extra; cuKernel* calls made in another context
-// look it up there again by name, but launching it in another context is not
-// supported (docs/design.md, limitations). A kernel taken with no context
-// current is a guest object that launches and the cuFunc* calls resolve in
-// the current context (kernel_function).
+// look it up there again by name, and so do launches and cuFunc* calls in any
+// context but the first one a library was loaded in (cuBLAS uses one kernel
+// handle in every device's context). A kernel taken with no context current is a guest
+// object that launches and the cuFunc* calls resolve in the current context
+// (kernel_function).
 #include <cuda.h>
 
 #include <atomic>
@@ -87,8 +88,12 @@ struct Registry {
   std::unordered_map<std::uint64_t, KernelOrigin> kernels;  // function handle -> origin
 };
 
-// Deferred kernels alive: while there are none, launches skip the lookup.
+// Deferred kernels alive, and the context the first library was loaded in.
+// A kernel taken in that context and launched there is its own function;
+// anywhere else (another device's context, a second context) launches look
+// it up, since a CUkernel is context-independent.
 std::atomic<std::uint64_t> g_deferred{0};
+std::atomic<std::uint64_t> g_first_context{0};
 
 // Never destroyed: cudart unloads its libraries from an atexit handler,
 // which may run after static destructors.
@@ -117,6 +122,8 @@ CUresult module_here(Library& lib, CUmodule* mod) {
   CUmodule m = nullptr;
   const CUresult st = cuModuleLoadData(&m, lib.image);
   if (st != CUDA_SUCCESS) return st;
+  std::uint64_t none = 0;
+  g_first_context.compare_exchange_strong(none, ctx, std::memory_order_relaxed);
   lib.modules.emplace(ctx, m);
   *mod = m;
   return CUDA_SUCCESS;
@@ -256,9 +263,13 @@ CUresult add_library(CUlibrary* out, std::shared_ptr<Library> lib) {
 }  // namespace
 
 CUfunction ivcuda::guest::kernel_function(CUfunction f) noexcept {
-  // A relaxed load suffices: a program holding a Deferred handle got it
-  // after the count went up.
-  if (g_deferred.load(std::memory_order_relaxed) == 0) return f;
+  // Relaxed loads suffice: a program holding a Deferred handle got it after
+  // the count went up, and one holding a kernel got it after a library was
+  // loaded (the first context set).
+  if (g_deferred.load(std::memory_order_relaxed) == 0) {
+    const std::uint64_t first = g_first_context.load(std::memory_order_relaxed);
+    if (first == 0 || ivcuda::guest::current_ctx() == first) return f;  // no library, or its first context
+  }
   CUfunction out = f;
   const CUresult st = guard([&] { return function_here(reinterpret_cast<CUkernel>(f), &out); });
   return st == CUDA_SUCCESS ? out : f;

@@ -81,6 +81,7 @@ programs=(
   "drv_core|$bin/drv_core|"
   "drv_kernels|$bin/drv_kernels --ptx $ptx --fatbin $fatbin|"
   "drv_library|$bin/drv_library --fatbin $fatbin --ptx $ptx|"
+  "drv_library_xctx|$bin/drv_library --fatbin $fatbin --ptx $ptx --cross-context-only|"
   "drv_graphs|$bin/drv_graphs --ptx $ptx|"
   "drv_vmm|$bin/drv_vmm --ptx $ptx|"
   "drv_hostfunc|$bin/drv_hostfunc --ptx $ptx|"

@@ -69,6 +69,8 @@ case_ivcuda "drv_hostfunc: host functions and stream callbacks in stream order" 
   "$bin/drv_hostfunc" --ptx "$ptx"
 case_ivcuda "drv_library: libraries loaded with no context current, used in two contexts" "$lib" -- \
   "$bin/drv_library" --fatbin "$fatbin" --ptx "$ptx"
+case_ivcuda "drv_library: a kernel taken in one context launched in another" "$lib" -- \
+  "$bin/drv_library" --fatbin "$fatbin" --ptx "$ptx" --cross-context-only
 case_ivcuda "drv_errors: bad input, async error, faulting kernel" "$lib" -- \
   "$bin/drv_errors" --ptx "$ptx" --fault --forged-handles
 case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with running kernels" "$lib" -- \

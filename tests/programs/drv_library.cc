@@ -1,7 +1,7 @@
 // Context-independent loading: libraries loaded before any context exists
 // (as the CUDA 13 runtime loads its fatbins), then used in the primary
 // context and in a second context, each with its own copy of the globals.
-//   drv_library --fatbin test_kernels.fatbin --ptx test_kernels.ptx
+//   drv_library --fatbin test_kernels.fatbin --ptx test_kernels.ptx [--cross-context-only]
 // Prints only what native and ivcuda runs must agree on.
 #include <algorithm>
 #include <fstream>
@@ -16,9 +16,7 @@ std::vector<char> read_file(const char* path) {
   return std::vector<char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-std::vector<float> run_add_const(CUlibrary lib, float start, int n) {
-  CUkernel k = nullptr;
-  OK(cuLibraryGetKernel(&k, lib, "ivc_add_const"));
+std::vector<float> run_kernel(CUkernel k, float start, int n) {
   std::vector<float> host(static_cast<size_t>(n), start);
   CUdeviceptr d = 0;
   OK(cuMemAlloc(&d, host.size() * sizeof(float)));
@@ -30,6 +28,12 @@ std::vector<float> run_add_const(CUlibrary lib, float start, int n) {
   OK(cuMemcpyDtoH(host.data(), d, host.size() * sizeof(float)));
   OK(cuMemFree(d));
   return host;
+}
+
+std::vector<float> run_add_const(CUlibrary lib, float start, int n) {
+  CUkernel k = nullptr;
+  OK(cuLibraryGetKernel(&k, lib, "ivc_add_const"));
+  return run_kernel(k, start, n);
 }
 
 bool all_equal(const std::vector<float>& v, float want) {
@@ -51,6 +55,36 @@ int main(int argc, char** argv) {
   CUdevice d;
   OK(cuDeviceGet(&d, 0));
   if (check::g_failures != 0) return check::finish("drv_library");
+  bool cross_only = false;
+  for (int i = 1; i < argc; ++i) cross_only |= std::strcmp(argv[i], "--cross-context-only") == 0;
+  if (cross_only) {
+    // Only a kernel taken with a context current and launched in another (no
+    // kernel taken before a context existed, which would hide a missing
+    // resolution): what cuBLAS does across devices.
+    CUcontext primary, second;
+    OK(cuDevicePrimaryCtxRetain(&primary, d));
+    OK(cuCtxSetCurrent(primary));
+    CUlibrary lib = nullptr;
+    OK(cuLibraryLoadFromFile(&lib, ptx, nullptr, nullptr, 0, nullptr, nullptr, 0));
+    CUkernel k = nullptr;
+    OK(cuLibraryGetKernel(&k, lib, "ivc_add_const"));
+    EXPECT(all_equal(run_kernel(k, 1.0f, 300), 2.5f));
+    OK(cuCtxCreate(&second, nullptr, 0, d));
+    // First use in this context: the library is loaded here by the launch.
+    EXPECT(all_equal(run_kernel(k, 1.0f, 300), 2.5f));
+    CUdeviceptr addend = 0;
+    size_t bytes = 0;
+    OK(cuLibraryGetGlobal(&addend, &bytes, lib, "ivc_const_addend"));
+    const float changed = 10.0f;
+    OK(cuMemcpyHtoD(addend, &changed, sizeof changed));
+    EXPECT(all_equal(run_kernel(k, 1.0f, 300), 11.0f));  // this context's function and globals
+    OK(cuCtxDestroy(second));
+    OK(cuCtxSetCurrent(primary));
+    EXPECT(all_equal(run_kernel(k, 1.0f, 300), 2.5f));
+    OK(cuLibraryUnload(lib));
+    OK(cuDevicePrimaryCtxRelease(d));
+    return check::finish("drv_library --cross-context-only");
+  }
 
   // No context is current: both libraries load all the same. The image is
   // freed at once: without CU_LIBRARY_BINARY_IS_PRESERVED the driver keeps
@@ -148,6 +182,8 @@ int main(int argc, char** argv) {
   EXPECT(all_equal(run_add_const(lib_ptx, 2.0f, 300), 3.5f));
   CUmodule in_primary = nullptr;
   OK(cuLibraryGetModule(&in_primary, lib));
+  CUkernel taken_in_primary = nullptr;
+  OK(cuLibraryGetKernel(&taken_in_primary, lib, "ivc_add_const"));
 
   // A second context loads the library again: its own module, its own
   // copy of the constant.
@@ -161,6 +197,10 @@ int main(int argc, char** argv) {
   const float changed = 10.0f;
   OK(cuMemcpyHtoD(addend2, &changed, sizeof changed));
   EXPECT(all_equal(run_add_const(lib, 1.0f, 300), 11.0f));
+  // A CUkernel is context-independent: the one taken in the primary context
+  // runs in this one as this context's function (cuBLAS uses one kernel
+  // handle in every device's context).
+  EXPECT(all_equal(run_kernel(taken_in_primary, 1.0f, 300), 11.0f));
   OK(cuCtxPopCurrent(nullptr));
   OK(cuCtxGetCurrent(&none));
   EXPECT(none == primary);
