@@ -77,6 +77,10 @@ std::optional<std::string> check_elf(std::span<const std::byte> s) {
   if (shstrndx != SHN_UNDEF && shstrndx >= shnum) return "an ELF section-name table index out of range";
 
   auto section = [&](std::uint64_t i) { return load<Elf64_Shdr>(s, eh.e_shoff + i * eh.e_shentsize); };
+  // Section 0 is the null section (its size and link fields may carry the
+  // extended counts read above): any other type there would make the checks
+  // below follow its unchecked link.
+  if (sh0.sh_type != SHT_NULL) return "ELF section 0 is not the null section";
   for (std::uint64_t i = 0; i < shnum; ++i) {
     const auto sh = section(i);
     if (sh.sh_type != SHT_NOBITS && !within(sh.sh_offset, sh.sh_size, size))

@@ -123,6 +123,11 @@ TEST_CASE("a cubin whose tables or sections reach past the bytes received is ref
   const auto names = peek<Elf64_Shdr>(full, eh.e_shoff + eh.e_shstrndx * eh.e_shentsize);
   poke(strtab, names.sh_offset + names.sh_size - 1, 'x');
   CHECK_FALSE(check_image(strtab).ok);
+  auto null0 = full;  // section 0 posing as a symbol table whose string table lies far away
+  poke(null0, eh.e_shoff + offsetof(Elf64_Shdr, sh_type), Elf64_Word{SHT_SYMTAB});
+  poke(null0, eh.e_shoff + offsetof(Elf64_Shdr, sh_link), Elf64_Word{0x7fffffff});
+  poke(null0, eh.e_shoff + offsetof(Elf64_Shdr, sh_entsize), Elf64_Xword{sizeof(Elf64_Sym)});
+  CHECK_FALSE(check_image(null0).ok);
   auto cls = full;  // ELF32 is not a cubin
   poke(cls, EI_CLASS, static_cast<unsigned char>(ELFCLASS32));
   CHECK_FALSE(check_image(cls).ok);
