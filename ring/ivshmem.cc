@@ -383,13 +383,28 @@ Result<IvshmemServer> IvshmemServer::listen(const std::string& path, std::size_t
   // that was withdrawn in between.
   s.listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!s.listen_.valid()) return sys_error("ivshmem: socket");
-  if (::bind(s.listen_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
-    return sys_error("ivshmem: bind " + path);
+  // Bound under a temporary name and renamed into place once listening: the
+  // path appears only when connections to it are accepted (a client that
+  // waits for the file, as QEMU's users and our tests do, is never refused).
+  // A path too long for a suffix is bound directly, as it was before.
+  std::string temp = path + "." + std::to_string(::getpid());
+  auto temp_addr = unix_address(temp);
+  if (!temp_addr) {
+    temp = path;
+    temp_addr = addr;
+  }
+  ::unlink(temp.c_str());
+  if (::bind(s.listen_.get(), reinterpret_cast<const sockaddr*>(&*temp_addr), sizeof *temp_addr) != 0)
+    return sys_error("ivshmem: bind " + temp);
+  if (::listen(s.listen_.get(), SOMAXCONN) != 0 || (temp != path && ::rename(temp.c_str(), path.c_str()) != 0)) {
+    const Error e = sys_error("ivshmem: listen on " + path);
+    ::unlink(temp.c_str());
+    return e;
+  }
   s.path_ = path;
   if (::stat(path.c_str(), &st) != 0) return sys_error("ivshmem: stat " + path);
   s.dev_ = st.st_dev;
   s.ino_ = st.st_ino;
-  if (::listen(s.listen_.get(), SOMAXCONN) != 0) return sys_error("ivshmem: listen " + path);
   return s;
 }
 
