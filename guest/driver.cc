@@ -1261,7 +1261,7 @@ CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
     proto::RepHostAlloc rep{};
     const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{want, flags, 0}, {}, &rep);
     if (st != CUDA_SUCCESS) return st;
-    void* p = rt->bar() + rep.arena_off;
+    void* p = rt->pinned_base() + rep.arena_off;
     rt->add_pinned(p, ivcuda::guest::PinnedBlock{rep.arena_off, want, flags});
     *pp = p;
     return CUDA_SUCCESS;
@@ -1364,7 +1364,7 @@ PtrInfo describe(Runtime* rt, std::uint64_t p) {
     i.ctx = current_ctx();
     i.dptr = rt->hello().arena_device_base + *rt->pinned_offset(hp, 1);
     i.host = hp;
-    i.start = h(rt->bar() + b->arena_off);
+    i.start = h(rt->pinned_base() + b->arena_off);
     i.size = b->size;
     return i;
   }

@@ -275,9 +275,7 @@ CUresult register_range(Runtime* rt, std::uint64_t ctx, void* p, std::size_t byt
 
   // The BAR itself: cuMemHostAlloc memory is registered already, the rest
   // (rings, staging) is not the caller's to register.
-  const auto bar = reinterpret_cast<std::uintptr_t>(rt->bar());
-  const std::uint64_t bar_size = rt->layout().shm_size;
-  if (base < bar + bar_size && end > bar) {
+  if (rt->in_bar(base, bytes)) {
     return CUDA_ERROR_INVALID_VALUE;  // what driver 580 answers for cuMemHostAlloc memory too
   }
 

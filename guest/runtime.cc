@@ -402,6 +402,7 @@ CUresult Runtime::connect() {
     return st;
   }
   devs_.resize(hello_.device_count);
+  map_identity_alias();
   st = apply_visible_devices();
   if (st != CUDA_SUCCESS) return st;
   if (vm_mode_) std::atexit([] {
@@ -757,6 +758,36 @@ int Runtime::map_arena_at(void* va, std::uint64_t arena_off, std::size_t len) no
     return err;
   }
   return 0;
+}
+
+// The arena a second time, at the address the host's GPU sees it at. The
+// place is the worker's and random; if this process has anything there, the
+// alias is skipped and page-locked pointers stay BAR addresses (their device
+// pointers then differ, which CUDA allows only without unified addressing).
+void Runtime::map_identity_alias() noexcept {
+  const std::uint64_t dev = hello_.arena_device_base;
+  if (dev == 0 || dev % kPage != 0 || layout_.arena_size == 0 || dev + layout_.arena_off < dev) return;
+  void* want = reinterpret_cast<void*>(dev + layout_.arena_off);
+  void* got = ::mmap(want, layout_.arena_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                     -1, 0);
+  if (got != want) {
+    if (got != MAP_FAILED) ::munmap(got, layout_.arena_size);  // an old kernel took it as a hint
+    return;
+  }
+  // The reservation is ours: map_arena_at replaces it in one step.
+  if (map_arena_at(want, layout_.arena_off, layout_.arena_size) != 0) {
+    ::munmap(want, layout_.arena_size);
+    return;
+  }
+  alias_ = reinterpret_cast<std::byte*>(dev);
+}
+
+bool Runtime::in_bar(std::uintptr_t p, std::uint64_t n) const noexcept {
+  const auto touches = [&](const std::byte* b, std::uint64_t lo, std::uint64_t size) {
+    const auto start = reinterpret_cast<std::uintptr_t>(b) + lo;
+    return b != nullptr && p < start + size && p + n > start;
+  };
+  return touches(base_, 0, layout_.shm_size) || touches(alias_, layout_.arena_off, layout_.arena_size);
 }
 
 std::uint64_t Runtime::staging_off() {

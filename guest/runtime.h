@@ -73,6 +73,14 @@ class Runtime {
   // Arena helpers.
   std::byte* arena_base() const noexcept { return base_ + layout_.arena_off; }
   std::byte* bar() const noexcept { return base_; }
+  // Where page-locked memory is handed out: BAR offset `off` of the arena
+  // is at pinned_base() + off. When the arena could be mapped a second time
+  // at its device address (map_identity_alias), a page-locked pointer is its
+  // own device pointer, as unified addressing promises (XLA memsets and
+  // launches on cuMemHostAlloc pointers); otherwise it is the BAR mapping.
+  std::byte* pinned_base() const noexcept { return alias_ != nullptr ? alias_ : base_; }
+  // True when [p, p + n) touches the BAR mapping or its arena alias.
+  bool in_bar(std::uintptr_t p, std::uint64_t n) const noexcept;
   const ring::Layout& layout() const noexcept { return layout_; }
   // If [p, p+n) lies in one page-locked block, its BAR offset.
   std::optional<std::uint64_t> pinned_offset(const void* p, std::size_t n);
@@ -123,6 +131,7 @@ class Runtime {
   CUresult connect_socket(const std::string& path);
   CUresult connect_uio(const std::string& pci);
   CUresult attach_bar(std::byte* base, std::size_t size);
+  void map_identity_alias() noexcept;
   std::unique_ptr<ring::Waiter> make_waiter(std::uint32_t vector);
   bool host_gone() noexcept;
   CUresult call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
@@ -140,6 +149,7 @@ class Runtime {
   bool doorbells_ = true;                 // false on ivshmem-plain: poll
   uio::Device uio_;
   std::byte* base_ = nullptr;             // the BAR, either way
+  std::byte* alias_ = nullptr;            // BAR offset 0 as the arena alias places it, or null
   std::size_t vectors_ = 0;
   std::unique_ptr<ring::Doorbell> host_bell_;
   std::uint64_t last_heartbeat_ = 0;

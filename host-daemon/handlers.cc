@@ -76,9 +76,11 @@ bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
   // Page-locked arena memory is device-accessible too (zero copy).
   if (arena_dev_ != 0 && ring::span_within(addr, len, arena_dev_, l_.arena_size)) return true;
   auto it = ranges_.upper_bound(addr);
-  if (it == ranges_.begin()) return false;
-  --it;
-  return ring::span_within(addr, len, it->first, it->second.size);
+  const bool ok = it != ranges_.begin() && ring::span_within(addr, len, std::prev(it)->first, std::prev(it)->second.size);
+  if (!ok)  // a guest's bad pointer, for whoever debugs it (debug level only: a guest controls how often)
+    IVLOG_DEBUG("guest %u: 0x%llx + %llu is not device memory of this guest", cfg_.guest_id,
+                static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len));
+  return ok;
 }
 
 bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {
@@ -347,6 +349,8 @@ CUresult Worker::on_MemAlloc(Call& c) {
   }
   if (st != CUDA_SUCCESS) return st;
   ranges_[d] = DevRange{size, r.ctx, RangeKind::kAlloc};
+  IVLOG_DEBUG("guest %u: allocated 0x%llx + %llu", cfg_.guest_id, static_cast<unsigned long long>(d),
+              static_cast<unsigned long long>(size));
   rep.dptr = d;
   c.set_reply(rep);
   return CUDA_SUCCESS;

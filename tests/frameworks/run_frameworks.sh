@@ -17,7 +17,7 @@ here=$root/tests/frameworks
 py=${PYTHON:-python3}
 sock=/tmp/ivcuda-fw.sock
 rm -f "$sock"
-"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 8G --driver libcuda.so.1 >"$out/ivcudad.log" 2>&1 &
+"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 8G --driver libcuda.so.1 --log-level "${IVCUDA_DAEMON_LOG:-info}" >"$out/ivcudad.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
@@ -29,6 +29,10 @@ cases=(
   "torch_expandable|torch_eager.py|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
   "jax_train|jax_train.py|"
   "jax_platform_alloc|jax_train.py|XLA_PYTHON_CLIENT_ALLOCATOR=platform"
+  "torch_compile_ro|torch_compile_ro.py|"
+  "torch_mp|torch_mp.py|"
+  "torch_nccl_one|torch_nccl_one.py|"
+  "cupy_basic|cupy_basic.py|"
 )
 if [ -n "${IVCUDA_FRAMEWORKS:-}" ]; then
   kept=()

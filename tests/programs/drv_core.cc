@@ -264,6 +264,12 @@ void memory() {
   OK(cuMemcpyDtoD(d2, alias + 100, 1000));
   OK(cuMemcpyDtoH(back.data(), d2, 1000));
   EXPECT(std::memcmp(back.data(), pat.data() + 100, 1000) == 0);
+  // Unified addressing: a page-locked pointer is its own device pointer
+  // (XLA memsets and copies through cuMemHostAlloc pointers directly).
+  EXPECT(alias == reinterpret_cast<CUdeviceptr>(pin));
+  OK(cuMemsetD32(reinterpret_cast<CUdeviceptr>(pin2), 0x5a5a5a5au, 4));
+  OK(cuMemcpyDtoH(back.data(), reinterpret_cast<CUdeviceptr>(pin2), 16));
+  EXPECT(back[0] == 0x5a && back[15] == 0x5a);
   // 2D between page-locked host and device
   CUDA_MEMCPY2D pc{};
   pc.srcMemoryType = CU_MEMORYTYPE_HOST;
