@@ -46,7 +46,8 @@ namespace ivcuda::host {
   X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuMemGetAllocationGranularity)             \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)       \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) \
-  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig)
+  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig) X(cuMemExportToShareableHandle)     \
+  X(cuMemImportFromShareableHandle)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -114,7 +114,7 @@ ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, s
 
 // The worker: runs in a child process with the guest's resources only.
 int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
-               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd) {
+               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd, int broker_fd) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   ivcuda::host::WorkerConfig cfg;
@@ -128,6 +128,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   cfg.driver_path = o.driver;
   cfg.devices = gpus;
   cfg.spin = std::chrono::microseconds(o.spin_us);
+  cfg.broker_fd = broker_fd;
   auto w = ivcuda::host::Worker::create(std::move(cfg));
   if (!w) {
     IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(g.peer_id), w.error().what.c_str());
@@ -430,6 +431,9 @@ int main(int argc, char** argv) {
   // worker that polls. Their ids start above every peer id.
   std::vector<int> listen_fds;
   for (const auto& l : listeners) listen_fds.push_back(l.server.listen_fd());
+  // Exported allocations travel between the workers of one listener (one
+  // tenant) through here.
+  ivcuda::host::FdBroker broker;
   for (std::size_t i = 0; i < o.plain_files.size(); ++i) {
     const std::int64_t id = 0x10000 + static_cast<std::int64_t>(i);
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
@@ -453,7 +457,10 @@ int main(int argc, char** argv) {
     }
     std::vector<pollfd> pfds;
     for (const auto& l : listeners) pfds.push_back(pollfd{l.server.listen_fd(), POLLIN, 0});
+    for (const int fd : broker.fds()) pfds.push_back(pollfd{fd, POLLIN, 0});
     if (::poll(pfds.data(), pfds.size(), 200) <= 0) continue;
+    for (std::size_t i = listeners.size(); i < pfds.size(); ++i)
+      if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker.serve(pfds[i].fd);
     for (std::size_t li = 0; li < listeners.size(); ++li) {
       if ((pfds[li].revents & POLLIN) == 0) continue;
       Listener& l = listeners[li];
@@ -503,6 +510,10 @@ int main(int argc, char** argv) {
         IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
         continue;
       }
+      auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
+      if (!broker_end)
+        IVLOG_WARN("guest %lld: no fd broker (%s): it can import only its own exports", id,
+                   broker_end.error().what.c_str());
       const pid_t pid = ::fork();
       if (pid < 0) {
         IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
@@ -510,7 +521,9 @@ int main(int argc, char** argv) {
       }
       if (pid == 0) {
         for (const auto& other : listeners) ::close(other.server.listen_fd());
-        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get());
+        broker.close_in_child();
+        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get(),
+                                  broker_end ? broker_end->release() : -1);
         ::_exit(rc);
       }
       workers[pid] = Served{id, cred.uid};

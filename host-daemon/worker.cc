@@ -61,7 +61,9 @@ static_assert(std::size(Worker::kHandlers) == static_cast<std::size_t>(proto::Op
               "every op needs a handler");
 
 Worker::Worker(WorkerConfig cfg) : cfg_(std::move(cfg)), l_(cfg_.layout),
-      pool_(ring::pool_off(cfg_.layout), ring::pool_size(cfg_.layout)) {}
+      pool_(ring::pool_off(cfg_.layout), ring::pool_size(cfg_.layout)) {
+  if (cfg_.broker_fd >= 0) broker_ = BrokerClient(std::exchange(cfg_.broker_fd, -1));
+}
 
 Worker::~Worker() { cleanup(); }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "host-daemon/driver_api.h"
+#include "host-daemon/fd_broker.h"
 #include "host-daemon/handles.h"
 #include "host-daemon/uring_wait.h"
 #include "ivcuda/proto.h"
@@ -43,6 +44,10 @@ struct WorkerConfig {
   // Point fd 1 at a pipe and forward what lands there (the driver's device
   // printf output) to the guest with the replies of synchronising calls.
   bool forward_stdout = true;
+  // This worker's line to the daemon's fd broker (exported allocations
+  // between the tenant's workers); -1: none, only this worker's own
+  // exports can be imported. Owned by the worker.
+  int broker_fd = -1;
 };
 
 class Worker {
@@ -194,6 +199,12 @@ class Worker {
   HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
+  BrokerClient broker_;
+  struct Export {  // what this worker exported (cuMemExportToShareableHandle)
+    sys::UniqueFd fd;
+    std::uint64_t size = 0;
+  };
+  std::map<BrokerToken, Export> exports_;
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns

@@ -123,7 +123,9 @@ enum class HandleKind : u8 {
   X(MemGetAccess, ReqMemGetAccess, RepValue, 1)                          \
   X(MemGetProperties, ReqHandle, RepMemProp, 1)                          \
   X(MemRetainHandle, ReqPtr, RepHandle, 1)                               \
-  X(FuncSetCacheConfig, ReqFuncCache, RepNone, 1)
+  X(FuncSetCacheConfig, ReqFuncCache, RepNone, 1)                       \
+  X(MemExportShareable, ReqMemExport, RepShareToken, 1)                  \
+  X(MemImportShareable, ReqMemImport, RepHandle, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -619,6 +621,24 @@ struct RepElapsed {
   u32 reserved;
 };
 
+// ---- sharing physical allocations between a tenant's processes
+// (cuMemExportToShareableHandle / cuMemImportFromShareableHandle). The guest
+// holds a token the host made; host-daemon/fd_broker.h says where the fd is.
+struct ReqMemExport {
+  u64 handle;        // from MemCreate / MemRetainHandle / MemImportShareable
+  u32 handle_type;   // CUmemAllocationHandleType
+  u32 reserved;
+  u64 flags;
+};
+struct RepShareToken {
+  u8 token[16];
+};
+struct ReqMemImport {
+  u8 token[16];
+  u32 handle_type;
+  u32 reserved;
+};
+
 // ---- per-op traits, generated from the table
 template <Op op>
 struct OpTraits;
@@ -656,6 +676,9 @@ static_assert(sizeof(ReqHostFunc) == 40);
 static_assert(sizeof(ReqCopy2D) == 128);
 static_assert(sizeof(MemProp) == 24);
 static_assert(sizeof(MemAccess) == 16);
+static_assert(sizeof(ReqMemExport) == 24);
+static_assert(sizeof(RepShareToken) == 16);
+static_assert(sizeof(ReqMemImport) == 24);
 static_assert(sizeof(ReqLaunch) == 56);
 static_assert(sizeof(ReqTensorMap) == 152);
 static_assert(sizeof(RepTensorMap) == 128);

@@ -26,8 +26,10 @@ trap cleanup EXIT
 
 start_daemon() {
   rm -f "$sock"
+  rm -f "$work/other.sock"
+  # A second socket is a second tenant (drv_vmm_share --child-socket).
   "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 512M --staging-size 4M --channels 16 \
-      --driver "$driver" >>"$log" 2>&1 &
+      --guest-socket "$work/other.sock=0" --driver "$driver" >>"$log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.05; done
   echo "ivcudad did not start:"; cat "$log"; exit 1
@@ -77,6 +79,10 @@ case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with runnin
   "$bin/drv_hostreg" --ptx "$ptx"
 case_ivcuda "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping" \
   "$lib" -- "$bin/drv_vmm" --ptx "$ptx"
+case_ivcuda "drv_vmm_share: an fd-exported allocation imported and written by another process of the tenant" \
+  "$lib" -- "$bin/drv_vmm_share"
+case_ivcuda "drv_vmm_share: another tenant's process cannot import it (CUDA_ERROR_UNKNOWN)" \
+  "$lib" -- "$bin/drv_vmm_share" --child-socket "$work/other.sock"
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
