@@ -224,6 +224,19 @@ CUresult Worker::on_DeviceInfo(Call& c) {
       rep.attr_valid[a] = 1;
     }
   }
+  // What the GPU has but a guest cannot use is reported absent, so that
+  // frameworks take their other path instead of failing later (NCCL tries
+  // NVLink SHARP where multicast is reported, for one).
+  for (const CUdevice_attribute a : {
+           // cuMulticast* is not forwarded.
+           CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED,
+           // Fabric handles and dma-bufs are host objects no guest can hold.
+           CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+           CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED,
+           // Registered guest memory is moved onto the arena: its device
+           // pointer is the arena's, not the guest's own address.
+           CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM})
+    if (static_cast<int>(a) < static_cast<int>(kAttrSlots)) rep.attrs[a] = 0;
   c.set_reply(rep);
   return CUDA_SUCCESS;
 }
