@@ -85,7 +85,10 @@ void Worker::drop_ctx_objects(std::uint64_t ctx) {
   streams_.for_each([&](std::uint64_t h, StreamEntry& s) {
     if (s.ctx == ctx) dead.push_back(h);
   });
-  for (auto h : dead) streams_.erase(h);
+  for (auto h : dead) {
+    captures_.erase(streams_.find(h)->real);
+    streams_.erase(h);
+  }
   dead.clear();
   events_.for_each([&](std::uint64_t h, EventEntry& e) {
     if (e.ctx == ctx) dead.push_back(h);
@@ -578,7 +581,9 @@ CUresult Worker::on_StreamBeginCapture(Call& c) {
   if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  return cu_.cuStreamBeginCapture(s, static_cast<CUstreamCaptureMode>(r.mode));
+  const CUresult st = cu_.cuStreamBeginCapture(s, static_cast<CUstreamCaptureMode>(r.mode));
+  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, static_cast<CUstreamCaptureMode>(r.mode)};
+  return st;
 }
 
 CUresult Worker::on_StreamEndCapture(Call& c) {
@@ -588,6 +593,8 @@ CUresult Worker::on_StreamEndCapture(Call& c) {
   if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
   CUgraph g = nullptr;
   const CUresult st = cu_.cuStreamEndCapture(s, &g);
+  // Ended, or never begun: either way no capture is under way on it now.
+  captures_.erase(s);
   RepHandle rep{};
   if (g != nullptr) rep.handle = graphs_.insert(GraphEntry{g, r.ctx});
   c.set_reply(rep);

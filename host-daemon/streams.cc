@@ -17,7 +17,10 @@ CUresult Worker::on_StreamCreate(Call& c) {
 }
 
 CUresult Worker::on_StreamDestroy(Call& c) {
-  return destroy_in_ctx(streams_, c.req<ReqHandle>().handle, [&](StreamEntry& s) { return cu_.cuStreamDestroy(s.real); });
+  return destroy_in_ctx(streams_, c.req<ReqHandle>().handle, [&](StreamEntry& s) {
+    captures_.erase(s.real);  // a capture ends with its stream
+    return cu_.cuStreamDestroy(s.real);
+  });
 }
 
 CUresult Worker::on_StreamQuery(Call& c) {

@@ -211,6 +211,14 @@ class Worker {
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
   // The capture mode the driver holds for the worker's thread now.
   CUstreamCaptureMode driver_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  // Captures under way (begun, not yet ended): which guest thread (channel)
+  // began each, in which mode.
+  struct CaptureEntry {
+    std::uint32_t channel = 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  };
+  std::map<CUstream, CaptureEntry> captures_;
+  CUstreamCaptureMode effective_capture_mode(const Channel& ch) const;
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
   // When the current wait for a parked synchronise began (zero: none).

@@ -83,6 +83,8 @@ case_ivcuda "drv_vmm_share: an fd-exported allocation imported and written by an
   "$lib" -- "$bin/drv_vmm_share"
 case_ivcuda "drv_vmm_share: another tenant's process cannot import it (CUDA_ERROR_UNKNOWN)" \
   "$lib" -- "$bin/drv_vmm_share" --child-socket "$work/other.sock"
+case_ivcuda "drv_capture_modes: one thread captures while another allocates (thread-local, relaxed, global)" \
+  "$lib" -- "$bin/drv_capture_modes"
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
