@@ -137,6 +137,7 @@ void FdBroker::close_in_child() noexcept {
   for (auto& [fd, e] : ends_) e.first.reset();
   ends_.clear();
   tenants_.clear();
+  total_ = 0;
 }
 
 void FdBroker::drop(int fd) {
@@ -145,7 +146,10 @@ void FdBroker::drop(int fd) {
   const std::uint32_t tenant = it->second.second;
   ends_.erase(it);
   auto t = tenants_.find(tenant);
-  if (t != tenants_.end() && --t->second.workers == 0) tenants_.erase(t);
+  if (t != tenants_.end() && --t->second.workers == 0) {
+    total_ -= t->second.by_token.size();
+    tenants_.erase(t);
+  }
 }
 
 void FdBroker::serve(int fd) {
@@ -164,13 +168,17 @@ void FdBroker::serve(int fd) {
   if (m.op == kDeposit && passed.valid()) {
     if (t.by_token.count(m.token) != 0) {
       ans.status = EEXIST;
+    } else if (total_ >= kMaxDeposits && t.order.empty()) {
+      ans.status = ENOSPC;
     } else {
-      if (t.by_token.size() >= kMaxDepositsPerTenant) {
+      if (t.by_token.size() >= kMaxDepositsPerTenant || total_ >= kMaxDeposits) {
         t.by_token.erase(t.order.front());
         t.order.pop_front();
+        --total_;
       }
       t.by_token[m.token] = Deposit{std::move(passed), m.value};
       t.order.push_back(m.token);
+      ++total_;
     }
   } else if (m.op == kFetch && !passed.valid()) {
     auto d = t.by_token.find(m.token);

@@ -11,9 +11,11 @@
 // of it by that token. The guest only ever holds the token; a token from
 // another tenant, or a forged one, finds nothing.
 //
-// The daemon keeps deposits while the tenant has any worker, and at most
-// kMaxDepositsPerTenant of them (the oldest goes first): an exported fd
-// outlives its exporter in CUDA too, as long as somebody holds it.
+// The daemon keeps deposits while the tenant has any worker, at most
+// kMaxDepositsPerTenant of them (the oldest goes first), and at most
+// kMaxDeposits in all (a tenant at that limit can only replace its own
+// oldest): an exported fd outlives its exporter in CUDA too, as long as
+// somebody holds it, but one tenant must not use up the daemon's fds.
 #pragma once
 
 #include <array>
@@ -53,7 +55,8 @@ class BrokerClient {
 // The daemon's side.
 class FdBroker {
  public:
-  static constexpr std::size_t kMaxDepositsPerTenant = 4096;
+  static constexpr std::size_t kMaxDepositsPerTenant = 1024;
+  static constexpr std::size_t kMaxDeposits = 8192;
 
   // A socket pair for a new worker of `tenant`: the daemon keeps one end,
   // the returned end is the worker's (to hand to BrokerClient after fork).
@@ -81,6 +84,7 @@ class FdBroker {
   void drop(int fd);
   std::map<int, std::pair<sys::UniqueFd, std::uint32_t>> ends_;  // daemon end -> (fd, tenant)
   std::map<std::uint32_t, Tenant> tenants_;
+  std::size_t total_ = 0;  // deposits over all tenants
 };
 
 }  // namespace ivcuda::host

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -350,6 +351,12 @@ int main(int argc, char** argv) {
                          : o.log_level == "warn" ? Level::kWarn
                          : o.log_level == "debug" ? Level::kDebug
                                                   : Level::kInfo);
+  // Each guest costs the daemon a few fds, and the fd broker holds exported
+  // allocations for tenants: take the whole allowance (poll, never select).
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &rl);
+  }
   std::string err;
   const std::vector<int> gpus = parse_gpus(o.gpus, &err);
   if (!err.empty()) {
