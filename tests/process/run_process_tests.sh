@@ -111,6 +111,12 @@ for kind in static shared; do
   case_ivcuda "rt_basic: runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
+  prog=$bin/rt_texture_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_texture ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_texture: cudaMallocArray, 2D copies to and from it, tex2D and surf2Dwrite, $kind cudart" \
+    "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
   prog=$bin/rt_nvbench_pattern_$kind
   if [ ! -x "$prog" ]; then not_run "rt_nvbench_pattern ($kind cudart)" "not built (no nvcc)"; continue; fi
   case_ivcuda "rt_nvbench_pattern: NVBench's blocking kernel released by a CPU store, $kind cudart" \
