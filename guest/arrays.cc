@@ -88,6 +88,10 @@ CUresult make_side(Runtime* rt, CUmemorytype type, std::uint64_t x, std::uint64_
   switch (out->type) {
     case CU_MEMORYTYPE_HOST: {
       if (out->host == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      // Overlapping rows or slices: the host refuses them for page-locked
+      // memory, so pageable memory gets the same answer.
+      if ((c.Height > 1 || c.Depth > 1) && pitch < c.WidthInBytes) return CUDA_ERROR_INVALID_VALUE;
+      if (c.Depth > 1 && height < c.Height) return CUDA_ERROR_INVALID_VALUE;
       // Bytes from the base pointer to the end of the region.
       const std::uint64_t end = x + pitch * y + pitch * height * z + pitch * height * (c.Depth - 1) +
                                 pitch * (c.Height - 1) + c.WidthInBytes;
