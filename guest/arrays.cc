@@ -67,8 +67,7 @@ struct Side {
   std::uint64_t pitch = 0, height = 0;
   std::optional<std::uint64_t> pin;  // host: the base pointer's arena offset, if page-locked throughout
 
-  char* at(std::uint64_t width, std::uint64_t yy, std::uint64_t zz) const {
-    (void)width;
+  char* at(std::uint64_t yy, std::uint64_t zz) const {
     return static_cast<char*>(const_cast<void*>(host)) + x + pitch * (y + yy) + pitch * height * (z + zz);
   }
 };
@@ -151,7 +150,7 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream s, bool async) {
   if (src_staged && dst_staged) {  // host to host: no GPU needed
     if ((c.Height > 1 || c.Depth > 1) && (src.pitch < w || dst.pitch < w)) return CUDA_ERROR_INVALID_VALUE;
     for (std::uint64_t z = 0; z < c.Depth; ++z)
-      for (std::uint64_t y = 0; y < c.Height; ++y) std::memmove(dst.at(w, y, z), src.at(w, y, z), w);
+      for (std::uint64_t y = 0; y < c.Height; ++y) std::memmove(dst.at(y, z), src.at(y, z), w);
     return CUDA_SUCCESS;
   }
   proto::ReqCopy3D r{};
@@ -171,6 +170,7 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream s, bool async) {
   const std::uint64_t room = rt->staging_size();
   if (room < w) return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t stage = rt->staging_off();
+  std::lock_guard staging_lock(ivcuda::guest::staging_mutex_of(rt));
   const std::uint64_t slice = w * c.Height;
   const bool by_slices = slice <= room;
   const std::uint64_t band = by_slices ? room / slice : room / w;
@@ -184,7 +184,7 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream s, bool async) {
       if (src_staged)
         for (std::uint64_t z = 0; z < nz; ++z)
           for (std::uint64_t y = 0; y < ny; ++y)
-            std::memcpy(buf + (z * ny + y) * w, host.at(w, y0 + y, z0 + z), w);
+            std::memcpy(buf + (z * ny + y) * w, host.at(y0 + y, z0 + z), w);
       r.src = src_staged ? staged(stage, w, ny) : wire(src, y0, z0);
       r.dst = dst_staged ? staged(stage, w, ny) : wire(dst, y0, z0);
       r.height = ny;
@@ -193,7 +193,7 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream s, bool async) {
       if (dst_staged)
         for (std::uint64_t z = 0; z < nz; ++z)
           for (std::uint64_t y = 0; y < ny; ++y)
-            std::memcpy(host.at(w, y0 + y, z0 + z), buf + (z * ny + y) * w, w);
+            std::memcpy(host.at(y0 + y, z0 + z), buf + (z * ny + y) * w, w);
     }
   }
   return CUDA_SUCCESS;

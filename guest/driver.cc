@@ -629,6 +629,12 @@ size_t image_size(const void* image) {
 
 }  // namespace
 
+// For guest/arrays.cc's pageable 3D copies: the same one-at-a-time rule.
+std::mutex& ivcuda::guest::staging_mutex_of(Runtime* rt) {
+  const auto& l = rt->layout();
+  return staging_mutex(static_cast<std::uint32_t>((rt->staging_off() - l.arena_off) / std::max<std::uint64_t>(l.staging_bytes, 1)));
+}
+
 std::span<const std::byte> ivcuda::guest::module_image(const void* image) noexcept {
   if (image == nullptr) return {};
   size_t n = image_size(image);
