@@ -78,7 +78,7 @@ case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with runnin
 case_ivcuda "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping" \
   "$lib" -- "$bin/drv_vmm" --ptx "$ptx"
 case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \
-  "$lib" -- "$bin/drv_arrays" --ptx "$ptx"
+  "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
