@@ -85,7 +85,7 @@ programs=(
   "drv_graphs|$bin/drv_graphs --ptx $ptx|"
   "drv_vmm|$bin/drv_vmm --ptx $ptx|"
   "drv_arrays|$bin/drv_arrays --ptx $ptx|"
-  "rt_texture_static|$bin/rt_texture_static|"
+  "rt_texture|$bin/rt_texture_static|"
   "drv_hostfunc|$bin/drv_hostfunc --ptx $ptx|"
   "drv_errors|$bin/drv_errors --ptx $ptx|"
   "drv_fault|$bin/drv_errors --ptx $ptx --fault|"
