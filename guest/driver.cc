@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "guest/arrays.h"
 #include "guest/errors.h"
 #include "guest/export_tables.h"
 #include "guest/guard.h"
@@ -424,9 +425,8 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
   };
   const void* src_host = resolve(c.srcMemoryType, c.srcHost, c.srcDevice);
   const void* dst_host = resolve(c.dstMemoryType, c.dstHost, c.dstDevice);
-  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
-    return ivcuda::guest::not_supported("cuMemcpy2D with CUDA arrays is not supported yet");
-  }
+  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY)
+    return ivcuda::guest::copy_2d_array(*p, s, async);
   if (c.WidthInBytes == 0 || c.Height == 0) return CUDA_SUCCESS;
   proto::ReqCopy2D r{};
   r.ctx = ctx;
@@ -523,6 +523,11 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
 
 }  // namespace
 
+// For guest/arrays.cc's pageable 3D copies: the same one-at-a-time rule.
+std::mutex& ivcuda::guest::staging_mutex_of(Runtime* rt) {
+  const auto& l = rt->layout();
+  return staging_mutex(static_cast<std::uint32_t>((rt->staging_off() - l.arena_off) / std::max<std::uint64_t>(l.staging_bytes, 1)));
+}
 
 // ==================================================================== memory
 

@@ -47,7 +47,13 @@ namespace ivcuda::host {
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)       \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) \
   X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig) X(cuMemExportToShareableHandle)     \
-  X(cuMemImportFromShareableHandle)
+  X(cuMemImportFromShareableHandle) \
+  X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy) X(cuArrayGetDescriptor)              \
+  X(cuArray3DGetDescriptor) X(cuArrayGetMemoryRequirements) X(cuMipmappedArrayCreate)        \
+  X(cuMipmappedArrayDestroy) X(cuMipmappedArrayGetLevel) X(cuMipmappedArrayGetMemoryRequirements) \
+  X(cuMemcpy3D) X(cuMemcpy3DAsync) X(cuTexObjectCreate) X(cuTexObjectDestroy)                 \
+  X(cuTexObjectGetResourceDesc) X(cuTexObjectGetTextureDesc) X(cuTexObjectGetResourceViewDesc) \
+  X(cuSurfObjectCreate) X(cuSurfObjectDestroy) X(cuSurfObjectGetResourceDesc)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -104,6 +104,7 @@ void Worker::drop_ctx_objects(std::uint64_t ctx) {
     if (e.ctx == ctx) dead.push_back(h);
   });
   for (auto h : dead) execs_.erase(h);
+  release_ctx_arrays(ctx, false);
   for (auto it = ranges_.begin(); it != ranges_.end();)
     it = it->second.ctx == ctx ? ranges_.erase(it) : std::next(it);
 }
@@ -134,6 +135,7 @@ CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
   graphs_.for_each([&](std::uint64_t, GraphEntry& g) {
     if (g.ctx == h) cu_.cuGraphDestroy(g.real);
   });
+  release_ctx_arrays(h, true);
   drop_ctx_objects(h);
   return CUDA_SUCCESS;
 }

@@ -119,6 +119,24 @@ class Worker {
     CUgraphExec real = nullptr;
     std::uint64_t ctx = 0;
   };
+  // CUDA arrays (arrays.cc). A mipmap level is an array entry that belongs to
+  // its mipmapped array: the guest cannot destroy it, and it dies with it.
+  struct ArrayEntry {
+    CUarray real = nullptr;
+    std::uint64_t ctx = 0;
+    CUDA_ARRAY3D_DESCRIPTOR desc{};  // as the driver reports it
+    std::uint64_t mipmap = 0;        // level of this mipmapped array, or 0
+  };
+  struct MipmapEntry {
+    CUmipmappedArray real = nullptr;
+    std::uint64_t ctx = 0;
+    std::map<unsigned, std::uint64_t> levels;  // level -> array handle handed out
+  };
+  struct TexEntry {  // a texture or surface object this guest created
+    std::uint64_t ctx = 0;
+    bool surface = false;
+    std::uint64_t resource = 0;      // the guest's array / mipmap handle, or 0
+  };
   enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped };
   struct DevRange {
     std::uint64_t size = 0;
@@ -165,6 +183,11 @@ class Worker {
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
   CUresult to_driver_prop(const proto::MemProp& p, CUmemAllocationProp* out) const;
   bool fully_mapped(std::uint64_t ptr, std::uint64_t size) const;
+  // Arrays (arrays.cc): one side of a 3D copy, checked; what a context's end frees.
+  CUresult copy_side(const proto::CopySide& s, const proto::ReqCopy3D& r, CUmemorytype* type,
+                     const void** host, CUdeviceptr* dev, CUarray* array);
+  CUresult resource_from_wire(const proto::ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle);
+  void release_ctx_arrays(std::uint64_t ctx, bool destroy);
   // The handle of a driver pool, made on first sight.
   std::uint64_t pool_handle(CUmemoryPool real, int device);
   // Device printf forwarding (cfg_.forward_stdout).
@@ -198,6 +221,9 @@ class Worker {
   HandleTable<GraphEntry> graphs_{proto::HandleKind::kGraph};
   HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
+  HandleTable<ArrayEntry> arrays_{proto::HandleKind::kArray};
+  HandleTable<MipmapEntry> mipmaps_{proto::HandleKind::kMipmappedArray};
+  std::map<std::uint64_t, TexEntry> tex_objects_;  // driver value -> what it is
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
   BrokerClient broker_;
   struct Export {  // what this worker exported (cuMemExportToShareableHandle)

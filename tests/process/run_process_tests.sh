@@ -85,6 +85,8 @@ case_ivcuda "drv_vmm_share: another tenant's process cannot import it (CUDA_ERRO
   "$lib" -- "$bin/drv_vmm_share" --child-socket "$work/other.sock"
 case_ivcuda "drv_capture_modes: one thread captures while another allocates (thread-local, relaxed, global)" \
   "$lib" -- "$bin/drv_capture_modes"
+case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \
+  "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
@@ -115,6 +117,12 @@ for kind in static shared; do
   prog=$bin/rt_basic_$kind
   if [ ! -x "$prog" ]; then not_run "rt_basic ($kind cudart)" "not built (no nvcc)"; continue; fi
   case_ivcuda "rt_basic: runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
+  prog=$bin/rt_texture_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_texture ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_texture: cudaMallocArray, 2D copies to and from it, tex2D and surf2Dwrite, $kind cudart" \
+    "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
   prog=$bin/rt_nvbench_pattern_$kind
