@@ -46,7 +46,9 @@ namespace ivcuda::host {
   X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuMemGetAllocationGranularity)             \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)       \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) \
-  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig)
+  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig) X(cuMemPoolCreate) X(cuMemPoolDestroy)  \
+  X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)              \
+  X(cuMemPoolExportPointer)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

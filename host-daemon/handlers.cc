@@ -224,6 +224,11 @@ CUresult Worker::on_DeviceInfo(Call& c) {
       rep.attr_valid[a] = 1;
     }
   }
+  // Pools the guest may not have (pools.cc): host-memory pools, and shareable
+  // pools (a pool made with a handle type works, but does not export).
+  for (const auto a : {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED,
+                       CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED})
+    if (static_cast<std::size_t>(a) < kAttrSlots) rep.attrs[a] = 0;
   c.set_reply(rep);
   return CUDA_SUCCESS;
 }
@@ -996,112 +1001,6 @@ CUresult Worker::refuse_in_capture(CUstream s) {
   if (errors_logged_++ < 100)
     IVLOG_INFO("guest %u: a pageable-memory copy cannot be captured into a graph", cfg_.guest_id);
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-}
-
-// ------------------------------------------------------------------ memory pools
-
-std::uint64_t Worker::pool_handle(CUmemoryPool real, int device) {
-  std::uint64_t found = 0;
-  pools_.for_each([&](std::uint64_t h, PoolEntry& p) {
-    if (p.real == real) found = h;
-  });
-  return found != 0 ? found : pools_.insert(PoolEntry{real, device});
-}
-
-CUresult Worker::on_MemPool(Call& c) {
-  const auto r = c.req<ReqMemPool>();
-  if (r.ctx != 0)
-    if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  RepValue rep{};
-  CUresult st = CUDA_SUCCESS;
-  switch (r.kind) {
-    case kPoolGetDefault:
-    case kPoolGetCurrent: {
-      if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-      const CUdevice d = devices_[dev_index(r.device)];
-      CUmemoryPool p = nullptr;
-      st = r.kind == kPoolGetDefault ? cu_.cuDeviceGetDefaultMemPool(&p, d) : cu_.cuDeviceGetMemPool(&p, d);
-      if (st != CUDA_SUCCESS) return st;
-      rep.value = static_cast<std::int64_t>(pool_handle(p, r.device));
-      break;
-    }
-    case kPoolSetCurrent: {
-      if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-      PoolEntry* p = pools_.find(r.pool);
-      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      st = cu_.cuDeviceSetMemPool(devices_[dev_index(r.device)], p->real);
-      break;
-    }
-    case kPoolSetAttr:
-    case kPoolGetAttr: {
-      PoolEntry* p = pools_.find(r.pool);
-      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      const auto attr = static_cast<CUmemPool_attribute>(r.attr);
-      // The value's type depends on the attribute: the first three are ints.
-      const bool is_int = attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
-                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
-                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
-      const bool is_u64 = attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && attr <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
-      if (!is_int && !is_u64) return CUDA_ERROR_INVALID_VALUE;
-      int iv = static_cast<int>(r.value);
-      cuuint64_t uv = r.value;
-      void* v = is_int ? static_cast<void*>(&iv) : static_cast<void*>(&uv);
-      if (r.kind == kPoolSetAttr) {
-        st = cu_.cuMemPoolSetAttribute(p->real, attr, v);
-      } else {
-        st = cu_.cuMemPoolGetAttribute(p->real, attr, v);
-        rep.value = is_int ? iv : static_cast<std::int64_t>(uv);
-      }
-      break;
-    }
-    case kPoolTrim: {
-      PoolEntry* p = pools_.find(r.pool);
-      if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      st = cu_.cuMemPoolTrimTo(p->real, r.value);
-      break;
-    }
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
-  }
-  c.set_reply(rep);
-  return st;
-}
-
-CUresult Worker::on_MemAllocAsync(Call& c) {
-  const auto r = c.req<ReqMemAllocAsync>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  CUdeviceptr d = 0;
-  CUresult st;
-  if (r.pool != 0) {
-    PoolEntry* p = pools_.find(r.pool);
-    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    st = cu_.cuMemAllocFromPoolAsync(&d, r.bytes, p->real, s);
-  } else {
-    st = cu_.cuMemAllocAsync(&d, r.bytes, s);
-  }
-  if (st != CUDA_SUCCESS) return st;
-  // The guest's memory like any allocation: device-pointer checks accept it,
-  // cuMemFree may free it and it is freed when the guest goes away.
-  ranges_[d] = DevRange{r.bytes, r.ctx, RangeKind::kAlloc};
-  c.set_reply(RepMemAlloc{d, 0});
-  return CUDA_SUCCESS;
-}
-
-CUresult Worker::on_MemFreeAsync(Call& c) {
-  const auto r = c.req<ReqFreeAsync>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  auto it = ranges_.find(r.dptr);
-  if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
-  const CUresult st = cu_.cuMemFreeAsync(r.dptr, s);
-  // Work queued before the free may still use the memory; nothing the guest
-  // sends from now on may.
-  if (st == CUDA_SUCCESS) ranges_.erase(it);
-  return st;
 }
 
 // ------------------------------------------------------------------ capture and graphs

@@ -96,7 +96,9 @@ class Worker {
   };
   struct PoolEntry {
     CUmemoryPool real = nullptr;
-    int device = 0;  // guest ordinal
+    int device = 0;                  // guest ordinal
+    bool created = false;            // cuMemPoolCreate'd by the guest (else a device's default)
+    std::uint32_t handle_types = 0;  // created: the CUmemAllocationHandleType bits asked for
   };
   struct MemHandleEntry {  // a physical allocation (cuMemCreate)
     CUmemGenericAllocationHandle real = 0;
@@ -119,6 +121,7 @@ class Worker {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
     RangeKind kind = RangeKind::kAlloc;
+    std::uint64_t pool = 0;  // stream-ordered allocations from a created pool: its handle
   };
 
   explicit Worker(WorkerConfig cfg);
@@ -160,8 +163,12 @@ class Worker {
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
   CUresult to_driver_prop(const proto::MemProp& p, CUmemAllocationProp* out) const;
   bool fully_mapped(std::uint64_t ptr, std::uint64_t size) const;
-  // The handle of a driver pool, made on first sight.
+  // Memory pools (pools.cc): the handle of a driver pool, made on first
+  // sight; a location in the driver's numbering; pools the guest created go
+  // when the worker does.
   std::uint64_t pool_handle(CUmemoryPool real, int device);
+  CUresult pool_location(std::uint32_t type, std::int32_t id, CUmemLocation* out);
+  void destroy_created_pools() noexcept;
   // Device printf forwarding (cfg_.forward_stdout).
   void start_console();
   void drain_console();
