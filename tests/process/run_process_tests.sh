@@ -87,6 +87,8 @@ case_ivcuda "drv_capture_modes: one thread captures while another allocates (thr
   "$lib" -- "$bin/drv_capture_modes"
 case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \
   "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
+case_ivcuda "drv_pools: created pools, attributes, access, allocations used by kernels, destroy, refusals" \
+  "$lib" -- "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
