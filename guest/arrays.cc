@@ -404,7 +404,7 @@ CUresult copy_2d_array(const CUDA_MEMCPY2D& c, CUstream s, bool async) {
   d.srcDevice = c.srcDevice;
   d.srcArray = c.srcArray;
   d.srcPitch = c.srcPitch ? c.srcPitch : c.WidthInBytes;  // as copy_2d reads a zero pitch
-  d.srcHeight = c.Height;
+  d.srcHeight = c.srcY + c.Height;  // a 2D copy has no slices: the least the driver accepts
   d.dstXInBytes = c.dstXInBytes;
   d.dstY = c.dstY;
   d.dstMemoryType = c.dstMemoryType;
@@ -412,7 +412,7 @@ CUresult copy_2d_array(const CUDA_MEMCPY2D& c, CUstream s, bool async) {
   d.dstDevice = c.dstDevice;
   d.dstArray = c.dstArray;
   d.dstPitch = c.dstPitch ? c.dstPitch : c.WidthInBytes;
-  d.dstHeight = c.Height;
+  d.dstHeight = c.dstY + c.Height;
   d.WidthInBytes = c.WidthInBytes;
   d.Height = c.Height;
   d.Depth = 1;

@@ -72,8 +72,12 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstrea
   return guard([&] {
     NEED_RT();
     NEED_CTX();
-    if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (bytes == 0) {  // driver 580 answers success for an empty allocation; it has no memory
+      *dptr = 0;
+      return CUDA_SUCCESS;
+    }
     proto::RepMemAlloc rep{};
     const CUresult st = rt->call<Op::kMemAllocAsync>(proto::ReqMemAllocAsync{ctx, h(s), h(pool), bytes}, {}, &rep);
     if (st != CUDA_SUCCESS) return st;

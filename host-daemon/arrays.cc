@@ -379,7 +379,9 @@ CUresult Worker::on_TexDestroy(Call& c) {
   const auto r = c.req<ReqTexObject>();
   auto it = tex_objects_.find(r.object);
   const bool surface = (r.flags & kTexSurface) != 0;
-  if (it == tex_objects_.end() || it->second.surface != surface) return CUDA_ERROR_INVALID_VALUE;
+  // Destroying an object that is not there succeeds on driver 580 (H200):
+  // the same answer, and the driver never sees a value we did not hand out.
+  if (it == tex_objects_.end() || it->second.surface != surface) return CUDA_SUCCESS;
   if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
   const CUresult st = surface ? cu_.cuSurfObjectDestroy(r.object) : cu_.cuTexObjectDestroy(r.object);
   tex_objects_.erase(it);

@@ -371,20 +371,23 @@ bool Worker::poll_parked(Channel& ch) {
 }
 
 // CUDA prohibits a thread's potentially unsafe calls when that thread has a
-// capture of its own begun in a non-relaxed mode, or (unless the thread is
-// relaxed) when any thread has a global-mode capture. On the host every
-// capture belongs to the worker's one thread, so a thread-local capture of
-// one guest thread would also prohibit the others'. The mode the worker's
-// thread takes on for a request makes the driver decide as if the guest's
-// threads were its own: the guest thread's mode where it captures itself or
-// a global capture is under way, and relaxed otherwise.
+// capture of its own begun in a non-relaxed mode, or, for a thread in global
+// mode, when another thread has a global-mode capture (driver 580 on the
+// H200 lets a thread-local thread allocate during another's global capture:
+// drv_capture_modes). On the host every capture belongs to the worker's one
+// thread, so one guest thread's capture would also prohibit the others'. The
+// mode the worker's thread takes on for a request makes the driver decide as
+// if the guest's threads were its own: the guest thread's mode where it
+// captures itself, global where it is global and a global capture is under
+// way, and relaxed otherwise.
 CUstreamCaptureMode Worker::effective_capture_mode(const Channel& ch) const {
   bool global = false;
   for (const auto& [stream, cap] : captures_) {
     if (cap.channel == ch.index) return ch.capture_mode;
     global |= cap.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
   }
-  return global ? ch.capture_mode : CU_STREAM_CAPTURE_MODE_RELAXED;
+  return global && ch.capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                                                                     : CU_STREAM_CAPTURE_MODE_RELAXED;
 }
 
 int Worker::serve_once() {

@@ -590,10 +590,11 @@ void textures(CUmodule m) {
 
   // Invalid: unknown objects, a surface over an array without SURFACE_LDST,
   // a texture object destroyed twice.
-  uncertain("cuTexObjectDestroy of an unknown object", cuTexObjectDestroy(0x7654321));
+  // Destroying an unknown object succeeds on driver 580 (a no-op).
+  OK(cuTexObjectDestroy(0x7654321));
   CUDA_RESOURCE_DESC junk{};
   uncertain("cuTexObjectGetResourceDesc of an unknown object", cuTexObjectGetResourceDesc(&junk, 0x7654321));
-  uncertain("cuSurfObjectDestroy of an unknown object", cuSurfObjectDestroy(0x7654321));
+  OK(cuSurfObjectDestroy(0x7654321));
   CUarray plain = make_array(8, 8, 0, CU_AD_FORMAT_FLOAT, 1, 0);
   CUDA_RESOURCE_DESC pr{};
   pr.resType = CU_RESOURCE_TYPE_ARRAY;

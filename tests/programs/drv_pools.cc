@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
   EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemPoolCreate(&d, nullptr));
   EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemAllocFromPoolAsync(&x, 4096, nullptr, s));
   std::printf("pools: zero bytes from a pool: %s\n", check::name(cuMemAllocFromPoolAsync(&x, 0, a, s)));
+  std::printf("pools: zero bytes from the current pool: %s\n", check::name(cuMemAllocAsync(&x, 0, s)));
   props = device_props(dev);
   props.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
   std::printf("pools: create with an invalid allocation type: %s\n", check::name(cuMemPoolCreate(&d, &props)));
