@@ -25,6 +25,7 @@ bin=$build/tests/bin
 kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
 	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
+	"$bin/drv_arrays" "$bin/drv_pools" "$bin/drv_capture_modes" "$bin/rt_texture_static" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
@@ -41,6 +42,10 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/rt_nvbench_pattern_static:/usr/bin/rt_nvbench_pattern_static" \
 	--add-bin "$bin/drv_vmm:/usr/bin/drv_vmm" \
 	--add-bin "$bin/drv_vmm_share:/usr/bin/drv_vmm_share" \
+	--add-bin "$bin/drv_arrays:/usr/bin/drv_arrays" \
+	--add-bin "$bin/drv_pools:/usr/bin/drv_pools" \
+	--add-bin "$bin/drv_capture_modes:/usr/bin/drv_capture_modes" \
+	--add-bin "$bin/rt_texture_static:/usr/bin/rt_texture_static" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
@@ -90,6 +95,10 @@ rc=0
 	 rt_nvbench_pattern_static &&
 	 drv_vmm --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_vmm_share &&
+	 drv_arrays --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_pools --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_capture_modes &&
+	 rt_texture_static &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
 echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"
