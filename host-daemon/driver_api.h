@@ -2,7 +2,7 @@
 // machines without one. Each entry is the symbol cuda.h's macros select for
 // a CUDA 13 caller (cuMemAlloc -> cuMemAlloc_v2, cuCtxCreate -> cuCtxCreate_v4,
 // cuStreamBeginCapture -> _v2, cuStreamGetCaptureInfo -> _v3, cuGraphInstantiate ->
-// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2).
+// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2, cuIpcOpenMemHandle -> _v2).
 #pragma once
 
 #include <cuda.h>
@@ -46,7 +46,9 @@ namespace ivcuda::host {
   X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuMemGetAllocationGranularity)             \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)       \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) \
-  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig)
+  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig)                     \
+  X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuIpcGetEventHandle)    \
+  X(cuIpcOpenEventHandle)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -192,6 +192,9 @@ void Worker::drain_console() {
 }
 
 void Worker::cleanup() noexcept {
+  // What this guest exported goes with it (the daemon does the same after
+  // reaping a worker that could not).
+  if (cfg_.share != nullptr) (void)cfg_.share->withdraw_owner(::getpid());
   if (cu_.handle == nullptr) return;
   // Contexts the guest created die with everything in them; primaries are
   // released as often as the guest retained them. Process exit would free
