@@ -13,6 +13,9 @@
 // byte flipped) and expect that exact answer. A real driver's answer to a
 // forged handle is its own business (a flipped byte may even go unnoticed),
 // so the native comparison runs without it.
+//   drv_ipc --child-env VAR=VALUE --foreign CUDA_ERROR_NAME
+// The child runs with VAR=VALUE in its environment (e.g. served by another
+// tenant), only tries to open the handles and expects that answer for both.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,12 +82,21 @@ bool check_child_pattern(const std::vector<unsigned>& v, bool kernel) {
   return true;
 }
 
-int child(int in, int out, const char* ptx, const char* forged) {
+int child(int in, int out, const char* ptx, const char* forged, const char* foreign) {
   Handles h{};
   if (!read_all(in, &h, sizeof h)) return 3;
   OK(cuInit(0));
   primary();
   CUdeviceptr p = 0, p2 = 0;
+  if (foreign != nullptr) {
+    CUevent e = nullptr;
+    const CUresult r1 = cuIpcOpenMemHandle(&p, h.mem, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    const CUresult r2 = cuIpcOpenEventHandle(&e, h.event);
+    std::printf("child: open of another's handles: memory %s, event %s\n", check::name(r1), check::name(r2));
+    EXPECT(std::strcmp(check::name(r1), foreign) == 0 && std::strcmp(check::name(r2), foreign) == 0);
+    if (!say(out, 'W') || !hear(in, 'F') || !say(out, 'D')) return 3;
+    return check::finish("drv_ipc child");
+  }
   OK(cuIpcOpenMemHandle(&p, h.mem, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
   OK(cuIpcOpenMemHandle(&p2, h.mem, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
   EXPECT(p != 0 && p2 == p);  // opened again: the same pointer, counted
@@ -165,8 +177,10 @@ int child(int in, int out, const char* ptx, const char* forged) {
 int main(int argc, char** argv) {
   const char* ptx = check::arg(argc, argv, "--ptx");
   const char* forged = check::arg(argc, argv, "--forged");
+  const char* foreign = check::arg(argc, argv, "--foreign");
+  const char* child_env = check::arg(argc, argv, "--child-env");
   if (argc >= 4 && std::strcmp(argv[1], "--child") == 0) {
-    const int rc = child(std::atoi(argv[2]), std::atoi(argv[3]), ptx, forged);
+    const int rc = child(std::atoi(argv[2]), std::atoi(argv[3]), ptx, forged, foreign);
     std::fflush(stdout);
     return rc;
   }
@@ -212,7 +226,12 @@ int main(int argc, char** argv) {
     ::close(up[0]);
     std::string in = std::to_string(down[0]), out = std::to_string(up[1]);
     std::vector<char*> args{argv[0], const_cast<char*>("--child"), in.data(), out.data()};
-    std::string ptx_s = ptx ? ptx : "", forged_s = forged ? forged : "";
+    std::string ptx_s = ptx ? ptx : "", forged_s = forged ? forged : "", foreign_s = foreign ? foreign : "";
+    if (child_env != nullptr) ::putenv(const_cast<char*>(child_env));
+    if (foreign != nullptr) {
+      args.push_back(const_cast<char*>("--foreign"));
+      args.push_back(foreign_s.data());
+    }
     if (ptx != nullptr) {
       args.push_back(const_cast<char*>("--ptx"));
       args.push_back(ptx_s.data());
@@ -229,7 +248,11 @@ int main(int argc, char** argv) {
   ::close(up[1]);
   bool talk = write_all(down[1], &h, sizeof h) && hear(up[0], 'W');
   EXPECT(talk);
-  if (talk) {
+  if (talk && foreign != nullptr) {
+    talk = say(down[1], 'F') && hear(up[0], 'D');
+    EXPECT(talk);
+    OK(cuMemFree(d));
+  } else if (talk) {
     OK(cuStreamWaitEvent(nullptr, ev, 0));
     OK(cuEventSynchronize(ev));
     OK(cuMemcpyDtoH(v.data(), d, kBytes));
