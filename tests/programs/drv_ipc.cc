@@ -216,6 +216,9 @@ int main(int argc, char** argv) {
   std::printf("parent: event open in the exporting process: %s\n",
               check::name(cuIpcOpenEventHandle(&self_ev, h.event)));
   std::printf("parent: close of a pointer never opened: %s\n", check::name(cuIpcCloseMemHandle(other)));
+  unsigned capable = 0;
+  OK(cuPointerGetAttribute(&capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, d));
+  std::printf("parent: cuMemAlloc memory is legacy-IPC capable: %u\n", capable);
 
   int down[2], up[2];
   if (::pipe(down) != 0 || ::pipe(up) != 0) return 3;
