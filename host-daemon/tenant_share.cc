@@ -51,6 +51,8 @@ ShareEntry to_entry(const Slot& s) {
 }
 }  // namespace
 
+// Every worker of the tenant can write the region, so its own header is not
+// believed: the slot count each process uses is its private copy.
 struct TenantShare::Region {
   std::uint64_t magic;
   std::uint32_t slots;
@@ -113,7 +115,7 @@ Result<std::unique_ptr<TenantShare>> TenantShare::create(std::uint32_t slots) {
     ::munmap(p, bytes);
     return make_error(rc, std::string("tenant registry: mutex: ") + std::strerror(rc));
   }
-  return std::unique_ptr<TenantShare>(new TenantShare(r, bytes));
+  return std::unique_ptr<TenantShare>(new TenantShare(r, bytes, slots));
 }
 
 TenantShare::~TenantShare() { unmap(); }
@@ -123,7 +125,7 @@ void TenantShare::unmap() noexcept {
   r_ = nullptr;
 }
 
-std::uint32_t TenantShare::capacity() const noexcept { return r_ == nullptr ? 0 : r_->slots; }
+std::uint32_t TenantShare::capacity() const noexcept { return r_ == nullptr ? 0 : slots_; }
 
 std::uint32_t TenantShare::in_use() {
   if (r_ == nullptr) return 0;
@@ -139,7 +141,7 @@ Result<ShareTicket> TenantShare::publish(const ShareEntry& e) {
     return make_error(errno, "getrandom for a share token failed");
   Locked lk(r_);
   if (!lk.held()) return make_error(EDEADLK, "tenant registry lock");
-  for (std::uint32_t i = 0; i < r_->slots; ++i) {
+  for (std::uint32_t i = 0; i < slots_; ++i) {
     Slot& s = r_->slot[i];
     if (s.kind != 0) continue;
     s.owner_pid = static_cast<std::int32_t>(::getpid());
@@ -164,7 +166,7 @@ std::optional<ShareTicket> TenantShare::find_own(ShareKind kind, std::uint64_t k
   const auto me = static_cast<std::int32_t>(::getpid());
   Locked lk(r_);
   if (!lk.held()) return std::nullopt;
-  for (std::uint32_t i = 0; i < r_->slots; ++i) {
+  for (std::uint32_t i = 0; i < slots_; ++i) {
     const Slot& s = r_->slot[i];
     if (s.kind == static_cast<std::uint32_t>(kind) && s.owner_pid == me && s.key == key)
       return ShareTicket{i, ShareToken{{s.token[0], s.token[1]}}};
@@ -173,7 +175,7 @@ std::optional<ShareTicket> TenantShare::find_own(ShareKind kind, std::uint64_t k
 }
 
 std::optional<ShareEntry> TenantShare::lookup(ShareKind kind, const ShareTicket& t) {
-  if (r_ == nullptr || kind == ShareKind::kFree || t.slot >= r_->slots) return std::nullopt;
+  if (r_ == nullptr || kind == ShareKind::kFree || t.slot >= slots_) return std::nullopt;
   Locked lk(r_);
   if (!lk.held()) return std::nullopt;
   const Slot& s = r_->slot[t.slot];
@@ -187,7 +189,7 @@ unsigned TenantShare::withdraw(ShareKind kind, std::uint64_t key) {
   Locked lk(r_);
   if (!lk.held()) return 0;
   unsigned n = 0;
-  for (std::uint32_t i = 0; i < r_->slots; ++i) {
+  for (std::uint32_t i = 0; i < slots_; ++i) {
     Slot& s = r_->slot[i];
     if (s.kind != static_cast<std::uint32_t>(kind) || s.owner_pid != me || s.key != key) continue;
     __atomic_store_n(&s.kind, 0u, __ATOMIC_RELEASE);
@@ -203,7 +205,7 @@ int TenantShare::withdraw_owner(pid_t pid, int timeout_ms) {
   Locked lk(r_, timeout_ms);
   if (!lk.held()) return -1;
   int n = 0;
-  for (std::uint32_t i = 0; i < r_->slots; ++i) {
+  for (std::uint32_t i = 0; i < slots_; ++i) {
     Slot& s = r_->slot[i];
     if (s.kind == 0 || s.owner_pid != static_cast<std::int32_t>(pid)) continue;
     __atomic_store_n(&s.kind, 0u, __ATOMIC_RELEASE);

@@ -101,9 +101,10 @@ class TenantShare {
  private:
   struct Region;
   struct Locked;
-  TenantShare(Region* r, std::size_t bytes) : r_(r), bytes_(bytes) {}
+  TenantShare(Region* r, std::size_t bytes, std::uint32_t slots) : r_(r), bytes_(bytes), slots_(slots) {}
   Region* r_ = nullptr;
   std::size_t bytes_ = 0;
+  std::uint32_t slots_ = 0;  // private: the region's header is writable by every worker
 };
 
 // The 64 opaque bytes a guest holds: magic, slot, token, zeros. decode
