@@ -111,6 +111,12 @@ for kind in static shared; do
   case_ivcuda "rt_basic: runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
+  prog=$bin/rt_ipc_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_ipc ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_ipc: cudaIpc memory and event handles between two processes, $kind cudart" \
+    "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
   prog=$bin/rt_nvbench_pattern_$kind
   if [ ! -x "$prog" ]; then not_run "rt_nvbench_pattern ($kind cudart)" "not built (no nvcc)"; continue; fi
   case_ivcuda "rt_nvbench_pattern: NVBench's blocking kernel released by a CPU store, $kind cudart" \
