@@ -152,6 +152,8 @@ CUresult Worker::on_IpcCloseMemHandle(Call& c) {
   const bool own = it->second.own;
   ipc_opens_.erase(it);
   if (!own) {
+    // Exported onwards from here? Not after it is gone.
+    if (ipc_exported_mem_.erase(r.dptr) != 0) (void)cfg_.share->withdraw(ShareKind::kIpcMem, r.dptr);
     ranges_.erase(range);
   } else if (range->second.kind == RangeKind::kFreed) {
     st = cu_.cuMemFree(r.dptr);  // its owner freed it before: now it goes
