@@ -45,6 +45,10 @@ CUresult Worker::on_IpcGetMemHandle(Call& c) {
   const auto r = c.req<ReqIpcGet>();
   if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.object == 0) {  // names nothing: the driver's own answer for it
+    CUipcMemHandle unused{};
+    return cu_.cuIpcGetMemHandle(&unused, 0);
+  }
   auto it = ranges_.upper_bound(r.object);
   if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
   --it;
@@ -134,9 +138,9 @@ CUresult Worker::on_IpcCloseMemHandle(Call& c) {
   const bool opened_here = it != ipc_opens_.end() && it->second.opens.count(r.proc) != 0;
   if (!opened_here) {
     // Not opened by this process. Another process's opening is not this
-    // one's to close; for memory the guest owns otherwise, the driver says
-    // what closing a pointer that was never opened is.
-    if (it != ipc_opens_.end() || !owns_device(r.dptr, 1)) return CUDA_ERROR_INVALID_VALUE;
+    // one's to close. Anything else is no IPC mapping of this worker (those
+    // are all in ipc_opens_), so the driver can only refuse it, and says how.
+    if (it != ipc_opens_.end()) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
     return cu_.cuIpcCloseMemHandle(r.dptr);
   }
