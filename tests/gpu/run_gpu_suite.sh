@@ -42,7 +42,8 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PA
 core="ivcudad ivcuda_guest drv_core drv_vmm drv_ipc drv_kernels drv_library drv_errors drv_devices drv_graphs drv_peer drv_hostfunc rt_basic rt_ipc ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
 only=${IVCUDA_GPU_ONLY:-}
 [ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
-[ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $only"
+# (a runtime program's two builds, NAME_static and NAME_shared, are one target NAME)
+[ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $(echo "$only" | sed -E 's/_(static|shared)( |$)/\2/g')"
 cmake --build "$build" -j "$jobs" --target $core >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
 echo "built: $core"
