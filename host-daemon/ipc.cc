@@ -57,6 +57,9 @@ CUresult Worker::on_IpcGetMemHandle(Call& c) {
   if (!ring::span_within(r.object, 1, it->first, it->second.size) || it->second.kind == RangeKind::kFreed)
     return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t base = it->first, size = it->second.size;
+  // Asked in the allocation's own context (mappings belong to none).
+  if (it->second.ctx != 0 && it->second.ctx != r.ctx)
+    if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
   CUipcMemHandle real{};
   const CUresult st = cu_.cuIpcGetMemHandle(&real, r.object);
   if (st != CUDA_SUCCESS) return st;
