@@ -46,7 +46,14 @@ namespace ivcuda::host {
   X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuMemGetAllocationGranularity)             \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)       \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) \
-  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig)                     \
+  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig) X(cuMemExportToShareableHandle)     \
+  X(cuMemImportFromShareableHandle) \
+  X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy) X(cuArrayGetDescriptor)              \
+  X(cuArray3DGetDescriptor) X(cuArrayGetMemoryRequirements) X(cuMipmappedArrayCreate)        \
+  X(cuMipmappedArrayDestroy) X(cuMipmappedArrayGetLevel) X(cuMipmappedArrayGetMemoryRequirements) \
+  X(cuMemcpy3D) X(cuMemcpy3DAsync) X(cuTexObjectCreate) X(cuTexObjectDestroy)                 \
+  X(cuTexObjectGetResourceDesc) X(cuTexObjectGetTextureDesc) X(cuTexObjectGetResourceViewDesc) \
+  X(cuSurfObjectCreate) X(cuSurfObjectDestroy) X(cuSurfObjectGetResourceDesc) \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuIpcGetEventHandle)    \
   X(cuIpcOpenEventHandle)
 

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -136,7 +137,7 @@ ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, s
 
 // The worker: runs in a child process with the guest's resources only.
 int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
-               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd,
+               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd, int broker_fd,
                ivcuda::host::TenantShare* share) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -153,6 +154,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   cfg.driver_path = o.driver;
   cfg.devices = gpus;
   cfg.spin = std::chrono::microseconds(o.spin_us);
+  cfg.broker_fd = broker_fd;
   auto w = ivcuda::host::Worker::create(std::move(cfg));
   if (!w) {
     IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(g.peer_id), w.error().what.c_str());
@@ -386,6 +388,12 @@ int main(int argc, char** argv) {
                          : o.log_level == "warn" ? Level::kWarn
                          : o.log_level == "debug" ? Level::kDebug
                                                   : Level::kInfo);
+  // Each guest costs the daemon a few fds, and the fd broker holds exported
+  // allocations for tenants: take the whole allowance (poll, never select).
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &rl);
+  }
   std::string err;
   const std::vector<int> gpus = parse_gpus(o.gpus, &err);
   if (!err.empty()) {
@@ -472,6 +480,9 @@ int main(int argc, char** argv) {
   std::vector<int> listen_fds;
   for (const auto& l : listeners) listen_fds.push_back(l.server.listen_fd());
   std::vector<std::unique_ptr<ivcuda::host::TenantShare>> plain_shares;  // one tenant per file
+  // Exported allocations travel between the workers of one listener (one
+  // tenant) through here.
+  ivcuda::host::FdBroker broker;
   for (std::size_t i = 0; i < o.plain_files.size(); ++i) {
     const std::int64_t id = 0x10000 + static_cast<std::int64_t>(i);
     plain_shares.push_back(make_share(o.share_slots));
@@ -503,7 +514,10 @@ int main(int argc, char** argv) {
     }
     std::vector<pollfd> pfds;
     for (const auto& l : listeners) pfds.push_back(pollfd{l.server.listen_fd(), POLLIN, 0});
+    for (const int fd : broker.fds()) pfds.push_back(pollfd{fd, POLLIN, 0});
     if (::poll(pfds.data(), pfds.size(), 200) <= 0) continue;
+    for (std::size_t i = listeners.size(); i < pfds.size(); ++i)
+      if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker.serve(pfds[i].fd);
     for (std::size_t li = 0; li < listeners.size(); ++li) {
       if ((pfds[li].revents & POLLIN) == 0) continue;
       Listener& l = listeners[li];
@@ -553,6 +567,10 @@ int main(int argc, char** argv) {
         IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
         continue;
       }
+      auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
+      if (!broker_end)
+        IVLOG_WARN("guest %lld: no fd broker (%s): it can import only its own exports", id,
+                   broker_end.error().what.c_str());
       const pid_t pid = ::fork();
       if (pid < 0) {
         IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
@@ -560,7 +578,9 @@ int main(int argc, char** argv) {
       }
       if (pid == 0) {
         for (const auto& other : listeners) ::close(other.server.listen_fd());
-        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get(), l.share.get());
+        broker.close_in_child();
+        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get(),
+                                  broker_end ? broker_end->release() : -1, l.share.get());
         ::_exit(rc);
       }
       workers[pid] = Served{id, cred.uid, l.share.get()};

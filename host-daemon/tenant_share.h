@@ -1,6 +1,8 @@
 // A tenant's registry of shared objects: what one worker of a tenant exports
-// (CUDA IPC memory and event handles today; pool exports and VMM shareable
-// handles may follow) so that another worker of the same tenant can import it.
+// (CUDA IPC memory and event handles today; other exports whose driver handle
+// is plain bytes, such as pool exports, may follow; driver file descriptors
+// travel through fd_broker.h instead) so that another worker of the same
+// tenant can import it.
 //
 // A tenant is one listening socket of ivcudad (or one ivshmem-plain file, or
 // one guest of --join). The daemon creates one TenantShare per tenant before

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "host-daemon/driver_api.h"
+#include "host-daemon/fd_broker.h"
 #include "host-daemon/handles.h"
 #include "host-daemon/tenant_share.h"
 #include "host-daemon/uring_wait.h"
@@ -48,6 +49,10 @@ struct WorkerConfig {
   // The tenant's registry of exported objects (CUDA IPC), inherited from the
   // daemon; borrowed. Null: nothing can be shared (IPC answers NOT_SUPPORTED).
   TenantShare* share = nullptr;
+  // This worker's line to the daemon's fd broker (exported allocations
+  // between the tenant's workers); -1: none, only this worker's own
+  // exports can be imported. Owned by the worker.
+  int broker_fd = -1;
 };
 
 class Worker {
@@ -119,6 +124,24 @@ class Worker {
     CUgraphExec real = nullptr;
     std::uint64_t ctx = 0;
   };
+  // CUDA arrays (arrays.cc). A mipmap level is an array entry that belongs to
+  // its mipmapped array: the guest cannot destroy it, and it dies with it.
+  struct ArrayEntry {
+    CUarray real = nullptr;
+    std::uint64_t ctx = 0;
+    CUDA_ARRAY3D_DESCRIPTOR desc{};  // as the driver reports it
+    std::uint64_t mipmap = 0;        // level of this mipmapped array, or 0
+  };
+  struct MipmapEntry {
+    CUmipmappedArray real = nullptr;
+    std::uint64_t ctx = 0;
+    std::map<unsigned, std::uint64_t> levels;  // level -> array handle handed out
+  };
+  struct TexEntry {  // a texture or surface object this guest created
+    std::uint64_t ctx = 0;
+    bool surface = false;
+    std::uint64_t resource = 0;      // the guest's array / mipmap handle, or 0
+  };
   // kIpc: memory another worker of the tenant exported, opened here
   // (cuIpcCloseMemHandle ends it). kFreed: an allocation its owner freed while
   // another process of this worker still has it open through IPC; freed for
@@ -169,6 +192,11 @@ class Worker {
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
   CUresult to_driver_prop(const proto::MemProp& p, CUmemAllocationProp* out) const;
   bool fully_mapped(std::uint64_t ptr, std::uint64_t size) const;
+  // Arrays (arrays.cc): one side of a 3D copy, checked; what a context's end frees.
+  CUresult copy_side(const proto::CopySide& s, const proto::ReqCopy3D& r, CUmemorytype* type,
+                     const void** host, CUdeviceptr* dev, CUarray* array);
+  CUresult resource_from_wire(const proto::ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle);
+  void release_ctx_arrays(std::uint64_t ctx, bool destroy);
   // The handle of a driver pool, made on first sight.
   std::uint64_t pool_handle(CUmemoryPool real, int device);
   // CUDA IPC (ipc.cc): hooks for frees, destroys and context teardown.
@@ -211,13 +239,30 @@ class Worker {
   HandleTable<GraphEntry> graphs_{proto::HandleKind::kGraph};
   HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
+  HandleTable<ArrayEntry> arrays_{proto::HandleKind::kArray};
+  HandleTable<MipmapEntry> mipmaps_{proto::HandleKind::kMipmappedArray};
+  std::map<std::uint64_t, TexEntry> tex_objects_;  // driver value -> what it is
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
+  BrokerClient broker_;
+  struct Export {  // what this worker exported (cuMemExportToShareableHandle)
+    sys::UniqueFd fd;
+    std::uint64_t size = 0;
+  };
+  std::map<BrokerToken, Export> exports_;
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
   // The capture mode the driver holds for the worker's thread now.
   CUstreamCaptureMode driver_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  // Captures under way (begun, not yet ended): which guest thread (channel)
+  // began each, in which mode.
+  struct CaptureEntry {
+    std::uint32_t channel = 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  };
+  std::map<CUstream, CaptureEntry> captures_;
+  CUstreamCaptureMode effective_capture_mode(const Channel& ch) const;
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
   // When the current wait for a parked synchronise began (zero: none).

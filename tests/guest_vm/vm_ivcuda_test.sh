@@ -26,7 +26,7 @@ lib=$build/lib
 bin=$build/tests/bin
 kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
-	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
+	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" "$bin/drv_ipc" "$bin/rt_ipc_static" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
@@ -41,6 +41,8 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/rt_basic_static:/usr/bin/rt_basic_static" \
 	--add-bin "$bin/drv_hostreg:/usr/bin/drv_hostreg" \
 	--add-bin "$bin/rt_nvbench_pattern_static:/usr/bin/rt_nvbench_pattern_static" \
+	--add-bin "$bin/drv_vmm:/usr/bin/drv_vmm" \
+	--add-bin "$bin/drv_vmm_share:/usr/bin/drv_vmm_share" \
 	--add-bin "$bin/drv_ipc:/usr/bin/drv_ipc" \
 	--add-bin "$bin/rt_ipc_static:/usr/bin/rt_ipc_static" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
@@ -90,6 +92,8 @@ rc=0
 	 rt_basic_static &&
 	 drv_hostreg --ptx /opt/ivcuda/test_kernels.ptx &&
 	 rt_nvbench_pattern_static &&
+	 drv_vmm --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_vmm_share &&
 	 drv_ipc --ptx /opt/ivcuda/test_kernels.ptx --forged CUDA_ERROR_INVALID_HANDLE &&
 	 rt_ipc_static &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?

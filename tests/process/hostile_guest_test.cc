@@ -549,6 +549,122 @@ TEST_CASE("VMM requests outside what the guest reserved and created are refused"
   CHECK(d.alive());
 }
 
+TEST_CASE("array copies and texture objects outside what the guest created are refused", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), other(d.sock);
+  g.open(0);
+  other.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t other_ctx = primary_ctx(other);
+  std::vector<std::byte> out;
+  proto::ReqArrayCreate ac{};
+  ac.ctx = ctx;
+  ac.desc = proto::ArrayDesc{16, 8, 2, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_SURFACE_LDST, 0};
+  ac.kind = proto::kArrayCreate3D;
+  REQUIRE(g.call(0, Op::kArrayCreate, ac, &out) == CUDA_SUCCESS);
+  const auto arr = RawGuest::as<proto::RepHandle>(out).handle;
+  ac.kind = proto::kArrayCreateMipmap;
+  ac.desc.depth = 0;
+  ac.desc.flags = 0;
+  ac.levels = 2;
+  REQUIRE(g.call(0, Op::kArrayCreate, ac, &out) == CUDA_SUCCESS);
+  const auto mip = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMipmapLevel, proto::ReqMipmapLevel{ctx, mip, 1, 0}, &out) == CUDA_SUCCESS);
+  const auto level = RawGuest::as<proto::RepHandle>(out).handle;
+
+  // The whole array from the start of the arena: fine.
+  proto::ReqCopy3D c{};
+  c.ctx = ctx;
+  c.src.type = CU_MEMORYTYPE_HOST;
+  c.src.arena_off = g.l.arena_off;
+  c.src.pitch = 64;
+  c.src.height = 8;
+  c.dst.type = CU_MEMORYTYPE_ARRAY;
+  c.dst.array = arr;
+  c.width_bytes = 64;
+  c.height = 8;
+  c.depth = 2;
+  CHECK(g.call(0, Op::kMemcpy3D, c) == CUDA_SUCCESS);
+  // Past the right edge, the last row, the last slice of the array.
+  auto bad = c;
+  bad.dst.x_bytes = 4;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.dst.y = 1;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.dst.z = ~0ull;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  // Forged, stale-kind and another guest's handles.
+  bad = c;
+  bad.dst.array = arr ^ 0x100000000ull;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_HANDLE);
+  bad.dst.array = mip;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_HANDLE);
+  auto theirs = c;
+  theirs.ctx = other_ctx;
+  theirs.src.arena_off = other.l.arena_off;
+  CHECK(other.call(0, Op::kMemcpy3D, theirs) == CUDA_ERROR_INVALID_HANDLE);
+  // Host sides outside the arena (also by overflowing pitch * height), device
+  // sides outside the guest's memory, overlapping rows.
+  bad = c;
+  bad.src.arena_off = g.l.arena_off + g.l.arena_size - 64;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.pitch = 1ull << 40;
+  bad.src.height = 1ull << 30;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.pitch = 32;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.type = CU_MEMORYTYPE_DEVICE;
+  bad.src.device = 0x10000;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.type = 9;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+
+  // Destroys of the wrong kind: a mipmap level alone, an array as a mipmapped array.
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, level, proto::kDestroyArray, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyMipmap, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  CHECK(other.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{other_ctx, arr, proto::kDestroyArray, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+
+  // Texture objects: resources the guest does not own, objects it did not make.
+  proto::ReqTexCreate t{};
+  t.ctx = ctx;
+  t.res.type = CU_RESOURCE_TYPE_LINEAR;
+  t.res.dptr = 0x10000;
+  t.res.format = CU_AD_FORMAT_FLOAT;
+  t.res.channels = 1;
+  t.res.size_bytes = 4096;
+  CHECK(g.call(0, Op::kTexCreate, t) == CUDA_ERROR_INVALID_VALUE);
+  t.res.type = CU_RESOURCE_TYPE_ARRAY;
+  t.res.handle = arr ^ 0x100000000ull;
+  CHECK(g.call(0, Op::kTexCreate, t) == CUDA_ERROR_INVALID_HANDLE);
+  t.res.handle = arr;
+  REQUIRE(g.call(0, Op::kTexCreate, t, &out) == CUDA_SUCCESS);
+  const auto tex = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(other.call(0, Op::kTexDestroy, proto::ReqTexObject{other_ctx, tex, 0, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kTexQuery, proto::ReqTexObject{other_ctx, tex, 0, proto::kTexQueryResource}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kTexDestroy, proto::ReqTexObject{ctx, tex, proto::kTexSurface, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kTexDestroy, proto::ReqTexObject{ctx, tex + 1000, 0, 0}) == CUDA_ERROR_INVALID_VALUE);
+  // The resource comes back as the guest's handle, never the driver's.
+  REQUIRE(g.call(0, Op::kTexQuery, proto::ReqTexObject{ctx, tex, 0, proto::kTexQueryResource}, &out) == CUDA_SUCCESS);
+  CHECK(RawGuest::as<proto::RepTexInfo>(out).res.handle == arr);
+  CHECK(g.call(0, Op::kTexDestroy, proto::ReqTexObject{ctx, tex, 0, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kTexDestroy, proto::ReqTexObject{ctx, tex, 0, 0}) == CUDA_ERROR_INVALID_VALUE);
+
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, mip, proto::kDestroyMipmap, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kArrayQuery, proto::ReqArrayQuery{ctx, level, proto::kArrayQuery3D, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);  // died with its mipmapped array
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyArray, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpy3D, c) == CUDA_ERROR_INVALID_HANDLE);
+
 namespace {
 proto::ReqIpcOpen ipc_open(std::uint64_t ctx, std::uint32_t proc, const std::vector<std::byte>& handle) {
   proto::ReqIpcOpen r{};
