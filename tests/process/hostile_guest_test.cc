@@ -664,6 +664,8 @@ TEST_CASE("array copies and texture objects outside what the guest created are r
         CUDA_ERROR_INVALID_HANDLE);  // died with its mipmapped array
   CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyArray, 0}) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kMemcpy3D, c) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(d.alive());
+}
 
 namespace {
 proto::ReqIpcOpen ipc_open(std::uint64_t ctx, std::uint32_t proc, const std::vector<std::byte>& handle) {
