@@ -269,7 +269,7 @@ CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, std::uint
 std::optional<std::uint64_t> arena_offset_of(Runtime* rt, const void* p, size_t n) {
   if (auto off = rt->pinned_offset(p, n)) return off;
   const auto reg = ivcuda::guest::hostreg::find(rt, p);
-  if (!reg) return std::nullopt;
+  if (!reg || reg->dptr == 0) return std::nullopt;  // dptr 0: shared-mapping memory, staged
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (n > reg->size - (a - reg->base)) return std::nullopt;
   return reg->dptr - rt->hello().arena_device_base;
@@ -843,6 +843,14 @@ CUresult cuMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned int flags) 
     NEED_RT();
     if (d == nullptr || p == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (auto reg = ivcuda::guest::hostreg::find(rt, p)) {
+      // Registered memory of a shared mapping stays in the guest's own pages,
+      // which the GPU cannot reach: the driver's answer for memory it cannot map.
+      if (reg->dptr == 0) {
+        ivcuda::guest::log_once("hostreg-shared-devptr",
+                                "cuMemHostGetDevicePointer: registered memory of a shared mapping has no device "
+                                "address under ivcuda (docs/design.md)");
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       *d = reg->dptr;
       return CUDA_SUCCESS;
     }
@@ -938,6 +946,8 @@ CUresult pointer_attribute(Runtime* rt, const PtrInfo& i, CUpointer_attribute a,
       put(data, i.type);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      // Registered memory of a shared mapping has no device alias (as above).
+      if (i.type == CU_MEMORYTYPE_HOST && i.dptr == 0 && strict) return CUDA_ERROR_INVALID_VALUE;
       put(data, static_cast<CUdeviceptr>(i.dptr));
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:

@@ -198,6 +198,7 @@ void Worker::cleanup() noexcept {
   // reaping a worker that could not).
   if (cfg_.share != nullptr) (void)cfg_.share->withdraw_owner(::getpid());
   if (cu_.handle == nullptr) return;
+  destroy_created_pools();
   // Contexts the guest created die with everything in them; primaries are
   // released as often as the guest retained them. Process exit would free
   // all of it too - this keeps the driver's books straight while we live.

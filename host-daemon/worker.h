@@ -106,7 +106,9 @@ class Worker {
   };
   struct PoolEntry {
     CUmemoryPool real = nullptr;
-    int device = 0;  // guest ordinal
+    int device = 0;                  // guest ordinal
+    bool created = false;            // cuMemPoolCreate'd by the guest (else a device's default)
+    std::uint32_t handle_types = 0;  // created: the CUmemAllocationHandleType bits asked for
   };
   struct MemHandleEntry {  // a physical allocation (cuMemCreate)
     CUmemGenericAllocationHandle real = 0;
@@ -151,6 +153,7 @@ class Worker {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
     RangeKind kind = RangeKind::kAlloc;
+    std::uint64_t pool = 0;  // stream-ordered allocations from a created pool: its handle
   };
 
   explicit Worker(WorkerConfig cfg);
@@ -197,8 +200,12 @@ class Worker {
                      const void** host, CUdeviceptr* dev, CUarray* array);
   CUresult resource_from_wire(const proto::ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle);
   void release_ctx_arrays(std::uint64_t ctx, bool destroy);
-  // The handle of a driver pool, made on first sight.
+  // Memory pools (pools.cc): the handle of a driver pool, made on first
+  // sight; a location in the driver's numbering; pools the guest created go
+  // when the worker does.
   std::uint64_t pool_handle(CUmemoryPool real, int device);
+  CUresult pool_location(std::uint32_t type, std::int32_t id, CUmemLocation* out);
+  void destroy_created_pools() noexcept;
   // CUDA IPC (ipc.cc): hooks for frees, destroys and context teardown.
   // Returns true when the caller should free the allocation now (false: an
   // IPC import in this worker still uses it, the last close frees it).

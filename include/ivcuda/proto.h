@@ -134,7 +134,9 @@ enum class HandleKind : u8 {
   X(Memcpy3D, ReqCopy3D, RepNone, 0)                                     \
   X(TexCreate, ReqTexCreate, RepHandle, 1)                               \
   X(TexDestroy, ReqTexObject, RepNone, 1)                                \
-  X(TexQuery, ReqTexObject, RepTexInfo, 1)                                 \
+  X(TexQuery, ReqTexObject, RepTexInfo, 1)                               \
+  X(MemPoolCreate, ReqMemPoolCreate, RepHandle, 1)                       \
+  X(MemPoolSetAccess, ReqMemPoolSetAccess, RepNone, 1)                  \
   X(IpcGetMemHandle, ReqIpcGet, RepIpcHandle, 1)                         \
   X(IpcOpenMemHandle, ReqIpcOpen, RepRange, 1)                           \
   X(IpcCloseMemHandle, ReqIpcClose, RepNone, 1)                          \
@@ -413,14 +415,18 @@ struct ReqLaunchEx {
   u32 reserved;
 };
 
-// ---- stream-ordered memory. Pools are host handles (HandleKind::kMemPool);
-// only the devices' default pools exist.
+// ---- stream-ordered memory. Pools are host handles (HandleKind::kMemPool):
+// the devices' default pools and the pools the guest created (MemPoolCreate).
 inline constexpr u32 kPoolGetDefault = 0;  // device -> pool
 inline constexpr u32 kPoolGetCurrent = 1;  // device -> pool
 inline constexpr u32 kPoolSetCurrent = 2;  // device, pool
 inline constexpr u32 kPoolSetAttr = 3;     // pool, attr, value
 inline constexpr u32 kPoolGetAttr = 4;     // pool, attr -> value
 inline constexpr u32 kPoolTrim = 5;        // pool, value = bytes to keep
+inline constexpr u32 kPoolDestroy = 6;     // pool
+inline constexpr u32 kPoolGetAccess = 7;   // pool, attr = location type, device = location id -> flags
+inline constexpr u32 kPoolExport = 8;      // pool, attr = handle type, value = flags (never exported)
+inline constexpr u32 kPoolExportPtr = 9;   // value = device pointer (never exported)
 struct ReqMemPool {
   u64 ctx;
   u64 pool;
@@ -617,6 +623,26 @@ struct ReqMemGetAccess {
 };
 struct RepMemProp {
   MemProp prop;
+};
+
+// ---- explicit memory pools (cuMemPoolCreate, cuMemPoolSetAccess). Device
+// ordinals in locations are the worker's.
+struct ReqMemPoolCreate {
+  u32 alloc_type;    // CUmemAllocationType
+  u32 handle_types;  // CUmemAllocationHandleType bits
+  u32 loc_type;      // CUmemLocationType
+  i32 loc_id;
+  u64 max_size;
+  u16 usage;
+  u8 win32_attrs;    // the props' win32SecurityAttributes was non-null
+  u8 reserved_set;   // a byte of the props' reserved[] was non-zero
+  u32 reserved;
+};
+// Followed by count MemAccess.
+struct ReqMemPoolSetAccess {
+  u64 pool;
+  u32 count;
+  u32 reserved;
 };
 
 // The calling guest thread's capture mode (cuThreadExchangeStreamCaptureMode),
@@ -874,6 +900,8 @@ static_assert(sizeof(TexDesc) == 64);
 static_assert(sizeof(ViewDesc) == 48);
 static_assert(sizeof(ReqTexCreate) == 8 + 64 + 64 + 48 + 8);
 static_assert(sizeof(RepTexInfo) == 176);
+static_assert(sizeof(ReqMemPoolCreate) == 32);
+static_assert(sizeof(ReqMemPoolSetAccess) == 16);
 static_assert(sizeof(ReqIpcGet) == 24);
 static_assert(sizeof(RepIpcHandle) == 64);
 static_assert(sizeof(ReqIpcOpen) == 80);

@@ -27,6 +27,7 @@ cases=(
   "torch_eager|torch_eager.py|"
   "torch_graphs|torch_graphs.py|"
   "torch_expandable|torch_eager.py|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+  "torch_mallocasync|torch_eager.py|PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"
   "jax_train|jax_train.py|"
   "jax_platform_alloc|jax_train.py|XLA_PYTHON_CLIENT_ALLOCATOR=platform"
   "torch_compile_ro|torch_compile_ro.py|"

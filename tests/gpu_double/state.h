@@ -64,14 +64,19 @@ struct Allocation {
   unsigned ipc_opens = 0;
 };
 
-// A memory pool: only each device's default pool exists. Stream-ordered allocations are
-// ordinary device allocations that remember their pool; nothing is cached, so trimming
-// has nothing to do.
+// A memory pool: each device's default pool, and pools made with cuMemPoolCreate.
+// Stream-ordered allocations are ordinary device allocations that remember their pool;
+// nothing is cached, so trimming has nothing to do. A destroyed pool is gone at once;
+// its allocations stay valid until freed, as on the driver.
 struct Pool {
   int device = 0;
   cuuint64_t release_threshold = 0;
   int reuse[3] = {1, 1, 1};  // FOLLOW_EVENT_DEPENDENCIES, ALLOW_OPPORTUNISTIC, ALLOW_INTERNAL_DEPENDENCIES
   cuuint64_t used_high = 0;
+  bool created = false;       // cuMemPoolCreate (a default pool cannot be destroyed)
+  unsigned handle_types = 0;  // CUmemAllocationHandleType bits
+  std::size_t max_size = 0;   // 0: no limit but the device's memory
+  std::map<int, CUmemAccess_flags> access;  // other devices' access (none unless set)
 };
 
 // Virtual memory management (api_vmm.cc). Physical memory is a memfd, so that several

@@ -667,6 +667,76 @@ TEST_CASE("array copies and texture objects outside what the guest created are r
   CHECK(d.alive());
 }
 
+TEST_CASE("pool requests name only the guest's own pools and descriptors it sent", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), other(d.sock);
+  g.open(0);
+  other.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t other_ctx = primary_ctx(other);
+  std::vector<std::byte> out;
+  proto::ReqMemPoolCreate pc{};
+  pc.alloc_type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  pc.loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+  REQUIRE(g.call(0, Op::kMemPoolCreate, pc, &out) == CUDA_SUCCESS);
+  const auto pool = RawGuest::as<proto::RepHandle>(out).handle;
+  auto pool_req = [](std::uint64_t c, std::uint64_t p, std::uint32_t kind) {
+    proto::ReqMemPool r{};
+    r.ctx = c;
+    r.pool = p;
+    r.kind = kind;
+    return r;
+  };
+
+  // the props' pointer and reserved bytes never reach the driver; a device it was not given
+  proto::ReqMemPoolCreate bad = pc;
+  bad.win32_attrs = 1;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = pc;
+  bad.reserved_set = 1;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = pc;
+  bad.loc_id = 7;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_INVALID_DEVICE);
+  bad = pc;
+  bad.loc_type = CU_MEM_LOCATION_TYPE_HOST;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_NOT_SUPPORTED);
+  // descriptors: more than it sent, more than any machine has
+  proto::MemAccess a{CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 0};
+  const auto tail = std::as_bytes(std::span(&a, 1));
+  CHECK(g.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 2, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 1u << 31, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 1, 0}, nullptr, tail) == CUDA_SUCCESS);
+  // another guest's pool, a forged one, another kind's handle, an unknown kind
+  CHECK(other.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 1, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kMemPool, pool_req(other_ctx, pool, proto::kPoolDestroy)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{other_ctx, 0, pool, 4096}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, pool ^ 0x100000000ull, proto::kPoolTrim)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, ctx, proto::kPoolTrim)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, pool, 1000)) == CUDA_ERROR_INVALID_VALUE);
+
+  // an allocation outlives its destroyed pool, and is this guest's until freed
+  REQUIRE(g.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{ctx, 0, pool, 4096}, &out) == CUDA_SUCCESS);
+  const auto ptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  REQUIRE(g.call(0, Op::kMemPool, pool_req(ctx, pool, proto::kPoolDestroy)) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, pool, proto::kPoolDestroy)) == CUDA_ERROR_INVALID_VALUE);  // stale
+  CHECK(g.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{ctx, 0, pool, 4096}) == CUDA_ERROR_INVALID_VALUE);
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.dst = ptr;
+  c.bytes = 64;
+  c.arena_off = g.l.arena_off;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
+  CHECK(other.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{other_ctx, 0, ptr}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{ctx, 0, ptr}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // freed: no longer its memory
+  CHECK(d.alive());
+}
+
 namespace {
 proto::ReqIpcOpen ipc_open(std::uint64_t ctx, std::uint32_t proc, const std::vector<std::byte>& handle) {
   proto::ReqIpcOpen r{};
