@@ -580,6 +580,7 @@ CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
     {
       std::lock_guard lk(rt->books_mu);
       rt->dev_allocs[d] = size;
+      rt->ipc_capable.insert(d);
     }
     *dptr = d;
     return CUDA_SUCCESS;
@@ -611,6 +612,7 @@ CUresult cuMemAllocPitch(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t 
     {
       std::lock_guard lk(rt->books_mu);
       rt->dev_allocs[d] = size;
+      rt->ipc_capable.insert(d);
     }
     *dptr = d;
     *pitch = got_pitch;
@@ -632,6 +634,7 @@ CUresult cuMemFree(CUdeviceptr dptr) {
           size = it->second;
           rt->dev_allocs.erase(it);
         }
+        rt->ipc_capable.erase(dptr);
       }
       rt->release_device_range(dptr, size);
     }
@@ -955,8 +958,13 @@ CUresult pointer_attribute(Runtime* rt, const PtrInfo& i, CUpointer_attribute a,
     case CU_POINTER_ATTRIBUTE_MAPPED:
       put(data, static_cast<unsigned>(known ? 1 : 0));
       return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: {
+      // cuMemAlloc memory is what cuIpcGetMemHandle exports (guest/ipc.cc).
+      std::lock_guard lk(rt->books_mu);
+      put(data, static_cast<unsigned>(i.type == CU_MEMORYTYPE_DEVICE && rt->ipc_capable.count(i.start) != 0));
+      return CUDA_SUCCESS;
+    }
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
       put(data, 0u);

@@ -26,6 +26,11 @@ CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ct
 CUresult CUDAAPI cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
 CUresult CUDAAPI cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime_v2(ms, a, b); }
+// cuda.h declares the _v2 form only for callers that see its renaming macros.
+extern "C" CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags);
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
+  return cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+}
 
 // ---- per-thread default stream: synchronous calls (_ptds)
 CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void* h, size_t n) { return cuMemcpyHtoD_v2(d, h, n); }

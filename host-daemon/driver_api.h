@@ -2,7 +2,7 @@
 // machines without one. Each entry is the symbol cuda.h's macros select for
 // a CUDA 13 caller (cuMemAlloc -> cuMemAlloc_v2, cuCtxCreate -> cuCtxCreate_v4,
 // cuStreamBeginCapture -> _v2, cuStreamGetCaptureInfo -> _v3, cuGraphInstantiate ->
-// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2).
+// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2, cuIpcOpenMemHandle -> _v2).
 #pragma once
 
 #include <cuda.h>
@@ -56,7 +56,9 @@ namespace ivcuda::host {
   X(cuSurfObjectCreate) X(cuSurfObjectDestroy) X(cuSurfObjectGetResourceDesc)                 \
   X(cuMemPoolCreate) X(cuMemPoolDestroy) \
   X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)              \
-  X(cuMemPoolExportPointer)
+  X(cuMemPoolExportPointer)                                                    \
+  X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuIpcGetEventHandle)    \
+  X(cuIpcOpenEventHandle)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -71,6 +71,7 @@ bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {
 }
 
 void Worker::drop_ctx_objects(std::uint64_t ctx) {
+  ipc_drop_ctx(ctx, false);
   std::vector<std::uint64_t> dead;
   modules_.for_each([&](std::uint64_t h, ModuleEntry& m) {
     if (m.ctx == ctx) dead.push_back(h);
@@ -116,6 +117,7 @@ CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
     cu_.cuCtxSetCurrent(c.real);
     current_ = c.real;
   }
+  ipc_drop_ctx(h, true);
   std::vector<std::uint64_t> allocs;
   for (auto& [addr, r] : ranges_)
     if (r.ctx == h && r.kind == RangeKind::kAlloc) allocs.push_back(addr);
@@ -126,8 +128,8 @@ CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
   streams_.for_each([&](std::uint64_t, StreamEntry& s) {
     if (s.ctx == h) cu_.cuStreamDestroy(s.real);
   });
-  events_.for_each([&](std::uint64_t, EventEntry& e) {
-    if (e.ctx == h) cu_.cuEventDestroy(e.real);
+  events_.for_each([&](std::uint64_t eh, EventEntry& e) {
+    if (e.ctx == h && ipc_on_event_destroy(eh, e.real)) cu_.cuEventDestroy(e.real);
   });
   execs_.for_each([&](std::uint64_t, ExecEntry& e) {
     if (e.ctx == h) cu_.cuGraphExecDestroy(e.real);
@@ -181,6 +183,7 @@ CUresult Worker::on_MemFree(Call& c) {
   auto it = ranges_.find(r.dptr);
   if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
+  if (!ipc_on_free(r.dptr)) return CUDA_SUCCESS;  // freed at the last IPC close
   const CUresult st = cu_.cuMemFree(r.dptr);
   if (st == CUDA_SUCCESS) ranges_.erase(it);
   return st;
@@ -440,7 +443,10 @@ CUresult Worker::on_EventElapsedTime(Call& c) {
 }
 
 CUresult Worker::on_EventDestroy(Call& c) {
-  return destroy_in_ctx(events_, c.req<ReqHandle>().handle, [&](EventEntry& e) { return cu_.cuEventDestroy(e.real); });
+  const std::uint64_t h = c.req<ReqHandle>().handle;
+  return destroy_in_ctx(events_, h, [&](EventEntry& e) {
+    return ipc_on_event_destroy(h, e.real) ? cu_.cuEventDestroy(e.real) : CUDA_SUCCESS;
+  });
 }
 
 // ------------------------------------------------------------------ capture helpers

@@ -244,6 +244,7 @@ CUresult Worker::on_MemFreeAsync(Call& c) {
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
   auto it = ranges_.find(r.dptr);
   if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
+  if (!ipc_on_free(r.dptr)) return CUDA_SUCCESS;  // freed at the last IPC close
   const CUresult st = cu_.cuMemFreeAsync(r.dptr, s);
   // Work queued before the free may still use the memory; nothing the guest
   // sends from now on may.

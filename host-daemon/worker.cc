@@ -194,6 +194,9 @@ void Worker::drain_console() {
 }
 
 void Worker::cleanup() noexcept {
+  // What this guest exported goes with it (the daemon does the same after
+  // reaping a worker that could not).
+  if (cfg_.share != nullptr) (void)cfg_.share->withdraw_owner(::getpid());
   if (cu_.handle == nullptr) return;
   destroy_created_pools();
   // Contexts the guest created die with everything in them; primaries are

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "host-daemon/driver_api.h"
 #include "host-daemon/fd_broker.h"
 #include "host-daemon/handles.h"
+#include "host-daemon/tenant_share.h"
 #include "host-daemon/uring_wait.h"
 #include "ivcuda/proto.h"
 #include "ring/arena.h"
@@ -44,6 +46,9 @@ struct WorkerConfig {
   // Point fd 1 at a pipe and forward what lands there (the driver's device
   // printf output) to the guest with the replies of synchronising calls.
   bool forward_stdout = true;
+  // The tenant's registry of exported objects (CUDA IPC), inherited from the
+  // daemon; borrowed. Null: nothing can be shared (IPC answers NOT_SUPPORTED).
+  TenantShare* share = nullptr;
   // This worker's line to the daemon's fd broker (exported allocations
   // between the tenant's workers); -1: none, only this worker's own
   // exports can be imported. Owned by the worker.
@@ -139,7 +144,11 @@ class Worker {
     bool surface = false;
     std::uint64_t resource = 0;      // the guest's array / mipmap handle, or 0
   };
-  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped };
+  // kIpc: memory another worker of the tenant exported, opened here
+  // (cuIpcCloseMemHandle ends it). kFreed: an allocation its owner freed while
+  // another process of this worker still has it open through IPC; freed for
+  // real at the last close.
+  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kIpc, kFreed };
   struct DevRange {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
@@ -197,6 +206,15 @@ class Worker {
   std::uint64_t pool_handle(CUmemoryPool real, int device);
   CUresult pool_location(std::uint32_t type, std::int32_t id, CUmemLocation* out);
   void destroy_created_pools() noexcept;
+  // CUDA IPC (ipc.cc): hooks for frees, destroys and context teardown.
+  // Returns true when the caller should free the allocation now (false: an
+  // IPC import in this worker still uses it, the last close frees it).
+  bool ipc_on_free(std::uint64_t base);
+  // True when the caller should destroy the driver's event now (false:
+  // another guest handle of this worker still names it).
+  bool ipc_on_event_destroy(std::uint64_t handle, CUevent real);
+  // Closes what was opened in ctx and forgets IPC state of ctx's objects.
+  void ipc_drop_ctx(std::uint64_t ctx, bool close_in_driver);
   // Device printf forwarding (cfg_.forward_stdout).
   void start_console();
   void drain_console();
@@ -260,6 +278,23 @@ class Worker {
   static constexpr std::chrono::milliseconds kParkedSpin{20};
   sys::UniqueFd console_rd_;   // read end of the pipe fd 1 points at
   std::string console_;        // drained, not yet sent to the guest
+
+  // CUDA IPC (ipc.cc). An opened range, by its device address: who opened
+  // it how often (guest process -> count), and whether it is this worker's
+  // own allocation (a sibling guest process of a VM opened it).
+  struct IpcOpen {
+    std::map<std::uint32_t, unsigned> opens;
+    bool own = false;
+  };
+  std::map<std::uint64_t, IpcOpen> ipc_opens_;
+  // Guest event handles per driver event, where more than one names it (an
+  // event a sibling process opened through IPC in this worker).
+  std::map<CUevent, unsigned> ipc_event_names_;
+  // What this worker has in the tenant's registry (so that frees and
+  // destroys of everything else do not search it): allocation bases and
+  // guest event handles.
+  std::set<std::uint64_t> ipc_exported_mem_;
+  std::set<std::uint64_t> ipc_exported_events_;
 };
 
 }  // namespace ivcuda::host

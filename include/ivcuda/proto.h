@@ -136,7 +136,12 @@ enum class HandleKind : u8 {
   X(TexDestroy, ReqTexObject, RepNone, 1)                                \
   X(TexQuery, ReqTexObject, RepTexInfo, 1)                               \
   X(MemPoolCreate, ReqMemPoolCreate, RepHandle, 1)                       \
-  X(MemPoolSetAccess, ReqMemPoolSetAccess, RepNone, 1)
+  X(MemPoolSetAccess, ReqMemPoolSetAccess, RepNone, 1)                  \
+  X(IpcGetMemHandle, ReqIpcGet, RepIpcHandle, 1)                         \
+  X(IpcOpenMemHandle, ReqIpcOpen, RepRange, 1)                           \
+  X(IpcCloseMemHandle, ReqIpcClose, RepNone, 1)                          \
+  X(IpcGetEventHandle, ReqIpcGet, RepIpcHandle, 1)                       \
+  X(IpcOpenEventHandle, ReqIpcOpen, RepHandle, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -813,6 +818,35 @@ struct RepTexInfo {
   ViewDesc view;
 };
 
+// ---- CUDA IPC between processes of one tenant (guest/ipc.cc, host-daemon/ipc.cc).
+// A handle is 64 opaque bytes made by the host (a ticket of the tenant's
+// registry, never the driver's handle). `proc` is the calling guest process's
+// id as the guest numbers it: inside a VM one worker serves every process, and
+// it tells an open in the exporting process itself (refused, as the driver
+// refuses it) from an open in a sibling process.
+inline constexpr u32 kIpcHandleBytes = 64;
+struct ReqIpcGet {
+  u64 ctx;
+  u64 object;     // IpcGetMemHandle: a device pointer; IpcGetEventHandle: an event handle
+  u32 proc;
+  u32 reserved;
+};
+struct RepIpcHandle {
+  u8 bytes[kIpcHandleBytes];
+};
+struct ReqIpcOpen {
+  u64 ctx;
+  u32 flags;      // IpcOpenMemHandle: CUipcMem_flags
+  u32 proc;
+  u8 handle[kIpcHandleBytes];
+};
+struct ReqIpcClose {
+  u64 ctx;
+  u64 dptr;
+  u32 proc;
+  u32 reserved;
+};
+
 // ---- per-op traits, generated from the table
 template <Op op>
 struct OpTraits;
@@ -868,6 +902,10 @@ static_assert(sizeof(ReqTexCreate) == 8 + 64 + 64 + 48 + 8);
 static_assert(sizeof(RepTexInfo) == 176);
 static_assert(sizeof(ReqMemPoolCreate) == 32);
 static_assert(sizeof(ReqMemPoolSetAccess) == 16);
+static_assert(sizeof(ReqIpcGet) == 24);
+static_assert(sizeof(RepIpcHandle) == 64);
+static_assert(sizeof(ReqIpcOpen) == 80);
+static_assert(sizeof(ReqIpcClose) == 24);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

@@ -42,7 +42,8 @@ using Handle = std::uintptr_t;
 
 // kMapped: a VMM mapping that some device may access (cuMemSetAccess); it belongs to no
 // context, as in CUDA, and its storage is the mapping's own (api_vmm.cc).
-enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal, kMapped };
+// kIpc: another process's device allocation opened through cuIpcOpenMemHandle (api_ipc.cc).
+enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal, kMapped, kIpc };
 
 struct Allocation {
   std::uintptr_t base = 0;
@@ -55,6 +56,12 @@ struct Allocation {
   void* storage = nullptr;  // std::free'd on release; null for registered host memory
   std::size_t mapped = 0;   // device memory: munmap'ed bytes instead of std::free
   Handle pool = 0;          // stream-ordered allocations: the pool they came from
+  // CUDA IPC (api_ipc.cc). An exported device allocation is backed by this memfd (closed on
+  // release); an opened one remembers whose memfd it maps and how often it was opened.
+  int ipc_fd = -1;
+  int ipc_pid = 0;
+  std::uint64_t ipc_ino = 0;
+  unsigned ipc_opens = 0;
 };
 
 // A memory pool: each device's default pool, and pools made with cuMemPoolCreate.

@@ -36,8 +36,8 @@ namespace {
 struct Daemon {
   pid_t pid = -1;
   std::string sock;
-  explicit Daemon(std::vector<std::string> extra = {}) {
-    sock = "/tmp/ivcuda-hostile-" + std::to_string(::getpid()) + ".sock";
+  explicit Daemon(std::vector<std::string> extra = {}, const std::string& tag = "") {
+    sock = "/tmp/ivcuda-hostile-" + std::to_string(::getpid()) + tag + ".sock";
     ::unlink(sock.c_str());
     std::vector<std::string> args = {IVCUDAD_PATH, "--socket", sock, "--shm-size", "256M", "--channels", "4",
                                      "--staging-size", "4M", "--driver", GPU_DOUBLE_PATH, "--log-level", "error"};
@@ -737,5 +737,121 @@ TEST_CASE("pool requests name only the guest's own pools and descriptors it sent
   CHECK(other.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{other_ctx, 0, ptr}) == CUDA_ERROR_INVALID_VALUE);
   CHECK(g.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{ctx, 0, ptr}) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // freed: no longer its memory
+  CHECK(d.alive());
+}
+
+namespace {
+proto::ReqIpcOpen ipc_open(std::uint64_t ctx, std::uint32_t proc, const std::vector<std::byte>& handle) {
+  proto::ReqIpcOpen r{};
+  r.ctx = ctx;
+  r.flags = CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
+  r.proc = proc;
+  std::memcpy(r.handle, handle.data(), std::min(handle.size(), sizeof r.handle));
+  return r;
+}
+}  // namespace
+
+TEST_CASE("IPC handles open only in their tenant, and only as the host issued them", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), sibling(d.sock);  // two workers of one tenant
+  g.open(0);
+  sibling.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t sctx = primary_ctx(sibling);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 1 << 16, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  constexpr std::uint32_t kExporter = 100, kOtherProc = 200;  // two processes of one VM share a worker
+
+  // Only its own memory, and nothing of the worker's (the arena is not an allocation).
+  CHECK(g.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{ctx, dptr + (1 << 16), kExporter, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(sibling.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{sctx, dptr, kExporter, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(g.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{ctx, dptr, kExporter, 0}, &out) == CUDA_SUCCESS);
+  const std::vector<std::byte> handle = out;
+  REQUIRE(handle.size() == 64);
+
+  // Forged: random bytes, each byte of the ticket flipped, another kind's magic.
+  std::vector<std::byte> bad(64);
+  for (std::size_t i = 0; i < 64; ++i) bad[i] = static_cast<std::byte>(i * 37 + 11);
+  CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, bad)) == CUDA_ERROR_INVALID_HANDLE);
+  for (std::size_t i = 0; i < 64; ++i) {
+    bad = handle;
+    bad[i] ^= std::byte{0x80};
+    CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, bad)) == CUDA_ERROR_INVALID_HANDLE);
+  }
+  CHECK(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, handle)) == CUDA_ERROR_INVALID_HANDLE);
+
+  // Another daemon (another tenant) does not know it.
+  {
+    Daemon d2({}, "-2");
+    RawGuest stranger(d2.sock);
+    stranger.open(0);
+    const std::uint64_t xctx = primary_ctx(stranger);
+    CHECK(stranger.call(0, Op::kIpcOpenMemHandle, ipc_open(xctx, 1, handle)) == CUDA_ERROR_INVALID_HANDLE);
+  }
+
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.bytes = 64;
+  c.arena_off = g.l.arena_off;
+  // Another worker of the tenant: the driver maps it; its range is that guest's memory until closed.
+  REQUIRE(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, handle), &out) == CUDA_SUCCESS);
+  const auto mapped = RawGuest::as<proto::RepRange>(out);
+  CHECK(mapped.size == (1u << 16));
+  proto::ReqCopy sc = c;
+  sc.ctx = sctx;
+  sc.arena_off = sibling.l.arena_off;
+  sc.dst = mapped.base + 64;
+  CHECK(sibling.call(0, Op::kMemcpyHtoDArena, sc) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemFree, proto::ReqPtr{sctx, mapped.base}) == CUDA_ERROR_INVALID_VALUE);  // not its allocation
+  CHECK(sibling.call(0, Op::kIpcCloseMemHandle, proto::ReqIpcClose{sctx, mapped.base, 2, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);  // opened by process 1, not 2
+  CHECK(sibling.call(0, Op::kIpcCloseMemHandle, proto::ReqIpcClose{sctx, mapped.base, 1, 0}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemcpyHtoDArena, sc) == CUDA_ERROR_INVALID_VALUE);  // closed: not its memory any more
+
+  // The exporting process itself: refused as the driver refuses it.
+  CHECK(g.call(0, Op::kIpcOpenMemHandle, ipc_open(ctx, kExporter, handle)) == CUDA_ERROR_INVALID_CONTEXT);
+  // Another process served by the same worker (a VM): the allocation itself.
+  REQUIRE(g.call(0, Op::kIpcOpenMemHandle, ipc_open(ctx, kOtherProc, handle), &out) == CUDA_SUCCESS);
+  CHECK(RawGuest::as<proto::RepRange>(out).base == dptr);
+  // Its owner frees it: gone from the registry, alive for the opener until the last close.
+  REQUIRE(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, dptr}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, handle)) == CUDA_ERROR_INVALID_HANDLE);
+  c.dst = dptr;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, dptr}) == CUDA_ERROR_INVALID_VALUE);  // freed already
+  CHECK(g.call(0, Op::kIpcCloseMemHandle, proto::ReqIpcClose{ctx, dptr, kOtherProc, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // the last close freed it
+
+  // Events: only interprocess events export; a sibling process of the worker gets a second
+  // handle of the same event, and each handle is destroyed on its own.
+  REQUIRE(g.call(0, Op::kEventCreate, proto::ReqEventCreate{ctx, CU_EVENT_DISABLE_TIMING, 0}, &out) == CUDA_SUCCESS);
+  const auto plain = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(g.call(0, Op::kIpcGetEventHandle, proto::ReqIpcGet{ctx, plain, kExporter, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(sibling.call(0, Op::kIpcGetEventHandle, proto::ReqIpcGet{sctx, plain, kExporter, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);  // not the sibling's event
+  REQUIRE(g.call(0, Op::kEventCreate,
+                 proto::ReqEventCreate{ctx, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, 0}, &out) ==
+          CUDA_SUCCESS);
+  const auto ev = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kIpcGetEventHandle, proto::ReqIpcGet{ctx, ev, kExporter, 0}, &out) == CUDA_SUCCESS);
+  const std::vector<std::byte> ehandle = out;
+  CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, ehandle)) == CUDA_ERROR_INVALID_HANDLE);
+  REQUIRE(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, ehandle), &out) == CUDA_SUCCESS);
+  const auto sev = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(sibling.call(0, Op::kEventRecord, proto::ReqEventRecord{sctx, sev, 0}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kEventDestroy, proto::ReqHandle{sctx, sev}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kIpcOpenEventHandle, ipc_open(ctx, kExporter, ehandle)) == CUDA_ERROR_INVALID_CONTEXT);
+  REQUIRE(g.call(0, Op::kIpcOpenEventHandle, ipc_open(ctx, kOtherProc, ehandle), &out) == CUDA_SUCCESS);
+  const auto alias = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(alias != ev);
+  CHECK(g.call(0, Op::kEventDestroy, proto::ReqHandle{ctx, ev}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kEventRecord, proto::ReqEventRecord{ctx, alias, 0}) == CUDA_SUCCESS);  // still alive
+  CHECK(g.call(0, Op::kEventQuery, proto::ReqHandle{ctx, alias}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kEventDestroy, proto::ReqHandle{ctx, alias}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kEventQuery, proto::ReqHandle{ctx, alias}) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, ehandle)) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(d.alive());
 }

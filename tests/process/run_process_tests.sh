@@ -89,6 +89,8 @@ case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture
   "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
 case_ivcuda "drv_pools: created pools, attributes, access, allocations used by kernels, destroy, refusals" \
   "$lib" -- "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported
+case_ivcuda "drv_ipc: memory and an event shared with a child process (another worker), forged handles refused" \
+  "$lib" -- "$bin/drv_ipc" --ptx "$ptx" --forged CUDA_ERROR_INVALID_HANDLE
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
@@ -124,6 +126,12 @@ for kind in static shared; do
   prog=$bin/rt_texture_$kind
   if [ ! -x "$prog" ]; then not_run "rt_texture ($kind cudart)" "not built (no nvcc)"; continue; fi
   case_ivcuda "rt_texture: cudaMallocArray, 2D copies to and from it, tex2D and surf2Dwrite, $kind cudart" \
+    "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
+  prog=$bin/rt_ipc_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_ipc ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_ipc: cudaIpc memory and event handles between two processes, $kind cudart" \
     "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
