@@ -109,6 +109,13 @@ class Worker {
   struct GraphEntry {
     CUgraph real = nullptr;
     std::uint64_t ctx = 0;
+    // A child graph node's embedded graph (cuGraphChildGraphNodeGetGraph):
+    // the node owns it, so it goes with that node and cannot be destroyed.
+    std::uint64_t owner_node = 0;
+  };
+  struct NodeEntry {
+    CUgraphNode real = nullptr;
+    std::uint64_t graph = 0;  // the graph handle it belongs to
   };
   struct ExecEntry {
     CUgraphExec real = nullptr;
@@ -155,6 +162,19 @@ class Worker {
   CUresult launch_with(const proto::ReqLaunch& r, std::span<const std::byte> params,
                        std::span<const CUlaunchAttribute> attrs, bool cooperative);
   CUresult refuse_in_capture(CUstream s);
+  // Graph building (graphs.cc).
+  std::uint64_t node_handle(CUgraphNode real, std::uint64_t graph);
+  void drop_graph(std::uint64_t graph);
+  void drop_node(std::uint64_t node);
+  CUresult node_in_ctx(std::uint64_t h, NodeEntry** out);
+  CUresult add_node(const proto::ReqGraphAddNode& r, GraphEntry& g, std::span<const CUgraphNode> deps,
+                    const proto::GraphNodeParams& p, std::span<const std::byte> packed, CUgraphNode* out);
+  CUresult set_node_params(NodeEntry& n, CUgraphExec exec, const proto::GraphNodeParams& p,
+                           std::span<const std::byte> packed);
+  CUresult get_node_params(NodeEntry& n, Call& c);
+  CUresult to_driver_copy(const proto::GraphNodeParams& p, CUDA_MEMCPY3D* out);
+  CUresult to_driver_memset(const proto::GraphNodeParams& p, CUDA_MEMSET_NODE_PARAMS* out);
+  CUresult graph_list(Call& c, const proto::ReqGraphQuery& r);
   CUresult record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags);
   // VMM (vmm.cc): guest locations and properties in the driver's numbering.
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
@@ -193,6 +213,8 @@ class Worker {
   HandleTable<GraphEntry> graphs_{proto::HandleKind::kGraph};
   HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
+  HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
+  std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle

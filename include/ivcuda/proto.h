@@ -37,7 +37,7 @@ inline constexpr u32 kDevNameBytes = 256;
 // next 24 bits, table index in the low 32. Never zero.
 enum class HandleKind : u8 {
   kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
-  kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9,
+  kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9, kGraphNode = 10,
 };
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
@@ -123,7 +123,11 @@ enum class HandleKind : u8 {
   X(MemGetAccess, ReqMemGetAccess, RepValue, 1)                          \
   X(MemGetProperties, ReqHandle, RepMemProp, 1)                          \
   X(MemRetainHandle, ReqPtr, RepHandle, 1)                               \
-  X(FuncSetCacheConfig, ReqFuncCache, RepNone, 1)
+  X(FuncSetCacheConfig, ReqFuncCache, RepNone, 1)                       \
+  X(GraphAddNode, ReqGraphAddNode, RepHandle, 1)                         \
+  X(GraphNodeParams, ReqGraphNodeParams, GraphNodeParams, 1)             \
+  X(GraphQuery, ReqGraphQuery, RepValue, 1)                              \
+  X(GraphEdges, ReqGraphEdges, RepNone, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -619,6 +623,103 @@ struct RepElapsed {
   u32 reserved;
 };
 
+// ---- graph building (guest/graphs.cc, host-daemon/graphs.cc). Nodes are host
+// handles (HandleKind::kGraphNode), each belonging to one graph of this guest.
+// One end of a memcpy node: device memory (CU_MEMORYTYPE_DEVICE, addr is a
+// device address) or page-locked memory (CU_MEMORYTYPE_HOST, addr is a BAR
+// offset in the arena). Arrays and pageable memory never travel.
+struct CopyEnd {
+  u32 type;     // CUmemorytype: 1 host (arena), 2 device
+  u32 reserved;
+  u64 addr;
+  u64 x_bytes;
+  u64 y;
+  u64 z;
+  u64 pitch;
+  u64 height;
+};
+// The parameters of a node of one of the forwarded types. Which fields count
+// depends on `type`; a kernel node's packed parameters (param_bytes) follow.
+struct GraphNodeParams {
+  u32 type;            // CUgraphNodeType
+  u32 reserved0;
+  u64 handle;          // kernel: function; child graph: graph; event record/wait: event
+  u32 grid[3];
+  u32 block[3];
+  u32 shared_bytes;
+  u32 param_bytes;
+  u64 dst;             // memset
+  u64 pitch;
+  u64 width;           // memset: elements per row
+  u64 height;
+  u32 value;
+  u32 elem_size;
+  CopyEnd src;         // memcpy
+  CopyEnd dst_copy;
+  u64 width_bytes;
+  u64 copy_height;
+  u64 depth;
+};
+// Deps: u64 node handles [ndeps], then GraphNodeParams (with its packed parameters).
+struct ReqGraphAddNode {
+  u64 ctx;
+  u64 graph;
+  u32 ndeps;
+  u32 reserved;
+};
+// Node parameters: get (the reply is GraphNodeParams and the packed
+// parameters), set on the node, or set on the executable graph `exec`
+// (GraphNodeParams and its packed parameters follow the request).
+inline constexpr u32 kNodeParamsGet = 0;
+inline constexpr u32 kNodeParamsSet = 1;
+inline constexpr u32 kNodeParamsExecSet = 2;
+struct ReqGraphNodeParams {
+  u64 ctx;
+  u64 node;
+  u64 exec;
+  u32 kind;
+  u32 reserved;
+};
+// Questions about graphs and nodes, and the calls that make no new node. The
+// lists are asked with the caller's capacity (0 with kQueryArrays unset: only
+// the count), so the driver answers every count and LOSSY_QUERY itself; the
+// reply is RepValue (the count written back, or the answer) and, for lists,
+// u64 handles [capacity] (edges: from [capacity], to [capacity], edge data
+// [capacity] as the driver's 8 bytes).
+inline constexpr u32 kQueryNodes = 0;         // handle: graph
+inline constexpr u32 kQueryRoots = 1;         // handle: graph
+inline constexpr u32 kQueryEdges = 2;         // handle: graph
+inline constexpr u32 kQueryDeps = 3;          // handle: node
+inline constexpr u32 kQueryDependents = 4;    // handle: node
+inline constexpr u32 kQueryType = 5;          // handle: node -> CUgraphNodeType
+inline constexpr u32 kQueryDestroyNode = 6;   // handle: node
+inline constexpr u32 kQueryClone = 7;         // handle: graph -> new graph
+inline constexpr u32 kQueryFindInClone = 8;   // handle: node, other: clone -> node of the clone
+inline constexpr u32 kQueryExecFlags = 9;     // handle: exec -> flags
+inline constexpr u32 kQueryExecUpdate = 10;   // handle: exec, other: graph -> CUgraphExecUpdateResult,
+                                              //   then u64 error node, u64 error-from node
+inline constexpr u32 kQueryGetEnabled = 11;   // handle: exec, other: node -> 0/1
+inline constexpr u32 kQuerySetEnabled = 12;   // handle: exec, other: node, capacity: 0/1
+inline constexpr u32 kQueryChildGraph = 13;   // handle: node -> the child graph (owned by the node)
+inline constexpr u32 kQueryArrays = 1u << 0;     // flags: the caller passed arrays
+inline constexpr u32 kQueryEdgeData = 1u << 1;   // flags: and an edge-data array
+struct ReqGraphQuery {
+  u64 ctx;
+  u64 handle;
+  u64 other;
+  u64 capacity;
+  u32 kind;
+  u32 flags;
+};
+// cuGraphAddDependencies / cuGraphRemoveDependencies: from [count], to
+// [count] and edge data [count] (8 bytes each, zero: the default) follow.
+struct ReqGraphEdges {
+  u64 ctx;
+  u64 graph;
+  u32 count;
+  u32 remove;
+};
+
 // ---- per-op traits, generated from the table
 template <Op op>
 struct OpTraits;
@@ -660,6 +761,9 @@ static_assert(sizeof(ReqLaunch) == 56);
 static_assert(sizeof(ReqTensorMap) == 152);
 static_assert(sizeof(RepTensorMap) == 128);
 static_assert(sizeof(ReqOccCluster) == 72);
+static_assert(sizeof(CopyEnd) == 56);
+static_assert(sizeof(GraphNodeParams) == 224);
+static_assert(sizeof(ReqGraphQuery) == 40);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto
