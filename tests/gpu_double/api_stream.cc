@@ -213,7 +213,7 @@ CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUe
   return elapsed(pMilliseconds, hStart, hEnd);
 }
 
-// ---- stream capture and graphs ---------------------------------------------------------------
+// ---- stream capture (graphs: api_graph.cc) ---------------------------------------------------------------
 
 namespace {
 
@@ -234,9 +234,13 @@ CUresult begin_capture(CUstream h, CUstreamCaptureMode mode) {
     if (const CUresult r = capturable(s, h, &ctx); r != CUDA_SUCCESS) return r;
     if (s.captures.contains(from_handle(h))) return CUDA_ERROR_ILLEGAL_STATE;
     const Handle g = s.new_handle();
-    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}};
-    s.captures[from_handle(h)] = Capture{
-        .graph = g, .mode = mode, .invalidated = false, .id = s.next_capture_id++, .owner = std::this_thread::get_id()};
+    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}, .owner_node = 0};
+    s.captures[from_handle(h)] = Capture{.graph = g,
+                                         .mode = mode,
+                                         .invalidated = false,
+                                         .id = s.next_capture_id++,
+                                         .owner = std::this_thread::get_id(),
+                                         .last = 0};
     return CUDA_SUCCESS;
   });
 }
@@ -261,7 +265,7 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
     const Capture c = it->second;
     s.captures.erase(it);
     if (c.invalidated) {
-      s.graphs.erase(c.graph);
+      destroy_graph(s, c.graph);
       *phGraph = nullptr;
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
@@ -340,83 +344,4 @@ CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   *mode = thread_capture_mode();
   thread_capture_mode() = m;
   return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
-  return guarded([&](State& s) -> CUresult {
-    if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    Handle ctx = 0;
-    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
-    const Handle g = s.new_handle();
-    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}};
-    *phGraph = to_handle<CUgraph_st>(g);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes) {
-  return guarded([&](State& s) -> CUresult {
-    const auto it = s.graphs.find(from_handle(hGraph));
-    if (it == s.graphs.end() || numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (nodes != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // nodes have no handles here
-    *numNodes = it->second.nodes.size();
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags) {
-  return guarded([&](State& s) -> CUresult {
-    if (phGraphExec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const auto it = s.graphs.find(from_handle(hGraph));
-    if (it == s.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
-    constexpr unsigned long long kKnown = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
-                                          CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
-                                          CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
-                                          CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
-    if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-    const Handle e = s.new_handle();
-    s.execs[e] = it->second;  // an executable graph is a snapshot
-    *phGraphExec = to_handle<CUgraphExec_st>(e);
-    return CUDA_SUCCESS;
-  });
-}
-
-namespace {
-CUresult graph_launch(CUgraphExec exec, CUstream stream, bool run) {
-  std::vector<Node> nodes;
-  const CUresult r = guarded([&](State& s) -> CUresult {
-    const auto it = s.execs.find(from_handle(exec));
-    if (it == s.execs.end()) return CUDA_ERROR_INVALID_VALUE;
-    if (const CUresult e = check_stream(s, stream); e != CUDA_SUCCESS) return e;
-    if (run) nodes = it->second.nodes;
-    return CUDA_SUCCESS;
-  });
-  if (r != CUDA_SUCCESS) return r;
-  // Launched into a capturing stream, the whole graph becomes part of that capture.
-  if (CUresult c = CUDA_SUCCESS; run && capture_call(stream, [nodes] { return replay(nodes); }, &c)) return c;
-  return replay(nodes);
-}
-}  // namespace
-
-CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
-  return graph_launch(hGraphExec, hStream, true);
-}
-
-CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
-  return graph_launch(hGraphExec, hStream, false);
-}
-
-CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
-  return guarded([&](State& s) -> CUresult {
-    return s.execs.erase(from_handle(hGraphExec)) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-  });
-}
-
-CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
-  return guarded([&](State& s) -> CUresult {
-    const Handle g = from_handle(hGraph);
-    for (const auto& [stream, c] : s.captures)
-      if (c.graph == g) return CUDA_ERROR_INVALID_VALUE;  // still being captured
-    return s.graphs.erase(g) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-  });
 }

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <new>
@@ -88,9 +89,12 @@ struct VmmMapping {
   std::array<unsigned char, kMaxDevices> access{};  // CUmemAccess_flags, per device
 };
 
-// Stream capture records the work a capturing stream is given as closures; a graph is
-// that list, an executable graph a copy of it, and a launch replays it in order (work
-// runs at once in the double, so order is all a stream promises).
+// Graphs (api_graph.cc). A graph is a set of nodes with dependencies; a node is either
+// built explicitly (kernel, memcpy, memset, empty, child graph, event record/wait: its
+// parameters are kept) or recorded by stream capture (a closure that repeats the call, made
+// to depend on the capture's previous node). An executable graph is a snapshot of the
+// nodes in a topological order (children snapshotted likewise), and a launch runs them in
+// that order (work runs at once in the double, so order is all a graph promises).
 using Node = std::function<CUresult()>;
 struct Capture {
   Handle graph = 0;
@@ -98,10 +102,43 @@ struct Capture {
   bool invalidated = false;
   unsigned long long id = 0;
   std::thread::id owner;  // the thread that began it
+  Handle last = 0;        // the node captured last: the next one depends on it
+};
+struct GraphNode {
+  Handle graph = 0;
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  std::vector<Handle> deps;  // incoming edges, in the order they were added
+  std::vector<CUgraphEdgeData> dep_data;
+  Handle origin = 0;         // in a clone: the node it was cloned from
+  Node captured;             // a captured call (type EMPTY as far as queries go)
+  CUfunction func = nullptr;  // kernel
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shmem = 0;
+  std::vector<unsigned char> args;  // packed as the PTX lays them out
+  std::vector<void*> argv;          // what cuGraphKernelNodeGetParams hands out
+  CUDA_MEMSET_NODE_PARAMS memset{};
+  CUDA_MEMCPY3D copy{};
+  Handle child = 0;          // child graph, owned by the node
+  CUevent event = nullptr;
 };
 struct Graph {
   Handle ctx = 0;
-  std::vector<Node> nodes;
+  std::vector<Handle> nodes;  // in creation order
+  Handle owner_node = 0;      // a child graph node's graph
+};
+struct ExecStep;
+struct Exec {
+  Handle ctx = 0;
+  Handle graph = 0;
+  unsigned long long flags = 0;
+  std::vector<ExecStep> steps;  // topological order
+};
+struct ExecStep {
+  Handle node = 0;            // the node of the instantiated graph it stands for
+  GraphNode params;
+  std::shared_ptr<Exec> child;
+  bool enabled = true;
 };
 
 struct Context {
@@ -177,7 +214,8 @@ struct State {
   std::vector<Handle> current_pool;  // per device; 0 = the default
   std::unordered_map<Handle, Capture> captures;  // by stream handle
   std::unordered_map<Handle, Graph> graphs;
-  std::unordered_map<Handle, Graph> execs;       // executable graphs
+  std::unordered_map<Handle, GraphNode> graph_nodes;
+  std::unordered_map<Handle, Exec> execs;        // executable graphs
   std::unordered_map<Handle, PhysicalMem> physical;   // cuMemCreate handles
   std::map<std::uintptr_t, std::size_t> reservations;  // base -> size; never overlap
   std::map<std::uintptr_t, VmmMapping> mappings;       // by base; never overlap
@@ -227,8 +265,17 @@ CUstreamCaptureMode& thread_capture_mode();
 // prohibited, the captures that prohibit it are invalidated and the call
 // answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. Under the state lock.
 CUresult unsafe_during_capture(State& s);
-// Runs recorded nodes in order, outside the state lock; stops at the first error.
-CUresult replay(const std::vector<Node>& nodes);
+// Runs an executable graph's steps in order, outside the state lock, with capture
+// bypassed; stops at the first error (api_graph.cc).
+CUresult run_exec(const Exec& exec);
+// Runs fn with capture bypassed (what a replayed call must not record again).
+CUresult replaying(const std::function<CUresult()>& fn);
+// Destroys a graph and its nodes (and the child graphs they own). Under the state lock.
+void destroy_graph(State& s, Handle g);
+// Kernel arguments as a launch packs them, and where each parameter lies in the packed
+// buffer (api_module.cc). Under the state lock.
+CUresult pack_kernel_args(State& s, CUfunction f, void** params, void** extra, std::vector<unsigned char>* out);
+CUresult kernel_arg_offsets(State& s, CUfunction f, std::vector<std::size_t>* out);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
 // global): what a device pointer may reach.
