@@ -39,7 +39,7 @@ echo "== build"
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_vmm drv_kernels drv_library drv_errors drv_devices drv_graphs drv_peer drv_hostfunc rt_basic ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
+core="ivcudad ivcuda_guest drv_core drv_vmm drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_peer drv_hostfunc rt_basic ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
 only=${IVCUDA_GPU_ONLY:-}
 [ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
 [ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $only"
@@ -84,6 +84,7 @@ programs=(
   "drv_library_xctx|$bin/drv_library --fatbin $fatbin --ptx $ptx --cross-context-only|"
   "drv_graphs|$bin/drv_graphs --ptx $ptx|"
   "drv_vmm|$bin/drv_vmm --ptx $ptx|"
+  "drv_graph_build|$bin/drv_graph_build --ptx $ptx|"
   "drv_hostfunc|$bin/drv_hostfunc --ptx $ptx|"
   "drv_errors|$bin/drv_errors --ptx $ptx|"
   "drv_fault|$bin/drv_errors --ptx $ptx --fault|"

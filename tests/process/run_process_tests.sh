@@ -77,6 +77,8 @@ case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with runnin
   "$bin/drv_hostreg" --ptx "$ptx"
 case_ivcuda "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping" \
   "$lib" -- "$bin/drv_vmm" --ptx "$ptx"
+case_ivcuda "drv_graph_build: graphs built node by node, queried, launched, updated, cloned; forged handles" \
+  "$lib" -- "$bin/drv_graph_build" --ptx "$ptx" --limits
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
