@@ -909,6 +909,18 @@ CUresult kernel_add(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, si
   });
 }
 
+// A host node: the function runs here, on the dispatcher (hostfunc.cc), when
+// the host's graph reaches the node; the node names the pair of arena words
+// the two sides meet at.
+CUresult pack_host(CUhostFn fn, void* data, proto::GraphNodeParams* p) {
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t off = 0;
+  if (CUresult st = ivcuda::guest::host_node_pair(fn, data, &off); st != CUDA_SUCCESS) return st;
+  p->type = CU_GRAPH_NODE_TYPE_HOST;
+  p->dst = off;
+  return CUDA_SUCCESS;
+}
+
 // cuGraphAddNode / cuGraphNodeSetParams / cuGraphExecNodeSetParams: the
 // generic form, for the node types that are forwarded.
 CUresult pack_generic(Runtime* rt, const CUgraphNodeParams& g, proto::GraphNodeParams* p,
@@ -947,6 +959,8 @@ CUresult pack_generic(Runtime* rt, const CUgraphNodeParams& g, proto::GraphNodeP
       p->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT;
       p->handle = h(g.eventWait.event);
       return CUDA_SUCCESS;
+    case CU_GRAPH_NODE_TYPE_HOST:
+      return pack_host(g.host.fn, g.host.userData, p);
     default:
       return ivcuda::guest::not_supported("graph node type %d is not forwarded", static_cast<int>(g.type));
   }
@@ -1102,6 +1116,45 @@ CUresult CUDAAPI cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode no
     if (m == nullptr || exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     if (CUresult st = pack_copy(rt, *m, &p); st != CUDA_SUCCESS) return st;
+    return set_params(exec, node, p, {});
+  });
+}
+
+CUresult CUDAAPI cuGraphAddHostNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n,
+                                    const CUDA_HOST_NODE_PARAMS* hp) {
+  return guard([&] {
+    if (hp == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    if (CUresult st = pack_host(hp->fn, hp->userData, &p); st != CUDA_SUCCESS) return st;
+    return add_node(out, graph, deps, n, p, {});
+  });
+}
+CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* hp) {
+  return guard([&] {
+    if (hp == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    std::vector<std::byte> packed;
+    const CUresult st = get_params(node, &p, &packed);
+    if (st != CUDA_SUCCESS) return st;
+    if (p.type != CU_GRAPH_NODE_TYPE_HOST) return CUDA_ERROR_INVALID_VALUE;
+    *hp = CUDA_HOST_NODE_PARAMS{};
+    if (!ivcuda::guest::host_node_of(p.dst, &hp->fn, &hp->userData)) return CUDA_ERROR_UNKNOWN;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult CUDAAPI cuGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* hp) {
+  return guard([&] {
+    if (hp == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    if (CUresult st = pack_host(hp->fn, hp->userData, &p); st != CUDA_SUCCESS) return st;
+    return set_params(nullptr, node, p, {});
+  });
+}
+CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_HOST_NODE_PARAMS* hp) {
+  return guard([&] {
+    if (hp == nullptr || exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    if (CUresult st = pack_host(hp->fn, hp->userData, &p); st != CUDA_SUCCESS) return st;
     return set_params(exec, node, p, {});
   });
 }

@@ -59,7 +59,8 @@ namespace ivcuda::host {
   X(cuGraphGetEdges) X(cuGraphNodeGetDependencies) X(cuGraphNodeGetDependentNodes)           \
   X(cuGraphNodeGetType) X(cuGraphDestroyNode) X(cuGraphClone) X(cuGraphNodeFindInClone)      \
   X(cuGraphExecGetFlags) X(cuGraphExecUpdate) X(cuGraphNodeSetEnabled) X(cuGraphNodeGetEnabled) \
-  X(cuGraphChildGraphNodeGetGraph) X(cuGraphAddDependencies) X(cuGraphRemoveDependencies)
+  X(cuGraphChildGraphNodeGetGraph) X(cuGraphAddDependencies) X(cuGraphRemoveDependencies) \
+  X(cuGraphAddHostNode) X(cuGraphHostNodeGetParams) X(cuGraphHostNodeSetParams) X(cuGraphExecHostNodeSetParams)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

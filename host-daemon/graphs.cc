@@ -12,7 +12,11 @@
 // are this guest's handles, device memory must be its own (owns_device), and
 // host memory in a memcpy node must be page-locked memory of its arena (a BAR
 // offset); pageable host memory cannot be reached from here.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -28,6 +32,8 @@ namespace {
 // Lists longer than this are refused rather than answered in several replies.
 constexpr std::uint64_t kMaxListed = 4096;
 constexpr std::size_t kEdgeBytes = 8;
+// Host nodes' pairs live as long as the worker: a guest cannot make more.
+constexpr std::size_t kMaxHostSlots = 1u << 16;
 static_assert(sizeof(CUgraphEdgeData) == kEdgeBytes);
 
 // The last byte offset + 1 a 3D region of width x height x depth at (x, y, z)
@@ -230,6 +236,51 @@ CUresult Worker::node_in_ctx(std::uint64_t h, NodeEntry** out) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// A host node runs here, on the driver's callback thread: it tells the guest
+// (one more step of `reached`) and waits until the guest's dispatcher has run
+// the function (`done` caught up). Waiting blocks only this guest's work.
+void CUDA_CB host_node_call(void* user) {
+  auto* slot = static_cast<const std::uint32_t* const*>(user);
+  std::uint32_t* reached = const_cast<std::uint32_t*>(slot[0]);
+  const std::uint32_t* done = slot[1];
+  // Pairs with load_acquire in guest/hostfunc.cc's dispatcher.
+  const std::uint32_t seq = std::atomic_ref<std::uint32_t>(*reached).fetch_add(1, std::memory_order_acq_rel) + 1;
+  for (unsigned polls = 0;; ++polls) {
+    // Pairs with the dispatcher's store_release of `done` (wrap-aware >=).
+    const std::uint32_t v = ring::load_acquire(*done);
+    if (static_cast<std::int32_t>(v - seq) >= 0) return;
+    if (polls < 2000) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      ::usleep(polls < 4000 ? 20 : 200);
+    }
+  }
+}
+}  // namespace
+
+// The worker's host node parameters for the guest's pair at BAR offset p.dst.
+CUresult Worker::host_node_params(const GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out) {
+  constexpr std::uint64_t kWord = sizeof(std::uint32_t);
+  if (p.dst % kWord != 0 || !arena_range(p.dst, 2 * kWord)) return CUDA_ERROR_INVALID_VALUE;
+  auto it = host_slots_.find(p.dst);
+  if (it == host_slots_.end()) {
+    if (host_slots_.size() >= kMaxHostSlots) return CUDA_ERROR_OUT_OF_MEMORY;
+    auto slot = std::make_unique<HostNodeSlot>();
+    slot->reached = reinterpret_cast<std::uint32_t*>(arena_ptr(p.dst));
+    slot->done = reinterpret_cast<std::uint32_t*>(arena_ptr(p.dst + kWord));
+    slot->off = p.dst;
+    it = host_slots_.emplace(p.dst, std::move(slot)).first;
+  }
+  static_assert(offsetof(HostNodeSlot, reached) == 0 && offsetof(HostNodeSlot, done) == sizeof(void*));
+  *out = CUDA_HOST_NODE_PARAMS{};
+  out->fn = host_node_call;
+  out->userData = it->second.get();
+  return CUDA_SUCCESS;
+}
+
 CUresult Worker::to_driver_memset(const GraphNodeParams& p, CUDA_MEMSET_NODE_PARAMS* out) {
   if (p.elem_size != 1 && p.elem_size != 2 && p.elem_size != 4) return CUDA_ERROR_INVALID_VALUE;
   std::uint64_t row = 0, extent = 0;
@@ -356,6 +407,11 @@ CUresult Worker::add_node(const ReqGraphAddNode& r, GraphEntry& g, std::span<con
       return p.type == CU_GRAPH_NODE_TYPE_EVENT_RECORD ? cu_.cuGraphAddEventRecordNode(out, g.real, d, n, e->real)
                                                        : cu_.cuGraphAddEventWaitNode(out, g.real, d, n, e->real);
     }
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      CUDA_HOST_NODE_PARAMS hp;
+      if (CUresult st = host_node_params(p, &hp); st != CUDA_SUCCESS) return st;
+      return cu_.cuGraphAddHostNode(out, g.real, d, n, &hp);
+    }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
@@ -425,6 +481,12 @@ CUresult Worker::set_node_params(NodeEntry& n, CUgraphExec exec, const GraphNode
         return rec ? cu_.cuGraphExecEventRecordNodeSetEvent(exec, n.real, e->real)
                    : cu_.cuGraphExecEventWaitNodeSetEvent(exec, n.real, e->real);
       return rec ? cu_.cuGraphEventRecordNodeSetEvent(n.real, e->real) : cu_.cuGraphEventWaitNodeSetEvent(n.real, e->real);
+    }
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      CUDA_HOST_NODE_PARAMS hp;
+      if (CUresult st = host_node_params(p, &hp); st != CUDA_SUCCESS) return st;
+      return exec != nullptr ? cu_.cuGraphExecHostNodeSetParams(exec, n.real, &hp)
+                             : cu_.cuGraphHostNodeSetParams(n.real, &hp);
     }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
@@ -528,6 +590,15 @@ CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
       events_.for_each([&](std::uint64_t h, EventEntry& e) {
         if (p.handle == 0 && e.real == ev) p.handle = h;
       });
+      break;
+    }
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      CUDA_HOST_NODE_PARAMS hp{};
+      if (CUresult st = cu_.cuGraphHostNodeGetParams(n.real, &hp); st != CUDA_SUCCESS) return st;
+      const auto* slot = static_cast<const HostNodeSlot*>(hp.userData);
+      auto it = hp.fn == host_node_call ? host_slots_.find(slot->off) : host_slots_.end();
+      if (it == host_slots_.end() || it->second.get() != slot) return CUDA_ERROR_NOT_SUPPORTED;
+      p.dst = slot->off;
       break;
     }
     default:

@@ -113,6 +113,14 @@ class Worker {
     // the node owns it, so it goes with that node and cannot be destroyed.
     std::uint64_t owner_node = 0;
   };
+  // A graph host node's meeting point with the guest: a pair of words in its
+  // arena (graphs.cc, host_node_call). Owned by the worker: every graph,
+  // clone and executable graph made from the node points at it.
+  struct HostNodeSlot {
+    std::uint32_t* reached = nullptr;
+    std::uint32_t* done = nullptr;
+    std::uint64_t off = 0;  // BAR offset of `reached`
+  };
   struct NodeEntry {
     CUgraphNode real = nullptr;
     std::uint64_t graph = 0;  // the graph handle it belongs to
@@ -175,6 +183,7 @@ class Worker {
   CUresult to_driver_copy(const proto::GraphNodeParams& p, CUDA_MEMCPY3D* out);
   CUresult to_driver_memset(const proto::GraphNodeParams& p, CUDA_MEMSET_NODE_PARAMS* out);
   CUresult graph_list(Call& c, const proto::ReqGraphQuery& r);
+  CUresult host_node_params(const proto::GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out);
   CUresult record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags);
   // VMM (vmm.cc): guest locations and properties in the driver's numbering.
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
@@ -215,6 +224,7 @@ class Worker {
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
   HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
   std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
+  std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle

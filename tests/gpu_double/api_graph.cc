@@ -226,6 +226,7 @@ CUresult run_step(const ExecStep& st) {
     }
     case CU_GRAPH_NODE_TYPE_MEMCPY: return run_copy(n.copy);
     case CU_GRAPH_NODE_TYPE_GRAPH: return run_exec(*st.child);
+    case CU_GRAPH_NODE_TYPE_HOST: n.host.fn(n.host.userData); return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return cuEventRecord(n.event, nullptr);
     case CU_GRAPH_NODE_TYPE_WAIT_EVENT: return cuEventQuery(n.event) == CUDA_ERROR_INVALID_HANDLE
                                                    ? CUDA_ERROR_INVALID_HANDLE
@@ -416,6 +417,39 @@ CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph g, const CUgraph
     node.type = CU_GRAPH_NODE_TYPE_MEMCPY;
     node.copy = *p;
     return add(s, out, g, deps, n, std::move(node));
+  });
+}
+
+CUresult CUDAAPI cuGraphAddHostNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n,
+                                    const CUDA_HOST_NODE_PARAMS* p) {
+  return guarded([&](State& s) -> CUresult {
+    if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GraphNode node;
+    node.type = CU_GRAPH_NODE_TYPE_HOST;
+    node.host = *p;
+    return add(s, out, g, deps, n, std::move(node));
+  });
+}
+CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode h, CUDA_HOST_NODE_PARAMS* p) {
+  return guarded([&](State& s) -> CUresult {
+    const GraphNode* n = find_node(s, h);
+    if (n == nullptr || p == nullptr || n->type != CU_GRAPH_NODE_TYPE_HOST) return CUDA_ERROR_INVALID_VALUE;
+    *p = n->host;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult CUDAAPI cuGraphHostNodeSetParams(CUgraphNode h, const CUDA_HOST_NODE_PARAMS* p) {
+  if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return edit(nullptr, h, CU_GRAPH_NODE_TYPE_HOST, [&](State&, GraphNode* n) {
+    n->host = *p;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec e, CUgraphNode h, const CUDA_HOST_NODE_PARAMS* p) {
+  if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return edit(e, h, CU_GRAPH_NODE_TYPE_HOST, [&](State&, GraphNode* n) {
+    n->host = *p;
+    return CUDA_SUCCESS;
   });
 }
 

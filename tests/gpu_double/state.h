@@ -121,6 +121,7 @@ struct GraphNode {
   CUDA_MEMCPY3D copy{};
   Handle child = 0;          // child graph, owned by the node
   CUevent event = nullptr;
+  CUDA_HOST_NODE_PARAMS host{};
 };
 struct Graph {
   Handle ctx = 0;

@@ -31,6 +31,19 @@ unsigned bits(float f) {
   return u;
 }
 
+// What a host node saw: it runs in this process, after the copy to
+// page-locked memory and before the event.
+struct HostLog {
+  int calls = 0;
+  float first = 0;
+  const float* watch = nullptr;
+};
+void CUDA_CB host_node(void* data) {
+  auto* log = static_cast<HostLog*>(data);
+  ++log->calls;
+  log->first = log->watch[0];
+}
+
 bool all_float(const float* p, size_t n, float v) {
   return std::all_of(p, p + n, [v](float x) { return x == v; });
 }
@@ -217,8 +230,10 @@ int main(int argc, char** argv) {
   // then an event; a child graph sets E7 to 7 after C; an empty node joins.
   CUgraph g = nullptr;
   OK(cuGraphCreate(&g, 0));
-  CUgraphNode m1 = nullptr, k1 = nullptr, k2 = nullptr, c1 = nullptr, c2 = nullptr, rec = nullptr, child = nullptr,
-              join = nullptr;
+  CUgraphNode m1 = nullptr, k1 = nullptr, k2 = nullptr, c1 = nullptr, c2 = nullptr, hn = nullptr, rec = nullptr,
+              child = nullptr, join = nullptr;
+  HostLog hlog;
+  hlog.watch = pinned;
   CUDA_MEMSET_NODE_PARAMS ms = memset32(a, bits(1.0f), kN);
   OK(cuGraphAddMemsetNode(&m1, g, nullptr, 0, &ms, ctx));
   FillArgs fill{b, bits(2.0f), kN, {}};
@@ -232,7 +247,11 @@ int main(int argc, char** argv) {
   OK(cuGraphAddMemcpyNode(&c1, g, &k2, 1, &cp1, ctx));
   CUDA_MEMCPY3D cp2 = copy_d2h(pinned, d, kN * 4);
   OK(cuGraphAddMemcpyNode(&c2, g, &c1, 1, &cp2, ctx));
-  OK(cuGraphAddEventRecordNode(&rec, g, &c2, 1, ev));
+  CUDA_HOST_NODE_PARAMS hp{};
+  hp.fn = host_node;
+  hp.userData = &hlog;
+  OK(cuGraphAddHostNode(&hn, g, &c2, 1, &hp));
+  OK(cuGraphAddEventRecordNode(&rec, g, &hn, 1, ev));
   CUgraph cg = nullptr;
   OK(cuGraphCreate(&cg, 0));
   CUgraphNode cm = nullptr;
@@ -241,20 +260,20 @@ int main(int argc, char** argv) {
   OK(cuGraphAddChildGraphNode(&child, g, &k2, 1, cg));
   const CUgraphNode deps_join[] = {rec, child};
   OK(cuGraphAddEmptyNode(&join, g, deps_join, 2));
-  std::printf("build: memset, 2 kernels, 2 memcpys, event record, child graph, empty\n");
+  std::printf("build: memset, 2 kernels, 2 memcpys, host, event record, child graph, empty\n");
   if (check::g_failures != 0) return check::finish("drv_graph_build");
 
   // ---- queries
   size_t n = 0;
   OK(cuGraphGetNodes(g, nullptr, &n));
-  EXPECT(n == 8);
-  std::vector<CUgraphNode> nodes(10, reinterpret_cast<CUgraphNode>(1));
+  EXPECT(n == 9);
+  std::vector<CUgraphNode> nodes(11, reinterpret_cast<CUgraphNode>(1));
   n = nodes.size();
   OK(cuGraphGetNodes(g, nodes.data(), &n));
-  EXPECT(n == 8 && nodes[8] == nullptr && nodes[9] == nullptr);
-  nodes.resize(std::min<size_t>(n, 8));
+  EXPECT(n == 9 && nodes[9] == nullptr && nodes[10] == nullptr);
+  nodes.resize(std::min<size_t>(n, 9));
   const std::set<CUgraphNode> got(nodes.begin(), nodes.end());
-  EXPECT(got == (std::set<CUgraphNode>{m1, k1, k2, c1, c2, rec, child, join}));
+  EXPECT(got == (std::set<CUgraphNode>{m1, k1, k2, c1, c2, hn, rec, child, join}));
   std::printf("nodes: %zu: %s\n", n, types_of(nodes).c_str());
   std::vector<CUgraphNode> small(3);
   n = small.size();
@@ -269,14 +288,14 @@ int main(int argc, char** argv) {
   std::printf("roots: %zu: %s\n", n, types_of(roots).c_str());
   n = 0;
   OK(cuGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
-  EXPECT(n == 8);
+  EXPECT(n == 9);
   std::vector<CUgraphNode> from(n), to(n);
   std::vector<CUgraphEdgeData> data(n);
   OK(cuGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
   std::set<std::pair<CUgraphNode, CUgraphNode>> edges;
   for (size_t i = 0; i < n; ++i) edges.emplace(from[i], to[i]);
   EXPECT((edges == std::set<std::pair<CUgraphNode, CUgraphNode>>{
-                       {m1, k2}, {k1, k2}, {k2, c1}, {c1, c2}, {c2, rec}, {k2, child}, {rec, join}, {child, join}}));
+                       {m1, k2}, {k1, k2}, {k2, c1}, {c1, c2}, {c2, hn}, {hn, rec}, {k2, child}, {rec, join}, {child, join}}));
   bool defaults = true;
   for (const auto& ed : data) defaults = defaults && ed.type == 0 && ed.from_port == 0 && ed.to_port == 0;
   EXPECT(defaults);
@@ -316,12 +335,15 @@ int main(int argc, char** argv) {
   CUevent got_ev = nullptr;
   OK(cuGraphEventRecordNodeGetEvent(rec, &got_ev));
   EXPECT(got_ev == ev);
+  CUDA_HOST_NODE_PARAMS got_h{};
+  OK(cuGraphHostNodeGetParams(hn, &got_h));
+  EXPECT(got_h.fn == host_node && got_h.userData == &hlog);
   CUgraph embedded = nullptr;
   OK(cuGraphChildGraphNodeGetGraph(child, &embedded));
   n = 0;
   OK(cuGraphGetNodes(embedded, nullptr, &n));
   EXPECT(n == 1 && embedded != cg);
-  std::printf("params: kernel, memset, memcpy to page-locked memory, event and child graph read back\n");
+  std::printf("params: kernel, memset, memcpy to page-locked memory, host, event and child graph read back\n");
 
   // ---- instantiate and launch
   CUgraphExec ex = nullptr;
@@ -339,11 +361,19 @@ int main(int argc, char** argv) {
     OK(cuEventQuery(ev));
     std::vector<unsigned> sevens(kN);
     OK(cuMemcpyDtoH(sevens.data(), e7, kN * 4));
-    launches_ok = launches_ok && all_float(pinned, kN, 3.0f) &&
+    launches_ok = launches_ok && all_float(pinned, kN, 3.0f) && hlog.calls == i + 1 && hlog.first == 3.0f &&
                   std::all_of(sevens.begin(), sevens.end(), [](unsigned v) { return v == 7; });
   }
   EXPECT(launches_ok);
-  std::printf("launch x3: page-locked result 1 + 2 = 3, child graph wrote 7: %s\n", launches_ok ? "ok" : "WRONG");
+  std::printf("launch x3: page-locked result 1 + 2 = 3, the host node saw it, child graph wrote 7: %s\n",
+              launches_ok ? "ok" : "WRONG");
+  // The host node of the executable graph given other data.
+  HostLog hlog2;
+  hlog2.watch = pinned;
+  CUDA_HOST_NODE_PARAMS hp2{};
+  hp2.fn = host_node;
+  hp2.userData = &hlog2;
+  OK(cuGraphExecHostNodeSetParams(ex, hn, &hp2));
 
   // ---- parameters changed on the executable graph only
   FillArgs fill5{b, bits(5.0f), kN, {}};
@@ -352,6 +382,7 @@ int main(int argc, char** argv) {
   OK(cuGraphLaunch(ex, s));
   OK(cuStreamSynchronize(s));
   EXPECT(all_float(pinned, kN, 6.0f));
+  EXPECT(hlog.calls == 3 && hlog2.calls == 1 && hlog2.first == 6.0f);
   OK(cuGraphKernelNodeGetParams(k1, &got_k));  // the graph itself is unchanged
   EXPECT(got_k.kernelParams != nullptr && *static_cast<unsigned*>(got_k.kernelParams[1]) == bits(2.0f));
   std::printf("exec kernel params: B = 5 gives 6; the graph keeps B = 2\n");
@@ -472,11 +503,11 @@ int main(int argc, char** argv) {
   OK(cuGraphDestroyNode(join));
   n = 0;
   OK(cuGraphGetNodes(g, nullptr, &n));
-  EXPECT(n == 7);
+  EXPECT(n == 8);
   n = 0;
   OK(cuGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
-  EXPECT(n == 6);
-  std::printf("destroy node: 7 nodes, 6 edges left\n");
+  EXPECT(n == 7);
+  std::printf("destroy node: 8 nodes, 7 edges left\n");
 
   if (limits) {
     // Handles the guest never got, and memory the host cannot reach.
