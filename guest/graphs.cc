@@ -108,23 +108,34 @@ CUresult end_capture(CUstream s, CUgraph* graph) {
   });
 }
 
+// The dependency arrays cuStreamGetCaptureInfo hands out, per stream: valid
+// until the next query of that stream, as CUDA promises until the next call.
+struct CaptureDeps {
+  std::mutex mu;
+  std::unordered_map<std::uint64_t, std::pair<std::vector<CUgraphNode>, std::vector<CUgraphEdgeData>>> by_stream;
+};
+CaptureDeps& capture_deps() {
+  static auto* c = new CaptureDeps;
+  return *c;
+}
+
 // The capture state of s. The host answers only while some stream of ours
-// captures; the graph under construction and its dependency nodes are the
-// host driver's and are not handed out (NULL, 0).
+// captures; the graph and its dependency nodes come back as handles only
+// when asked for.
 CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
                       const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* ndeps) {
   return guard([&] {
     if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepCaptureInfo rep{};
+    std::vector<std::byte> extra;
     if (ivcuda::guest::any_capture()) {
       NEED_RT();
       NEED_CTX();
       if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-      const CUresult st = rt->call<Op::kStreamCaptureInfo>(proto::ReqHandle{ctx, h(s)}, {}, &rep);
+      const bool full = graph != nullptr || deps != nullptr || edges != nullptr;
+      const CUresult st = full ? rt->call<Op::kCaptureGraphInfo>(proto::ReqHandle{ctx, h(s)}, {}, &rep, &extra)
+                               : rt->call<Op::kStreamCaptureInfo>(proto::ReqHandle{ctx, h(s)}, {}, &rep);
       if (st != CUDA_SUCCESS) return st;
-      if (rep.status == CU_STREAM_CAPTURE_STATUS_ACTIVE && (graph != nullptr || deps != nullptr))
-        ivcuda::guest::log_once("capture-graph",
-                                "cuStreamGetCaptureInfo: the graph being captured stays on the host; NULL returned");
     }
     *status = static_cast<CUstreamCaptureStatus>(rep.status);
     if (id != nullptr) *id = rep.id;
@@ -132,7 +143,82 @@ CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id,
     if (deps != nullptr) *deps = nullptr;
     if (edges != nullptr) *edges = nullptr;
     if (ndeps != nullptr) *ndeps = 0;
+    if (rep.status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;
+    if (ndeps != nullptr) *ndeps = static_cast<size_t>(rep.num_deps);
+    const std::size_t n = static_cast<std::size_t>(rep.num_deps);
+    if (extra.size() < sizeof(std::uint64_t) + n * (sizeof(std::uint64_t) + sizeof(CUgraphEdgeData))) {
+      return CUDA_SUCCESS;  // only the plain query was made
+    }
+    std::uint64_t gh = 0;
+    std::memcpy(&gh, extra.data(), sizeof gh);
+    if (graph != nullptr) *graph = reinterpret_cast<CUgraph>(gh);
+    CaptureDeps& cd = capture_deps();
+    std::lock_guard lk(cd.mu);
+    auto& [nodes, data] = cd.by_stream[h(s)];
+    nodes.resize(n);
+    data.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint64_t v;
+      std::memcpy(&v, extra.data() + (1 + i) * sizeof v, sizeof v);
+      nodes[i] = reinterpret_cast<CUgraphNode>(v);
+    }
+    if (n != 0) std::memcpy(data.data(), extra.data() + (1 + n) * sizeof(std::uint64_t), n * sizeof(CUgraphEdgeData));
+    if (deps != nullptr) *deps = n != 0 ? nodes.data() : nullptr;
+    if (edges != nullptr) *edges = n != 0 ? data.data() : nullptr;
     return CUDA_SUCCESS;
+  });
+}
+
+// Node handles, then edge data (zero: the default), as the capture ops carry them.
+std::vector<std::byte> capture_tail(const CUgraphNode* nodes, const CUgraphEdgeData* data, size_t n) {
+  std::vector<std::byte> t(n * (sizeof(std::uint64_t) + sizeof(CUgraphEdgeData)));
+  for (size_t i = 0; i < n; ++i) {
+    const std::uint64_t v = h(nodes[i]);
+    std::memcpy(t.data() + i * sizeof v, &v, sizeof v);
+  }
+  if (data != nullptr && n != 0)
+    std::memcpy(t.data() + n * sizeof(std::uint64_t), data, n * sizeof(CUgraphEdgeData));
+  return t;
+}
+
+CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                size_t n, CUstreamCaptureMode mode) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+      return CUDA_ERROR_INVALID_VALUE;
+    if ((n != 0 && deps == nullptr) || n > 4096) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    proto::ReqCaptureToGraph r{};
+    r.ctx = ctx;
+    r.stream = h(s);
+    r.graph = h(graph);
+    r.mode = static_cast<proto::u32>(mode);
+    r.count = static_cast<proto::u32>(n);
+    const CUresult st = rt->call<Op::kCaptureToGraph>(r, capture_tail(deps, data, n));
+    if (st == CUDA_SUCCESS) {
+      Captures& c = captures();
+      std::lock_guard lk(c.mu);
+      ++c.streams[h(s)];
+    }
+    return st;
+  });
+}
+
+CUresult update_capture_deps(CUstream s, CUgraphNode* deps, const CUgraphEdgeData* data, size_t n, unsigned flags) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if ((n != 0 && deps == nullptr) || n > 4096) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    proto::ReqCaptureDeps r{};
+    r.ctx = ctx;
+    r.stream = h(s);
+    r.count = static_cast<proto::u32>(n);
+    r.flags = flags;
+    return rt->call<Op::kCaptureUpdateDeps>(r, capture_tail(deps, data, n));
   });
 }
 
@@ -457,6 +543,32 @@ CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus* st
                                            const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* ndeps) {
   return capture_info(s, status, id, graph, deps, edges, ndeps);
 }
+
+CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const CUgraphNode* deps,
+                                             const CUgraphEdgeData* data, size_t n, CUstreamCaptureMode mode) {
+  return begin_capture_to_graph(s, graph, deps, data, n, mode);
+}
+CUresult CUDAAPI cuStreamUpdateCaptureDependencies(CUstream s, CUgraphNode* deps, size_t n, unsigned int flags) {
+  return update_capture_deps(s, deps, nullptr, n, flags);
+}
+CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(CUstream s, CUgraphNode* deps, const CUgraphEdgeData* data,
+                                                      size_t n, unsigned int flags) {
+  return update_capture_deps(s, deps, data, n, flags);
+}
+// cuda.h declares these _ptsz forms only for per-thread-default-stream builds.
+extern "C" {
+CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph graph, const CUgraphNode* deps,
+                                                  const CUgraphEdgeData* data, size_t n, CUstreamCaptureMode mode) {
+  return begin_capture_to_graph(ptsz(s), graph, deps, data, n, mode);
+}
+CUresult CUDAAPI cuStreamUpdateCaptureDependencies_ptsz(CUstream s, CUgraphNode* deps, size_t n, unsigned int flags) {
+  return update_capture_deps(ptsz(s), deps, nullptr, n, flags);
+}
+CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2_ptsz(CUstream s, CUgraphNode* deps, const CUgraphEdgeData* data,
+                                                           size_t n, unsigned int flags) {
+  return update_capture_deps(ptsz(s), deps, data, n, flags);
+}
+}  // extern "C"
 
 // The mode decides which calls a capture forbids in this thread (PyTorch's
 // allocator turns relaxed around cudaMalloc while a graph captures). The host

@@ -60,7 +60,8 @@ namespace ivcuda::host {
   X(cuGraphNodeGetType) X(cuGraphDestroyNode) X(cuGraphClone) X(cuGraphNodeFindInClone)      \
   X(cuGraphExecGetFlags) X(cuGraphExecUpdate) X(cuGraphNodeSetEnabled) X(cuGraphNodeGetEnabled) \
   X(cuGraphChildGraphNodeGetGraph) X(cuGraphAddDependencies) X(cuGraphRemoveDependencies) \
-  X(cuGraphAddHostNode) X(cuGraphHostNodeGetParams) X(cuGraphHostNodeSetParams) X(cuGraphExecHostNodeSetParams)
+  X(cuGraphAddHostNode) X(cuGraphHostNodeGetParams) X(cuGraphHostNodeSetParams) X(cuGraphExecHostNodeSetParams) \
+  X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

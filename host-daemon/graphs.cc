@@ -102,8 +102,22 @@ CUresult Worker::on_StreamEndCapture(Call& c) {
   if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
   CUgraph g = nullptr;
   const CUresult st = cu_.cuStreamEndCapture(s, &g);
+  std::uint64_t known = 0;
+  if (auto it = capture_graphs_.find(s); it != capture_graphs_.end()) {
+    known = it->second;
+    capture_graphs_.erase(it);
+  }
   RepHandle rep{};
-  if (g != nullptr) rep.handle = graphs_.insert(GraphEntry{g, r.ctx, 0});
+  if (g != nullptr) {
+    // The guest's own graph (cuStreamBeginCaptureToGraph), or one it already
+    // saw while the capture ran, keeps its handle.
+    graphs_.for_each([&](std::uint64_t h, GraphEntry& e) {
+      if (e.real == g) rep.handle = h;
+    });
+    if (rep.handle == 0) rep.handle = graphs_.insert(GraphEntry{g, r.ctx, 0});
+  }
+  // The driver destroyed the graph of a failed capture.
+  if (known != 0 && known != rep.handle) drop_graph(known);
   c.set_reply(rep);
   return st;
 }
@@ -119,6 +133,88 @@ CUresult Worker::on_StreamCaptureInfo(Call& c) {
   const CUresult st = cu_.cuStreamGetCaptureInfo(s, &cs, &id, nullptr, nullptr, nullptr, &n);
   c.set_reply(RepCaptureInfo{static_cast<std::uint32_t>(cs), 0, id, n});
   return st;
+}
+
+CUresult Worker::on_CaptureGraphInfo(Call& c) {
+  const auto r = c.req<ReqHandle>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUgraph g = nullptr;
+  const CUgraphNode* deps = nullptr;
+  const CUgraphEdgeData* data = nullptr;
+  size_t n = 0;
+  const CUresult st = cu_.cuStreamGetCaptureInfo(s, &cs, &id, &g, &deps, &data, &n);
+  if (st != CUDA_SUCCESS) return st;
+  if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || g == nullptr) n = 0;
+  if (n > kMaxListed) return CUDA_ERROR_NOT_SUPPORTED;
+  c.set_reply(RepCaptureInfo{static_cast<std::uint32_t>(cs), 0, id, n});
+  if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || g == nullptr) return CUDA_SUCCESS;
+  std::uint64_t gh = 0;
+  graphs_.for_each([&](std::uint64_t h, GraphEntry& e) {
+    if (e.real == g) gh = h;
+  });
+  if (gh == 0) {
+    gh = graphs_.insert(GraphEntry{g, r.ctx, 0});
+    capture_graphs_[s] = gh;
+  }
+  c.append(&gh, sizeof gh);
+  for (size_t i = 0; i < n; ++i) {
+    const std::uint64_t h = node_handle(deps[i], gh);
+    c.append(&h, sizeof h);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const CUgraphEdgeData e = data != nullptr ? data[i] : CUgraphEdgeData{};
+    c.append(&e, sizeof e);
+  }
+  return CUDA_SUCCESS;
+}
+
+// Node handles [count] and edge data [count] after a capture request.
+CUresult Worker::capture_nodes(std::span<const std::byte> tail, std::uint32_t count, std::vector<CUgraphNode>* nodes,
+                               std::vector<CUgraphEdgeData>* data) {
+  if (count > kMaxListed || tail.size() != count * (sizeof(std::uint64_t) + kEdgeBytes)) return CUDA_ERROR_INVALID_VALUE;
+  nodes->resize(count);
+  data->resize(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::uint64_t h;
+    std::memcpy(&h, tail.data() + i * sizeof h, sizeof h);
+    NodeEntry* n = nodes_.find(h);
+    if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    (*nodes)[i] = n->real;
+  }
+  if (count != 0) std::memcpy(data->data(), tail.data() + count * sizeof(std::uint64_t), count * kEdgeBytes);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_CaptureToGraph(Call& c) {
+  const auto r = c.req<ReqCaptureToGraph>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  GraphEntry* g = graphs_.find(r.graph);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUgraphNode> deps;
+  std::vector<CUgraphEdgeData> data;
+  if (CUresult st = capture_nodes(c.tail<ReqCaptureToGraph>(), r.count, &deps, &data); st != CUDA_SUCCESS) return st;
+  return cu_.cuStreamBeginCaptureToGraph(s, g->real, deps.empty() ? nullptr : deps.data(),
+                                         data.empty() ? nullptr : data.data(), deps.size(),
+                                         static_cast<CUstreamCaptureMode>(r.mode));
+}
+
+CUresult Worker::on_CaptureUpdateDeps(Call& c) {
+  const auto r = c.req<ReqCaptureDeps>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  std::vector<CUgraphNode> deps;
+  std::vector<CUgraphEdgeData> data;
+  if (CUresult st = capture_nodes(c.tail<ReqCaptureDeps>(), r.count, &deps, &data); st != CUDA_SUCCESS) return st;
+  return cu_.cuStreamUpdateCaptureDependencies(s, deps.empty() ? nullptr : deps.data(),
+                                               data.empty() ? nullptr : data.data(), deps.size(), r.flags);
 }
 
 CUresult Worker::on_GraphCreate(Call& c) {

@@ -183,6 +183,8 @@ class Worker {
   CUresult to_driver_copy(const proto::GraphNodeParams& p, CUDA_MEMCPY3D* out);
   CUresult to_driver_memset(const proto::GraphNodeParams& p, CUDA_MEMSET_NODE_PARAMS* out);
   CUresult graph_list(Call& c, const proto::ReqGraphQuery& r);
+  CUresult capture_nodes(std::span<const std::byte> tail, std::uint32_t count, std::vector<CUgraphNode>* nodes,
+                         std::vector<CUgraphEdgeData>* data);
   CUresult host_node_params(const proto::GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out);
   CUresult record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags);
   // VMM (vmm.cc): guest locations and properties in the driver's numbering.
@@ -225,6 +227,9 @@ class Worker {
   HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
   std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
   std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
+  // Graphs a capture made, given a handle before the capture ended
+  // (CaptureGraphInfo): stream -> graph handle. A failed end destroys them.
+  std::map<CUstream, std::uint64_t> capture_graphs_;
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle

@@ -127,7 +127,10 @@ enum class HandleKind : u8 {
   X(GraphAddNode, ReqGraphAddNode, RepHandle, 1)                         \
   X(GraphNodeParams, ReqGraphNodeParams, GraphNodeParams, 1)             \
   X(GraphQuery, ReqGraphQuery, RepValue, 1)                              \
-  X(GraphEdges, ReqGraphEdges, RepNone, 1)
+  X(GraphEdges, ReqGraphEdges, RepNone, 1)                               \
+  X(CaptureGraphInfo, ReqHandle, RepCaptureInfo, 1)                      \
+  X(CaptureToGraph, ReqCaptureToGraph, RepNone, 1)                       \
+  X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -718,6 +721,26 @@ struct ReqGraphEdges {
   u64 graph;
   u32 count;
   u32 remove;
+};
+
+// Capture with its graph: CaptureGraphInfo answers as StreamCaptureInfo and,
+// while the capture is active, adds u64 graph handle, u64 node handles
+// [num_deps] and edge data [num_deps] (8 bytes each). CaptureToGraph
+// (cuStreamBeginCaptureToGraph) and CaptureUpdateDeps
+// (cuStreamUpdateCaptureDependencies) carry u64 node handles [count] and edge
+// data [count] after the struct.
+struct ReqCaptureToGraph {
+  u64 ctx;
+  u64 stream;
+  u64 graph;
+  u32 mode;    // CUstreamCaptureMode
+  u32 count;
+};
+struct ReqCaptureDeps {
+  u64 ctx;
+  u64 stream;
+  u32 count;
+  u32 flags;   // CU_STREAM_ADD/SET_CAPTURE_DEPENDENCIES
 };
 
 // ---- per-op traits, generated from the table

@@ -240,7 +240,10 @@ CUresult begin_capture(CUstream h, CUstreamCaptureMode mode) {
                                          .invalidated = false,
                                          .id = s.next_capture_id++,
                                          .owner = std::this_thread::get_id(),
-                                         .last = 0};
+                                         .deps = {},
+                                         .deps_out = {},
+                                         .data_out = {},
+                                         .own_graph = true};
     return CUDA_SUCCESS;
   });
 }
@@ -255,6 +258,58 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) {
   return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
+CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* deps,
+                                             const CUgraphEdgeData* data, size_t n, CUstreamCaptureMode mode) {
+  return guarded([&](State& s) -> CUresult {
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+      return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = capturable(s, hStream, &ctx); r != CUDA_SUCCESS) return r;
+    if (s.captures.contains(from_handle(hStream))) return CUDA_ERROR_ILLEGAL_STATE;
+    const auto g = s.graphs.find(from_handle(hGraph));
+    if (g == s.graphs.end() || (n != 0 && deps == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<Handle> start;
+    for (size_t i = 0; i < n; ++i) {
+      const auto d = s.graph_nodes.find(from_handle(deps[i]));
+      if (d == s.graph_nodes.end() || d->second.graph != from_handle(hGraph)) return CUDA_ERROR_INVALID_VALUE;
+      if (data != nullptr && data[i].type != 0) return CUDA_ERROR_NOT_SUPPORTED;  // programmatic edges
+      start.push_back(from_handle(deps[i]));
+    }
+    s.captures[from_handle(hStream)] = Capture{.graph = from_handle(hGraph),
+                                               .mode = mode,
+                                               .invalidated = false,
+                                               .id = s.next_capture_id++,
+                                               .owner = std::this_thread::get_id(),
+                                               .deps = std::move(start),
+                                               .deps_out = {},
+                                               .data_out = {},
+                                               .own_graph = false};
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamUpdateCaptureDependencies(CUstream hStream, CUgraphNode* deps, const CUgraphEdgeData* data,
+                                                   size_t n, unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.captures.find(from_handle(hStream));
+    if (it == s.captures.end() || it->second.invalidated) return CUDA_ERROR_ILLEGAL_STATE;
+    if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (n != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Capture& c = it->second;
+    std::vector<Handle> next = flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES ? std::vector<Handle>{} : c.deps;
+    for (size_t i = 0; i < n; ++i) {
+      const auto d = s.graph_nodes.find(from_handle(deps[i]));
+      if (d == s.graph_nodes.end() || d->second.graph != c.graph) return CUDA_ERROR_INVALID_VALUE;
+      if (data != nullptr && data[i].type != 0) return CUDA_ERROR_NOT_SUPPORTED;
+      if (std::find(next.begin(), next.end(), from_handle(deps[i])) == next.end()) next.push_back(from_handle(deps[i]));
+    }
+    c.deps = std::move(next);
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   return guarded([&](State& s) -> CUresult {
     if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -265,7 +320,7 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
     const Capture c = it->second;
     s.captures.erase(it);
     if (c.invalidated) {
-      destroy_graph(s, c.graph);
+      if (c.own_graph) destroy_graph(s, c.graph);
       *phGraph = nullptr;
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
@@ -302,11 +357,15 @@ CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStat
               : active              ? CU_STREAM_CAPTURE_STATUS_ACTIVE
                                     : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
     if (id != nullptr && active) *id = it->second.id;
-    if (graph != nullptr && active) *graph = to_handle<CUgraph_st>(it->second.graph);
-    // Nodes are closures here, without handles: no dependencies to report.
-    if (deps != nullptr && active) *deps = nullptr;
-    if (edges != nullptr && active) *edges = nullptr;
-    if (ndeps != nullptr && active) *ndeps = 0;
+    if (!active) return CUDA_SUCCESS;
+    Capture& c = it->second;
+    if (graph != nullptr) *graph = to_handle<CUgraph_st>(c.graph);
+    c.deps_out.clear();
+    for (Handle d : c.deps) c.deps_out.push_back(to_handle<CUgraphNode_st>(d));
+    c.data_out.assign(c.deps.size(), CUgraphEdgeData{});
+    if (deps != nullptr) *deps = c.deps_out.empty() ? nullptr : c.deps_out.data();
+    if (edges != nullptr) *edges = c.data_out.empty() ? nullptr : c.data_out.data();
+    if (ndeps != nullptr) *ndeps = c.deps.size();
     return CUDA_SUCCESS;
   });
 }

@@ -87,13 +87,11 @@ bool record_if_capturing(State& s, CUstream stream, Node node, CUresult* st) {
   GraphNode n;
   n.graph = c.graph;
   n.captured = std::move(node);
-  if (c.last != 0) {
-    n.deps.push_back(c.last);
-    n.dep_data.push_back(CUgraphEdgeData{});
-  }
+  n.deps = c.deps;
+  n.dep_data.assign(c.deps.size(), CUgraphEdgeData{});
   s.graph_nodes[h] = std::move(n);
   s.graphs.at(c.graph).nodes.push_back(h);
-  c.last = h;
+  c.deps = {h};
   *st = CUDA_SUCCESS;
   return true;
 }

@@ -102,7 +102,10 @@ struct Capture {
   bool invalidated = false;
   unsigned long long id = 0;
   std::thread::id owner;  // the thread that began it
-  Handle last = 0;        // the node captured last: the next one depends on it
+  std::vector<Handle> deps;  // what the next captured node depends on
+  std::vector<CUgraphNode> deps_out;  // cuStreamGetCaptureInfo's array
+  std::vector<CUgraphEdgeData> data_out;
+  bool own_graph = true;     // false: cuStreamBeginCaptureToGraph's graph
 };
 struct GraphNode {
   Handle graph = 0;

@@ -193,6 +193,72 @@ void chain_of_ten(const Kernels& k, CUstream s) {
   std::printf("chain: 10 kernel nodes after a memset, 25 launches, %s\n", all_ok ? "x == 10 each time" : "WRONG");
 }
 
+// Capture into a graph that already has nodes, asking for the graph and its
+// dependencies while it runs, and changing them.
+void capture_to_graph(const Kernels& k, CUstream s) {
+  CUdeviceptr x = 0, y = 0;
+  OK(cuMemAlloc(&x, kN * 4));
+  OK(cuMemAlloc(&y, kN * 4));
+  CUgraph g = nullptr;
+  OK(cuGraphCreate(&g, 0));
+  CUgraphNode root = nullptr;
+  OK(cuGraphAddEmptyNode(&root, g, nullptr, 0));
+  OK(cuStreamBeginCaptureToGraph(s, g, &root, nullptr, 1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(cuMemsetD32Async(x, bits(1.0f), kN, s));
+  CUstreamCaptureStatus st{};
+  cuuint64_t id = 0;
+  CUgraph cg = nullptr;
+  const CUgraphNode* deps = nullptr;
+  const CUgraphEdgeData* data = nullptr;
+  size_t n = 0;
+  OK(cuStreamGetCaptureInfo(s, &st, &id, &cg, &deps, &data, &n));
+  EXPECT(st == CU_STREAM_CAPTURE_STATUS_ACTIVE && cg == g && n == 1 && deps != nullptr);
+  CUgraphNode after_memset = n == 1 && deps != nullptr ? deps[0] : nullptr;
+  size_t in_graph = 0;
+  OK(cuGraphGetNodes(g, nullptr, &in_graph));
+  EXPECT(in_graph == 2);
+  CUgraphNode memset_deps[2] = {};
+  size_t nd = 2;
+  OK(cuGraphNodeGetDependencies(after_memset, memset_deps, nullptr, &nd));
+  EXPECT(nd == 1 && memset_deps[0] == root);
+  // The next work depends on the root only, not on the memset: a second branch.
+  OK(cuStreamUpdateCaptureDependencies(s, &root, nullptr, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  FillArgs f{y, bits(2.0f), kN, {}};
+  const CUDA_KERNEL_NODE_PARAMS p = f.params(k.fill);
+  OK(cuLaunchKernel(k.fill, p.gridDimX, 1, 1, p.blockDimX, 1, 1, 0, s, p.kernelParams, nullptr));
+  // And the last one joins both branches.
+  OK(cuStreamUpdateCaptureDependencies(s, &after_memset, nullptr, 1, CU_STREAM_ADD_CAPTURE_DEPENDENCIES));
+  OK(cuStreamGetCaptureInfo(s, &st, &id, &cg, &deps, &data, &n));
+  EXPECT(n == 2);
+  AddArgs a{x, y, x, static_cast<int>(kN), {}};
+  const CUDA_KERNEL_NODE_PARAMS pa = a.params(k.add);
+  OK(cuLaunchKernel(k.add, pa.gridDimX, 1, 1, pa.blockDimX, 1, 1, 0, s, pa.kernelParams, nullptr));
+  CUgraph ended = nullptr;
+  OK(cuStreamEndCapture(s, &ended));
+  EXPECT(ended == g);
+  OK(cuGraphGetNodes(g, nullptr, &in_graph));
+  EXPECT(in_graph == 4);
+  size_t edges = 0;
+  OK(cuGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
+  EXPECT(edges == 4);
+  size_t roots = 0;
+  OK(cuGraphGetRootNodes(g, nullptr, &roots));
+  EXPECT(roots == 1);
+  CUgraphExec e = nullptr;
+  OK(cuGraphInstantiate(&e, g, 0));
+  OK(cuGraphLaunch(e, s));
+  OK(cuStreamSynchronize(s));
+  std::vector<float> host(kN);
+  OK(cuMemcpyDtoH(host.data(), x, kN * 4));
+  EXPECT(all_float(host.data(), kN, 3.0f));
+  OK(cuGraphExecDestroy(e));
+  OK(cuGraphDestroy(g));
+  OK(cuMemFree(x));
+  OK(cuMemFree(y));
+  std::printf("capture to graph: %zu nodes, %zu edges, %zu root; two branches joined give 3\n", in_graph, edges,
+              roots);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -528,6 +594,7 @@ int main(int argc, char** argv) {
   }
 
   chain_of_ten(k, s);
+  capture_to_graph(k, s);
 
   OK(cuGraphExecDestroy(exg));
   OK(cuGraphExecDestroy(exc));
