@@ -822,7 +822,8 @@ std::vector<std::byte> params_tail(const proto::GraphNodeParams& p, const std::v
 }
 
 CUresult add_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t ndeps,
-                  const proto::GraphNodeParams& p, const std::vector<std::byte>& packed) {
+                  const proto::GraphNodeParams& p, const std::vector<std::byte>& packed,
+                  std::uint64_t* dptr = nullptr) {
   NEED_RT();
   if (out == nullptr || (ndeps != 0 && deps == nullptr) || ndeps > 4096) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::byte> tail(ndeps * sizeof(std::uint64_t));
@@ -837,9 +838,76 @@ CUresult add_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size
   r.graph = h(graph);
   r.ndeps = static_cast<proto::u32>(ndeps);
   proto::RepHandle rep{};
-  const CUresult st = rt->call<Op::kGraphAddNode>(r, tail, &rep);
-  if (st == CUDA_SUCCESS) *out = node_of(rep.handle);
-  return st;
+  std::vector<std::byte> extra;
+  const CUresult st = rt->call<Op::kGraphAddNode>(r, tail, &rep, &extra);
+  if (st != CUDA_SUCCESS) return st;
+  *out = node_of(rep.handle);
+  if (dptr != nullptr) {
+    if (extra.size() < sizeof *dptr) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(dptr, extra.data(), sizeof *dptr);
+  }
+  return CUDA_SUCCESS;
+}
+
+// An application's location on the wire: device ordinals become the worker's.
+CUresult location_to_wire(Runtime* rt, const CUmemLocation& loc, proto::u32* type, proto::i32* id) {
+  *type = static_cast<proto::u32>(loc.type);
+  *id = loc.id;
+  if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && (*id = rt->to_worker(loc.id)) < 0) return CUDA_ERROR_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+int app_ordinal(Runtime* rt, int worker) {
+  for (int i = 0; i < rt->device_count(); ++i)
+    if (rt->to_worker(i) == worker) return i;
+  return -1;
+}
+
+// A memory allocation node: the driver on the host picks the address, which
+// is written back into the caller's parameters, as the driver does.
+CUresult add_mem_alloc(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n,
+                       CUDA_MEM_ALLOC_NODE_PARAMS* a) {
+  NEED_RT();
+  if (a == nullptr || (a->accessDescCount != 0 && a->accessDescs == nullptr) || a->accessDescCount > 64)
+    return CUDA_ERROR_INVALID_VALUE;
+  proto::GraphNodeParams p{};
+  p.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+  p.width = a->bytesize;
+  proto::MemAllocNode m{};
+  m.prop.type = static_cast<proto::u32>(a->poolProps.allocType);
+  m.prop.handle_types = static_cast<proto::u32>(a->poolProps.handleTypes);
+  m.prop.usage = a->poolProps.usage;
+  if (CUresult st = location_to_wire(rt, a->poolProps.location, &m.prop.loc_type, &m.prop.loc_id); st != CUDA_SUCCESS)
+    return st;
+  m.max_size = a->poolProps.maxSize;
+  m.access_count = static_cast<proto::u32>(a->accessDescCount);
+  std::vector<std::byte> tail(sizeof m + m.access_count * sizeof(proto::MemAccess));
+  std::memcpy(tail.data(), &m, sizeof m);
+  for (size_t i = 0; i < a->accessDescCount; ++i) {
+    proto::MemAccess x{};
+    x.flags = static_cast<proto::u32>(a->accessDescs[i].flags);
+    if (CUresult st = location_to_wire(rt, a->accessDescs[i].location, &x.loc_type, &x.loc_id); st != CUDA_SUCCESS)
+      return st;
+    std::memcpy(tail.data() + sizeof m + i * sizeof x, &x, sizeof x);
+  }
+  std::uint64_t dptr = 0;
+  const CUresult st = add_node(out, graph, deps, n, p, tail, &dptr);
+  if (st != CUDA_SUCCESS) return st;
+  // Keep this process's own memory out of the range, as for cuMemAlloc.
+  if (!rt->reserve_device_range(dptr, a->bytesize))
+    ivcuda::guest::log_once("va-collision-graph", "graph allocation at 0x%llx overlaps this process's own memory",
+                            static_cast<unsigned long long>(dptr));
+  a->dptr = dptr;
+  return CUDA_SUCCESS;
+}
+
+// Access descriptors cuGraphMemAllocNodeGetParams hands out, per node.
+struct AllocDescCache {
+  std::mutex mu;
+  std::unordered_map<std::uint64_t, std::vector<CUmemAccessDesc>> by_node;
+};
+AllocDescCache& alloc_desc_cache() {
+  static auto* c = new AllocDescCache;
+  return *c;
 }
 
 // Sets a node's parameters (exec 0) or an executable graph's copy of them.
@@ -1073,6 +1141,10 @@ CUresult pack_generic(Runtime* rt, const CUgraphNodeParams& g, proto::GraphNodeP
       return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_HOST:
       return pack_host(g.host.fn, g.host.userData, p);
+    case CU_GRAPH_NODE_TYPE_MEM_FREE:
+      p->type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+      p->dst = g.free.dptr;
+      return CUDA_SUCCESS;
     default:
       return ivcuda::guest::not_supported("graph node type %d is not forwarded", static_cast<int>(g.type));
   }
@@ -1271,6 +1343,71 @@ CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node
   });
 }
 
+CUresult CUDAAPI cuGraphAddMemAllocNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n,
+                                        CUDA_MEM_ALLOC_NODE_PARAMS* a) {
+  return guard([&] { return add_mem_alloc(out, graph, deps, n, a); });
+}
+CUresult CUDAAPI cuGraphAddMemFreeNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n,
+                                       CUdeviceptr dptr) {
+  return guard([&] {
+    proto::GraphNodeParams p{};
+    p.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    p.dst = dptr;
+    return add_node(out, graph, deps, n, p, {});
+  });
+}
+CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* dptr) {
+  return guard([&] {
+    if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    std::vector<std::byte> packed;
+    const CUresult st = get_params(node, &p, &packed);
+    if (st != CUDA_SUCCESS) return st;
+    if (p.type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
+    *dptr = p.dst;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS* a) {
+  return guard([&] {
+    NEED_RT();
+    if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    std::vector<std::byte> packed;
+    const CUresult st = get_params(node, &p, &packed);
+    if (st != CUDA_SUCCESS) return st;
+    if (p.type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || packed.size() < sizeof(proto::MemAllocNode))
+      return CUDA_ERROR_INVALID_VALUE;
+    proto::MemAllocNode m;
+    std::memcpy(&m, packed.data(), sizeof m);
+    if (packed.size() < sizeof m + m.access_count * sizeof(proto::MemAccess)) return CUDA_ERROR_UNKNOWN;
+    *a = CUDA_MEM_ALLOC_NODE_PARAMS{};
+    a->poolProps.allocType = static_cast<CUmemAllocationType>(m.prop.type);
+    a->poolProps.handleTypes = static_cast<CUmemAllocationHandleType>(m.prop.handle_types);
+    a->poolProps.location.type = static_cast<CUmemLocationType>(m.prop.loc_type);
+    a->poolProps.location.id =
+        m.prop.loc_type == CU_MEM_LOCATION_TYPE_DEVICE ? app_ordinal(rt, m.prop.loc_id) : m.prop.loc_id;
+    a->poolProps.maxSize = m.max_size;
+    a->poolProps.usage = m.prop.usage;
+    a->bytesize = p.width;
+    a->dptr = p.dst;
+    AllocDescCache& cache = alloc_desc_cache();
+    std::lock_guard lk(cache.mu);
+    auto& descs = cache.by_node[h(node)];
+    descs.assign(m.access_count, CUmemAccessDesc{});
+    for (std::uint32_t i = 0; i < m.access_count; ++i) {
+      proto::MemAccess x;
+      std::memcpy(&x, packed.data() + sizeof m + i * sizeof x, sizeof x);
+      descs[i].flags = static_cast<CUmemAccess_flags>(x.flags);
+      descs[i].location.type = static_cast<CUmemLocationType>(x.loc_type);
+      descs[i].location.id = x.loc_type == CU_MEM_LOCATION_TYPE_DEVICE ? app_ordinal(rt, x.loc_id) : x.loc_id;
+    }
+    a->accessDescs = descs.empty() ? nullptr : descs.data();
+    a->accessDescCount = descs.size();
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n) {
   return guard([&] {
     proto::GraphNodeParams p{};
@@ -1341,6 +1478,16 @@ CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph graph, const CUgraphNo
   return guard([&] {
     NEED_RT();
     if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (g->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+      CUDA_MEM_ALLOC_NODE_PARAMS a{};
+      a.poolProps = g->alloc.poolProps;
+      a.accessDescs = g->alloc.accessDescs;
+      a.accessDescCount = g->alloc.accessDescCount;
+      a.bytesize = g->alloc.bytesize;
+      const CUresult st = add_mem_alloc(out, graph, deps, n, &a);
+      if (st == CUDA_SUCCESS) g->alloc.dptr = a.dptr;
+      return st;
+    }
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
     if (CUresult st = pack_generic(rt, *g, &p, &packed); st != CUDA_SUCCESS) return st;

@@ -61,7 +61,8 @@ namespace ivcuda::host {
   X(cuGraphExecGetFlags) X(cuGraphExecUpdate) X(cuGraphNodeSetEnabled) X(cuGraphNodeGetEnabled) \
   X(cuGraphChildGraphNodeGetGraph) X(cuGraphAddDependencies) X(cuGraphRemoveDependencies) \
   X(cuGraphAddHostNode) X(cuGraphHostNodeGetParams) X(cuGraphHostNodeSetParams) X(cuGraphExecHostNodeSetParams) \
-  X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies)
+  X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies) \
+  X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphMemAllocNodeGetParams) X(cuGraphMemFreeNodeGetParams)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -508,6 +508,12 @@ CUresult Worker::add_node(const ReqGraphAddNode& r, GraphEntry& g, std::span<con
       if (CUresult st = host_node_params(p, &hp); st != CUDA_SUCCESS) return st;
       return cu_.cuGraphAddHostNode(out, g.real, d, n, &hp);
     }
+    case CU_GRAPH_NODE_TYPE_MEM_FREE: {
+      // Only memory an allocation node of this guest handed out.
+      auto it = ranges_.find(p.dst);
+      if (it == ranges_.end() || it->second.kind != RangeKind::kGraphMem) return CUDA_ERROR_INVALID_VALUE;
+      return cu_.cuGraphAddMemFreeNode(out, g.real, d, n, p.dst);
+    }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
@@ -533,9 +539,50 @@ CUresult Worker::on_GraphAddNode(Call& c) {
   GraphNodeParams p;
   std::memcpy(&p, tail.data(), sizeof p);
   CUgraphNode node = nullptr;
-  const CUresult st = add_node(r, *g, deps, p, tail.subspan(sizeof p), &node);
+  CUdeviceptr dptr = 0;
+  const CUresult st = p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC
+                          ? add_mem_alloc_node(*g, deps, p, tail.subspan(sizeof p), &node, &dptr)
+                          : add_node(r, *g, deps, p, tail.subspan(sizeof p), &node);
   if (st != CUDA_SUCCESS) return st;
   c.set_reply(RepHandle{node_handle(node, r.graph)});
+  if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) c.append(&dptr, sizeof dptr);
+  return CUDA_SUCCESS;
+}
+
+// The address the driver picks is the guest's device memory from now on
+// (kernels and copies of the graph use it), as a stream-ordered allocation's
+// is; the driver keeps the same address for the graph's whole life.
+CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> deps, const GraphNodeParams& p,
+                                    std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr) {
+  if (tail.size() < sizeof(MemAllocNode)) return CUDA_ERROR_INVALID_VALUE;
+  MemAllocNode m;
+  std::memcpy(&m, tail.data(), sizeof m);
+  if (m.access_count > kMaxDevices || tail.size() != sizeof m + m.access_count * sizeof(MemAccess))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUDA_MEM_ALLOC_NODE_PARAMS a{};
+  CUmemAllocationProp prop;
+  if (CUresult st = to_driver_prop(m.prop, &prop); st != CUDA_SUCCESS) return st;
+  a.poolProps.allocType = prop.type;
+  a.poolProps.handleTypes = prop.requestedHandleTypes;
+  a.poolProps.location = prop.location;
+  a.poolProps.maxSize = m.max_size;
+  a.poolProps.usage = m.prop.usage;
+  CUmemAccessDesc desc[kMaxDevices];
+  for (std::uint32_t i = 0; i < m.access_count; ++i) {
+    MemAccess x;
+    std::memcpy(&x, tail.data() + sizeof m + i * sizeof x, sizeof x);
+    desc[i] = CUmemAccessDesc{};
+    desc[i].flags = static_cast<CUmemAccess_flags>(x.flags);
+    if (CUresult st = to_driver_location(x.loc_type, x.loc_id, &desc[i].location); st != CUDA_SUCCESS) return st;
+  }
+  a.accessDescs = m.access_count != 0 ? desc : nullptr;
+  a.accessDescCount = m.access_count;
+  a.bytesize = p.width;
+  const CUresult st =
+      cu_.cuGraphAddMemAllocNode(out, g.real, deps.empty() ? nullptr : deps.data(), deps.size(), &a);
+  if (st != CUDA_SUCCESS) return st;
+  ranges_[a.dptr] = DevRange{a.bytesize, g.ctx, RangeKind::kGraphMem};
+  *dptr = a.dptr;
   return CUDA_SUCCESS;
 }
 
@@ -686,6 +733,43 @@ CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
       events_.for_each([&](std::uint64_t h, EventEntry& e) {
         if (p.handle == 0 && e.real == ev) p.handle = h;
       });
+      break;
+    }
+    case CU_GRAPH_NODE_TYPE_MEM_FREE: {
+      CUdeviceptr dp = 0;
+      if (CUresult st = cu_.cuGraphMemFreeNodeGetParams(n.real, &dp); st != CUDA_SUCCESS) return st;
+      p.dst = dp;
+      break;
+    }
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+      CUDA_MEM_ALLOC_NODE_PARAMS a{};
+      if (CUresult st = cu_.cuGraphMemAllocNodeGetParams(n.real, &a); st != CUDA_SUCCESS) return st;
+      p.dst = a.dptr;
+      p.width = a.bytesize;
+      MemAllocNode m{};
+      // Locations back in the guest's device numbering.
+      const auto guest_id = [&](const CUmemLocation& l) {
+        if (l.type != CU_MEM_LOCATION_TYPE_DEVICE) return l.id;
+        for (std::size_t i = 0; i < devices_.size(); ++i)
+          if (static_cast<int>(devices_[i]) == l.id) return static_cast<int>(i);
+        return -1;
+      };
+      m.prop.type = a.poolProps.allocType;
+      m.prop.handle_types = a.poolProps.handleTypes;
+      m.prop.loc_type = a.poolProps.location.type;
+      m.prop.loc_id = guest_id(a.poolProps.location);
+      m.prop.usage = a.poolProps.usage;
+      m.max_size = a.poolProps.maxSize;
+      m.access_count = static_cast<std::uint32_t>(std::min<size_t>(a.accessDescCount, kMaxDevices));
+      packed.resize(sizeof m + m.access_count * sizeof(MemAccess));
+      std::memcpy(packed.data(), &m, sizeof m);
+      for (std::uint32_t i = 0; i < m.access_count; ++i) {
+        MemAccess x{};
+        x.loc_type = a.accessDescs[i].location.type;
+        x.loc_id = guest_id(a.accessDescs[i].location);
+        x.flags = a.accessDescs[i].flags;
+        std::memcpy(packed.data() + sizeof m + i * sizeof x, &x, sizeof x);
+      }
       break;
     }
     case CU_GRAPH_NODE_TYPE_HOST: {

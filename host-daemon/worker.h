@@ -129,7 +129,7 @@ class Worker {
     CUgraphExec real = nullptr;
     std::uint64_t ctx = 0;
   };
-  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped };
+  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kGraphMem };
   struct DevRange {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
@@ -185,6 +185,8 @@ class Worker {
   CUresult graph_list(Call& c, const proto::ReqGraphQuery& r);
   CUresult capture_nodes(std::span<const std::byte> tail, std::uint32_t count, std::vector<CUgraphNode>* nodes,
                          std::vector<CUgraphEdgeData>* data);
+  CUresult add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
+                              std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr);
   CUresult host_node_params(const proto::GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out);
   CUresult record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags);
   // VMM (vmm.cc): guest locations and properties in the driver's numbering.

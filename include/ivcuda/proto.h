@@ -663,6 +663,16 @@ struct GraphNodeParams {
   u64 copy_height;
   u64 depth;
 };
+// A memory allocation node (type CU_GRAPH_NODE_TYPE_MEM_ALLOC, bytes in
+// GraphNodeParams.width, the address in .dst): after GraphNodeParams, where a
+// kernel's parameters go, MemAllocNode and MemAccess [access_count]. Adding
+// one replies with the node handle and then the u64 address.
+struct MemAllocNode {
+  MemProp prop;
+  u64 max_size;
+  u32 access_count;
+  u32 reserved;
+};
 // Deps: u64 node handles [ndeps], then GraphNodeParams (with its packed parameters).
 struct ReqGraphAddNode {
   u64 ctx;
@@ -787,6 +797,7 @@ static_assert(sizeof(ReqOccCluster) == 72);
 static_assert(sizeof(CopyEnd) == 56);
 static_assert(sizeof(GraphNodeParams) == 224);
 static_assert(sizeof(ReqGraphQuery) == 40);
+static_assert(sizeof(MemAllocNode) == 40);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

@@ -453,6 +453,61 @@ CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec e, CUgraphNode h, cons
   });
 }
 
+CUresult CUDAAPI cuGraphAddMemAllocNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n,
+                                        CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  return guarded([&](State& s) -> CUresult {
+    const Graph* graph = find_graph(s, g);
+    if (p == nullptr || graph == nullptr || p->bytesize == 0 || (p->accessDescCount != 0 && p->accessDescs == nullptr))
+      return CUDA_ERROR_INVALID_VALUE;
+    if (p->poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->poolProps.location.id < 0 ||
+        p->poolProps.location.id >= s.device_count)
+      return CUDA_ERROR_INVALID_VALUE;
+    GraphNode node;
+    node.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    node.alloc = *p;
+    node.alloc_access.assign(p->accessDescs, p->accessDescs + p->accessDescCount);
+    CUdeviceptr d = 0;
+    if (const CUresult r = graph_mem_alloc(s, graph->ctx, p->bytesize, &d); r != CUDA_SUCCESS) return r;
+    node.alloc.dptr = d;
+    if (const CUresult r = add(s, out, g, deps, n, std::move(node)); r != CUDA_SUCCESS) return r;
+    GraphNode& added = s.graph_nodes.at(from_handle(*out));
+    added.alloc.accessDescs = added.alloc_access.empty() ? nullptr : added.alloc_access.data();
+    p->dptr = d;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphAddMemFreeNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n,
+                                       CUdeviceptr dptr) {
+  return guarded([&](State& s) -> CUresult {
+    if (check_device_range(s, dptr, 1) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+    GraphNode node;
+    node.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    node.freed = dptr;
+    return add(s, out, g, deps, n, std::move(node));
+  });
+}
+
+CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode h, CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  return guarded([&](State& s) -> CUresult {
+    GraphNode* n = find_node(s, h);
+    if (n == nullptr || p == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+    n->alloc.accessDescs = n->alloc_access.empty() ? nullptr : n->alloc_access.data();
+    *p = n->alloc;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode h, CUdeviceptr* dptr) {
+  return guarded([&](State& s) -> CUresult {
+    const GraphNode* n = find_node(s, h);
+    if (n == nullptr || dptr == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
+    *dptr = n->freed;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n) {
   return guarded([&](State& s) -> CUresult { return add(s, out, g, deps, n, GraphNode{}); });
 }

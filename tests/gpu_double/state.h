@@ -125,6 +125,9 @@ struct GraphNode {
   Handle child = 0;          // child graph, owned by the node
   CUevent event = nullptr;
   CUDA_HOST_NODE_PARAMS host{};
+  CUDA_MEM_ALLOC_NODE_PARAMS alloc{};  // accessDescs points into alloc_access
+  std::vector<CUmemAccessDesc> alloc_access;
+  CUdeviceptr freed = 0;  // a free node's address
 };
 struct Graph {
   Handle ctx = 0;
@@ -280,6 +283,9 @@ void destroy_graph(State& s, Handle g);
 // buffer (api_module.cc). Under the state lock.
 CUresult pack_kernel_args(State& s, CUfunction f, void** params, void** extra, std::vector<unsigned char>* out);
 CUresult kernel_arg_offsets(State& s, CUfunction f, std::vector<std::size_t>* out);
+// A graph allocation node's memory: device memory of ctx, made when the node is (the
+// double backs it for the context's life; launches do not allocate) (api_memory.cc).
+CUresult graph_mem_alloc(State& s, Handle ctx, std::size_t bytes, CUdeviceptr* out);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
 // global): what a device pointer may reach.

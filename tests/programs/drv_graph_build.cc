@@ -259,6 +259,50 @@ void capture_to_graph(const Kernels& k, CUstream s) {
               roots);
 }
 
+// A graph that allocates its own memory, uses it and frees it (XLA's
+// command buffers do), launched twice.
+void memory_nodes(CUdevice dev, CUstream s, float* pinned) {
+  CUgraph g = nullptr;
+  OK(cuGraphCreate(&g, 0));
+  CUDA_MEM_ALLOC_NODE_PARAMS a{};
+  a.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.poolProps.location.id = dev;
+  a.bytesize = kN * 4;
+  CUgraphNode alloc = nullptr, set = nullptr, copy = nullptr, freed = nullptr;
+  OK(cuGraphAddMemAllocNode(&alloc, g, nullptr, 0, &a));
+  EXPECT(a.dptr != 0);
+  CUcontext ctx = nullptr;
+  OK(cuCtxGetCurrent(&ctx));
+  CUDA_MEMSET_NODE_PARAMS m = memset32(a.dptr, bits(42.0f), kN);
+  OK(cuGraphAddMemsetNode(&set, g, &alloc, 1, &m, ctx));
+  CUDA_MEMCPY3D c = copy_d2h(pinned, a.dptr, kN * 4);
+  OK(cuGraphAddMemcpyNode(&copy, g, &set, 1, &c, ctx));
+  OK(cuGraphAddMemFreeNode(&freed, g, &copy, 1, a.dptr));
+  CUDA_MEM_ALLOC_NODE_PARAMS got{};
+  OK(cuGraphMemAllocNodeGetParams(alloc, &got));
+  EXPECT(got.dptr == a.dptr && got.bytesize == kN * 4 && got.poolProps.location.id == dev);
+  CUdeviceptr got_free = 0;
+  OK(cuGraphMemFreeNodeGetParams(freed, &got_free));
+  EXPECT(got_free == a.dptr);
+  CUgraphNodeType t{};
+  OK(cuGraphNodeGetType(alloc, &t));
+  EXPECT(t == CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+  CUgraphExec e = nullptr;
+  OK(cuGraphInstantiate(&e, g, 0));
+  bool ok = true;
+  for (int i = 0; i < 2; ++i) {
+    std::fill(pinned, pinned + kN, 0.0f);
+    OK(cuGraphLaunch(e, s));
+    OK(cuStreamSynchronize(s));
+    ok = ok && all_float(pinned, kN, 42.0f);
+  }
+  EXPECT(ok);
+  OK(cuGraphExecDestroy(e));
+  OK(cuGraphDestroy(g));
+  std::printf("memory nodes: allocate, memset, copy out, free; two launches %s\n", ok ? "give 42" : "WRONG");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -595,6 +639,7 @@ int main(int argc, char** argv) {
 
   chain_of_ten(k, s);
   capture_to_graph(k, s);
+  memory_nodes(dev, s, pinned);
 
   OK(cuGraphExecDestroy(exg));
   OK(cuGraphExecDestroy(exc));
