@@ -823,7 +823,7 @@ std::vector<std::byte> params_tail(const proto::GraphNodeParams& p, const std::v
 
 CUresult add_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t ndeps,
                   const proto::GraphNodeParams& p, const std::vector<std::byte>& packed,
-                  std::uint64_t* dptr = nullptr) {
+                  std::uint64_t* extra_out = nullptr, std::size_t extra_count = 1) {
   NEED_RT();
   if (out == nullptr || (ndeps != 0 && deps == nullptr) || ndeps > 4096) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::byte> tail(ndeps * sizeof(std::uint64_t));
@@ -842,9 +842,11 @@ CUresult add_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size
   const CUresult st = rt->call<Op::kGraphAddNode>(r, tail, &rep, &extra);
   if (st != CUDA_SUCCESS) return st;
   *out = node_of(rep.handle);
-  if (dptr != nullptr) {
-    if (extra.size() < sizeof *dptr) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(dptr, extra.data(), sizeof *dptr);
+  // What the driver made with the node: an allocation's address, a
+  // conditional node's body graphs.
+  if (extra_out != nullptr) {
+    if (extra.size() < extra_count * sizeof *extra_out) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(extra_out, extra.data(), extra_count * sizeof *extra_out);
   }
   return CUDA_SUCCESS;
 }
@@ -1343,6 +1345,17 @@ CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node
   });
 }
 
+CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext,
+                                                 unsigned int default_value, unsigned int flags) {
+  return guard([&] {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::int64_t v = 0;
+    const CUresult st = query(proto::kQueryCondHandle, h(graph), 0, &v, default_value, flags);
+    if (st == CUDA_SUCCESS) *out = static_cast<CUgraphConditionalHandle>(v);
+    return st;
+  });
+}
+
 CUresult CUDAAPI cuGraphAddMemAllocNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n,
                                         CUDA_MEM_ALLOC_NODE_PARAMS* a) {
   return guard([&] { return add_mem_alloc(out, graph, deps, n, a); });
@@ -1478,6 +1491,20 @@ CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph graph, const CUgraphNo
   return guard([&] {
     NEED_RT();
     if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (g->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+      const CUDA_CONDITIONAL_NODE_PARAMS& cp = g->conditional;
+      if (cp.size == 0 || cp.size > proto::kMaxCondBodies || cp.phGraph_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      proto::GraphNodeParams p{};
+      p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+      p.handle = cp.handle;
+      p.value = static_cast<proto::u32>(cp.type);
+      p.elem_size = cp.size;
+      std::vector<std::uint64_t> bodies(cp.size);
+      const CUresult st = add_node(out, graph, deps, n, p, {}, bodies.data(), cp.size);
+      if (st == CUDA_SUCCESS)
+        for (unsigned i = 0; i < cp.size; ++i) cp.phGraph_out[i] = reinterpret_cast<CUgraph>(bodies[i]);
+      return st;
+    }
     if (g->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
       CUDA_MEM_ALLOC_NODE_PARAMS a{};
       a.poolProps = g->alloc.poolProps;

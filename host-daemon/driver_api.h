@@ -62,7 +62,8 @@ namespace ivcuda::host {
   X(cuGraphChildGraphNodeGetGraph) X(cuGraphAddDependencies) X(cuGraphRemoveDependencies) \
   X(cuGraphAddHostNode) X(cuGraphHostNodeGetParams) X(cuGraphHostNodeSetParams) X(cuGraphExecHostNodeSetParams) \
   X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies) \
-  X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphMemAllocNodeGetParams) X(cuGraphMemFreeNodeGetParams)
+  X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphMemAllocNodeGetParams) X(cuGraphMemFreeNodeGetParams) \
+  X(cuGraphAddNode) X(cuGraphConditionalHandleCreate)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -540,12 +540,21 @@ CUresult Worker::on_GraphAddNode(Call& c) {
   std::memcpy(&p, tail.data(), sizeof p);
   CUgraphNode node = nullptr;
   CUdeviceptr dptr = 0;
+  std::vector<CUgraph> bodies;
   const CUresult st = p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC
                           ? add_mem_alloc_node(*g, deps, p, tail.subspan(sizeof p), &node, &dptr)
-                          : add_node(r, *g, deps, p, tail.subspan(sizeof p), &node);
+                      : p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL ? add_conditional_node(*g, deps, p, &node, &bodies)
+                                                                 : add_node(r, *g, deps, p, tail.subspan(sizeof p), &node);
   if (st != CUDA_SUCCESS) return st;
-  c.set_reply(RepHandle{node_handle(node, r.graph)});
+  const std::uint64_t nh = node_handle(node, r.graph);
+  const std::uint64_t ctx = g->ctx;
+  c.set_reply(RepHandle{nh});
   if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) c.append(&dptr, sizeof dptr);
+  for (CUgraph b : bodies) {
+    // The bodies are the node's, as a child graph node's graph is.
+    const std::uint64_t bh = graphs_.insert(GraphEntry{b, ctx, nh});
+    c.append(&bh, sizeof bh);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -584,6 +593,25 @@ CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> 
   ranges_[a.dptr] = DevRange{a.bytesize, g.ctx, RangeKind::kGraphMem};
   *dptr = a.dptr;
   return CUDA_SUCCESS;
+}
+
+CUresult Worker::add_conditional_node(GraphEntry& g, std::span<const CUgraphNode> deps, const GraphNodeParams& p,
+                                      CUgraphNode* out, std::vector<CUgraph>* bodies) {
+  if (p.elem_size == 0 || p.elem_size > kMaxCondBodies) return CUDA_ERROR_INVALID_VALUE;
+  bodies->assign(p.elem_size, nullptr);
+  CUgraphNodeParams np{};
+  np.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  np.conditional.handle = p.handle;
+  np.conditional.type = static_cast<CUgraphConditionalNodeType>(p.value);
+  np.conditional.size = p.elem_size;
+  np.conditional.phGraph_out = bodies->data();
+  np.conditional.ctx = current_;
+  const CUresult st =
+      cu_.cuGraphAddNode(out, g.real, deps.empty() ? nullptr : deps.data(), nullptr, deps.size(), &np);
+  if (st != CUDA_SUCCESS) bodies->clear();
+  // A body count the driver did not fill is not a graph.
+  std::erase(*bodies, nullptr);
+  return st;
 }
 
 CUresult Worker::set_node_params(NodeEntry& n, CUgraphExec exec, const GraphNodeParams& p,
@@ -945,6 +973,17 @@ CUresult Worker::on_GraphQuery(Call& c) {
       unsigned on = 0;
       const CUresult st = cu_.cuGraphNodeGetEnabled(e->real, n->real, &on);
       c.set_reply(RepValue{on});
+      return st;
+    }
+    case kQueryCondHandle: {
+      GraphEntry* g = graphs_.find(r.handle);
+      if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      if (CUresult st = use_ctx(g->ctx); st != CUDA_SUCCESS) return st;
+      if (r.capacity > 0xffffffffu) return CUDA_ERROR_INVALID_VALUE;
+      CUgraphConditionalHandle h = 0;
+      const CUresult st =
+          cu_.cuGraphConditionalHandleCreate(&h, g->real, current_, static_cast<unsigned>(r.capacity), r.flags);
+      c.set_reply(RepValue{static_cast<std::int64_t>(h)});
       return st;
     }
     case kQueryChildGraph: {

@@ -187,6 +187,8 @@ class Worker {
                          std::vector<CUgraphEdgeData>* data);
   CUresult add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
                               std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr);
+  CUresult add_conditional_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
+                                CUgraphNode* out, std::vector<CUgraph>* bodies);
   CUresult host_node_params(const proto::GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out);
   CUresult record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags);
   // VMM (vmm.cc): guest locations and properties in the driver's numbering.

@@ -673,6 +673,11 @@ struct MemAllocNode {
   u32 access_count;
   u32 reserved;
 };
+// A conditional node (CU_GRAPH_NODE_TYPE_CONDITIONAL): .handle is the
+// conditional handle, .value the CUgraphConditionalNodeType, .elem_size the
+// number of bodies; adding one replies with the node handle and then the
+// u64 handles of the body graphs the driver made (owned by the node).
+inline constexpr u32 kMaxCondBodies = 64;
 // Deps: u64 node handles [ndeps], then GraphNodeParams (with its packed parameters).
 struct ReqGraphAddNode {
   u64 ctx;
@@ -714,6 +719,8 @@ inline constexpr u32 kQueryExecUpdate = 10;   // handle: exec, other: graph -> C
 inline constexpr u32 kQueryGetEnabled = 11;   // handle: exec, other: node -> 0/1
 inline constexpr u32 kQuerySetEnabled = 12;   // handle: exec, other: node, capacity: 0/1
 inline constexpr u32 kQueryChildGraph = 13;   // handle: node -> the child graph (owned by the node)
+inline constexpr u32 kQueryCondHandle = 14;   // handle: graph, capacity: default value, flags: flags
+                                              //   -> cuGraphConditionalHandleCreate's handle
 inline constexpr u32 kQueryArrays = 1u << 0;     // flags: the caller passed arrays
 inline constexpr u32 kQueryEdgeData = 1u << 1;   // flags: and an edge-data array
 struct ReqGraphQuery {

@@ -110,6 +110,7 @@ Handle clone_graph(State& s, Handle g, Handle owner_node, std::map<Handle, Handl
     for (Handle& d : n.deps) d = map.at(d);
     n.argv.clear();
     if (n.type == CU_GRAPH_NODE_TYPE_GRAPH) n.child = clone_graph(s, n.child, map.at(h), nullptr);
+    for (Handle& b : n.bodies) b = clone_graph(s, b, map.at(h), nullptr);
     s.graph_nodes[map.at(h)] = std::move(n);
     s.graphs.at(c).nodes.push_back(map.at(h));
   }
@@ -120,6 +121,7 @@ void destroy_node(State& s, Handle h) {
   const auto it = s.graph_nodes.find(h);
   if (it == s.graph_nodes.end()) return;
   const Handle child = it->second.type == CU_GRAPH_NODE_TYPE_GRAPH ? it->second.child : 0;
+  const std::vector<Handle> bodies = it->second.bodies;
   Graph& g = s.graphs.at(it->second.graph);
   std::erase(g.nodes, h);
   for (Handle other : g.nodes) {
@@ -132,6 +134,7 @@ void destroy_node(State& s, Handle h) {
   }
   s.graph_nodes.erase(it);
   if (child != 0) destroy_graph(s, child);
+  for (Handle b : bodies) destroy_graph(s, b);
 }
 
 // A topological order: Kahn's algorithm, taking ready nodes in creation order.
@@ -171,6 +174,12 @@ CUresult build_exec(State& s, Handle g, Exec* out) {
       step.child = std::make_shared<Exec>();
       if (const CUresult r = build_exec(s, step.params.child, step.child.get()); r != CUDA_SUCCESS) return r;
     }
+    for (Handle b : step.params.bodies) {
+      step.bodies.push_back(std::make_shared<Exec>());
+      if (const CUresult r = build_exec(s, b, step.bodies.back().get()); r != CUDA_SUCCESS) return r;
+    }
+    if (step.params.type == CU_GRAPH_NODE_TYPE_CONDITIONAL)
+      step.cond_value = s.cond_handles.at(step.params.cond).default_value;
     out->steps.push_back(std::move(step));
   }
   return CUDA_SUCCESS;
@@ -227,6 +236,21 @@ CUresult run_step(const ExecStep& st) {
     case CU_GRAPH_NODE_TYPE_MEMCPY: return run_copy(n.copy);
     case CU_GRAPH_NODE_TYPE_GRAPH: return run_exec(*st.child);
     case CU_GRAPH_NODE_TYPE_HOST: n.host.fn(n.host.userData); return CUDA_SUCCESS;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+      const unsigned v = st.cond_value;
+      switch (n.cond_type) {
+        case CU_GRAPH_COND_TYPE_IF:
+          if (v != 0) return run_exec(*st.bodies[0]);
+          return st.bodies.size() == 2 ? run_exec(*st.bodies[1]) : CUDA_SUCCESS;
+        case CU_GRAPH_COND_TYPE_SWITCH:
+          return v < st.bodies.size() ? run_exec(*st.bodies[v]) : CUDA_SUCCESS;
+        default:
+          if (v == 0) return CUDA_SUCCESS;
+          // Only device code ends a while loop, and the double's kernels cannot.
+          log("a WHILE conditional node with a nonzero value cannot end in the double");
+          return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return cuEventRecord(n.event, nullptr);
     case CU_GRAPH_NODE_TYPE_WAIT_EVENT: return cuEventQuery(n.event) == CUDA_ERROR_INVALID_HANDLE
                                                    ? CUDA_ERROR_INVALID_HANDLE
@@ -504,6 +528,54 @@ CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode h, CUdeviceptr* dptr) {
     const GraphNode* n = find_node(s, h);
     if (n == nullptr || dptr == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
     *dptr = n->freed;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph g, CUcontext,
+                                                 unsigned int default_value, unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (out == nullptr || find_graph(s, g) == nullptr || (flags & ~static_cast<unsigned>(CU_GRAPH_COND_ASSIGN_DEFAULT)) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    const auto h = static_cast<CUgraphConditionalHandle>(s.new_handle());
+    s.cond_handles[h] = CondHandle{.graph = from_handle(g), .default_value = default_value, .flags = flags};
+    *out = h;
+    return CUDA_SUCCESS;
+  });
+}
+
+// The generic form: the double makes conditional nodes this way (the forms with a call of
+// their own cover the other types).
+CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                size_t n, CUgraphNodeParams* p) {
+  return guarded([&](State& s) -> CUresult {
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (p->type != CU_GRAPH_NODE_TYPE_CONDITIONAL) return CUDA_ERROR_NOT_SUPPORTED;
+    for (size_t i = 0; data != nullptr && i < n; ++i)
+      if (!is_default(data[i])) return CUDA_ERROR_NOT_SUPPORTED;
+    const CUDA_CONDITIONAL_NODE_PARAMS& c = p->conditional;
+    const auto ch = s.cond_handles.find(c.handle);
+    if (ch == s.cond_handles.end() || ch->second.graph != from_handle(g) || c.phGraph_out == nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    const bool size_ok = c.type == CU_GRAPH_COND_TYPE_IF       ? c.size == 1 || c.size == 2
+                         : c.type == CU_GRAPH_COND_TYPE_WHILE  ? c.size == 1
+                         : c.type == CU_GRAPH_COND_TYPE_SWITCH ? c.size > 0
+                                                               : false;
+    if (!size_ok) return CUDA_ERROR_INVALID_VALUE;
+    const Graph* graph = find_graph(s, g);
+    const Handle ctx = graph->ctx;
+    GraphNode node;
+    node.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    node.cond = c.handle;
+    node.cond_type = c.type;
+    if (const CUresult r = add(s, out, g, deps, n, std::move(node)); r != CUDA_SUCCESS) return r;
+    const Handle nh = from_handle(*out);
+    for (unsigned i = 0; i < c.size; ++i) {
+      const Handle b = s.new_handle();
+      s.graphs[b] = Graph{.ctx = ctx, .nodes = {}, .owner_node = nh};
+      s.graph_nodes.at(nh).bodies.push_back(b);
+      c.phGraph_out[i] = to_handle<CUgraph_st>(b);
+    }
     return CUDA_SUCCESS;
   });
 }
@@ -850,6 +922,11 @@ CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphExecUpdateRe
         auto child = std::make_shared<Exec>();
         if (const CUresult r = build_exec(s, fresh.child, child.get()); r != CUDA_SUCCESS) return r;
         st.child = std::move(child);
+      }
+      st.bodies.clear();
+      for (Handle b : fresh.bodies) {
+        st.bodies.push_back(std::make_shared<Exec>());
+        if (const CUresult r = build_exec(s, b, st.bodies.back().get()); r != CUDA_SUCCESS) return r;
       }
       st.params = std::move(fresh);
     }

@@ -128,6 +128,17 @@ struct GraphNode {
   CUDA_MEM_ALLOC_NODE_PARAMS alloc{};  // accessDescs points into alloc_access
   std::vector<CUmemAccessDesc> alloc_access;
   CUdeviceptr freed = 0;  // a free node's address
+  // Conditional nodes: the handle, the CUgraphConditionalNodeType, the bodies (owned).
+  CUgraphConditionalHandle cond = 0;
+  CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
+  std::vector<Handle> bodies;
+};
+// A conditional handle: nothing in the double's kernels sets one, so a conditional node
+// always sees the default value.
+struct CondHandle {
+  Handle graph = 0;
+  unsigned default_value = 0;
+  unsigned flags = 0;
 };
 struct Graph {
   Handle ctx = 0;
@@ -145,6 +156,8 @@ struct ExecStep {
   Handle node = 0;            // the node of the instantiated graph it stands for
   GraphNode params;
   std::shared_ptr<Exec> child;
+  std::vector<std::shared_ptr<Exec>> bodies;  // a conditional node's
+  unsigned cond_value = 0;                   // its handle's default value
   bool enabled = true;
 };
 
@@ -222,6 +235,7 @@ struct State {
   std::unordered_map<Handle, Capture> captures;  // by stream handle
   std::unordered_map<Handle, Graph> graphs;
   std::unordered_map<Handle, GraphNode> graph_nodes;
+  std::unordered_map<CUgraphConditionalHandle, CondHandle> cond_handles;
   std::unordered_map<Handle, Exec> execs;        // executable graphs
   std::unordered_map<Handle, PhysicalMem> physical;   // cuMemCreate handles
   std::map<std::uintptr_t, std::size_t> reservations;  // base -> size; never overlap

@@ -303,6 +303,66 @@ void memory_nodes(CUdevice dev, CUstream s, float* pinned) {
   std::printf("memory nodes: allocate, memset, copy out, free; two launches %s\n", ok ? "give 42" : "WRONG");
 }
 
+// Conditional nodes (XLA's loops and branches) with their handles' default
+// values: an IF whose condition is 1 runs its body, an IF/ELSE whose
+// condition is 0 runs the else body.
+void conditional_nodes(CUstream s) {
+  CUdeviceptr x = 0, y = 0;
+  OK(cuMemAlloc(&x, kN * 4));
+  OK(cuMemAlloc(&y, kN * 4));
+  OK(cuMemsetD32(x, 0, kN));
+  OK(cuMemsetD32(y, 0, kN));
+  CUcontext ctx = nullptr;
+  OK(cuCtxGetCurrent(&ctx));
+  CUgraph g = nullptr;
+  OK(cuGraphCreate(&g, 0));
+  CUgraphConditionalHandle on = 0, off = 0;
+  OK(cuGraphConditionalHandleCreate(&on, g, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+  OK(cuGraphConditionalHandleCreate(&off, g, ctx, 0, CU_GRAPH_COND_ASSIGN_DEFAULT));
+  CUgraph bodies_if[1] = {};
+  CUgraphNodeParams p{};
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = on;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 1;
+  p.conditional.phGraph_out = bodies_if;
+  p.conditional.ctx = ctx;
+  CUgraphNode if_node = nullptr;
+  OK(cuGraphAddNode(&if_node, g, nullptr, nullptr, 0, &p));
+  CUgraph bodies_else[2] = {};
+  p.conditional.handle = off;
+  p.conditional.size = 2;
+  p.conditional.phGraph_out = bodies_else;
+  CUgraphNode else_node = nullptr;
+  OK(cuGraphAddNode(&else_node, g, &if_node, nullptr, 1, &p));
+  EXPECT(bodies_if[0] != nullptr && bodies_else[0] != nullptr && bodies_else[1] != nullptr);
+  if (check::g_failures == 0) {
+    CUgraphNode n1 = nullptr, n2 = nullptr, n3 = nullptr;
+    CUDA_MEMSET_NODE_PARAMS m5 = memset32(x, 5, kN), m6 = memset32(y, 6, kN), m9 = memset32(y, 9, kN);
+    OK(cuGraphAddMemsetNode(&n1, bodies_if[0], nullptr, 0, &m5, ctx));
+    OK(cuGraphAddMemsetNode(&n2, bodies_else[0], nullptr, 0, &m6, ctx));
+    OK(cuGraphAddMemsetNode(&n3, bodies_else[1], nullptr, 0, &m9, ctx));
+    CUgraphNodeType t{};
+    OK(cuGraphNodeGetType(if_node, &t));
+    EXPECT(t == CU_GRAPH_NODE_TYPE_CONDITIONAL);
+    CUgraphExec e = nullptr;
+    OK(cuGraphInstantiate(&e, g, 0));
+    OK(cuGraphLaunch(e, s));
+    OK(cuStreamSynchronize(s));
+    std::vector<unsigned> hx(kN), hy(kN);
+    OK(cuMemcpyDtoH(hx.data(), x, kN * 4));
+    OK(cuMemcpyDtoH(hy.data(), y, kN * 4));
+    const bool ok = std::all_of(hx.begin(), hx.end(), [](unsigned v) { return v == 5; }) &&
+                    std::all_of(hy.begin(), hy.end(), [](unsigned v) { return v == 9; });
+    EXPECT(ok);
+    OK(cuGraphExecDestroy(e));
+    std::printf("conditional nodes: IF (1) ran its body, IF/ELSE (0) ran the else body: %s\n", ok ? "ok" : "WRONG");
+  }
+  OK(cuGraphDestroy(g));
+  OK(cuMemFree(x));
+  OK(cuMemFree(y));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -640,6 +700,7 @@ int main(int argc, char** argv) {
   chain_of_ten(k, s);
   capture_to_graph(k, s);
   memory_nodes(dev, s, pinned);
+  conditional_nodes(s);
 
   OK(cuGraphExecDestroy(exg));
   OK(cuGraphExecDestroy(exc));
