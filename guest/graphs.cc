@@ -1345,6 +1345,58 @@ CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node
   });
 }
 
+// User objects: the host's driver counts the references (the guest's and
+// graphs'); when the last one goes, the guest's destructor runs here, on the
+// host-function dispatcher, once.
+namespace {
+CUresult user_object(std::uint32_t kind, CUuserObject obj, CUgraph graph, unsigned count, unsigned flags) {
+  return guard([&] {
+    NEED_RT();
+    proto::ReqUserObject r{};
+    r.ctx = current_ctx();
+    r.object = h(obj);
+    r.graph = h(graph);
+    r.count = count;
+    r.flags = flags;
+    r.kind = kind;
+    return rt->call<Op::kUserObject>(r);
+  });
+}
+}  // namespace
+
+CUresult CUDAAPI cuUserObjectCreate(CUuserObject* out, void* ptr, CUhostFn destroy, unsigned int refs,
+                                    unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    if (out == nullptr || destroy == nullptr || refs == 0 || flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+      return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t off = 0;
+    if (CUresult st = ivcuda::guest::host_node_pair(destroy, ptr, &off, true); st != CUDA_SUCCESS) return st;
+    proto::ReqUserObject r{};
+    r.ctx = current_ctx();
+    r.off = off;
+    r.count = refs;
+    r.flags = flags;
+    r.kind = proto::kUserObjCreate;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kUserObject>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUuserObject>(rep.handle);
+    return st;
+  });
+}
+CUresult CUDAAPI cuUserObjectRetain(CUuserObject obj, unsigned int count) {
+  return user_object(proto::kUserObjRetain, obj, nullptr, count, 0);
+}
+CUresult CUDAAPI cuUserObjectRelease(CUuserObject obj, unsigned int count) {
+  return user_object(proto::kUserObjRelease, obj, nullptr, count, 0);
+}
+CUresult CUDAAPI cuGraphRetainUserObject(CUgraph graph, CUuserObject obj, unsigned int count, unsigned int flags) {
+  return user_object(proto::kUserObjGraphRetain, obj, graph, count, flags);
+}
+CUresult CUDAAPI cuGraphReleaseUserObject(CUgraph graph, CUuserObject obj, unsigned int count) {
+  return user_object(proto::kUserObjGraphRelease, obj, graph, count, 0);
+}
+
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext,
                                                  unsigned int default_value, unsigned int flags) {
   return guard([&] {

@@ -76,6 +76,7 @@ struct Watcher {
   std::uint32_t handled = 0;  // the last `reached` value run
   CUhostFn fn = nullptr;
   void* data = nullptr;
+  bool once = false;          // a user object's destructor: runs once, then unwatched
 };
 
 struct Dispatcher {
@@ -138,6 +139,8 @@ void run_one(const Pending& p) {
       if (v == w.handled) continue;
       const Watcher run = w;
       w.handled = run.handled + 1;
+      // Its pair is not reused: `reached` no longer follows the seq scheme.
+      if (run.once) d->watchers.erase(d->watchers.begin() + static_cast<std::ptrdiff_t>(i));
       lk.unlock();
       run.fn(run.data);
       // Pairs with the worker's load_acquire of `done`: the node completes.
@@ -287,17 +290,17 @@ CUresult launch_host(CUstream s, Pending p) {
 
 }  // namespace
 
-CUresult ivcuda::guest::host_node_pair(CUhostFn fn, void* data, std::uint64_t* off) noexcept {
+CUresult ivcuda::guest::host_node_pair(CUhostFn fn, void* data, std::uint64_t* off, bool once) noexcept {
   return guard([&] {
     Runtime* rt = Runtime::current();
     if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (rt->hello().arena_device_base == 0) return CUDA_ERROR_NOT_SUPPORTED;
     Dispatcher* d = dispatcher();
     ensure_started(d);
-    {
+    if (!once) {
       std::lock_guard lk(d->mu);
       for (const Watcher& w : d->watchers)
-        if (w.fn == fn && w.data == data) {
+        if (!w.once && w.fn == fn && w.data == data) {
           *off = w.off;
           return CUDA_SUCCESS;
         }
@@ -305,7 +308,7 @@ CUresult ivcuda::guest::host_node_pair(CUhostFn fn, void* data, std::uint64_t* o
     Pair p;
     if (const CUresult st = take_pair(rt, d, &p); st != CUDA_SUCCESS) return st;
     // The words keep what an earlier use left; `done` trails `reached`.
-    Watcher w{p.off, ivcuda::ring::load_acquire(*word(rt, p.off)), fn, data};
+    Watcher w{p.off, ivcuda::ring::load_acquire(*word(rt, p.off)), fn, data, once};
     ivcuda::ring::store_release(*word(rt, p.off + sizeof(std::uint32_t)), w.handled);
     {
       std::lock_guard lk(d->mu);

@@ -63,7 +63,8 @@ namespace ivcuda::host {
   X(cuGraphAddHostNode) X(cuGraphHostNodeGetParams) X(cuGraphHostNodeSetParams) X(cuGraphExecHostNodeSetParams) \
   X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies) \
   X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphMemAllocNodeGetParams) X(cuGraphMemFreeNodeGetParams) \
-  X(cuGraphAddNode) X(cuGraphConditionalHandleCreate)
+  X(cuGraphAddNode) X(cuGraphConditionalHandleCreate) \
+  X(cuUserObjectCreate) X(cuUserObjectRetain) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

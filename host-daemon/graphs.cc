@@ -357,6 +357,64 @@ void CUDA_CB host_node_call(void* user) {
 }
 }  // namespace
 
+namespace {
+// A user object's destructor: tells the guest, which runs its own once. The
+// driver may call it on its own thread, after the last graph using the
+// object has finished.
+void CUDA_CB user_object_destroyed(void* user) {
+  auto* slot = static_cast<std::uint32_t* const*>(user);
+  // Pairs with load_acquire in guest/hostfunc.cc's dispatcher.
+  std::atomic_ref<std::uint32_t>(*slot[0]).fetch_add(1, std::memory_order_acq_rel);
+}
+}  // namespace
+
+CUresult Worker::on_UserObject(Call& c) {
+  const auto r = c.req<ReqUserObject>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.kind == kUserObjCreate) {
+    if (r.count == 0 || r.flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) return CUDA_ERROR_INVALID_VALUE;
+    // The same pair bookkeeping as host nodes: one slot per pair, for the worker's life.
+    GraphNodeParams p{};
+    p.dst = r.off;
+    CUDA_HOST_NODE_PARAMS hp;
+    if (CUresult st = host_node_params(p, &hp); st != CUDA_SUCCESS) return st;
+    CUuserObject obj = nullptr;
+    const CUresult st = cu_.cuUserObjectCreate(&obj, hp.userData, user_object_destroyed, r.count, r.flags);
+    if (st != CUDA_SUCCESS) return st;
+    c.set_reply(RepHandle{user_objs_.insert(UserObjEntry{obj, r.count})});
+    return CUDA_SUCCESS;
+  }
+  UserObjEntry* u = user_objs_.find(r.object);
+  if (u == nullptr || r.count == 0) return CUDA_ERROR_INVALID_VALUE;
+  switch (r.kind) {
+    case kUserObjRetain: {
+      const CUresult st = cu_.cuUserObjectRetain(u->real, r.count);
+      if (st == CUDA_SUCCESS) u->refs += r.count;
+      return st;
+    }
+    case kUserObjRelease: {
+      // More than the guest holds would free what graphs still use.
+      if (r.count > u->refs) return CUDA_ERROR_INVALID_VALUE;
+      const CUresult st = cu_.cuUserObjectRelease(u->real, r.count);
+      if (st == CUDA_SUCCESS) u->refs -= r.count;
+      return st;
+    }
+    case kUserObjGraphRetain:
+    case kUserObjGraphRelease: {
+      GraphEntry* g = graphs_.find(r.graph);
+      if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      if (r.kind == kUserObjGraphRelease) return cu_.cuGraphReleaseUserObject(g->real, u->real, r.count);
+      const bool move = (r.flags & CU_GRAPH_USER_OBJECT_MOVE) != 0;
+      if (move && r.count > u->refs) return CUDA_ERROR_INVALID_VALUE;
+      const CUresult st = cu_.cuGraphRetainUserObject(g->real, u->real, r.count, r.flags);
+      if (st == CUDA_SUCCESS && move) u->refs -= r.count;
+      return st;
+    }
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
 // The worker's host node parameters for the guest's pair at BAR offset p.dst.
 CUresult Worker::host_node_params(const GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out) {
   constexpr std::uint64_t kWord = sizeof(std::uint32_t);

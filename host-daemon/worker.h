@@ -121,6 +121,10 @@ class Worker {
     std::uint32_t* done = nullptr;
     std::uint64_t off = 0;  // BAR offset of `reached`
   };
+  struct UserObjEntry {
+    CUuserObject real = nullptr;
+    std::uint64_t refs = 0;  // references the guest itself holds
+  };
   struct NodeEntry {
     CUgraphNode real = nullptr;
     std::uint64_t graph = 0;  // the graph handle it belongs to
@@ -229,6 +233,7 @@ class Worker {
   HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
   HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
+  HandleTable<UserObjEntry> user_objs_{proto::HandleKind::kUserObject};
   std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
   std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
   // Graphs a capture made, given a handle before the capture ended

@@ -37,7 +37,7 @@ inline constexpr u32 kDevNameBytes = 256;
 // next 24 bits, table index in the low 32. Never zero.
 enum class HandleKind : u8 {
   kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
-  kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9, kGraphNode = 10,
+  kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9, kGraphNode = 10, kUserObject = 11,
 };
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
@@ -130,7 +130,8 @@ enum class HandleKind : u8 {
   X(GraphEdges, ReqGraphEdges, RepNone, 1)                               \
   X(CaptureGraphInfo, ReqHandle, RepCaptureInfo, 1)                      \
   X(CaptureToGraph, ReqCaptureToGraph, RepNone, 1)                       \
-  X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)
+  X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)                       \
+  X(UserObject, ReqUserObject, RepHandle, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -758,6 +759,25 @@ struct ReqCaptureDeps {
   u64 stream;
   u32 count;
   u32 flags;   // CU_STREAM_ADD/SET_CAPTURE_DEPENDENCIES
+};
+
+// User objects (HandleKind::kUserObject). The destructor is guest code: the
+// host's object gets a worker destructor that steps the `reached` word of the
+// guest's pair at BAR offset `off` (guest/hostfunc.cc runs it once).
+inline constexpr u32 kUserObjCreate = 0;        // off, count, flags -> handle
+inline constexpr u32 kUserObjRetain = 1;        // object, count
+inline constexpr u32 kUserObjRelease = 2;       // object, count
+inline constexpr u32 kUserObjGraphRetain = 3;   // graph, object, count, flags
+inline constexpr u32 kUserObjGraphRelease = 4;  // graph, object, count
+struct ReqUserObject {
+  u64 ctx;
+  u64 object;
+  u64 graph;
+  u64 off;
+  u32 count;
+  u32 flags;
+  u32 kind;
+  u32 reserved;
 };
 
 // ---- per-op traits, generated from the table

@@ -99,7 +99,8 @@ CUresult add(State& s, CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, st
 Handle clone_graph(State& s, Handle g, Handle owner_node, std::map<Handle, Handle>* mapping) {
   const Graph src = s.graphs.at(g);
   const Handle c = s.new_handle();
-  s.graphs[c] = Graph{.ctx = src.ctx, .nodes = {}, .owner_node = owner_node};
+  s.graphs[c] = Graph{.ctx = src.ctx, .nodes = {}, .owner_node = owner_node, .user_refs = src.user_refs};
+  for (const auto& [obj, n] : src.user_refs) s.user_objects.at(obj).refs += n;
   std::map<Handle, Handle> local;
   std::map<Handle, Handle>& map = mapping != nullptr ? *mapping : local;
   for (Handle h : src.nodes) map[h] = s.new_handle();
@@ -369,9 +370,29 @@ CUresult edit(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, F&& chan
 
 }  // namespace
 
+void ivcuda::gpu_double::release_user_object(State& s, Handle obj, unsigned long long count) {
+  const auto it = s.user_objects.find(obj);
+  if (it == s.user_objects.end()) return;
+  it->second.refs -= std::min(count, it->second.refs);
+  if (it->second.refs == 0) {
+    s.dead_user_objects.push_back(it->second);
+    s.user_objects.erase(it);
+  }
+}
+
+void ivcuda::gpu_double::run_user_destructors() {
+  std::vector<UserObject> dead;
+  guarded([&](State& s) {
+    dead.swap(s.dead_user_objects);
+    return CUDA_SUCCESS;
+  }, false);
+  for (const UserObject& u : dead) u.destroy(u.ptr);
+}
+
 void ivcuda::gpu_double::destroy_graph(State& s, Handle g) {
   const auto it = s.graphs.find(g);
   if (it == s.graphs.end()) return;
+  for (const auto& [obj, n] : it->second.user_refs) release_user_object(s, obj, n);
   const std::vector<Handle> nodes = it->second.nodes;
   for (Handle h : nodes) destroy_node(s, h);
   s.graphs.erase(g);
@@ -393,14 +414,14 @@ CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     const Handle g = s.new_handle();
-    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}, .owner_node = 0};
+    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}, .owner_node = 0, .user_refs = {}};
     *phGraph = to_handle<CUgraph_st>(g);
     return CUDA_SUCCESS;
   });
 }
 
 CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
-  return guarded([&](State& s) -> CUresult {
+  const CUresult r = guarded([&](State& s) -> CUresult {
     const Handle g = from_handle(hGraph);
     for (const auto& [stream, c] : s.captures)
       if (c.graph == g) return CUDA_ERROR_INVALID_VALUE;  // still being captured
@@ -408,6 +429,67 @@ CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
     destroy_graph(s, g);
     return CUDA_SUCCESS;
   });
+  run_user_destructors();
+  return r;
+}
+
+CUresult CUDAAPI cuUserObjectCreate(CUuserObject* out, void* ptr, CUhostFn destroy, unsigned int refs,
+                                    unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (out == nullptr || destroy == nullptr || refs == 0 || flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+      return CUDA_ERROR_INVALID_VALUE;
+    const Handle h = s.new_handle();
+    s.user_objects[h] = UserObject{.ptr = ptr, .destroy = destroy, .refs = refs};
+    *out = to_handle<CUuserObject_st>(h);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuUserObjectRetain(CUuserObject obj, unsigned int count) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.user_objects.find(from_handle(obj));
+    if (it == s.user_objects.end() || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    it->second.refs += count;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuUserObjectRelease(CUuserObject obj, unsigned int count) {
+  const CUresult r = guarded([&](State& s) -> CUresult {
+    if (!s.user_objects.contains(from_handle(obj)) || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    release_user_object(s, from_handle(obj), count);
+    return CUDA_SUCCESS;
+  });
+  run_user_destructors();
+  return r;
+}
+
+CUresult CUDAAPI cuGraphRetainUserObject(CUgraph g, CUuserObject obj, unsigned int count, unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    Graph* graph = find_graph(s, g);
+    const auto it = s.user_objects.find(from_handle(obj));
+    if (graph == nullptr || it == s.user_objects.end() || count == 0 ||
+        (flags & ~static_cast<unsigned>(CU_GRAPH_USER_OBJECT_MOVE)) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    // MOVE hands over the caller's references; otherwise the graph takes new ones.
+    if ((flags & CU_GRAPH_USER_OBJECT_MOVE) == 0) it->second.refs += count;
+    graph->user_refs[from_handle(obj)] += count;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphReleaseUserObject(CUgraph g, CUuserObject obj, unsigned int count) {
+  const CUresult r = guarded([&](State& s) -> CUresult {
+    Graph* graph = find_graph(s, g);
+    if (graph == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    const auto held = graph->user_refs.find(from_handle(obj));
+    if (held == graph->user_refs.end() || held->second < count) return CUDA_ERROR_INVALID_VALUE;
+    if ((held->second -= count) == 0) graph->user_refs.erase(held);
+    release_user_object(s, from_handle(obj), count);
+    return CUDA_SUCCESS;
+  });
+  run_user_destructors();
+  return r;
 }
 
 CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, size_t n,
@@ -572,7 +654,7 @@ CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph g, const CUgraphNode* 
     const Handle nh = from_handle(*out);
     for (unsigned i = 0; i < c.size; ++i) {
       const Handle b = s.new_handle();
-      s.graphs[b] = Graph{.ctx = ctx, .nodes = {}, .owner_node = nh};
+      s.graphs[b] = Graph{.ctx = ctx, .nodes = {}, .owner_node = nh, .user_refs = {}};
       s.graph_nodes.at(nh).bodies.push_back(b);
       c.phGraph_out[i] = to_handle<CUgraph_st>(b);
     }
@@ -862,6 +944,9 @@ CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph h
     Exec e;
     if (const CUresult r = build_exec(s, from_handle(hGraph), &e); r != CUDA_SUCCESS) return r;
     e.flags = flags;
+    // The executable graph holds its own references to the graph's user objects.
+    e.user_refs = find_graph(s, hGraph)->user_refs;
+    for (const auto& [obj, n] : e.user_refs) s.user_objects.at(obj).refs += n;
     const Handle h = s.new_handle();
     s.execs[h] = std::move(e);
     *phGraphExec = to_handle<CUgraphExec_st>(h);
@@ -985,7 +1070,13 @@ CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
 }
 
 CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
-  return guarded([&](State& s) -> CUresult {
-    return s.execs.erase(from_handle(hGraphExec)) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  const CUresult r = guarded([&](State& s) -> CUresult {
+    const auto it = s.execs.find(from_handle(hGraphExec));
+    if (it == s.execs.end()) return CUDA_ERROR_INVALID_VALUE;
+    for (const auto& [obj, n] : it->second.user_refs) release_user_object(s, obj, n);
+    s.execs.erase(it);
+    return CUDA_SUCCESS;
   });
+  run_user_destructors();
+  return r;
 }

@@ -234,7 +234,7 @@ CUresult begin_capture(CUstream h, CUstreamCaptureMode mode) {
     if (const CUresult r = capturable(s, h, &ctx); r != CUDA_SUCCESS) return r;
     if (s.captures.contains(from_handle(h))) return CUDA_ERROR_ILLEGAL_STATE;
     const Handle g = s.new_handle();
-    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}, .owner_node = 0};
+    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}, .owner_node = 0, .user_refs = {}};
     s.captures[from_handle(h)] = Capture{.graph = g,
                                          .mode = mode,
                                          .invalidated = false,

@@ -144,6 +144,12 @@ struct Graph {
   Handle ctx = 0;
   std::vector<Handle> nodes;  // in creation order
   Handle owner_node = 0;      // a child graph node's graph
+  std::map<Handle, unsigned> user_refs;  // user object -> references the graph holds
+};
+struct UserObject {
+  void* ptr = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned long long refs = 0;
 };
 struct ExecStep;
 struct Exec {
@@ -151,6 +157,7 @@ struct Exec {
   Handle graph = 0;
   unsigned long long flags = 0;
   std::vector<ExecStep> steps;  // topological order
+  std::map<Handle, unsigned> user_refs;  // what the graph held when instantiated
 };
 struct ExecStep {
   Handle node = 0;            // the node of the instantiated graph it stands for
@@ -236,6 +243,8 @@ struct State {
   std::unordered_map<Handle, Graph> graphs;
   std::unordered_map<Handle, GraphNode> graph_nodes;
   std::unordered_map<CUgraphConditionalHandle, CondHandle> cond_handles;
+  std::unordered_map<Handle, UserObject> user_objects;
+  std::vector<UserObject> dead_user_objects;  // destructors to run once the lock is released
   std::unordered_map<Handle, Exec> execs;        // executable graphs
   std::unordered_map<Handle, PhysicalMem> physical;   // cuMemCreate handles
   std::map<std::uintptr_t, std::size_t> reservations;  // base -> size; never overlap
@@ -291,6 +300,10 @@ CUresult unsafe_during_capture(State& s);
 CUresult run_exec(const Exec& exec);
 // Runs fn with capture bypassed (what a replayed call must not record again).
 CUresult replaying(const std::function<CUresult()>& fn);
+// Drops references to a user object; at zero its destructor is queued (under the state
+// lock), to run from run_user_destructors() after it.
+void release_user_object(State& s, Handle obj, unsigned long long count);
+void run_user_destructors();
 // Destroys a graph and its nodes (and the child graphs they own). Under the state lock.
 void destroy_graph(State& s, Handle g);
 // Kernel arguments as a launch packs them, and where each parameter lies in the packed

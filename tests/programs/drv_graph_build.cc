@@ -10,8 +10,11 @@
 // --limits adds cases whose answers are ivcuda's own (forged handles, pageable
 // memory in a memcpy node): the process tests pass it, the native diff does not.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <set>
+#include <thread>
 
 #include "check.h"
 
@@ -363,6 +366,39 @@ void conditional_nodes(CUstream s) {
   OK(cuMemFree(y));
 }
 
+// A user object owned by a graph and then by its executable graph: the
+// destructor runs (in this process) once the last reference is gone.
+std::atomic<int> g_destroyed{0};
+void CUDA_CB user_destroy(void* p) { g_destroyed.fetch_add(*static_cast<int*>(p)); }
+
+void user_objects() {
+  static int weight = 1;
+  CUuserObject obj = nullptr;
+  OK(cuUserObjectCreate(&obj, &weight, user_destroy, 2, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+  CUgraph g = nullptr;
+  OK(cuGraphCreate(&g, 0));
+  CUgraphNode e = nullptr;
+  OK(cuGraphAddEmptyNode(&e, g, nullptr, 0));
+  OK(cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE));  // one of ours moves to the graph
+  OK(cuGraphRetainUserObject(g, obj, 1, 0));                          // and the graph takes one more
+  OK(cuGraphReleaseUserObject(g, obj, 1));
+  CUgraphExec ex = nullptr;
+  OK(cuGraphInstantiate(&ex, g, 0));
+  OK(cuUserObjectRelease(obj, 1));  // our last one
+  OK(cuGraphDestroy(g));
+  OK(cuCtxSynchronize());
+  const int before = g_destroyed.load();
+  OK(cuGraphExecDestroy(ex));
+  // The driver may run destructors later, on a thread of its own.
+  for (int i = 0; i < 400 && g_destroyed.load() == 0; ++i) {
+    OK(cuCtxSynchronize());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT(before == 0 && g_destroyed.load() == 1);
+  std::printf("user object: alive while a graph or executable graph holds it, destroyed once after: %s\n",
+              before == 0 && g_destroyed.load() == 1 ? "ok" : "WRONG");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -701,6 +737,7 @@ int main(int argc, char** argv) {
   capture_to_graph(k, s);
   memory_nodes(dev, s, pinned);
   conditional_nodes(s);
+  user_objects();
 
   OK(cuGraphExecDestroy(exg));
   OK(cuGraphExecDestroy(exc));
