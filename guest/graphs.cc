@@ -15,6 +15,7 @@
 #define __CUDA_API_VERSION_INTERNAL
 #include <cuda.h>
 
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -1395,6 +1396,23 @@ CUresult CUDAAPI cuGraphRetainUserObject(CUgraph graph, CUuserObject obj, unsign
 }
 CUresult CUDAAPI cuGraphReleaseUserObject(CUgraph graph, CUuserObject obj, unsigned int count) {
   return user_object(proto::kUserObjGraphRelease, obj, graph, count, 0);
+}
+
+// The host's driver writes the DOT text (with the host's names for nodes and
+// handles); the file is written here, where the caller named it.
+CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph graph, const char* path, unsigned int flags) {
+  return guard([&] {
+    if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::int64_t n = 0;
+    std::vector<std::byte> text;
+    const CUresult st = query(proto::kQueryDot, h(graph), 0, &n, 0, flags, &text);
+    if (st != CUDA_SUCCESS) return st;
+    if (n < 0 || static_cast<std::uint64_t>(n) > text.size()) return CUDA_ERROR_UNKNOWN;
+    std::FILE* f = std::fopen(path, "w");
+    if (f == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+    const bool ok = std::fwrite(text.data(), 1, static_cast<std::size_t>(n), f) == static_cast<std::size_t>(n);
+    return std::fclose(f) == 0 && ok ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+  });
 }
 
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext,

@@ -64,7 +64,8 @@ namespace ivcuda::host {
   X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies) \
   X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphMemAllocNodeGetParams) X(cuGraphMemFreeNodeGetParams) \
   X(cuGraphAddNode) X(cuGraphConditionalHandleCreate) \
-  X(cuUserObjectCreate) X(cuUserObjectRetain) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject)
+  X(cuUserObjectCreate) X(cuUserObjectRetain) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject) \
+  X(cuGraphDebugDotPrint)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -12,10 +12,12 @@
 // are this guest's handles, device memory must be its own (owns_device), and
 // host memory in a memcpy node must be page-locked memory of its arena (a BAR
 // offset); pageable host memory cannot be reached from here.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -1032,6 +1034,32 @@ CUresult Worker::on_GraphQuery(Call& c) {
       const CUresult st = cu_.cuGraphNodeGetEnabled(e->real, n->real, &on);
       c.set_reply(RepValue{on});
       return st;
+    }
+    case kQueryDot: {
+      GraphEntry* g = graphs_.find(r.handle);
+      if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      if (CUresult st = use_ctx(g->ctx); st != CUDA_SUCCESS) return st;
+      // The driver writes a file: an anonymous one, read back for the guest,
+      // which writes the file it named itself.
+      sys::UniqueFd fd(::memfd_create("ivcuda-graph-dot", MFD_CLOEXEC));
+      if (!fd.valid()) return CUDA_ERROR_OPERATING_SYSTEM;
+      const std::string path = "/proc/self/fd/" + std::to_string(fd.get());
+      const CUresult st = cu_.cuGraphDebugDotPrint(g->real, path.c_str(), r.flags);
+      if (st != CUDA_SUCCESS) return st;
+      const std::size_t room = c.ch.cpl.max_payload() - sizeof(RepValue) - 4096;
+      std::string text;
+      char buf[16384];
+      for (off_t at = 0;;) {
+        const ssize_t n = ::pread(fd.get(), buf, sizeof buf, at);
+        if (n < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+        if (n == 0) break;
+        text.append(buf, static_cast<std::size_t>(n));
+        at += n;
+        if (text.size() > room) return CUDA_ERROR_NOT_SUPPORTED;  // more than one reply holds
+      }
+      c.set_reply(RepValue{static_cast<std::int64_t>(text.size())});
+      c.append(text.data(), text.size());
+      return CUDA_SUCCESS;
     }
     case kQueryCondHandle: {
       GraphEntry* g = graphs_.find(r.handle);

@@ -2,8 +2,10 @@
 // cloned, instantiated into a snapshot in topological order, launched, updated. Work runs
 // at once in the double, so a launch runs the snapshot's nodes one after the other.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
+#include <string>
 
 #include "state.h"
 
@@ -612,6 +614,27 @@ CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode h, CUdeviceptr* dptr) {
     *dptr = n->freed;
     return CUDA_SUCCESS;
   });
+}
+
+// A DOT graph of the nodes and edges (the driver's has far more detail).
+CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph g, const char* path, unsigned int) {
+  std::string dot;
+  const CUresult r = guarded([&](State& s) -> CUresult {
+    const Graph* graph = find_graph(s, g);
+    if (graph == nullptr || path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    dot = "digraph dot {\n";
+    for (Handle h : graph->nodes) {
+      dot += "  n" + std::to_string(h) + " [label=\"type " + std::to_string(s.graph_nodes.at(h).type) + "\"];\n";
+      for (Handle d : s.graph_nodes.at(h).deps) dot += "  n" + std::to_string(d) + " -> n" + std::to_string(h) + ";\n";
+    }
+    dot += "}\n";
+    return CUDA_SUCCESS;
+  });
+  if (r != CUDA_SUCCESS) return r;
+  std::FILE* f = std::fopen(path, "w");
+  if (f == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+  const bool ok = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
+  return std::fclose(f) == 0 && ok ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph g, CUcontext,

@@ -16,6 +16,9 @@
 #include <set>
 #include <thread>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "check.h"
 
 namespace {
@@ -704,6 +707,21 @@ int main(int argc, char** argv) {
   const CUresult no_node = cuGraphNodeGetType(nullptr, &t);
   std::printf("type of a NULL node: %s\n", check::name(no_node));
   EXPECT(no_node != CUDA_SUCCESS);
+
+  // ---- the DOT text, written where this process asks
+  {
+    char path[] = "/tmp/drv_graph_build_dot.XXXXXX";
+    const int fd = mkstemp(path);
+    EXPECT(fd >= 0);
+    if (fd >= 0) {
+      close(fd);
+      OK(cuGraphDebugDotPrint(g, path, CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE));
+      const std::string dot = check::read_file(path);
+      EXPECT(dot.find("digraph") != std::string::npos);
+      std::remove(path);
+      std::printf("dot: written, starts a digraph: %s\n", dot.find("digraph") != std::string::npos ? "yes" : "no");
+    }
+  }
 
   // ---- destroying a node takes its edges with it
   OK(cuGraphDestroyNode(join));
