@@ -39,7 +39,7 @@ echo "== build"
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_vmm drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_peer drv_hostfunc rt_basic ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
+core="ivcudad ivcuda_guest drv_core drv_vmm drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_peer drv_hostfunc rt_basic rt_graphs ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
 only=${IVCUDA_GPU_ONLY:-}
 [ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
 [ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $only"
@@ -93,6 +93,8 @@ programs=(
   "drv_hostreg|$bin/drv_hostreg --ptx $ptx|"
   "rt_nvbench_pattern_static|$bin/rt_nvbench_pattern_static|"
   "rt_basic_shared|$bin/rt_basic_shared|/usr/local/cuda/lib64"
+  "rt_graphs_static|$bin/rt_graphs_static|"
+  "rt_graphs_shared|$bin/rt_graphs_shared|/usr/local/cuda/lib64"
   "rt_features_shared|$bin/rt_features_shared|/usr/local/cuda/lib64"
 )
 libs=(lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc)

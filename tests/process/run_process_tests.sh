@@ -111,6 +111,11 @@ for kind in static shared; do
   case_ivcuda "rt_basic: runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
+  prog=$bin/rt_graphs_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_graphs ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_graphs: graphs built with the runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
   prog=$bin/rt_nvbench_pattern_$kind
   if [ ! -x "$prog" ]; then not_run "rt_nvbench_pattern ($kind cudart)" "not built (no nvcc)"; continue; fi
   case_ivcuda "rt_nvbench_pattern: NVBench's blocking kernel released by a CPU store, $kind cudart" \
