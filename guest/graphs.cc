@@ -1415,6 +1415,46 @@ CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph graph, const char* path, unsigned 
   });
 }
 
+// Kernel node attributes made of plain values travel as 16 bytes of the
+// value union; the others (access-policy windows, events) are refused.
+namespace {
+CUresult kernel_attr(std::uint32_t kind, CUgraphNode node, CUgraphNode src, CUkernelNodeAttrID id,
+                     const CUkernelNodeAttrValue* in, CUkernelNodeAttrValue* out) {
+  return guard([&] {
+    NEED_RT();
+    proto::ReqGraphKernelAttr r{};
+    r.ctx = current_ctx();
+    r.node = h(node);
+    r.src = h(src);
+    r.kind = kind;
+    r.attr.id = static_cast<proto::u32>(id);
+    if (in != nullptr) std::memcpy(r.attr.value, in, sizeof r.attr.value);
+    proto::LaunchAttr rep{};
+    const CUresult st = rt->call<Op::kGraphKernelAttr>(r, {}, &rep);
+    if (st == CUDA_ERROR_NOT_SUPPORTED)
+      return ivcuda::guest::not_supported("kernel node attribute %d is not forwarded", static_cast<int>(id));
+    if (st == CUDA_SUCCESS && out != nullptr) {
+      *out = CUkernelNodeAttrValue{};
+      std::memcpy(out, rep.value, sizeof rep.value);
+    }
+    return st;
+  });
+}
+}  // namespace
+
+CUresult CUDAAPI cuGraphKernelNodeGetAttribute(CUgraphNode node, CUkernelNodeAttrID id, CUkernelNodeAttrValue* out) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return kernel_attr(proto::kKernelAttrGet, node, nullptr, id, nullptr, out);
+}
+CUresult CUDAAPI cuGraphKernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID id,
+                                               const CUkernelNodeAttrValue* in) {
+  if (in == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return kernel_attr(proto::kKernelAttrSet, node, nullptr, id, in, nullptr);
+}
+CUresult CUDAAPI cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src) {
+  return kernel_attr(proto::kKernelAttrCopy, dst, src, CU_LAUNCH_ATTRIBUTE_IGNORE, nullptr, nullptr);
+}
+
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext,
                                                  unsigned int default_value, unsigned int flags) {
   return guard([&] {

@@ -417,6 +417,53 @@ CUresult Worker::on_UserObject(Call& c) {
   }
 }
 
+namespace {
+// Kernel node attributes whose values are plain numbers (no pointers, no
+// events), at most 16 bytes of the value union.
+bool plain_kernel_attr(std::uint32_t id) {
+  switch (id) {
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+CUresult Worker::on_GraphKernelAttr(Call& c) {
+  const auto r = c.req<ReqGraphKernelAttr>();
+  NodeEntry* n = nullptr;
+  if (CUresult st = node_in_ctx(r.node, &n); st != CUDA_SUCCESS) return st;
+  if (r.kind == kKernelAttrCopy) {
+    NodeEntry* src = nodes_.find(r.src);
+    if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return cu_.cuGraphKernelNodeCopyAttributes(n->real, src->real);
+  }
+  if (!plain_kernel_attr(r.attr.id)) return CUDA_ERROR_NOT_SUPPORTED;
+  CUkernelNodeAttrValue v{};
+  static_assert(sizeof r.attr.value <= sizeof v);
+  const auto id = static_cast<CUkernelNodeAttrID>(r.attr.id);
+  if (r.kind == kKernelAttrSet) {
+    std::memcpy(&v, r.attr.value, sizeof r.attr.value);
+    return cu_.cuGraphKernelNodeSetAttribute(n->real, id, &v);
+  }
+  if (r.kind != kKernelAttrGet) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = cu_.cuGraphKernelNodeGetAttribute(n->real, id, &v);
+  LaunchAttr out{};
+  out.id = r.attr.id;
+  std::memcpy(out.value, &v, sizeof out.value);
+  c.set_reply(out);
+  return st;
+}
+
 // The worker's host node parameters for the guest's pair at BAR offset p.dst.
 CUresult Worker::host_node_params(const GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out) {
   constexpr std::uint64_t kWord = sizeof(std::uint32_t);

@@ -131,7 +131,8 @@ enum class HandleKind : u8 {
   X(CaptureGraphInfo, ReqHandle, RepCaptureInfo, 1)                      \
   X(CaptureToGraph, ReqCaptureToGraph, RepNone, 1)                       \
   X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)                       \
-  X(UserObject, ReqUserObject, RepHandle, 1)
+  X(UserObject, ReqUserObject, RepHandle, 1)                             \
+  X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -782,6 +783,21 @@ struct ReqUserObject {
   u32 reserved;
 };
 
+// Kernel node attributes (cuGraphKernelNodeGet/SetAttribute, CopyAttributes
+// from `src`): the value travels as LaunchAttr does, for the attributes made
+// of plain values; the reply is the attribute read.
+inline constexpr u32 kKernelAttrGet = 0;
+inline constexpr u32 kKernelAttrSet = 1;
+inline constexpr u32 kKernelAttrCopy = 2;
+struct ReqGraphKernelAttr {
+  u64 ctx;
+  u64 node;
+  u64 src;
+  u32 kind;
+  u32 reserved;
+  LaunchAttr attr;
+};
+
 // ---- per-op traits, generated from the table
 template <Op op>
 struct OpTraits;
@@ -827,6 +843,7 @@ static_assert(sizeof(CopyEnd) == 56);
 static_assert(sizeof(GraphNodeParams) == 224);
 static_assert(sizeof(ReqGraphQuery) == 40);
 static_assert(sizeof(MemAllocNode) == 40);
+static_assert(sizeof(ReqGraphKernelAttr) == 56);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

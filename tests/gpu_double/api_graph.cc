@@ -637,6 +637,38 @@ CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph g, const char* path, unsigned int)
   return std::fclose(f) == 0 && ok ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 
+// Kernel node attributes are kept and read back; the double's launches ignore them.
+CUresult CUDAAPI cuGraphKernelNodeSetAttribute(CUgraphNode h, CUkernelNodeAttrID id, const CUkernelNodeAttrValue* v) {
+  return guarded([&](State& s) -> CUresult {
+    GraphNode* n = find_node(s, h);
+    if (n == nullptr || v == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    n->attrs[id] = *v;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphKernelNodeGetAttribute(CUgraphNode h, CUkernelNodeAttrID id, CUkernelNodeAttrValue* v) {
+  return guarded([&](State& s) -> CUresult {
+    const GraphNode* n = find_node(s, h);
+    if (n == nullptr || v == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    const auto it = n->attrs.find(id);
+    *v = it != n->attrs.end() ? it->second : CUkernelNodeAttrValue{};
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src) {
+  return guarded([&](State& s) -> CUresult {
+    GraphNode* d = find_node(s, dst);
+    const GraphNode* from = find_node(s, src);
+    if (d == nullptr || from == nullptr || d->type != CU_GRAPH_NODE_TYPE_KERNEL ||
+        from->type != CU_GRAPH_NODE_TYPE_KERNEL)
+      return CUDA_ERROR_INVALID_VALUE;
+    d->attrs = from->attrs;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph g, CUcontext,
                                                  unsigned int default_value, unsigned int flags) {
   return guarded([&](State& s) -> CUresult {

@@ -132,6 +132,7 @@ struct GraphNode {
   CUgraphConditionalHandle cond = 0;
   CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
   std::vector<Handle> bodies;
+  std::map<int, CUkernelNodeAttrValue> attrs;  // kernel node attributes set (kept, not applied)
 };
 // A conditional handle: nothing in the double's kernels sets one, so a conditional node
 // always sees the default value.

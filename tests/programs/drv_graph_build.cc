@@ -552,6 +552,14 @@ int main(int argc, char** argv) {
   n = 0;
   OK(cuGraphGetNodes(embedded, nullptr, &n));
   EXPECT(n == 1 && embedded != cg);
+  CUkernelNodeAttrValue prio{};
+  prio.priority = 0;
+  OK(cuGraphKernelNodeSetAttribute(k1, CU_LAUNCH_ATTRIBUTE_PRIORITY, &prio));
+  CUkernelNodeAttrValue got_prio{};
+  got_prio.priority = 99;
+  OK(cuGraphKernelNodeGetAttribute(k1, CU_LAUNCH_ATTRIBUTE_PRIORITY, &got_prio));
+  EXPECT(got_prio.priority == 0);
+  OK(cuGraphKernelNodeCopyAttributes(k2, k1));
   std::printf("params: kernel, memset, memcpy to page-locked memory, host, event and child graph read back\n");
 
   // ---- instantiate and launch
