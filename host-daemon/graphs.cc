@@ -335,6 +335,13 @@ CUresult Worker::node_in_ctx(std::uint64_t h, NodeEntry** out) {
 }
 
 namespace {
+// Set when the guest is gone: nobody will run the functions host nodes wait for.
+std::atomic<bool> g_abandoned{false};
+}  // namespace
+
+void abandon_host_nodes() noexcept { g_abandoned.store(true, std::memory_order_release); }
+
+namespace {
 // A host node runs here, on the driver's callback thread: it tells the guest
 // (one more step of `reached`) and waits until the guest's dispatcher has run
 // the function (`done` caught up). Waiting blocks only this guest's work.
@@ -347,7 +354,7 @@ void CUDA_CB host_node_call(void* user) {
   for (unsigned polls = 0;; ++polls) {
     // Pairs with the dispatcher's store_release of `done` (wrap-aware >=).
     const std::uint32_t v = ring::load_acquire(*done);
-    if (static_cast<std::int32_t>(v - seq) >= 0) return;
+    if (static_cast<std::int32_t>(v - seq) >= 0 || g_abandoned.load(std::memory_order_acquire)) return;
     if (polls < 2000) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
@@ -1061,9 +1068,13 @@ CUresult Worker::on_GraphQuery(Call& c) {
       CUgraphExecUpdateResultInfo info{};
       const CUresult st = cu_.cuGraphExecUpdate(e->real, g->real, &info);
       c.set_reply(RepValue{static_cast<std::int64_t>(info.result)});
-      // The failing node is the new graph's; errorFromNode the old one's, whose
-      // graph handle may be gone: it is reported under the new graph's.
-      const std::uint64_t err[2] = {node_handle(info.errorNode, r.other), node_handle(info.errorFromNode, r.other)};
+      // The failing node is the new graph's; errorFromNode is the old graph's,
+      // which may be gone: it is reported only if the guest has a handle for it.
+      const auto known = [&](CUgraphNode real) {
+        const auto it = node_of_.find(real);
+        return it != node_of_.end() ? it->second : std::uint64_t{0};
+      };
+      const std::uint64_t err[2] = {node_handle(info.errorNode, r.other), known(info.errorFromNode)};
       c.append(err, sizeof err);
       return st;
     }
