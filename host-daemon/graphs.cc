@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <string>
 #include <cstddef>
 #include <cstring>
@@ -1115,8 +1116,23 @@ CUresult Worker::on_GraphQuery(Call& c) {
         at += n;
         if (text.size() > room) return CUDA_ERROR_NOT_SUPPORTED;  // more than one reply holds
       }
-      c.set_reply(RepValue{static_cast<std::int64_t>(text.size())});
-      c.append(text.data(), text.size());
+      // The driver prints its own addresses (nodes, the worker's host-node
+      // function): the guest may not learn where the worker's code and data
+      // are (docs/security.md), so every hexadecimal number is masked.
+      std::string clean;
+      clean.reserve(text.size());
+      for (std::size_t i = 0; i < text.size();) {
+        if (text[i] == '0' && i + 2 < text.size() && (text[i + 1] == 'x' || text[i + 1] == 'X') &&
+            std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
+          clean += "0x?";
+          i += 2;
+          while (i < text.size() && std::isxdigit(static_cast<unsigned char>(text[i]))) ++i;
+        } else {
+          clean += text[i++];
+        }
+      }
+      c.set_reply(RepValue{static_cast<std::int64_t>(clean.size())});
+      c.append(clean.data(), clean.size());
       return CUDA_SUCCESS;
     }
     case kQueryCondHandle: {
