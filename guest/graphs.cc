@@ -2,13 +2,15 @@
 // module enumeration, and the occupancy and tensor-map calls the CUDA 13
 // libraries make.
 //
-// Pools, graphs and executable graphs are host handles: the host's driver
-// does the work. Capture is forwarded as it is: the host stream captures
-// what the guest's calls enqueue on it, so kernels, memsets, device copies
-// and copies of page-locked (arena) memory become graph nodes unchanged.
-// Copies of pageable memory cannot: they pass through memory the worker
-// reuses once the call returns, so a capturing stream refuses them with
-// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture is invalidated.
+// Pools, graphs, executable graphs, graph nodes and user objects are host
+// handles: the host's driver does the work (docs/design.md, "Graphs"). Capture
+// is forwarded as it is: the host stream captures what the guest's calls
+// enqueue on it, so kernels, memsets, device copies and copies of page-locked
+// (arena) memory become graph nodes unchanged. Copies of pageable memory
+// cannot: they pass through memory the worker reuses once the call returns,
+// so a capturing stream refuses them with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+// and the capture is invalidated; a memcpy node naming pageable memory is
+// refused with CUDA_ERROR_NOT_SUPPORTED for the same reason.
 //
 // This file sees cuda.h without its renaming macros, so every ABI
 // generation is defined under its exact exported name.
@@ -36,6 +38,8 @@ namespace {
 
 std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
 CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+// The most dependencies or edges one request carries (the host's limit too).
+constexpr size_t kMaxDeps = size_t{1} << 16;
 
 Runtime* runtime(CUresult* st) {
   Runtime* rt = Runtime::current();
@@ -190,7 +194,7 @@ CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const CUgraphNode* de
     if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
         mode != CU_STREAM_CAPTURE_MODE_RELAXED)
       return CUDA_ERROR_INVALID_VALUE;
-    if ((n != 0 && deps == nullptr) || n > 4096) return CUDA_ERROR_INVALID_VALUE;
+    if ((n != 0 && deps == nullptr) || n > kMaxDeps) return CUDA_ERROR_INVALID_VALUE;
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
     proto::ReqCaptureToGraph r{};
     r.ctx = ctx;
@@ -212,7 +216,7 @@ CUresult update_capture_deps(CUstream s, CUgraphNode* deps, const CUgraphEdgeDat
   return guard([&] {
     NEED_RT();
     NEED_CTX();
-    if ((n != 0 && deps == nullptr) || n > 4096) return CUDA_ERROR_INVALID_VALUE;
+    if ((n != 0 && deps == nullptr) || n > kMaxDeps) return CUDA_ERROR_INVALID_VALUE;
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
     proto::ReqCaptureDeps r{};
     r.ctx = ctx;
@@ -826,7 +830,7 @@ CUresult add_node(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size
                   const proto::GraphNodeParams& p, const std::vector<std::byte>& packed,
                   std::uint64_t* extra_out = nullptr, std::size_t extra_count = 1) {
   NEED_RT();
-  if (out == nullptr || (ndeps != 0 && deps == nullptr) || ndeps > 4096) return CUDA_ERROR_INVALID_VALUE;
+  if (out == nullptr || (ndeps != 0 && deps == nullptr) || ndeps > kMaxDeps) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::byte> tail(ndeps * sizeof(std::uint64_t));
   for (size_t i = 0; i < ndeps; ++i) {
     const std::uint64_t v = h(deps[i]);
@@ -963,6 +967,9 @@ CUresult list(std::uint32_t kind, std::uint64_t handle, CUgraphNode* a, CUgraphN
   std::int64_t n = 0;
   std::vector<std::byte> extra;
   const CUresult st = query(kind, handle, 0, &n, cap, flags, &extra);
+  if (st == CUDA_ERROR_NOT_SUPPORTED && arrays)
+    return ivcuda::guest::not_supported("graph list of %llu entries: longer than one reply holds",
+                                        static_cast<unsigned long long>(cap));
   if (st != CUDA_SUCCESS && st != CUDA_ERROR_LOSSY_QUERY) return st;
   const std::size_t lists = kind == proto::kQueryEdges ? 2 : 1;
   if (extra.size() < cap * (lists * sizeof(std::uint64_t) + (data != nullptr ? sizeof(CUgraphEdgeData) : 0)))
@@ -986,7 +993,7 @@ CUresult edges(CUgraph graph, const CUgraphNode* from, const CUgraphNode* to, co
                bool remove) {
   NEED_RT();
   if (n != 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  if (n > 4096) return CUDA_ERROR_INVALID_VALUE;
+  if (n > kMaxDeps) return CUDA_ERROR_INVALID_VALUE;
   std::vector<std::byte> tail(n * (2 * sizeof(std::uint64_t) + sizeof(CUgraphEdgeData)));
   for (size_t i = 0; i < n; ++i) {
     const std::uint64_t f = h(from[i]), t = h(to[i]);

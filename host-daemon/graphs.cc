@@ -18,9 +18,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <string>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "host-daemon/log.h"
@@ -32,8 +32,9 @@ namespace ivcuda::host {
 using namespace ivcuda::proto;
 
 namespace {
-// Lists longer than this are refused rather than answered in several replies.
-constexpr std::uint64_t kMaxListed = 4096;
+// Dependencies per request and list entries per reply (a reply must also fit
+// the completion ring: longer lists are refused rather than split).
+constexpr std::uint64_t kMaxListed = 1u << 16;
 constexpr std::size_t kEdgeBytes = 8;
 // Host nodes' pairs live as long as the worker: a guest cannot make more.
 constexpr std::size_t kMaxHostSlots = 1u << 16;
@@ -48,7 +49,7 @@ bool copy_extent(const CopyEnd& e, std::uint64_t width, std::uint64_t height, st
     return true;
   }
   if ((height > 1 || depth > 1 || e.y != 0 || e.z != 0) && width > e.pitch) return false;
-  if ((depth > 1 || e.z != 0) && height + e.y > e.height) return false;
+  if ((depth > 1 || e.z != 0) && (height > e.height || e.y > e.height - height)) return false;
   std::uint64_t slice = 0, zs = 0, ys = 0, end = 0;
   if (__builtin_mul_overflow(e.pitch, e.height, &slice)) return false;
   if (__builtin_mul_overflow(e.z + depth - 1, slice, &zs) || e.z + depth - 1 < e.z) return false;
@@ -562,37 +563,37 @@ struct KernelArgs {
   CUDA_KERNEL_NODE_PARAMS params{};
   std::vector<void*> argv;
 };
+
+// f: the function the guest named (its FuncEntry), or null.
+template <class Func>
+CUresult kernel_args(const Func* f, const GraphNodeParams& p, std::span<const std::byte> packed, KernelArgs* k) {
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (p.param_bytes != f->param_bytes || packed.size() != f->param_bytes) return CUDA_ERROR_INVALID_VALUE;
+  // Offsets were bounded by param_bytes when the function was looked up.
+  k->argv.resize(f->params.size());
+  for (std::size_t i = 0; i < f->params.size(); ++i)
+    k->argv[i] = const_cast<std::byte*>(packed.data()) + f->params[i].offset;
+  k->params.func = f->real;
+  k->params.gridDimX = p.grid[0];
+  k->params.gridDimY = p.grid[1];
+  k->params.gridDimZ = p.grid[2];
+  k->params.blockDimX = p.block[0];
+  k->params.blockDimY = p.block[1];
+  k->params.blockDimZ = p.block[2];
+  k->params.sharedMemBytes = p.shared_bytes;
+  k->params.kernelParams = k->argv.empty() ? nullptr : k->argv.data();
+  return CUDA_SUCCESS;
+}
 }  // namespace
 
-#define IVCUDA_KERNEL_ARGS(p, packed, kp)                                                            \
-  KernelArgs kp;                                                                                   \
-  do {                                                                                             \
-    FuncEntry* f_ = funcs_.find((p).handle);                                                       \
-    if (f_ == nullptr) return CUDA_ERROR_INVALID_HANDLE;                                           \
-    if ((p).param_bytes != f_->param_bytes || (packed).size() != f_->param_bytes)                  \
-      return CUDA_ERROR_INVALID_VALUE;                                                             \
-    kp.argv.resize(f_->params.size());                                                             \
-    for (std::size_t i_ = 0; i_ < f_->params.size(); ++i_)                                         \
-      kp.argv[i_] = const_cast<std::byte*>((packed).data()) + f_->params[i_].offset;               \
-    kp.params.func = f_->real;                                                                     \
-    kp.params.gridDimX = (p).grid[0];                                                              \
-    kp.params.gridDimY = (p).grid[1];                                                              \
-    kp.params.gridDimZ = (p).grid[2];                                                              \
-    kp.params.blockDimX = (p).block[0];                                                            \
-    kp.params.blockDimY = (p).block[1];                                                            \
-    kp.params.blockDimZ = (p).block[2];                                                            \
-    kp.params.sharedMemBytes = (p).shared_bytes;                                                   \
-    kp.params.kernelParams = kp.argv.empty() ? nullptr : kp.argv.data();                           \
-  } while (0)
-
-CUresult Worker::add_node(const ReqGraphAddNode& r, GraphEntry& g, std::span<const CUgraphNode> deps,
-                          const GraphNodeParams& p, std::span<const std::byte> packed, CUgraphNode* out) {
-  (void)r;
+CUresult Worker::add_node(GraphEntry& g, std::span<const CUgraphNode> deps, const GraphNodeParams& p,
+                          std::span<const std::byte> packed, CUgraphNode* out) {
   const CUgraphNode* d = deps.empty() ? nullptr : deps.data();
   const size_t n = deps.size();
   switch (p.type) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {
-      IVCUDA_KERNEL_ARGS(p, packed, k);
+      KernelArgs k;
+      if (CUresult st = kernel_args(funcs_.find(p.handle), p, packed, &k); st != CUDA_SUCCESS) return st;
       return cu_.cuGraphAddKernelNode(out, g.real, d, n, &k.params);
     }
     case CU_GRAPH_NODE_TYPE_MEMSET: {
@@ -659,7 +660,7 @@ CUresult Worker::on_GraphAddNode(Call& c) {
   const CUresult st = p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC
                           ? add_mem_alloc_node(*g, deps, p, tail.subspan(sizeof p), &node, &dptr)
                       : p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL ? add_conditional_node(*g, deps, p, &node, &bodies)
-                                                                 : add_node(r, *g, deps, p, tail.subspan(sizeof p), &node);
+                                                                 : add_node(*g, deps, p, tail.subspan(sizeof p), &node);
   if (st != CUDA_SUCCESS) return st;
   const std::uint64_t nh = node_handle(node, r.graph);
   const std::uint64_t ctx = g->ctx;
@@ -736,7 +737,8 @@ CUresult Worker::set_node_params(NodeEntry& n, CUgraphExec exec, const GraphNode
   if (static_cast<std::uint32_t>(type) != p.type) return CUDA_ERROR_INVALID_VALUE;
   switch (p.type) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {
-      IVCUDA_KERNEL_ARGS(p, packed, k);
+      KernelArgs k;
+      if (CUresult st = kernel_args(funcs_.find(p.handle), p, packed, &k); st != CUDA_SUCCESS) return st;
       return exec != nullptr ? cu_.cuGraphExecKernelNodeSetParams(exec, n.real, &k.params)
                              : cu_.cuGraphKernelNodeSetParams(n.real, &k.params);
     }
@@ -778,8 +780,6 @@ CUresult Worker::set_node_params(NodeEntry& n, CUgraphExec exec, const GraphNode
       return CUDA_ERROR_NOT_SUPPORTED;
   }
 }
-
-#undef IVCUDA_KERNEL_ARGS
 
 CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
   GraphNodeParams p{};

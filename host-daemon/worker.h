@@ -179,8 +179,8 @@ class Worker {
   void drop_graph(std::uint64_t graph);
   void drop_node(std::uint64_t node);
   CUresult node_in_ctx(std::uint64_t h, NodeEntry** out);
-  CUresult add_node(const proto::ReqGraphAddNode& r, GraphEntry& g, std::span<const CUgraphNode> deps,
-                    const proto::GraphNodeParams& p, std::span<const std::byte> packed, CUgraphNode* out);
+  CUresult add_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
+                    std::span<const std::byte> packed, CUgraphNode* out);
   CUresult set_node_params(NodeEntry& n, CUgraphExec exec, const proto::GraphNodeParams& p,
                            std::span<const std::byte> packed);
   CUresult get_node_params(NodeEntry& n, Call& c);
