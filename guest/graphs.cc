@@ -1462,6 +1462,39 @@ CUresult CUDAAPI cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode sr
   return kernel_attr(proto::kKernelAttrCopy, dst, src, CU_LAUNCH_ATTRIBUTE_IGNORE, nullptr, nullptr);
 }
 
+// Graph memory of a device: the host's driver counts this guest's alone.
+namespace {
+CUresult graph_mem(CUdevice dev, CUgraphMem_attribute attr, std::uint32_t op, std::uint64_t in, std::uint64_t* out) {
+  return guard([&] {
+    NEED_RT();
+    const int w = rt->to_worker(dev);
+    if (w < 0) return CUDA_ERROR_INVALID_DEVICE;
+    std::int64_t v = 0;
+    const CUresult st = query(proto::kQueryGraphMem, static_cast<std::uint64_t>(w), static_cast<std::uint64_t>(attr),
+                              &v, in, op);
+    if (st == CUDA_SUCCESS && out != nullptr) *out = static_cast<std::uint64_t>(v);
+    return st;
+  });
+}
+}  // namespace
+
+CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice dev) {
+  return graph_mem(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, 2, 0, nullptr);
+}
+CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void* value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t v = 0;
+  const CUresult st = graph_mem(dev, attr, 0, 0, &v);
+  if (st == CUDA_SUCCESS) std::memcpy(value, &v, sizeof v);  // every attribute is a cuuint64_t
+  return st;
+}
+CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void* value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t v = 0;
+  std::memcpy(&v, value, sizeof v);
+  return graph_mem(dev, attr, 1, v, nullptr);
+}
+
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext,
                                                  unsigned int default_value, unsigned int flags) {
   return guard([&] {

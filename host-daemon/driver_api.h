@@ -66,7 +66,8 @@ namespace ivcuda::host {
   X(cuGraphAddNode) X(cuGraphConditionalHandleCreate) \
   X(cuUserObjectCreate) X(cuUserObjectRetain) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject) \
   X(cuGraphDebugDotPrint) X(cuGraphKernelNodeGetAttribute) X(cuGraphKernelNodeSetAttribute) \
-  X(cuGraphKernelNodeCopyAttributes)
+  X(cuGraphKernelNodeCopyAttributes) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)       \
+  X(cuDeviceSetGraphMemAttribute)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

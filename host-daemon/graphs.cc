@@ -1094,6 +1094,21 @@ CUresult Worker::on_GraphQuery(Call& c) {
       c.set_reply(RepValue{on});
       return st;
     }
+    case kQueryGraphMem: {
+      // The device's graph memory is this worker's, hence this guest's alone.
+      const auto dev = static_cast<int>(r.handle);
+      if (r.handle > 0x7fffffffu || !valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      const CUdevice d = devices_[dev_index(dev)];
+      if (r.flags == 2) return cu_.cuDeviceGraphMemTrim(d);
+      const auto attr = static_cast<CUgraphMem_attribute>(r.other);
+      if (r.other > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) return CUDA_ERROR_INVALID_VALUE;
+      cuuint64_t v = r.capacity;
+      if (r.flags == 1) return cu_.cuDeviceSetGraphMemAttribute(d, attr, &v);
+      if (r.flags != 0) return CUDA_ERROR_INVALID_VALUE;
+      const CUresult st = cu_.cuDeviceGetGraphMemAttribute(d, attr, &v);
+      c.set_reply(RepValue{static_cast<std::int64_t>(v)});
+      return st;
+    }
     case kQueryDot: {
       GraphEntry* g = graphs_.find(r.handle);
       if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -723,6 +723,8 @@ inline constexpr u32 kQuerySetEnabled = 12;   // handle: exec, other: node, capa
 inline constexpr u32 kQueryChildGraph = 13;   // handle: node -> the child graph (owned by the node)
 inline constexpr u32 kQueryCondHandle = 14;   // handle: graph, capacity: default value, flags: flags
                                               //   -> cuGraphConditionalHandleCreate's handle
+inline constexpr u32 kQueryGraphMem = 16;     // handle: device, other: CUgraphMem_attribute; flags 0: get
+                                              //   -> value, 1: set to capacity, 2: cuDeviceGraphMemTrim
 inline constexpr u32 kQueryDot = 15;          // handle: graph, flags: CUgraphDebugDot_flags -> byte count,
                                               //   then the DOT text cuGraphDebugDotPrint wrote
 inline constexpr u32 kQueryArrays = 1u << 0;     // flags: the caller passed arrays

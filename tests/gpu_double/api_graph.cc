@@ -669,6 +669,32 @@ CUresult CUDAAPI cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode sr
   });
 }
 
+// Graph memory: allocation nodes are ordinary allocations here, so nothing is pooled.
+CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    return dev >= 0 && dev < s.device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  });
+}
+CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void* value) {
+  return guarded([&](State& s) -> CUresult {
+    if (dev < 0 || dev >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+    if (value == nullptr || attr < CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT || attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+      return CUDA_ERROR_INVALID_VALUE;
+    *static_cast<cuuint64_t*>(value) = 0;
+    return CUDA_SUCCESS;
+  });
+}
+CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void* value) {
+  return guarded([&](State& s) -> CUresult {
+    if (dev < 0 || dev >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+    // Only the high watermarks can be set, and only to 0.
+    if (value == nullptr || (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) ||
+        *static_cast<cuuint64_t*>(value) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph g, CUcontext,
                                                  unsigned int default_value, unsigned int flags) {
   return guarded([&](State& s) -> CUresult {

@@ -306,6 +306,12 @@ void memory_nodes(CUdevice dev, CUstream s, float* pinned) {
   EXPECT(ok);
   OK(cuGraphExecDestroy(e));
   OK(cuGraphDestroy(g));
+  cuuint64_t used = 1;
+  OK(cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used));
+  OK(cuDeviceGraphMemTrim(dev));
+  cuuint64_t zero = 0;
+  OK(cuDeviceSetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &zero));
+  EXPECT_RES(CUDA_ERROR_INVALID_DEVICE, cuDeviceGraphMemTrim(99));
   std::printf("memory nodes: allocate, memset, copy out, free; two launches %s\n", ok ? "give 42" : "WRONG");
 }
 
