@@ -179,6 +179,98 @@ struct Child {
     CK(cuMemFree(d2));
   }
 
+  // A graph of ten empty kernels (made by stream capture), instantiated once
+  // and launched over and over: graphs per second, and kernels per second
+  // through graphs (compare with launch.empty.rate).
+  void graph_rate() {
+    constexpr int kKernels = 10;
+    const int n = quick ? 100 : 5000;
+    CUgraph g = nullptr;
+    CK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int k = 0; k < kKernels; ++k) launch_spin(0);
+    CK(cuStreamEndCapture(s, &g));
+    CUgraphExec exec = nullptr;
+    CK(cuGraphInstantiate(&exec, g, 0));
+    CK(cuGraphLaunch(exec, s));
+    CK(cuStreamSynchronize(s));
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) CK(cuGraphLaunch(exec, s));
+    CK(cuStreamSynchronize(s));
+    const double total = us_since(t0);
+    emit("graph10.rate", "graphs/s", n / (total * 1e-6));
+    emit("graph10.kernel_rate", "launches/s", n * kKernels / (total * 1e-6));
+    CK(cuGraphExecDestroy(exec));
+    CK(cuGraphDestroy(g));
+  }
+
+  // Copies to and from memory mapped with the virtual memory API
+  // (cuMemCreate + cuMemMap), which XLA and PyTorch's expandable segments
+  // allocate from: each must move at the rate of cuMemAlloc memory (the
+  // htod/dtoh/dtod figures of bandwidth()).
+  void vmm_bandwidth() {
+    const std::vector<std::size_t> sizes =
+        quick ? std::vector<std::size_t>{1 << 20} : std::vector<std::size_t>{1 << 20, 16 << 20, 256 << 20};
+    const std::size_t max = sizes.back();
+    CUdevice dev;
+    CK(cuCtxGetDevice(&dev));
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    std::size_t gran = 0;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    const std::size_t bytes = (max + gran - 1) / gran * gran;
+    CUdeviceptr va = 0, va2 = 0;
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    CK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+    CK(cuMemAddressReserve(&va2, bytes, 0, 0, 0));
+    CK(cuMemCreate(&h, bytes, &prop, 0));
+    CK(cuMemCreate(&h2, bytes, &prop, 0));
+    CK(cuMemMap(va, bytes, 0, h, 0));
+    CK(cuMemMap(va2, bytes, 0, h2, 0));
+    CUmemAccessDesc acc{};
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CK(cuMemSetAccess(va, bytes, &acc, 1));
+    CK(cuMemSetAccess(va2, bytes, &acc, 1));
+    void* pinned = nullptr;
+    CK(cuMemAllocHost(&pinned, max));
+    std::memset(pinned, 5, max);
+    for (std::size_t n : sizes) {
+      const int reps = quick ? 3 : static_cast<int>(std::clamp<std::size_t>((256u << 20) / n, 3, 100));
+      const std::string sz = std::to_string(n >> 10) + "KiB";
+      auto measure = [&](const std::string& name, auto&& copy) {
+        std::vector<double> gbs;
+        copy();
+        for (int i = 0; i < reps; ++i) {
+          const auto t0 = Clock::now();
+          copy();
+          gbs.push_back(static_cast<double>(n) / (us_since(t0) * 1e3));
+        }
+        emit(name + "." + sz, "GB/s", percentile(gbs, 0.5));
+      };
+      measure("vmm.htod.pinned", [&] {
+        CK(cuMemcpyHtoDAsync(va, pinned, n, s));
+        CK(cuStreamSynchronize(s));
+      });
+      measure("vmm.dtoh.pinned", [&] {
+        CK(cuMemcpyDtoHAsync(pinned, va, n, s));
+        CK(cuStreamSynchronize(s));
+      });
+      measure("vmm.dtod", [&] {
+        CK(cuMemcpyDtoDAsync(va2, va, n, s));
+        CK(cuStreamSynchronize(s));
+      });
+    }
+    CK(cuMemFreeHost(pinned));
+    CK(cuMemUnmap(va, bytes));
+    CK(cuMemUnmap(va2, bytes));
+    CK(cuMemRelease(h));
+    CK(cuMemRelease(h2));
+    CK(cuMemAddressFree(va, bytes));
+    CK(cuMemAddressFree(va2, bytes));
+  }
+
   // One of eight processes at once: launches, then copies each way. Each
   // sets up first and then waits at the gate, which the parent opens when all
   // eight are ready, so the sum of their rates is the aggregate.
@@ -255,7 +347,9 @@ int run_child(const std::string& ptx, const std::string& what, bool quick, const
     c.null_round_trips();
     c.launch_rates();
     c.sleep_tasks();
+    c.graph_rate();
     c.bandwidth();
+    c.vmm_bandwidth();
   }
   std::fflush(stdout);
   CK(cuModuleUnload(m));

@@ -1,11 +1,14 @@
-// The forwarded core of the Driver API. Each function here is the strong
-// definition of a symbol that the generated table otherwise stubs out.
+// Memory (device and page-locked), copies and memsets, pointer attributes,
+// the one plain launch entry point, and events: the families not yet in a
+// file of their own. Each function here is the strong definition of a symbol
+// that the generated table otherwise stubs out; the other families live in
+// files named as on the host side (contexts.cc, modules.cc, streams.cc,
+// vmm.cc, peer.cc, hostfunc.cc, graphs.cc, library.cc).
 //
 // Definitions use the plain cuda.h names: its macros select the ABI variant a
 // CUDA 13 caller links against (cuMemAlloc -> cuMemAlloc_v2). Exceptions
 // never cross this boundary: every body runs inside guard().
 #include <cuda.h>
-#include <elf.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -17,80 +20,34 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "guest/arrays.h"
 #include "guest/errors.h"
 #include "guest/export_tables.h"
 #include "guest/guard.h"
 #include "guest/graphs.h"
 #include "guest/host_register.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::ctx_stack;
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
+using ivcuda::guest::internal::h;
+using ivcuda::guest::internal::is_device;
+using ivcuda::guest::internal::known_event;
+using ivcuda::guest::internal::known_stream;
 namespace proto = ivcuda::proto;
 using proto::Op;
 
 namespace {
 
-// The runtime, or the reason there is none (before cuInit: NOT_INITIALIZED).
-Runtime* rt_or(CUresult* st) {
-  Runtime* rt = Runtime::current();
-  if (rt == nullptr) {
-    *st = CUDA_ERROR_NOT_INITIALIZED;
-    return nullptr;
-  }
-  if (rt->dead()) {
-    *st = CUDA_ERROR_DEVICE_UNAVAILABLE;
-    return nullptr;
-  }
-  *st = CUDA_SUCCESS;
-  return rt;
-}
-
-#define NEED_RT()                 \
-  CUresult st_rt_;                \
-  Runtime* rt = rt_or(&st_rt_);   \
-  if (rt == nullptr) return st_rt_
-
-#define NEED_CTX()                                    \
-  const std::uint64_t ctx = current_ctx();            \
-  if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT
-
 constexpr std::uint64_t kInlineCopy = 8 * 1024;  // HtoD at most this size rides in the record
-
-std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
-
-bool known_stream(Runtime* rt, CUstream s) {
-  const auto v = h(s);
-  if (v == 0 || v == reinterpret_cast<std::uint64_t>(CU_STREAM_LEGACY) ||
-      v == reinterpret_cast<std::uint64_t>(CU_STREAM_PER_THREAD))
-    return true;
-  std::lock_guard lk(rt->books_mu);
-  return rt->streams.count(v) != 0;
-}
-
-bool known_event(Runtime* rt, CUevent e) {
-  std::lock_guard lk(rt->books_mu);
-  return rt->events.count(h(e)) != 0;
-}
-
-// Is [p, p+n) device memory this process allocated (for cuMemcpy's unified
-// addressing)?
-bool is_device(Runtime* rt, std::uint64_t p) {
-  std::lock_guard lk(rt->books_mu);
-  auto it = rt->dev_allocs.upper_bound(p);
-  if (it == rt->dev_allocs.begin()) return false;
-  --it;
-  return p - it->first < it->second;
-}
 
 // A 1D copy request: which fields matter depends on the op (proto.h).
 proto::ReqCopy copy_req(std::uint64_t ctx, CUstream s, CUdeviceptr dst, CUdeviceptr src, size_t n, bool async) {
@@ -312,7 +269,7 @@ CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, std::uint
 std::optional<std::uint64_t> arena_offset_of(Runtime* rt, const void* p, size_t n) {
   if (auto off = rt->pinned_offset(p, n)) return off;
   const auto reg = ivcuda::guest::hostreg::find(rt, p);
-  if (!reg) return std::nullopt;
+  if (!reg || reg->dptr == 0) return std::nullopt;  // dptr 0: shared-mapping memory, staged
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (n > reg->size - (a - reg->base)) return std::nullopt;
   return reg->dptr - rt->hello().arena_device_base;
@@ -468,9 +425,8 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
   };
   const void* src_host = resolve(c.srcMemoryType, c.srcHost, c.srcDevice);
   const void* dst_host = resolve(c.dstMemoryType, c.dstHost, c.dstDevice);
-  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
-    return ivcuda::guest::not_supported("cuMemcpy2D with CUDA arrays is not supported yet");
-  }
+  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY)
+    return ivcuda::guest::copy_2d_array(*p, s, async);
   if (c.WidthInBytes == 0 || c.Height == 0) return CUDA_SUCCESS;
   proto::ReqCopy2D r{};
   r.ctx = ctx;
@@ -564,434 +520,13 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
   return CUDA_SUCCESS;
 }
 
-CUresult load_module(CUmodule* mod, const void* image, size_t bytes) {
-  NEED_RT();
-  NEED_CTX();
-  if (mod == nullptr || image == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  // Images go through the arena: the staging area when it fits, else a
-  // temporary block of page-locked arena memory.
-  proto::ReqModuleLoad r{};
-  r.ctx = ctx;
-  r.bytes = bytes;
-  std::uint64_t temp = 0;
-  if (bytes <= rt->staging_size()) {
-    r.arena_off = rt->staging_off();
-  } else {
-    proto::RepHostAlloc a{};
-    const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{bytes, 0, 0}, {}, &a);
-    if (st != CUDA_SUCCESS) return st;
-    temp = a.arena_off;
-    r.arena_off = temp;
-  }
-  std::memcpy(rt->bar() + r.arena_off, image, bytes);
-  proto::RepHandle rep{};
-  const CUresult st = rt->call<Op::kModuleLoad>(r, {}, &rep);
-  if (temp != 0) (void)rt->call<Op::kHostFree>(proto::ReqArenaOff{temp});
-  if (st == CUDA_SUCCESS) *mod = reinterpret_cast<CUmodule>(rep.handle);
-  return st;
-}
-
-// Size of a module image handed to cuModuleLoadData without a length:
-// PTX text (NUL-terminated), an ELF cubin, or a fatbin (header + payload).
-size_t image_size(const void* image) {
-  const auto* b = static_cast<const unsigned char*>(image);
-  std::uint32_t magic;
-  std::memcpy(&magic, b, 4);
-  if (magic == 0x464c457fu) {
-    // ELF: the file ends where its last table, section or segment ends.
-    // (nvcc puts the section headers last, NVRTC the program headers.)
-    Elf64_Ehdr eh;
-    std::memcpy(&eh, b, sizeof eh);
-    std::uint64_t end = std::max<std::uint64_t>(eh.e_ehsize, eh.e_shoff + std::uint64_t{eh.e_shentsize} * eh.e_shnum);
-    end = std::max(end, eh.e_phoff + std::uint64_t{eh.e_phentsize} * eh.e_phnum);
-    for (unsigned i = 0; eh.e_shentsize >= sizeof(Elf64_Shdr) && i < eh.e_shnum; ++i) {
-      Elf64_Shdr sh;
-      std::memcpy(&sh, b + eh.e_shoff + std::uint64_t{i} * eh.e_shentsize, sizeof sh);
-      if (sh.sh_type != SHT_NOBITS) end = std::max(end, sh.sh_offset + sh.sh_size);
-    }
-    for (unsigned i = 0; eh.e_phentsize >= sizeof(Elf64_Phdr) && i < eh.e_phnum; ++i) {
-      Elf64_Phdr ph;
-      std::memcpy(&ph, b + eh.e_phoff + std::uint64_t{i} * eh.e_phentsize, sizeof ph);
-      end = std::max(end, ph.p_offset + ph.p_filesz);
-    }
-    return end;
-  }
-  if (magic == 0xba55ed50u) {  // fatbin: u32 magic, u16 version, u16 header size, u64 payload size
-    std::uint16_t hsize;
-    std::uint64_t payload;
-    std::memcpy(&hsize, b + 6, 2);
-    std::memcpy(&payload, b + 8, 8);
-    return hsize + payload;
-  }
-  if (magic == 0x466243b1u) return 0;  // a fatbin wrapper: handled by the caller
-  return std::strlen(static_cast<const char*>(image)) + 1;
-}
 
 }  // namespace
 
-std::span<const std::byte> ivcuda::guest::module_image(const void* image) noexcept {
-  if (image == nullptr) return {};
-  size_t n = image_size(image);
-  if (n == 0) {  // a fatbin wrapper: see cuModuleLoadData
-    std::memcpy(&image, static_cast<const char*>(image) + 8, sizeof image);
-    if (image == nullptr) return {};
-    n = image_size(image);
-  }
-  return {static_cast<const std::byte*>(image), n};
-}
-
-// ====================================================================== init
-
-CUresult cuInit(unsigned int flags) {
-  return guard([&] {
-    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    CUresult st;
-    Runtime::get(&st);
-    return st;
-  });
-}
-
-CUresult cuDriverGetVersion(int* v) {
-  return guard([&] {
-    if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    // The version of the API this library implements, the same before and
-    // after cuInit: cudart hashes it into its integrity check. The host's
-    // own driver version is in the daemon's log.
-    *v = CUDA_VERSION;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuGetErrorName(CUresult error, const char** s) {
-  if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *s = ivcuda::guest::error_name(error);
-  return *s != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-CUresult cuGetErrorString(CUresult error, const char** s) {
-  if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *s = ivcuda::guest::error_string(error);
-  return *s != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-// ==================================================================== device
-
-CUresult cuDeviceGetCount(int* count) {
-  return guard([&] {
-    NEED_RT();
-    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *count = rt->device_count();
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuDeviceGet(CUdevice* dev, int ordinal) {
-  return guard([&] {
-    NEED_RT();
-    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || ordinal >= rt->device_count()) return CUDA_ERROR_INVALID_DEVICE;
-    *dev = ordinal;
-    return CUDA_SUCCESS;
-  });
-}
-
-#define DEVICE_INFO(dev)                                   \
-  NEED_RT();                                               \
-  CUresult st_dev_;                                        \
-  const proto::RepDeviceInfo* info = rt->device(dev, &st_dev_); \
-  if (info == nullptr) return st_dev_
-
-CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
-  return guard([&] {
-    if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    DEVICE_INFO(dev);
-    const size_t n = strnlen(info->name, sizeof info->name);
-    const size_t k = std::min(n, static_cast<size_t>(len) - 1);
-    std::memcpy(name, info->name, k);
-    name[k] = '\0';
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
-  return guard([&] {
-    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    DEVICE_INFO(dev);
-    std::memcpy(uuid->bytes, info->uuid, sizeof uuid->bytes);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
-  return guard([&] {
-    if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    DEVICE_INFO(dev);
-    *bytes = info->total_mem;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice dev) {
-  return guard([&] {
-    if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    DEVICE_INFO(dev);
-    const int i = static_cast<int>(a);
-    if (i <= 0 || i >= static_cast<int>(proto::kAttrSlots) || info->attr_valid[i] == 0)
-      return CUDA_ERROR_INVALID_VALUE;
-    *v = info->attrs[i];
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuDeviceComputeCapability(int* major, int* minor, CUdevice dev) {
-  return guard([&] {
-    if (major == nullptr || minor == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    DEVICE_INFO(dev);
-    *major = info->attrs[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR];
-    *minor = info->attrs[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR];
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuDeviceGetPCIBusId(char* id, int len, CUdevice dev) {
-  return guard([&] {
-    if (id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    DEVICE_INFO(dev);
-    std::snprintf(id, static_cast<size_t>(len), "%04x:%02x:%02x.0",
-                  static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID]),
-                  static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID]),
-                  static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID]));
-    return CUDA_SUCCESS;
-  });
-}
-
-// =========================================================== primary context
-
-CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
-  return guard([&] {
-    NEED_RT();
-    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::RepHandle rep{};
-    const CUresult st = rt->call<Op::kPrimaryRetain>(proto::ReqDevice{rt->to_worker(dev), 0}, {}, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    {
-      std::lock_guard lk(rt->books_mu);
-      rt->ctx_device[rep.handle] = dev;
-      ++rt->primary_refs[dev];
-    }
-    *pctx = reinterpret_cast<CUcontext>(rep.handle);
-    return CUDA_SUCCESS;
-  });
-}
-
-namespace {
-// The primary context of a device as the application numbers it.
-CUcontext primary_of(Runtime* rt, CUdevice dev) {
-  CUresult st;
-  const auto* info = rt->device(dev, &st);
-  return info == nullptr ? nullptr : reinterpret_cast<CUcontext>(info->primary_ctx);
-}
-}  // namespace
-
-CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-  return guard([&] {
-    NEED_RT();
-    bool last = false;
-    {
-      std::lock_guard lk(rt->books_mu);
-      auto it = rt->primary_refs.find(dev);
-      if (it != rt->primary_refs.end() && it->second > 0) last = --it->second == 0;
-    }
-    if (last) ivcuda::guest::export_tables_context_gone(primary_of(rt, dev));
-    return rt->call<Op::kPrimaryRelease>(proto::ReqDevice{rt->to_worker(dev), 0});
-  });
-}
-
-CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
-  return guard([&] {
-    NEED_RT();
-    if (CUcontext c = primary_of(rt, dev); c != nullptr) ivcuda::guest::export_tables_context_gone(c);
-    return rt->call<Op::kPrimaryReset>(proto::ReqDevice{rt->to_worker(dev), 0});
-  });
-}
-
-CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
-  return guard([&] {
-    NEED_RT();
-    if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::RepPrimaryState rep{};
-    const CUresult st = rt->call<Op::kPrimaryGetState>(proto::ReqDevice{rt->to_worker(dev), 0}, {}, &rep);
-    if (st == CUDA_SUCCESS) {
-      *flags = rep.flags;
-      *active = rep.active;
-    }
-    return st;
-  });
-}
-
-CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
-  return guard([&] {
-    NEED_RT();
-    return rt->call<Op::kPrimarySetFlags>(proto::ReqDeviceFlags{rt->to_worker(dev), flags});
-  });
-}
-
-// ================================================================== contexts
-
-CUresult cuCtxCreate(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev) {
-  return guard([&] {
-    NEED_RT();
-    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (params != nullptr && (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
-      return ivcuda::guest::not_supported("cuCtxCreate: execution-affinity and CIG parameters are not supported");
-    }
-    proto::RepHandle rep{};
-    const CUresult st = rt->call<Op::kCtxCreate>(proto::ReqDeviceFlags{rt->to_worker(dev), flags}, {}, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    {
-      std::lock_guard lk(rt->books_mu);
-      rt->ctx_device[rep.handle] = dev;
-    }
-    *pctx = reinterpret_cast<CUcontext>(rep.handle);
-    // A new context is current, as in CUDA.
-    return ctx_stack().push(rep.handle) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-  });
-}
-
-CUresult cuCtxDestroy(CUcontext ctx) {
-  return guard([&] {
-    NEED_RT();
-    if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    {
-      std::lock_guard lk(rt->books_mu);
-      if (rt->ctx_device.count(h(ctx)) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    }
-    // Context-local storage destructors run while the context still exists.
-    ivcuda::guest::export_tables_context_gone(ctx);
-    const CUresult st = rt->call<Op::kCtxDestroy>(proto::ReqHandle{0, h(ctx)});
-    if (st != CUDA_SUCCESS) return st;
-    ctx_stack().remove_all(h(ctx));
-    std::lock_guard lk(rt->books_mu);
-    rt->ctx_device.erase(h(ctx));
-    return CUDA_SUCCESS;
-  });
-}
-
-namespace {
-bool known_ctx(Runtime* rt, std::uint64_t c) {
-  std::lock_guard lk(rt->books_mu);
-  return rt->ctx_device.count(c) != 0;
-}
-}  // namespace
-
-CUresult cuCtxPushCurrent(CUcontext ctx) {
-  return guard([&] {
-    NEED_RT();
-    if (ctx == nullptr || !known_ctx(rt, h(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
-    return ctx_stack().push(h(ctx)) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-  });
-}
-
-CUresult cuCtxPopCurrent(CUcontext* pctx) {
-  return guard([&] {
-    NEED_RT();
-    auto& s = ctx_stack();
-    if (s.empty()) return CUDA_ERROR_INVALID_CONTEXT;
-    const std::uint64_t top = s.pop();
-    if (pctx != nullptr) *pctx = reinterpret_cast<CUcontext>(top);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuCtxSetCurrent(CUcontext ctx) {
-  return guard([&] {
-    NEED_RT();
-    auto& s = ctx_stack();
-    if (ctx == nullptr) {
-      (void)s.pop();
-      return CUDA_SUCCESS;
-    }
-    // The handle of a primary context is valid before it is retained (cudart
-    // sets it current first); the host checks activation when it is used.
-    if (!known_ctx(rt, h(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
-    s.set_top(h(ctx));
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuCtxGetCurrent(CUcontext* pctx) {
-  return guard([&] {
-    NEED_RT();
-    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    *pctx = reinterpret_cast<CUcontext>(current_ctx());
-    return CUDA_SUCCESS;
-  });
-}
-
-namespace {
-CUresult ctx_device_of(Runtime* rt, std::uint64_t ctx, CUdevice* dev) {
-  std::lock_guard lk(rt->books_mu);
-  auto it = rt->ctx_device.find(ctx);
-  if (it == rt->ctx_device.end()) return CUDA_ERROR_INVALID_CONTEXT;
-  *dev = it->second;
-  return CUDA_SUCCESS;
-}
-}  // namespace
-
-CUresult cuCtxGetDevice(CUdevice* dev) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return ctx_device_of(rt, ctx, dev);
-  });
-}
-
-CUresult cuCtxGetDevice_v2(CUdevice* dev, CUcontext c) {
-  return guard([&] {
-    NEED_RT();
-    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const std::uint64_t ctx = c != nullptr ? h(c) : current_ctx();
-    if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    return ctx_device_of(rt, ctx, dev);
-  });
-}
-
-CUresult cuCtxSynchronize() {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    return rt->call<Op::kCtxSynchronize>(proto::ReqCtx{ctx});
-  });
-}
-
-CUresult cuCtxSynchronize_v2(CUcontext c) {
-  return guard([&] {
-    NEED_RT();
-    const std::uint64_t ctx = c != nullptr ? h(c) : current_ctx();
-    if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    return rt->call<Op::kCtxSynchronize>(proto::ReqCtx{ctx});
-  });
-}
-
-CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
-  return guard([&] {
-    NEED_RT();
-    if (least != nullptr) *least = rt->hello().stream_priority_lo;
-    if (greatest != nullptr) *greatest = rt->hello().stream_priority_hi;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
-  return guard([&] {
-    NEED_RT();
-    if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const std::uint64_t c = ctx != nullptr ? h(ctx) : current_ctx();
-    if (c == 0 || !known_ctx(rt, c)) return CUDA_ERROR_INVALID_CONTEXT;
-    *version = 12010;  // the context API version CUDA 12/13 drivers report
-    return CUDA_SUCCESS;
-  });
+// For guest/arrays.cc's pageable 3D copies: the same one-at-a-time rule.
+std::mutex& ivcuda::guest::staging_mutex_of(Runtime* rt) {
+  const auto& l = rt->layout();
+  return staging_mutex(static_cast<std::uint32_t>((rt->staging_off() - l.arena_off) / std::max<std::uint64_t>(l.staging_bytes, 1)));
 }
 
 // ==================================================================== memory
@@ -1045,6 +580,7 @@ CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
     {
       std::lock_guard lk(rt->books_mu);
       rt->dev_allocs[d] = size;
+      rt->ipc_capable.insert(d);
     }
     *dptr = d;
     return CUDA_SUCCESS;
@@ -1076,6 +612,7 @@ CUresult cuMemAllocPitch(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t 
     {
       std::lock_guard lk(rt->books_mu);
       rt->dev_allocs[d] = size;
+      rt->ipc_capable.insert(d);
     }
     *dptr = d;
     *pitch = got_pitch;
@@ -1097,6 +634,7 @@ CUresult cuMemFree(CUdeviceptr dptr) {
           size = it->second;
           rt->dev_allocs.erase(it);
         }
+        rt->ipc_capable.erase(dptr);
       }
       rt->release_device_range(dptr, size);
     }
@@ -1305,6 +843,14 @@ CUresult cuMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned int flags) 
     NEED_RT();
     if (d == nullptr || p == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (auto reg = ivcuda::guest::hostreg::find(rt, p)) {
+      // Registered memory of a shared mapping stays in the guest's own pages,
+      // which the GPU cannot reach: the driver's answer for memory it cannot map.
+      if (reg->dptr == 0) {
+        ivcuda::guest::log_once("hostreg-shared-devptr",
+                                "cuMemHostGetDevicePointer: registered memory of a shared mapping has no device "
+                                "address under ivcuda (docs/design.md)");
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       *d = reg->dptr;
       return CUDA_SUCCESS;
     }
@@ -1400,6 +946,8 @@ CUresult pointer_attribute(Runtime* rt, const PtrInfo& i, CUpointer_attribute a,
       put(data, i.type);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      // Registered memory of a shared mapping has no device alias (as above).
+      if (i.type == CU_MEMORYTYPE_HOST && i.dptr == 0 && strict) return CUDA_ERROR_INVALID_VALUE;
       put(data, static_cast<CUdeviceptr>(i.dptr));
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
@@ -1410,8 +958,13 @@ CUresult pointer_attribute(Runtime* rt, const PtrInfo& i, CUpointer_attribute a,
     case CU_POINTER_ATTRIBUTE_MAPPED:
       put(data, static_cast<unsigned>(known ? 1 : 0));
       return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: {
+      // cuMemAlloc memory is what cuIpcGetMemHandle exports (guest/ipc.cc).
+      std::lock_guard lk(rt->books_mu);
+      put(data, static_cast<unsigned>(i.type == CU_MEMORYTYPE_DEVICE && rt->ipc_capable.count(i.start) != 0));
+      return CUDA_SUCCESS;
+    }
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
       put(data, 0u);
@@ -1478,191 +1031,6 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void
   });
 }
 
-// =================================================================== modules
-
-CUresult cuModuleLoadData(CUmodule* mod, const void* image) {
-  return guard([&] {
-    if (image == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const size_t n = image_size(image);
-    if (n == 0) {
-      // A fatbin wrapper (as nvcc embeds it): u32 magic, u32 version, the
-      // fatbin's address.
-      const void* fatbin;
-      std::memcpy(&fatbin, static_cast<const char*>(image) + 8, sizeof fatbin);
-      return load_module(mod, fatbin, image_size(fatbin));
-    }
-    return load_module(mod, image, n);
-  });
-}
-
-CUresult cuModuleLoadDataEx(CUmodule* mod, const void* image, unsigned int n, CUjit_option* opts, void** vals) {
-  // The host compiles with the driver's defaults. Options that only tune
-  // code generation are accepted as hints; the outputs a program may read
-  // (logs, wall time) are answered as "empty" so it never reads garbage.
-  if (n != 0 && (opts == nullptr || vals == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  for (unsigned int i = 0; i < n; ++i) {
-    switch (opts[i]) {
-      case CU_JIT_WALL_TIME: {
-        const float zero = 0.0f;
-        std::memcpy(&vals[i], &zero, sizeof zero);
-        break;
-      }
-      case CU_JIT_INFO_LOG_BUFFER:
-      case CU_JIT_ERROR_LOG_BUFFER:
-        break;  // filled below, once the sizes are known
-      case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
-      case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: {
-        const CUjit_option buf = opts[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ? CU_JIT_INFO_LOG_BUFFER
-                                                                               : CU_JIT_ERROR_LOG_BUFFER;
-        const auto size = reinterpret_cast<std::uintptr_t>(vals[i]);
-        for (unsigned int j = 0; j < n; ++j)
-          if (opts[j] == buf && vals[j] != nullptr && size > 0) static_cast<char*>(vals[j])[0] = '\0';
-        vals[i] = nullptr;  // bytes written
-        break;
-      }
-      case CU_JIT_MAX_REGISTERS:
-      case CU_JIT_THREADS_PER_BLOCK:
-      case CU_JIT_OPTIMIZATION_LEVEL:
-      case CU_JIT_TARGET_FROM_CUCONTEXT:
-      case CU_JIT_TARGET:
-      case CU_JIT_FALLBACK_STRATEGY:
-      case CU_JIT_GENERATE_DEBUG_INFO:
-      case CU_JIT_LOG_VERBOSE:
-      case CU_JIT_GENERATE_LINE_INFO:
-      case CU_JIT_CACHE_MODE:
-        break;
-      default:
-        ivcuda::guest::log_once("jitopts", "cuModuleLoadDataEx: JIT option %d is not forwarded; the host "
-                                "compiles with the driver's defaults", static_cast<int>(opts[i]));
-    }
-  }
-  return cuModuleLoadData(mod, image);
-}
-
-CUresult cuModuleLoadFatBinary(CUmodule* mod, const void* fatbin) { return cuModuleLoadData(mod, fatbin); }
-
-CUresult cuModuleLoad(CUmodule* mod, const char* path) {
-  return guard([&] {
-    if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
-    std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (data.empty()) return CUDA_ERROR_INVALID_IMAGE;
-    data.push_back('\0');  // PTX text must end in NUL
-    return load_module(mod, data.data(), data.size());
-  });
-}
-
-CUresult cuModuleUnload(CUmodule mod) {
-  return guard([&] {
-    NEED_RT();
-    return rt->call<Op::kModuleUnload>(proto::ReqHandle{current_ctx(), h(mod)});
-  });
-}
-
-namespace {
-// The module calls that carry a name: validated here, sent after the struct.
-template <Op op>
-CUresult module_name_call(CUmodule mod, const char* name, typename proto::OpTraits<op>::Reply* rep,
-                          std::vector<std::byte>* extra = nullptr) {
-  NEED_RT();
-  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const size_t n = strnlen(name, proto::kNameMax + 1);
-  if (n == 0 || n > proto::kNameMax) return CUDA_ERROR_INVALID_VALUE;
-  proto::ReqModuleName r{};
-  r.ctx = current_ctx();
-  r.module = h(mod);
-  r.name_len = static_cast<std::uint32_t>(n);
-  return rt->call<op>(r, {reinterpret_cast<const std::byte*>(name), n}, rep, extra);
-}
-}  // namespace
-
-CUresult cuModuleGetFunction(CUfunction* f, CUmodule mod, const char* name) {
-  return guard([&] {
-    NEED_RT();
-    if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::RepFunction rep{};
-    std::vector<std::byte> extra;
-    const CUresult st = module_name_call<Op::kModuleGetFunction>(mod, name, &rep, &extra);
-    if (st != CUDA_SUCCESS) return st;
-    if (extra.size() != rep.param_count * sizeof(proto::ParamSlot)) return CUDA_ERROR_UNKNOWN;
-    ivcuda::guest::FuncInfo info;
-    info.params.resize(rep.param_count);
-    if (!extra.empty()) std::memcpy(info.params.data(), extra.data(), extra.size());  // kernels without parameters
-    info.param_bytes = rep.param_bytes;
-    {
-      std::lock_guard lk(rt->books_mu);
-      rt->funcs[rep.function] = std::move(info);
-    }
-    *f = reinterpret_cast<CUfunction>(rep.function);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuModuleGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUmodule mod, const char* name) {
-  return guard([&] {
-    NEED_RT();
-    proto::RepRange rep{};
-    const CUresult st = module_name_call<Op::kModuleGetGlobal>(mod, name, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    bool fresh;
-    {
-      std::lock_guard lk(rt->books_mu);
-      fresh = rt->dev_allocs.emplace(rep.base, rep.size).second;
-    }
-    if (fresh) (void)rt->reserve_device_range(rep.base, rep.size);
-    if (dptr != nullptr) *dptr = rep.base;
-    if (bytes != nullptr) *bytes = rep.size;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t* offset, size_t* size) {
-  return guard([&] {
-    NEED_RT();
-    if (offset == nullptr || size == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    f = ivcuda::guest::kernel_function(f);
-    std::lock_guard lk(rt->books_mu);
-    auto it = rt->funcs.find(h(f));
-    if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
-    if (index >= it->second.params.size()) return CUDA_ERROR_INVALID_VALUE;
-    *offset = it->second.params[index].offset;
-    *size = it->second.params[index].size;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
-  return guard([&] {
-    NEED_RT();
-    if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    f = ivcuda::guest::kernel_function(f);
-    proto::ReqFuncAttr r{current_ctx(), h(f), static_cast<std::int32_t>(a), 0};
-    proto::RepValue rep{};
-    const CUresult st = rt->call<Op::kFuncGetAttribute>(r, {}, &rep);
-    if (st == CUDA_SUCCESS) *v = static_cast<int>(rep.value);
-    return st;
-  });
-}
-
-CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int value) {
-  return guard([&] {
-    NEED_RT();
-    f = ivcuda::guest::kernel_function(f);
-    proto::ReqFuncAttr r{current_ctx(), h(f), static_cast<std::int32_t>(a), value};
-    return rt->call<Op::kFuncSetAttribute>(r);
-  });
-}
-
-CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache config) {
-  return guard([&] {
-    NEED_RT();
-    f = ivcuda::guest::kernel_function(f);
-    return rt->call<Op::kFuncSetCacheConfig>(
-        proto::ReqFuncCache{current_ctx(), h(f), static_cast<std::uint32_t>(config), 0});
-  });
-}
-
 // ==================================================================== launch
 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
@@ -1670,134 +1038,6 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
                         void** extra) {
   const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
   return ivcuda::guest::launch_kernel(f, grid, block, shmem, s, params, extra, false);
-}
-
-// =================================================================== streams
-
-CUresult cuStreamCreateWithPriority(CUstream* ps, unsigned int flags, int priority) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (ps == nullptr || (flags & ~CU_STREAM_NON_BLOCKING) != 0) return CUDA_ERROR_INVALID_VALUE;
-    proto::RepHandle rep{};
-    const CUresult st = rt->call<Op::kStreamCreate>(proto::ReqStreamCreate{ctx, flags, priority}, {}, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    {
-      std::lock_guard lk(rt->books_mu);
-      rt->streams[rep.handle] = ctx;
-      rt->stream_flags[rep.handle] = flags;
-    }
-    *ps = reinterpret_cast<CUstream>(rep.handle);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuStreamCreate(CUstream* ps, unsigned int flags) { return cuStreamCreateWithPriority(ps, flags, 0); }
-
-// Flags and context are the guest's own books: no round trip.
-CUresult cuStreamGetFlags(CUstream s, unsigned int* flags) {
-  return guard([&] {
-    NEED_RT();
-    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (h(s) == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
-      if (current_ctx() == 0) return CUDA_ERROR_INVALID_CONTEXT;
-      *flags = CU_STREAM_DEFAULT;
-      return CUDA_SUCCESS;
-    }
-    std::lock_guard lk(rt->books_mu);
-    const auto it = rt->stream_flags.find(h(s));
-    if (it == rt->stream_flags.end()) return CUDA_ERROR_INVALID_HANDLE;
-    *flags = it->second;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuStreamGetCtx(CUstream s, CUcontext* pctx) {
-  return guard([&] {
-    NEED_RT();
-    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (h(s) == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
-      NEED_CTX();
-      *pctx = reinterpret_cast<CUcontext>(ctx);
-      return CUDA_SUCCESS;
-    }
-    std::lock_guard lk(rt->books_mu);
-    const auto it = rt->streams.find(h(s));
-    if (it == rt->streams.end()) return CUDA_ERROR_INVALID_HANDLE;
-    *pctx = reinterpret_cast<CUcontext>(it->second);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
-  if (pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pgreen = nullptr;  // green contexts are not forwarded: every stream is a plain context's
-  return cuStreamGetCtx(s, pctx);
-}
-
-// cuda.h declares the per-thread variants only when a program asks for them.
-extern "C" {
-CUresult cuStreamGetFlags_ptsz(CUstream s, unsigned int* flags) {
-  return cuStreamGetFlags(s == nullptr ? CU_STREAM_PER_THREAD : s, flags);
-}
-CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext* pctx) {
-  return cuStreamGetCtx(s == nullptr ? CU_STREAM_PER_THREAD : s, pctx);
-}
-CUresult cuStreamGetCtx_v2_ptsz(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
-  return cuStreamGetCtx_v2(s == nullptr ? CU_STREAM_PER_THREAD : s, pctx, pgreen);
-}
-}  // extern "C"
-
-CUresult cuStreamDestroy(CUstream s) {
-  return guard([&] {
-    NEED_RT();
-    {
-      std::lock_guard lk(rt->books_mu);
-      if (rt->streams.erase(h(s)) == 0) return CUDA_ERROR_INVALID_HANDLE;
-      rt->stream_flags.erase(h(s));
-    }
-    return rt->call<Op::kStreamDestroy>(proto::ReqHandle{current_ctx(), h(s)});
-  });
-}
-
-CUresult cuStreamQuery(CUstream s) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    return rt->call<Op::kStreamQuery>(proto::ReqHandle{ctx, h(s)});
-  });
-}
-
-CUresult cuStreamSynchronize(CUstream s) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    return rt->call<Op::kStreamSynchronize>(proto::ReqHandle{ctx, h(s)});
-  });
-}
-
-CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (!known_stream(rt, s) || !known_event(rt, e)) return CUDA_ERROR_INVALID_HANDLE;
-    return rt->post<Op::kStreamWaitEvent>(proto::ReqStreamWaitEvent{ctx, h(s), h(e), flags, 0});
-  });
-}
-
-CUresult cuStreamGetPriority(CUstream s, int* priority) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    proto::RepValue rep{};
-    const CUresult st = rt->call<Op::kStreamGetPriority>(proto::ReqHandle{ctx, h(s)}, {}, &rep);
-    if (st == CUDA_SUCCESS) *priority = static_cast<int>(rep.value);
-    return st;
-  });
 }
 
 // ==================================================================== events

@@ -1,8 +1,8 @@
-// Stream-ordered memory, stream capture and graphs, cooperative launches,
-// module enumeration, and the occupancy and tensor-map calls the CUDA 13
-// libraries make.
+// Stream capture and graphs, cooperative launches, module enumeration, and
+// the occupancy and tensor-map calls the CUDA 13 libraries make. (Stream-
+// ordered memory and pools are guest/pools.cc.)
 //
-// Pools, graphs, executable graphs, graph nodes and user objects are host
+// Graphs, executable graphs, graph nodes and user objects are host
 // handles: the host's driver does the work (docs/design.md, "Graphs"). Capture
 // is forwarded as it is: the host stream captures what the guest's calls
 // enqueue on it, so kernels, memsets, device copies and copies of page-locked
@@ -227,69 +227,6 @@ CUresult update_capture_deps(CUstream s, CUgraphNode* deps, const CUgraphEdgeDat
   });
 }
 
-CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    proto::RepMemAlloc rep{};
-    const CUresult st = rt->call<Op::kMemAllocAsync>(proto::ReqMemAllocAsync{ctx, h(s), h(pool), bytes}, {}, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    // Pools hand out addresses inside ranges they reserved: keep this
-    // process's own memory out of them, as for cuMemAlloc.
-    if (!rt->reserve_device_range(rep.dptr, bytes))
-      ivcuda::guest::log_once("va-collision-async",
-                              "stream-ordered allocation at 0x%llx overlaps this process's own memory",
-                              static_cast<unsigned long long>(rep.dptr));
-    {
-      std::lock_guard lk(rt->books_mu);
-      rt->dev_allocs[rep.dptr] = bytes;
-    }
-    *dptr = rep.dptr;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult free_async(CUdeviceptr d, CUstream s) {
-  return guard([&] {
-    NEED_RT();
-    NEED_CTX();
-    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
-    const CUresult st = rt->call<Op::kMemFreeAsync>(proto::ReqFreeAsync{ctx, h(s), d});
-    if (st != CUDA_SUCCESS) return st;
-    std::uint64_t size = 0;
-    {
-      std::lock_guard lk(rt->books_mu);
-      if (auto it = rt->dev_allocs.find(d); it != rt->dev_allocs.end()) {
-        size = it->second;
-        rt->dev_allocs.erase(it);
-      }
-    }
-    rt->release_device_range(d, size);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult pool_op(proto::ReqMemPool r, std::int64_t* out) {
-  return guard([&] {
-    NEED_RT();
-    r.ctx = current_ctx();
-    proto::RepValue rep{};
-    const CUresult st = rt->call<Op::kMemPool>(r, {}, &rep);
-    if (st == CUDA_SUCCESS && out != nullptr) *out = rep.value;
-    return st;
-  });
-}
-
-bool pool_attr_is_int(CUmemPool_attribute a) {
-  return a == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES || a == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
-         a == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
-}
-bool pool_attr_known(CUmemPool_attribute a) {
-  return pool_attr_is_int(a) || (a >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && a <= CU_MEMPOOL_ATTR_USED_MEM_HIGH);
-}
-
 CUresult graph_instantiate(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
   return guard([&] {
     NEED_RT();
@@ -416,101 +353,6 @@ CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, u
                                                 unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                                                 CUstream s, void** params) {
   return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, ptsz(s), params);
-}
-
-// ==================================================================== stream-ordered memory
-
-CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream s) {
-  return alloc_async(dptr, bytes, nullptr, s);
-}
-CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream s) {
-  return alloc_async(dptr, bytes, nullptr, ptsz(s));
-}
-CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return alloc_async(dptr, bytes, pool, s);
-}
-CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
-  return cuMemAllocFromPoolAsync(dptr, bytes, pool, ptsz(s));
-}
-CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
-CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { return free_async(d, ptsz(s)); }
-
-namespace {
-// A device's default (kPoolGetDefault) or current (kPoolGetCurrent) pool.
-CUresult device_pool(CUmemoryPool* pool, CUdevice dev, std::uint32_t kind) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Runtime* rt = Runtime::current();
-  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  proto::ReqMemPool r{};
-  r.device = rt->to_worker(dev);
-  r.kind = kind;
-  std::int64_t v = 0;
-  const CUresult st = pool_op(r, &v);
-  if (st == CUDA_SUCCESS) *pool = reinterpret_cast<CUmemoryPool>(v);
-  return st;
-}
-}  // namespace
-
-CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
-  return device_pool(pool, dev, proto::kPoolGetDefault);
-}
-
-CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
-  return device_pool(pool, dev, proto::kPoolGetCurrent);
-}
-
-CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
-  Runtime* rt = Runtime::current();
-  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  proto::ReqMemPool r{};
-  r.device = rt->to_worker(dev);
-  r.pool = h(pool);
-  r.kind = proto::kPoolSetCurrent;
-  return pool_op(r, nullptr);
-}
-
-CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
-  if (value == nullptr || !pool_attr_known(attr)) return CUDA_ERROR_INVALID_VALUE;
-  proto::ReqMemPool r{};
-  r.pool = h(pool);
-  r.attr = attr;
-  r.kind = proto::kPoolSetAttr;
-  if (pool_attr_is_int(attr)) {
-    int v = 0;
-    std::memcpy(&v, value, sizeof v);
-    r.value = static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
-  } else {
-    std::memcpy(&r.value, value, sizeof r.value);
-  }
-  return pool_op(r, nullptr);
-}
-
-CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
-  if (value == nullptr || !pool_attr_known(attr)) return CUDA_ERROR_INVALID_VALUE;
-  proto::ReqMemPool r{};
-  r.pool = h(pool);
-  r.attr = attr;
-  r.kind = proto::kPoolGetAttr;
-  std::int64_t v = 0;
-  const CUresult st = pool_op(r, &v);
-  if (st != CUDA_SUCCESS) return st;
-  if (pool_attr_is_int(attr)) {
-    const int i = static_cast<int>(v);
-    std::memcpy(value, &i, sizeof i);
-  } else {
-    const auto u = static_cast<cuuint64_t>(v);
-    std::memcpy(value, &u, sizeof u);
-  }
-  return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
-  proto::ReqMemPool r{};
-  r.pool = h(pool);
-  r.value = keep;
-  r.kind = proto::kPoolTrim;
-  return pool_op(r, nullptr);
 }
 
 // ==================================================================== capture

@@ -182,23 +182,22 @@ int move_out(void* a) {
   return 0;
 }
 
-// The protection of each page of [lo, hi) from /proc/self/maps. Fails
+// The protection of each page of [lo, hi) from /proc/self/maps, and whether
+// the range lies in shared mappings (memfds, files, /dev/shm). Fails
 // (INVALID_VALUE) if part of the range is unmapped or unreadable, and
-// (NOT_SUPPORTED) for shared mappings, whose pages cannot be replaced
-// without cutting them off from their other users.
-CUresult page_prots(std::uintptr_t lo, std::uintptr_t hi, std::vector<int>* out) {
+// (NOT_SUPPORTED) for a range that is part shared and part private.
+CUresult page_prots(std::uintptr_t lo, std::uintptr_t hi, std::vector<int>* out, bool* shared) {
   std::ifstream maps("/proc/self/maps");
   if (!maps) return CUDA_ERROR_NOT_SUPPORTED;
   out->assign((hi - lo) / kPage, -1);
   std::string line;
+  bool any_shared = false, any_private = false;
   while (std::getline(maps, line)) {
     unsigned long long s = 0, e = 0;
     char perms[8] = {};
     if (std::sscanf(line.c_str(), "%llx-%llx %7s", &s, &e, perms) != 3) continue;
     if (e <= lo || s >= hi) continue;
-    if (perms[3] == 's') {
-      return not_supported("cuMemHostRegister: memory of a shared mapping cannot be registered");
-    }
+    (perms[3] == 's' ? any_shared : any_private) = true;
     const int prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
                      (perms[2] == 'x' ? PROT_EXEC : 0);
     for (std::uintptr_t p = std::max<std::uintptr_t>(s, lo); p < std::min<std::uintptr_t>(e, hi); p += kPage)
@@ -206,6 +205,9 @@ CUresult page_prots(std::uintptr_t lo, std::uintptr_t hi, std::vector<int>* out)
   }
   for (int prot : *out)
     if (prot < 0 || (prot & PROT_READ) == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (any_shared && any_private)
+    return not_supported("cuMemHostRegister: a range of both shared and private memory is not supported");
+  *shared = any_shared;
   return CUDA_SUCCESS;
 }
 
@@ -227,10 +229,15 @@ bool still_moved(std::uintptr_t lo, std::uintptr_t hi) {
 
 // --------------------------------------------------------------- registry
 
+// A registration of shared-mapping memory (`shared`) stays where it is:
+// moving its pages onto the arena would cut them off from the mapping's other
+// users. It has no pages here and no device alias; copies stage it like
+// pageable memory.
 struct Reg {
   std::size_t size;
   unsigned flags;
   std::uint64_t ctx;
+  bool shared = false;
 };
 struct Page {
   std::uint64_t arena_off;
@@ -307,7 +314,16 @@ CUresult register_range(Runtime* rt, std::uint64_t ctx, void* p, std::size_t byt
 
   if (new_lo < new_hi) {
     std::vector<int> prots;
-    if (const CUresult st = page_prots(new_lo, new_hi, &prots); st != CUDA_SUCCESS) return st;
+    bool shared = false;
+    if (const CUresult st = page_prots(new_lo, new_hi, &prots, &shared); st != CUDA_SUCCESS) return st;
+    if (shared) {
+      // An edge page moved for another registration is private memory of
+      // ours now, so such a range is part shared, part not.
+      if (first_known || last_known)
+        return not_supported("cuMemHostRegister: a range of both shared and private memory is not supported");
+      r.regs[base] = Reg{bytes, flags, ctx, true};
+      return CUDA_SUCCESS;
+    }
     proto::RepHostAlloc a{};
     const std::uint64_t len = new_hi - new_lo;
     if (const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{len, 0, 0}, {}, &a); st != CUDA_SUCCESS)
@@ -338,6 +354,10 @@ CUresult unregister_range(Runtime* rt, void* p) {
     if (next != r.regs.begin() && base - std::prev(next)->first < std::prev(next)->second.size)
       return CUDA_ERROR_INVALID_VALUE;
     return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  if (it->second.shared) {  // nothing was moved
+    r.regs.erase(it);
+    return CUDA_SUCCESS;
   }
   const std::uintptr_t lo = base / kPage * kPage;
   const std::uintptr_t hi = (base + it->second.size + kPage - 1) / kPage * kPage;
@@ -388,6 +408,7 @@ std::optional<Found> find(Runtime* rt, const void* p) {
   if (next == r.regs.begin()) return std::nullopt;
   const auto it = std::prev(next);
   if (a - it->first >= it->second.size) return std::nullopt;
+  if (it->second.shared) return Found{it->first, it->second.size, it->second.flags, it->second.ctx, 0};
   const auto pg = r.pages.find(a / kPage * kPage);
   if (pg == r.pages.end()) return std::nullopt;
   return Found{it->first, it->second.size, it->second.flags, it->second.ctx,

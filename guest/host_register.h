@@ -9,6 +9,9 @@
 //
 // Pages are reference-counted: registrations that share a page share its
 // arena page, which goes back to private memory with the last of them.
+// Memory of a shared mapping (a memfd, a /dev/shm file) is not moved (that
+// would cut it off from the mapping's other users): its registration is
+// recorded, copies stage it like pageable memory, and it has no device alias.
 #pragma once
 
 #include <cuda.h>
@@ -32,7 +35,8 @@ struct Found {
   std::size_t size = 0;
   unsigned flags = 0;         // CU_MEMHOSTREGISTER_*
   std::uint64_t ctx = 0;      // the context current at registration
-  std::uint64_t dptr = 0;     // device alias of p (not of base)
+  std::uint64_t dptr = 0;     // device alias of p (not of base); 0 for memory of a shared
+                              // mapping, which stays where it is and has none
 };
 std::optional<Found> find(Runtime* rt, const void* p);
 

@@ -26,6 +26,11 @@ CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ct
 CUresult CUDAAPI cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
 CUresult CUDAAPI cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent a, CUevent b) { return cuEventElapsedTime_v2(ms, a, b); }
+// cuda.h declares the _v2 form only for callers that see its renaming macros.
+extern "C" CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags);
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
+  return cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+}
 
 // ---- per-thread default stream: synchronous calls (_ptds)
 CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void* h, size_t n) { return cuMemcpyHtoD_v2(d, h, n); }
@@ -46,8 +51,29 @@ CUresult CUDAAPI cuMemsetD2D16_v2_ptds(CUdeviceptr d, size_t p, unsigned short v
 CUresult CUDAAPI cuMemsetD2D32_v2_ptds(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) {
   return cuMemsetD2D32_v2(d, p, v, w, h);
 }
+CUresult CUDAAPI cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* p) { return cuMemcpy3D_v2(p); }
+CUresult CUDAAPI cuMemcpyHtoA_v2_ptds(CUarray a, size_t off, const void* h, size_t n) {
+  return cuMemcpyHtoA_v2(a, off, h, n);
+}
+CUresult CUDAAPI cuMemcpyAtoH_v2_ptds(void* h, CUarray a, size_t off, size_t n) { return cuMemcpyAtoH_v2(h, a, off, n); }
+CUresult CUDAAPI cuMemcpyAtoD_v2_ptds(CUdeviceptr d, CUarray a, size_t off, size_t n) {
+  return cuMemcpyAtoD_v2(d, a, off, n);
+}
+CUresult CUDAAPI cuMemcpyDtoA_v2_ptds(CUarray a, size_t off, CUdeviceptr d, size_t n) {
+  return cuMemcpyDtoA_v2(a, off, d, n);
+}
+CUresult CUDAAPI cuMemcpyAtoA_v2_ptds(CUarray a, size_t aoff, CUarray b, size_t boff, size_t n) {
+  return cuMemcpyAtoA_v2(a, aoff, b, boff, n);
+}
 
 // ---- per-thread default stream: stream-ordered calls (_ptsz)
+CUresult CUDAAPI cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* p, CUstream s) { return cuMemcpy3DAsync_v2(p, ptsz(s)); }
+CUresult CUDAAPI cuMemcpyHtoAAsync_v2_ptsz(CUarray a, size_t off, const void* h, size_t n, CUstream s) {
+  return cuMemcpyHtoAAsync_v2(a, off, h, n, ptsz(s));
+}
+CUresult CUDAAPI cuMemcpyAtoHAsync_v2_ptsz(void* h, CUarray a, size_t off, size_t n, CUstream s) {
+  return cuMemcpyAtoHAsync_v2(h, a, off, n, ptsz(s));
+}
 CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void* h, size_t n, CUstream s) {
   return cuMemcpyHtoDAsync_v2(d, h, n, ptsz(s));
 }

@@ -1,4 +1,6 @@
 #include "guest/runtime.h"
+
+#include "guest/graphs.h"
 #include "guest/unsupported.h"
 
 #include <fcntl.h>
@@ -332,6 +334,11 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
       return st;
     ch->capture_mode = m;
   }
+  // While a capture may be under way, posted work waits for its verdict:
+  // CUDA answers a call that is illegal in capture (or one into an
+  // invalidated capture) at once, and frameworks check right after the call.
+  // Captures are set-up time, not the hot path.
+  if (!wait && any_capture()) wait = true;
   const CUresult st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
   if (st == CUDA_ERROR_NOT_SUPPORTED) note_unsupported(std::string("refused by the host: ") + proto::op_name(static_cast<std::uint16_t>(op)));
   return st;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -107,6 +108,7 @@ class Runtime {
   std::unordered_map<std::uint64_t, unsigned> stream_flags;  // stream -> creation flags
   std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
   std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
+  std::set<std::uint64_t> ipc_capable;                     // cuMemAlloc'ed bases (legacy IPC capable)
   std::map<int, int> primary_refs;                         // device -> our retain count
 
   // Keeps this process from ever placing its own memory where the device

@@ -6,8 +6,13 @@
 // may touch it, only the host decides. Device ordinals are the application's
 // (after CUDA_VISIBLE_DEVICES) here and the worker's on the wire.
 #include <cuda.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "guest/guard.h"
@@ -223,6 +228,79 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
     proto::RepHandle rep{};
     const CUresult st = rt->call<Op::kMemRetainHandle>(
         proto::ReqPtr{0, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(addr))}, {}, &rep);
+    if (st == CUDA_SUCCESS) *handle = rep.handle;
+    return st;
+  });
+}
+
+// ---------------------------------------------------------------- sharing
+//
+// An exported allocation is, for the application, a file descriptor it may
+// pass to another process of its own (SCM_RIGHTS, fork) and import there.
+// The driver's fd stays on the host; the guest's fd is a sealed memfd that
+// holds the host's token for it, so it travels like any fd and carries no
+// authority of its own: the host honours a token only for the tenant that
+// it issued it to (host-daemon/fd_broker.h).
+
+namespace {
+constexpr char kShareMagic[8] = {'i', 'v', 'c', 'u', 'd', 'a', 's', 'h'};
+struct ShareFile {
+  char magic[8];
+  unsigned char token[16];
+};
+}  // namespace
+
+CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (shareableHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemExport r{};
+    r.handle = handle;
+    r.handle_type = static_cast<std::uint32_t>(handleType);
+    r.flags = flags;
+    proto::RepShareToken rep{};
+    const CUresult st = rt->call<Op::kMemExportShareable>(r, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    ShareFile f{};
+    std::memcpy(f.magic, kShareMagic, sizeof f.magic);
+    std::memcpy(f.token, rep.token, sizeof f.token);
+    const int fd = ::memfd_create("ivcuda-shareable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+    if (::pwrite(fd, &f, sizeof f, 0) != static_cast<ssize_t>(sizeof f) ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      ::close(fd);
+      return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    *static_cast<int*>(shareableHandle) = fd;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                        CUmemAllocationHandleType shHandleType) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC || shHandleType == CU_MEM_HANDLE_TYPE_WIN32 ||
+        shHandleType == CU_MEM_HANDLE_TYPE_WIN32_KMT)
+      return CUDA_ERROR_NOT_SUPPORTED;  // nothing of the kind can reach a guest (docs/design.md)
+    // fd 0 arrives as a null osHandle, which the driver refuses as one.
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || osHandle == nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    const auto fd = static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle));
+    ShareFile f{};
+    // Any other fd is, as on the driver, no exported memory.
+    if (::pread(fd, &f, sizeof f, 0) != static_cast<ssize_t>(sizeof f) ||
+        std::memcmp(f.magic, kShareMagic, sizeof f.magic) != 0)
+      return CUDA_ERROR_UNKNOWN;
+    proto::ReqMemImport r{};
+    std::memcpy(r.token, f.token, sizeof r.token);
+    r.handle_type = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kMemImportShareable>(r, {}, &rep);
     if (st == CUDA_SUCCESS) *handle = rep.handle;
     return st;
   });

@@ -2,8 +2,8 @@
 // machines without one. Each entry is the symbol cuda.h's macros select for
 // a CUDA 13 caller (cuMemAlloc -> cuMemAlloc_v2, cuCtxCreate -> cuCtxCreate_v4,
 // cuStreamBeginCapture -> _v2, cuStreamGetCaptureInfo -> _v3, cuGraphInstantiate ->
-// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2, the graph calls with edge data
-// and cuGraphAddKernelNode and friends -> _v2).
+// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2, cuIpcOpenMemHandle -> _v2,
+// the graph calls with edge data and cuGraphAddKernelNode and friends -> _v2).
 #pragma once
 
 #include <cuda.h>
@@ -47,7 +47,20 @@ namespace ivcuda::host {
   X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuMemGetAllocationGranularity)             \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap)       \
   X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemGetAllocationPropertiesFromHandle) \
-  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig) X(cuGraphAddKernelNode)             \
+  X(cuMemRetainAllocationHandle) X(cuFuncSetCacheConfig) X(cuMemExportToShareableHandle)     \
+  X(cuMemImportFromShareableHandle) \
+  X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy) X(cuArrayGetDescriptor)              \
+  X(cuArray3DGetDescriptor) X(cuArrayGetMemoryRequirements) X(cuMipmappedArrayCreate)        \
+  X(cuMipmappedArrayDestroy) X(cuMipmappedArrayGetLevel) X(cuMipmappedArrayGetMemoryRequirements) \
+  X(cuMemcpy3D) X(cuMemcpy3DAsync) X(cuTexObjectCreate) X(cuTexObjectDestroy)                 \
+  X(cuTexObjectGetResourceDesc) X(cuTexObjectGetTextureDesc) X(cuTexObjectGetResourceViewDesc) \
+  X(cuSurfObjectCreate) X(cuSurfObjectDestroy) X(cuSurfObjectGetResourceDesc)                 \
+  X(cuMemPoolCreate) X(cuMemPoolDestroy) \
+  X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)              \
+  X(cuMemPoolExportPointer)                                                    \
+  X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuIpcGetEventHandle)    \
+  X(cuIpcOpenEventHandle) \
+  X(cuGraphAddKernelNode)             \
   X(cuGraphAddMemcpyNode) X(cuGraphAddMemsetNode) X(cuGraphAddEmptyNode) X(cuGraphAddChildGraphNode) \
   X(cuGraphAddEventRecordNode) X(cuGraphAddEventWaitNode) X(cuGraphKernelNodeGetParams)       \
   X(cuGraphKernelNodeSetParams) X(cuGraphMemcpyNodeGetParams) X(cuGraphMemcpyNodeSetParams)   \

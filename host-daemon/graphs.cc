@@ -96,7 +96,9 @@ CUresult Worker::on_StreamBeginCapture(Call& c) {
   if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  return cu_.cuStreamBeginCapture(s, static_cast<CUstreamCaptureMode>(r.mode));
+  const CUresult st = cu_.cuStreamBeginCapture(s, static_cast<CUstreamCaptureMode>(r.mode));
+  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, static_cast<CUstreamCaptureMode>(r.mode)};
+  return st;
 }
 
 CUresult Worker::on_StreamEndCapture(Call& c) {
@@ -106,6 +108,8 @@ CUresult Worker::on_StreamEndCapture(Call& c) {
   if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
   CUgraph g = nullptr;
   const CUresult st = cu_.cuStreamEndCapture(s, &g);
+  // Ended, or never begun: either way no capture is under way on it now.
+  captures_.erase(s);
   std::uint64_t known = 0;
   if (auto it = capture_graphs_.find(s); it != capture_graphs_.end()) {
     known = it->second;

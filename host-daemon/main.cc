@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -18,9 +19,12 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <vector>
 
 #include "host-daemon/log.h"
+#include "host-daemon/tenant_share.h"
 #include "host-daemon/worker.h"
 #include "ring/ivshmem.h"
 #include "ring/layout.h"
@@ -31,6 +35,24 @@ volatile sig_atomic_t g_stop = 0;
 // --join: other peers of the ivshmem-server whose eventfds we keep.
 constexpr std::size_t kJoinMaxPeers = 8;
 ivcuda::host::Worker* g_worker = nullptr;
+// Every tenant's registry of shared objects (host-daemon/tenant_share.h).
+// A worker keeps only its own tenant's mapping.
+std::vector<ivcuda::host::TenantShare*> g_shares;
+
+void keep_only_share(const ivcuda::host::TenantShare* mine) {
+  for (auto* s : g_shares)
+    if (s != mine) s->unmap();
+}
+
+std::unique_ptr<ivcuda::host::TenantShare> make_share(std::uint32_t slots) {
+  auto s = ivcuda::host::TenantShare::create(slots);
+  if (!s) {
+    IVLOG_ERROR("%s", s.error().what.c_str());
+    return nullptr;
+  }
+  g_shares.push_back(s->get());
+  return std::move(*s);
+}
 
 void on_signal(int) {
   g_stop = 1;
@@ -54,6 +76,7 @@ struct Options {
   unsigned poll_us = 500;
   std::string join;
   std::vector<std::string> guest_sockets;  // SOCKET=GPUS
+  std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
 };
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
@@ -114,10 +137,13 @@ ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, s
 
 // The worker: runs in a child process with the guest's resources only.
 int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
-               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd) {
+               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd, int broker_fd,
+               ivcuda::host::TenantShare* share) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  keep_only_share(share);
   ivcuda::host::WorkerConfig cfg;
+  cfg.share = share;
   cfg.guest_id = static_cast<std::uint32_t>(g.peer_id);
   cfg.shm_fd = shm_fd;
   cfg.layout = layout;
@@ -128,6 +154,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   cfg.driver_path = o.driver;
   cfg.devices = gpus;
   cfg.spin = std::chrono::microseconds(o.spin_us);
+  cfg.broker_fd = broker_fd;
   auto w = ivcuda::host::Worker::create(std::move(cfg));
   if (!w) {
     IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(g.peer_id), w.error().what.c_str());
@@ -143,7 +170,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
 // Creates and formats an ivshmem-plain memory file and forks its worker.
 pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
                          std::uint64_t generation, const std::string& path, std::int64_t id,
-                         const std::vector<int>& listen_fds) {
+                         const std::vector<int>& listen_fds, ivcuda::host::TenantShare* share) {
   ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
     IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
@@ -165,7 +192,9 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   }
   for (const int lfd : listen_fds) ::close(lfd);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  keep_only_share(share);
   ivcuda::host::WorkerConfig cfg;
+  cfg.share = share;
   cfg.guest_id = static_cast<std::uint32_t>(id);
   cfg.shm_fd = fd.get();
   cfg.layout = layout;
@@ -246,10 +275,15 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       if (guest < 0) (void)ivcuda::sys::wait_readable(client->socket_fd(), 200);
     }
     if (guest < 0) break;
+    // Each guest of the server is a tenant of its own: a registry per guest.
+    const auto share = make_share(o.share_slots);
+    if (!share) return 1;
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      keep_only_share(share.get());
       ivcuda::host::WorkerConfig cfg;
+      cfg.share = share.get();
       cfg.guest_id = static_cast<std::uint32_t>(guest);
       cfg.shm_fd = client->shm_fd();
       cfg.layout = *layout;
@@ -290,6 +324,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
     if (WIFSIGNALED(status))
       IVLOG_WARN("worker for guest peer %lld died of signal %d", static_cast<long long>(guest), WTERMSIG(status));
     IVLOG_INFO("guest peer %lld left; its worker is gone", static_cast<long long>(guest));
+    std::erase(g_shares, share.get());
   }
   return 0;
 }
@@ -339,6 +374,10 @@ int main(int argc, char** argv) {
                  "SOCKET=GPUS: one more socket, whose guests get only these host GPUs (e.g. "
                  "/run/ivcuda/vm2.sock=1); repeatable. One socket per VM gives each VM its own GPUs")
       ->take_all();
+  app.add_option("--share-slots", o.share_slots,
+                 "objects (CUDA IPC memory and event handles) one tenant may have exported at once")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
@@ -349,6 +388,12 @@ int main(int argc, char** argv) {
                          : o.log_level == "warn" ? Level::kWarn
                          : o.log_level == "debug" ? Level::kDebug
                                                   : Level::kInfo);
+  // Each guest costs the daemon a few fds, and the fd broker holds exported
+  // allocations for tenants: take the whole allowance (poll, never select).
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &rl);
+  }
   std::string err;
   const std::vector<int> gpus = parse_gpus(o.gpus, &err);
   if (!err.empty()) {
@@ -382,6 +427,7 @@ int main(int argc, char** argv) {
     std::string path;
     std::vector<int> gpus;
     ivcuda::ivshmem::IvshmemServer server;
+    std::unique_ptr<ivcuda::host::TenantShare> share;  // this tenant's shared objects
   };
   std::vector<Listener> listeners;
   auto add_listener = [&](const std::string& path, std::vector<int> grant) {
@@ -390,7 +436,9 @@ int main(int argc, char** argv) {
       IVLOG_ERROR("cannot listen on %s: %s", path.c_str(), server.error().what.c_str());
       return false;
     }
-    listeners.push_back(Listener{path, std::move(grant), std::move(*server)});
+    auto share = make_share(o.share_slots);
+    if (!share) return false;
+    listeners.push_back(Listener{path, std::move(grant), std::move(*server), std::move(share)});
     return true;
   };
   if (!add_listener(o.socket, gpus)) return 1;
@@ -420,6 +468,7 @@ int main(int argc, char** argv) {
   struct Served {
     std::int64_t id = 0;
     uid_t uid = 0;  // the connecting process's (SO_PEERCRED); plain files: the daemon's
+    ivcuda::host::TenantShare* share = nullptr;  // its tenant's registry
   };
   std::map<pid_t, Served> workers;  // pid -> guest
   auto guests_of = [&](uid_t uid) {
@@ -430,12 +479,18 @@ int main(int argc, char** argv) {
   // worker that polls. Their ids start above every peer id.
   std::vector<int> listen_fds;
   for (const auto& l : listeners) listen_fds.push_back(l.server.listen_fd());
+  std::vector<std::unique_ptr<ivcuda::host::TenantShare>> plain_shares;  // one tenant per file
+  // Exported allocations travel between the workers of one listener (one
+  // tenant) through here.
+  ivcuda::host::FdBroker broker;
   for (std::size_t i = 0; i < o.plain_files.size(); ++i) {
     const std::int64_t id = 0x10000 + static_cast<std::int64_t>(i);
+    plain_shares.push_back(make_share(o.share_slots));
+    if (!plain_shares.back()) return 1;
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
-                                         listen_fds);
+                                         listen_fds, plain_shares.back().get());
     if (pid < 0) return 1;
-    workers[pid] = Served{id, ::getuid()};
+    workers[pid] = Served{id, ::getuid(), plain_shares.back().get()};
   }
   while (g_stop == 0) {
     // Reap workers: a guest that went away, or a worker that failed.
@@ -449,11 +504,20 @@ int main(int argc, char** argv) {
         IVLOG_WARN("worker for guest %lld died of signal %d; its GPU resources are freed", id, WTERMSIG(status));
       else
         IVLOG_INFO("worker for guest %lld ended (status %d)", id, WEXITSTATUS(status));
-      if (it != workers.end()) workers.erase(it);
+      if (it != workers.end()) {
+        // What it exported is gone with it (a worker that crashed could not
+        // say so itself). A registry whose lock is held too long is left.
+        if (it->second.share != nullptr && it->second.share->withdraw_owner(pid, 1000) < 0)
+          IVLOG_WARN("guest %lld: its tenant's registry stayed locked; its exports stay listed", id);
+        workers.erase(it);
+      }
     }
     std::vector<pollfd> pfds;
     for (const auto& l : listeners) pfds.push_back(pollfd{l.server.listen_fd(), POLLIN, 0});
+    for (const int fd : broker.fds()) pfds.push_back(pollfd{fd, POLLIN, 0});
     if (::poll(pfds.data(), pfds.size(), 200) <= 0) continue;
+    for (std::size_t i = listeners.size(); i < pfds.size(); ++i)
+      if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker.serve(pfds[i].fd);
     for (std::size_t li = 0; li < listeners.size(); ++li) {
       if ((pfds[li].revents & POLLIN) == 0) continue;
       Listener& l = listeners[li];
@@ -503,6 +567,10 @@ int main(int argc, char** argv) {
         IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
         continue;
       }
+      auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
+      if (!broker_end)
+        IVLOG_WARN("guest %lld: no fd broker (%s): it can import only its own exports", id,
+                   broker_end.error().what.c_str());
       const pid_t pid = ::fork();
       if (pid < 0) {
         IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
@@ -510,10 +578,12 @@ int main(int argc, char** argv) {
       }
       if (pid == 0) {
         for (const auto& other : listeners) ::close(other.server.listen_fd());
-        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get());
+        broker.close_in_child();
+        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get(),
+                                  broker_end ? broker_end->release() : -1, l.share.get());
         ::_exit(rc);
       }
-      workers[pid] = Served{id, cred.uid};
+      workers[pid] = Served{id, cred.uid, l.share.get()};
       IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
                  l.path.c_str(), static_cast<int>(pid));
     }

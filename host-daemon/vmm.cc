@@ -10,6 +10,8 @@
 // unmapped. Physical allocations are handles of this worker's table; the
 // driver's own handle values never reach the guest. Device ordinals in
 // locations are the guest's and are translated both ways.
+#include <unistd.h>
+
 #include <cstring>
 
 #include "host-daemon/log.h"
@@ -228,6 +230,73 @@ CUresult Worker::on_MemRetainHandle(Call& c) {
   if (st != CUDA_SUCCESS) return st;
   // The driver counts one more reference, released through this new handle.
   c.set_reply(RepHandle{mem_handles_.insert(MemHandleEntry{h, it->second.size})});
+  return CUDA_SUCCESS;
+}
+
+// Sharing an allocation with another process of the tenant. The driver's
+// fd stays on the host: this worker keeps it (and leaves a dup with the
+// daemon's broker for the tenant's other workers) under a random token, and
+// the guest gets the token. Only POSIX file descriptors can travel so; the
+// other handle types get the driver's own answer when it refuses them, and
+// NOT_SUPPORTED when it would hand out something the guest cannot carry.
+CUresult Worker::on_MemExportShareable(Call& c) {
+  const auto r = c.req<ReqMemExport>();
+  MemHandleEntry* e = mem_handles_.find(r.handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (r.handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    // Asked only for its verdict: a handle of another type never leaves.
+    alignas(8) unsigned char scratch[64] = {};
+    const CUresult st = cu_.cuMemExportToShareableHandle(scratch, e->real,
+                                                         static_cast<CUmemAllocationHandleType>(r.handle_type),
+                                                         r.flags);
+    return st != CUDA_SUCCESS ? st : CUDA_ERROR_NOT_SUPPORTED;
+  }
+  int fd = -1;
+  const CUresult st = cu_.cuMemExportToShareableHandle(&fd, e->real, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, r.flags);
+  if (st != CUDA_SUCCESS) return st;
+  sys::UniqueFd owned(fd);
+  auto token = new_broker_token();
+  if (!token) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (broker_.connected())
+    if (auto dep = broker_.deposit(*token, owned.get(), e->size); !dep)
+      IVLOG_WARN("guest %u: export not shared with the tenant's other workers: %s", cfg_.guest_id,
+                 dep.error().what.c_str());
+  // Bounded: past the cap one export goes (its importers keep what they have).
+  if (exports_.size() >= FdBroker::kMaxDepositsPerTenant) exports_.erase(exports_.begin());
+  exports_[*token] = Export{std::move(owned), e->size};
+  RepShareToken rep{};
+  std::memcpy(rep.token, token->data(), sizeof rep.token);
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_MemImportShareable(Call& c) {
+  const auto r = c.req<ReqMemImport>();
+  if (r.handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  BrokerToken token;
+  std::memcpy(token.data(), r.token, token.size());
+  sys::UniqueFd fetched;
+  int fd = -1;
+  std::uint64_t size = 0;
+  if (auto it = exports_.find(token); it != exports_.end()) {
+    fd = it->second.fd.get();
+    size = it->second.size;
+  } else if (broker_.connected()) {
+    auto got = broker_.fetch(token);
+    if (got) {
+      fetched = std::move(got->first);
+      fd = fetched.get();
+      size = got->second;
+    }
+  }
+  // A forged token, or one of another tenant, is what the driver calls an
+  // fd that is no exported memory.
+  if (fd < 0) return CUDA_ERROR_UNKNOWN;
+  CUmemGenericAllocationHandle h = 0;
+  const CUresult st = cu_.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (st != CUDA_SUCCESS) return st;
+  c.set_reply(RepHandle{mem_handles_.insert(MemHandleEntry{h, size})});
   return CUDA_SUCCESS;
 }
 

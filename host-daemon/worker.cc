@@ -61,7 +61,9 @@ static_assert(std::size(Worker::kHandlers) == static_cast<std::size_t>(proto::Op
               "every op needs a handler");
 
 Worker::Worker(WorkerConfig cfg) : cfg_(std::move(cfg)), l_(cfg_.layout),
-      pool_(ring::pool_off(cfg_.layout), ring::pool_size(cfg_.layout)) {}
+      pool_(ring::pool_off(cfg_.layout), ring::pool_size(cfg_.layout)) {
+  if (cfg_.broker_fd >= 0) broker_ = BrokerClient(std::exchange(cfg_.broker_fd, -1));
+}
 
 Worker::~Worker() { cleanup(); }
 
@@ -192,8 +194,12 @@ void Worker::drain_console() {
 }
 
 void Worker::cleanup() noexcept {
+  // What this guest exported goes with it (the daemon does the same after
+  // reaping a worker that could not).
+  if (cfg_.share != nullptr) (void)cfg_.share->withdraw_owner(::getpid());
   if (cu_.handle == nullptr) return;
   abandon_host_nodes();  // graphs.cc: a host node waiting for the gone guest gives up
+  destroy_created_pools();
   // Contexts the guest created die with everything in them; primaries are
   // released as often as the guest retained them. Process exit would free
   // all of it too - this keeps the driver's books straight while we live.
@@ -310,10 +316,12 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
                  ch.index, proto::op_name(op), rec.payload.size(), kReqSize[op]);
   } else {
     // All guest threads share the worker's one thread: it takes on the mode
-    // of the guest thread whose request it serves (exchanged only on change).
-    if (ch.capture_mode != driver_capture_mode_ && cu_.cuThreadExchangeStreamCaptureMode != nullptr) {
-      CUstreamCaptureMode m = ch.capture_mode;
-      if (cu_.cuThreadExchangeStreamCaptureMode(&m) == CUDA_SUCCESS) driver_capture_mode_ = ch.capture_mode;
+    // that gives this guest thread's request the verdict CUDA would give it
+    // (exchanged only on change; see effective_capture_mode).
+    const CUstreamCaptureMode want = effective_capture_mode(ch);
+    if (want != driver_capture_mode_ && cu_.cuThreadExchangeStreamCaptureMode != nullptr) {
+      CUstreamCaptureMode m = want;
+      if (cu_.cuThreadExchangeStreamCaptureMode(&m) == CUDA_SUCCESS) driver_capture_mode_ = want;
     }
     st = (this->*kHandlers[op])(call);
   }
@@ -364,6 +372,26 @@ bool Worker::poll_parked(Channel& ch) {
   rec.hdr = p.hdr;
   reply(ch, rec, st, {});
   return true;
+}
+
+// CUDA prohibits a thread's potentially unsafe calls when that thread has a
+// capture of its own begun in a non-relaxed mode, or, for a thread in global
+// mode, when another thread has a global-mode capture (driver 580 on the
+// H200 lets a thread-local thread allocate during another's global capture:
+// drv_capture_modes). On the host every capture belongs to the worker's one
+// thread, so one guest thread's capture would also prohibit the others'. The
+// mode the worker's thread takes on for a request makes the driver decide as
+// if the guest's threads were its own: the guest thread's mode where it
+// captures itself, global where it is global and a global capture is under
+// way, and relaxed otherwise.
+CUstreamCaptureMode Worker::effective_capture_mode(const Channel& ch) const {
+  bool global = false;
+  for (const auto& [stream, cap] : captures_) {
+    if (cap.channel == ch.index) return ch.capture_mode;
+    global |= cap.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+  }
+  return global && ch.capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                                                                     : CU_STREAM_CAPTURE_MODE_RELAXED;
 }
 
 int Worker::serve_once() {

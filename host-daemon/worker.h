@@ -9,12 +9,15 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "host-daemon/driver_api.h"
+#include "host-daemon/fd_broker.h"
 #include "host-daemon/handles.h"
+#include "host-daemon/tenant_share.h"
 #include "host-daemon/uring_wait.h"
 #include "ivcuda/proto.h"
 #include "ring/arena.h"
@@ -43,6 +46,13 @@ struct WorkerConfig {
   // Point fd 1 at a pipe and forward what lands there (the driver's device
   // printf output) to the guest with the replies of synchronising calls.
   bool forward_stdout = true;
+  // The tenant's registry of exported objects (CUDA IPC), inherited from the
+  // daemon; borrowed. Null: nothing can be shared (IPC answers NOT_SUPPORTED).
+  TenantShare* share = nullptr;
+  // This worker's line to the daemon's fd broker (exported allocations
+  // between the tenant's workers); -1: none, only this worker's own
+  // exports can be imported. Owned by the worker.
+  int broker_fd = -1;
 };
 
 class Worker {
@@ -96,7 +106,9 @@ class Worker {
   };
   struct PoolEntry {
     CUmemoryPool real = nullptr;
-    int device = 0;  // guest ordinal
+    int device = 0;                  // guest ordinal
+    bool created = false;            // cuMemPoolCreate'd by the guest (else a device's default)
+    std::uint32_t handle_types = 0;  // created: the CUmemAllocationHandleType bits asked for
   };
   struct MemHandleEntry {  // a physical allocation (cuMemCreate)
     CUmemGenericAllocationHandle real = 0;
@@ -133,11 +145,34 @@ class Worker {
     CUgraphExec real = nullptr;
     std::uint64_t ctx = 0;
   };
-  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kGraphMem };
+  // CUDA arrays (arrays.cc). A mipmap level is an array entry that belongs to
+  // its mipmapped array: the guest cannot destroy it, and it dies with it.
+  struct ArrayEntry {
+    CUarray real = nullptr;
+    std::uint64_t ctx = 0;
+    CUDA_ARRAY3D_DESCRIPTOR desc{};  // as the driver reports it
+    std::uint64_t mipmap = 0;        // level of this mipmapped array, or 0
+  };
+  struct MipmapEntry {
+    CUmipmappedArray real = nullptr;
+    std::uint64_t ctx = 0;
+    std::map<unsigned, std::uint64_t> levels;  // level -> array handle handed out
+  };
+  struct TexEntry {  // a texture or surface object this guest created
+    std::uint64_t ctx = 0;
+    bool surface = false;
+    std::uint64_t resource = 0;      // the guest's array / mipmap handle, or 0
+  };
+  // kIpc: memory another worker of the tenant exported, opened here
+  // (cuIpcCloseMemHandle ends it). kFreed: an allocation its owner freed while
+  // another process of this worker still has it open through IPC; freed for
+  // real at the last close.
+  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kIpc, kFreed, kGraphMem };
   struct DevRange {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
     RangeKind kind = RangeKind::kAlloc;
+    std::uint64_t pool = 0;  // stream-ordered allocations from a created pool: its handle
   };
 
   explicit Worker(WorkerConfig cfg);
@@ -199,8 +234,26 @@ class Worker {
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
   CUresult to_driver_prop(const proto::MemProp& p, CUmemAllocationProp* out) const;
   bool fully_mapped(std::uint64_t ptr, std::uint64_t size) const;
-  // The handle of a driver pool, made on first sight.
+  // Arrays (arrays.cc): one side of a 3D copy, checked; what a context's end frees.
+  CUresult copy_side(const proto::CopySide& s, const proto::ReqCopy3D& r, CUmemorytype* type,
+                     const void** host, CUdeviceptr* dev, CUarray* array);
+  CUresult resource_from_wire(const proto::ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle);
+  void release_ctx_arrays(std::uint64_t ctx, bool destroy);
+  // Memory pools (pools.cc): the handle of a driver pool, made on first
+  // sight; a location in the driver's numbering; pools the guest created go
+  // when the worker does.
   std::uint64_t pool_handle(CUmemoryPool real, int device);
+  CUresult pool_location(std::uint32_t type, std::int32_t id, CUmemLocation* out);
+  void destroy_created_pools() noexcept;
+  // CUDA IPC (ipc.cc): hooks for frees, destroys and context teardown.
+  // Returns true when the caller should free the allocation now (false: an
+  // IPC import in this worker still uses it, the last close frees it).
+  bool ipc_on_free(std::uint64_t base);
+  // True when the caller should destroy the driver's event now (false:
+  // another guest handle of this worker still names it).
+  bool ipc_on_event_destroy(std::uint64_t handle, CUevent real);
+  // Closes what was opened in ctx and forgets IPC state of ctx's objects.
+  void ipc_drop_ctx(std::uint64_t ctx, bool close_in_driver);
   // Device printf forwarding (cfg_.forward_stdout).
   void start_console();
   void drain_console();
@@ -239,13 +292,30 @@ class Worker {
   // Graphs a capture made, given a handle before the capture ended
   // (CaptureGraphInfo): stream -> graph handle. A failed end destroys them.
   std::map<CUstream, std::uint64_t> capture_graphs_;
+  HandleTable<ArrayEntry> arrays_{proto::HandleKind::kArray};
+  HandleTable<MipmapEntry> mipmaps_{proto::HandleKind::kMipmappedArray};
+  std::map<std::uint64_t, TexEntry> tex_objects_;  // driver value -> what it is
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
+  BrokerClient broker_;
+  struct Export {  // what this worker exported (cuMemExportToShareableHandle)
+    sys::UniqueFd fd;
+    std::uint64_t size = 0;
+  };
+  std::map<BrokerToken, Export> exports_;
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
   // The capture mode the driver holds for the worker's thread now.
   CUstreamCaptureMode driver_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  // Captures under way (begun, not yet ended): which guest thread (channel)
+  // began each, in which mode.
+  struct CaptureEntry {
+    std::uint32_t channel = 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  };
+  std::map<CUstream, CaptureEntry> captures_;
+  CUstreamCaptureMode effective_capture_mode(const Channel& ch) const;
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
   // When the current wait for a parked synchronise began (zero: none).
@@ -254,6 +324,23 @@ class Worker {
   static constexpr std::chrono::milliseconds kParkedSpin{20};
   sys::UniqueFd console_rd_;   // read end of the pipe fd 1 points at
   std::string console_;        // drained, not yet sent to the guest
+
+  // CUDA IPC (ipc.cc). An opened range, by its device address: who opened
+  // it how often (guest process -> count), and whether it is this worker's
+  // own allocation (a sibling guest process of a VM opened it).
+  struct IpcOpen {
+    std::map<std::uint32_t, unsigned> opens;
+    bool own = false;
+  };
+  std::map<std::uint64_t, IpcOpen> ipc_opens_;
+  // Guest event handles per driver event, where more than one names it (an
+  // event a sibling process opened through IPC in this worker).
+  std::map<CUevent, unsigned> ipc_event_names_;
+  // What this worker has in the tenant's registry (so that frees and
+  // destroys of everything else do not search it): allocation bases and
+  // guest event handles.
+  std::set<std::uint64_t> ipc_exported_mem_;
+  std::set<std::uint64_t> ipc_exported_events_;
 };
 
 }  // namespace ivcuda::host

@@ -61,4 +61,38 @@ struct Worker::Call {
   }
 };
 
+
+namespace detail {
+constexpr std::uint64_t kStreamLegacy = 0x1;     // CU_STREAM_LEGACY
+constexpr std::uint64_t kStreamPerThread = 0x2;  // CU_STREAM_PER_THREAD
+
+// a * b without overflow, or false.
+inline bool mul_ok(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+// Bytes a 2D region of `height` rows of `width` bytes at `pitch` spans.
+inline bool span2d(std::uint64_t pitch, std::uint64_t width, std::uint64_t height, std::uint64_t* out) {
+  if (height == 0 || width == 0) {
+    *out = 0;
+    return true;
+  }
+  if (width > pitch && height > 1) return false;
+  std::uint64_t rows;
+  if (!mul_ok(pitch, height - 1, &rows)) return false;
+  return !__builtin_add_overflow(rows, width, out);
+}
+}  // namespace detail
+
+// Destroys a stream or event: in its own context, and forgotten whatever the
+// driver says (a failed destroy leaves nothing the guest could use again).
+template <class Table, class Destroy>
+CUresult Worker::destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy) {
+  auto* e = table.find(handle);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = destroy(*e);
+  table.erase(handle);
+  return st;
+}
+
 }  // namespace ivcuda::host

@@ -37,7 +37,8 @@ inline constexpr u32 kDevNameBytes = 256;
 // next 24 bits, table index in the low 32. Never zero.
 enum class HandleKind : u8 {
   kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
-  kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9, kGraphNode = 10, kUserObject = 11,
+  kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9,
+  kArray = 10, kMipmappedArray = 11, kGraphNode = 12, kUserObject = 13,
 };
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
@@ -124,6 +125,23 @@ enum class HandleKind : u8 {
   X(MemGetProperties, ReqHandle, RepMemProp, 1)                          \
   X(MemRetainHandle, ReqPtr, RepHandle, 1)                               \
   X(FuncSetCacheConfig, ReqFuncCache, RepNone, 1)                       \
+  X(MemExportShareable, ReqMemExport, RepShareToken, 1)                  \
+  X(MemImportShareable, ReqMemImport, RepHandle, 1)                     \
+  X(ArrayCreate, ReqArrayCreate, RepHandle, 1)                           \
+  X(ArrayDestroy, ReqArrayQuery, RepNone, 1)                             \
+  X(ArrayQuery, ReqArrayQuery, RepArrayQuery, 1)                         \
+  X(MipmapLevel, ReqMipmapLevel, RepHandle, 1)                           \
+  X(Memcpy3D, ReqCopy3D, RepNone, 0)                                     \
+  X(TexCreate, ReqTexCreate, RepHandle, 1)                               \
+  X(TexDestroy, ReqTexObject, RepNone, 1)                                \
+  X(TexQuery, ReqTexObject, RepTexInfo, 1)                               \
+  X(MemPoolCreate, ReqMemPoolCreate, RepHandle, 1)                       \
+  X(MemPoolSetAccess, ReqMemPoolSetAccess, RepNone, 1)                  \
+  X(IpcGetMemHandle, ReqIpcGet, RepIpcHandle, 1)                         \
+  X(IpcOpenMemHandle, ReqIpcOpen, RepRange, 1)                           \
+  X(IpcCloseMemHandle, ReqIpcClose, RepNone, 1)                          \
+  X(IpcGetEventHandle, ReqIpcGet, RepIpcHandle, 1)                       \
+  X(IpcOpenEventHandle, ReqIpcOpen, RepHandle, 1)                    \
   X(GraphAddNode, ReqGraphAddNode, RepHandle, 1)                         \
   X(GraphNodeParams, ReqGraphNodeParams, GraphNodeParams, 1)             \
   X(GraphQuery, ReqGraphQuery, RepValue, 1)                              \
@@ -406,14 +424,18 @@ struct ReqLaunchEx {
   u32 reserved;
 };
 
-// ---- stream-ordered memory. Pools are host handles (HandleKind::kMemPool);
-// only the devices' default pools exist.
+// ---- stream-ordered memory. Pools are host handles (HandleKind::kMemPool):
+// the devices' default pools and the pools the guest created (MemPoolCreate).
 inline constexpr u32 kPoolGetDefault = 0;  // device -> pool
 inline constexpr u32 kPoolGetCurrent = 1;  // device -> pool
 inline constexpr u32 kPoolSetCurrent = 2;  // device, pool
 inline constexpr u32 kPoolSetAttr = 3;     // pool, attr, value
 inline constexpr u32 kPoolGetAttr = 4;     // pool, attr -> value
 inline constexpr u32 kPoolTrim = 5;        // pool, value = bytes to keep
+inline constexpr u32 kPoolDestroy = 6;     // pool
+inline constexpr u32 kPoolGetAccess = 7;   // pool, attr = location type, device = location id -> flags
+inline constexpr u32 kPoolExport = 8;      // pool, attr = handle type, value = flags (never exported)
+inline constexpr u32 kPoolExportPtr = 9;   // value = device pointer (never exported)
 struct ReqMemPool {
   u64 ctx;
   u64 pool;
@@ -612,6 +634,26 @@ struct RepMemProp {
   MemProp prop;
 };
 
+// ---- explicit memory pools (cuMemPoolCreate, cuMemPoolSetAccess). Device
+// ordinals in locations are the worker's.
+struct ReqMemPoolCreate {
+  u32 alloc_type;    // CUmemAllocationType
+  u32 handle_types;  // CUmemAllocationHandleType bits
+  u32 loc_type;      // CUmemLocationType
+  i32 loc_id;
+  u64 max_size;
+  u16 usage;
+  u8 win32_attrs;    // the props' win32SecurityAttributes was non-null
+  u8 reserved_set;   // a byte of the props' reserved[] was non-zero
+  u32 reserved;
+};
+// Followed by count MemAccess.
+struct ReqMemPoolSetAccess {
+  u64 pool;
+  u32 count;
+  u32 reserved;
+};
+
 // The calling guest thread's capture mode (cuThreadExchangeStreamCaptureMode),
 // posted on that thread's channel whenever it changes.
 struct ReqCaptureMode {
@@ -625,6 +667,192 @@ struct ReqEventElapsed {
 };
 struct RepElapsed {
   float ms;
+  u32 reserved;
+};
+
+// ---- sharing physical allocations between a tenant's processes
+// (cuMemExportToShareableHandle / cuMemImportFromShareableHandle). The guest
+// holds a token the host made; host-daemon/fd_broker.h says where the fd is.
+struct ReqMemExport {
+  u64 handle;        // from MemCreate / MemRetainHandle / MemImportShareable
+  u32 handle_type;   // CUmemAllocationHandleType
+  u32 reserved;
+  u64 flags;
+};
+struct RepShareToken {
+  u8 token[16];
+};
+struct ReqMemImport {
+  u8 token[16];
+  u32 handle_type;
+  u32 reserved;
+};
+
+
+// ---- CUDA arrays, texture and surface objects (guest/arrays.cc,
+// host-daemon/arrays.cc). Arrays and mipmapped arrays are host handles
+// (HandleKind::kArray / kMipmappedArray); texture and surface objects are the
+// driver's own 64-bit values (kernels take them by value), which the host
+// accepts back only if this guest created them.
+struct ArrayDesc {        // CUDA_ARRAY3D_DESCRIPTOR; height/depth 0 as CUDA means them
+  u64 width;
+  u64 height;
+  u64 depth;
+  u32 format;             // CUarray_format
+  u32 channels;
+  u32 flags;              // CUDA_ARRAY3D_*
+  u32 reserved;
+};
+inline constexpr u32 kArrayCreate2D = 0;    // cuArrayCreate (flags, depth ignored)
+inline constexpr u32 kArrayCreate3D = 1;    // cuArray3DCreate
+inline constexpr u32 kArrayCreateMipmap = 2;  // cuMipmappedArrayCreate, `levels` levels
+struct ReqArrayCreate {
+  u64 ctx;
+  ArrayDesc desc;
+  u32 kind;
+  u32 levels;
+};
+inline constexpr u32 kArrayQuery2D = 0;     // cuArrayGetDescriptor
+inline constexpr u32 kArrayQuery3D = 1;     // cuArray3DGetDescriptor
+inline constexpr u32 kArrayQueryMemReq = 2;  // cu(Mipmapped)ArrayGetMemoryRequirements
+// ArrayDestroy's kind: which of the two the guest named (a mipmapped array's
+// handle given to cuArrayDestroy is refused, not destroyed).
+inline constexpr u32 kDestroyArray = 0;
+inline constexpr u32 kDestroyMipmap = 1;
+struct ReqArrayQuery {
+  u64 ctx;
+  u64 array;     // array or mipmapped array handle
+  u32 kind;
+  i32 device;    // kArrayQueryMemReq: the worker's ordinal
+};
+struct RepArrayQuery {
+  ArrayDesc desc;
+  u64 size;       // memory requirements
+  u64 alignment;
+};
+struct ReqMipmapLevel {
+  u64 ctx;
+  u64 mipmap;
+  u32 level;
+  u32 reserved;
+};
+
+// One side of a 3D copy. type is CUmemorytype: 1 host (arena_off is the
+// arena offset of the base pointer), 2 device, 3 array (a host handle).
+// pitch and height describe host and device memory's layout.
+struct CopySide {
+  u64 x_bytes;
+  u64 y;
+  u64 z;
+  u64 device;
+  u64 arena_off;
+  u64 array;
+  u64 pitch;
+  u64 height;
+  u32 type;
+  u32 reserved;
+};
+// cuMemcpy3D and everything with an array that the guest expresses as one.
+struct ReqCopy3D {
+  u64 ctx;
+  u64 stream;
+  CopySide src;
+  CopySide dst;
+  u64 width_bytes;
+  u64 height;
+  u64 depth;
+  u32 flags;      // kAsync, kWaitStream
+  u32 reserved;
+};
+
+// CUDA_RESOURCE_DESC: array/mipmap are host handles, dptr device memory of
+// this guest.
+struct ResDesc {
+  u32 type;       // CUresourcetype
+  u32 format;     // linear / pitch2D: CUarray_format
+  u32 channels;
+  u32 flags;
+  u64 handle;     // array or mipmapped array
+  u64 dptr;
+  u64 size_bytes; // linear
+  u64 width;      // pitch2D
+  u64 height;
+  u64 pitch;
+};
+struct TexDesc {  // CUDA_TEXTURE_DESC
+  u32 address[3];
+  u32 filter;
+  u32 flags;
+  u32 max_anisotropy;
+  u32 mipmap_filter;
+  float mipmap_bias;
+  float min_mipmap_clamp;
+  float max_mipmap_clamp;
+  float border[4];
+  u32 reserved[2];
+};
+struct ViewDesc {  // CUDA_RESOURCE_VIEW_DESC
+  u32 format;
+  u32 reserved;
+  u64 width;
+  u64 height;
+  u64 depth;
+  u32 first_level;
+  u32 last_level;
+  u32 first_layer;
+  u32 last_layer;
+};
+inline constexpr u32 kTexHasView = 1u << 0;  // a view descriptor was given
+inline constexpr u32 kTexSurface = 1u << 1;  // a surface object (no texture descriptor)
+struct ReqTexCreate {
+  u64 ctx;
+  ResDesc res;
+  TexDesc tex;
+  ViewDesc view;
+  u32 flags;
+  u32 reserved;
+};
+inline constexpr u32 kTexQueryResource = 0;
+inline constexpr u32 kTexQueryTexture = 1;
+inline constexpr u32 kTexQueryView = 2;
+struct ReqTexObject {
+  u64 ctx;
+  u64 object;     // the driver's CUtexObject / CUsurfObject
+  u32 flags;      // kTexSurface
+  u32 query;      // kTexQuery*
+};
+struct RepTexInfo {
+  ResDesc res;
+  TexDesc tex;
+  ViewDesc view;
+};
+
+// ---- CUDA IPC between processes of one tenant (guest/ipc.cc, host-daemon/ipc.cc).
+// A handle is 64 opaque bytes made by the host (a ticket of the tenant's
+// registry, never the driver's handle). `proc` is the calling guest process's
+// id as the guest numbers it: inside a VM one worker serves every process, and
+// it tells an open in the exporting process itself (refused, as the driver
+// refuses it) from an open in a sibling process.
+inline constexpr u32 kIpcHandleBytes = 64;
+struct ReqIpcGet {
+  u64 ctx;
+  u64 object;     // IpcGetMemHandle: a device pointer; IpcGetEventHandle: an event handle
+  u32 proc;
+  u32 reserved;
+};
+struct RepIpcHandle {
+  u8 bytes[kIpcHandleBytes];
+};
+struct ReqIpcOpen {
+  u64 ctx;
+  u32 flags;      // IpcOpenMemHandle: CUipcMem_flags
+  u32 proc;
+  u8 handle[kIpcHandleBytes];
+};
+struct ReqIpcClose {
+  u64 ctx;
+  u64 dptr;
+  u32 proc;
   u32 reserved;
 };
 
@@ -837,10 +1065,28 @@ static_assert(sizeof(ReqHostFunc) == 40);
 static_assert(sizeof(ReqCopy2D) == 128);
 static_assert(sizeof(MemProp) == 24);
 static_assert(sizeof(MemAccess) == 16);
+static_assert(sizeof(ReqMemExport) == 24);
+static_assert(sizeof(RepShareToken) == 16);
+static_assert(sizeof(ReqMemImport) == 24);
 static_assert(sizeof(ReqLaunch) == 56);
 static_assert(sizeof(ReqTensorMap) == 152);
 static_assert(sizeof(RepTensorMap) == 128);
 static_assert(sizeof(ReqOccCluster) == 72);
+static_assert(sizeof(ArrayDesc) == 40);
+static_assert(sizeof(ReqArrayCreate) == 56);
+static_assert(sizeof(CopySide) == 72);
+static_assert(sizeof(ReqCopy3D) == 192);
+static_assert(sizeof(ResDesc) == 64);
+static_assert(sizeof(TexDesc) == 64);
+static_assert(sizeof(ViewDesc) == 48);
+static_assert(sizeof(ReqTexCreate) == 8 + 64 + 64 + 48 + 8);
+static_assert(sizeof(RepTexInfo) == 176);
+static_assert(sizeof(ReqMemPoolCreate) == 32);
+static_assert(sizeof(ReqMemPoolSetAccess) == 16);
+static_assert(sizeof(ReqIpcGet) == 24);
+static_assert(sizeof(RepIpcHandle) == 64);
+static_assert(sizeof(ReqIpcOpen) == 80);
+static_assert(sizeof(ReqIpcClose) == 24);
 static_assert(sizeof(CopyEnd) == 56);
 static_assert(sizeof(GraphNodeParams) == 224);
 static_assert(sizeof(ReqGraphQuery) == 40);

@@ -17,7 +17,8 @@ LD_LIBRARY_PATH=$work/native "$build/bench/ivcuda-bench" --quick --ptx "$build/t
 for fig in null.ctx_synchronize.median null.stream_query.p99 launch.empty.rate launch.10us.rate \
            sleep.100us.task sleep.1000us.task_p99 htod.pinned.1024KiB htod.pageable.4KiB \
            dtoh.pageable.16384KiB dtoh.pinned.16384KiB dtod.1024KiB 8procs.crowd.launch.rate \
-           8procs.crowd.htod.pinned 8procs.crowd.dtoh.pageable; do
+           8procs.crowd.htod.pinned 8procs.crowd.dtoh.pageable graph10.rate graph10.kernel_rate \
+           vmm.htod.pinned.1024KiB vmm.dtoh.pinned.1024KiB vmm.dtod.1024KiB; do
   grep -q "^$fig " "$work/out" || { echo "FAIL: $fig missing"; exit 1; }
 done
 python3 -c "import json,sys; d=json.load(open('$work/bench.json')); assert len(d['figures']) > 20, d; \

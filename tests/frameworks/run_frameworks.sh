@@ -22,17 +22,21 @@ daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 
-# "name|script|environment (space-separated VAR=value)"
+# "name|script|environment (space-separated VAR=value)|GPUs needed (default 1)"
 cases=(
   "torch_eager|torch_eager.py|"
   "torch_graphs|torch_graphs.py|"
   "torch_expandable|torch_eager.py|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+  "torch_mallocasync|torch_eager.py|PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"
   "jax_train|jax_train.py|"
   "jax_platform_alloc|jax_train.py|XLA_PYTHON_CLIENT_ALLOCATOR=platform"
   "torch_compile_ro|torch_compile_ro.py|"
   "torch_mp|torch_mp.py|"
   "torch_nccl_one|torch_nccl_one.py|"
   "cupy_basic|cupy_basic.py|"
+  "torch_libs|torch_libs.py|"
+  "torch_two_gpus|torch_two_gpus.py||2"
+  "torch_nccl_two|torch_nccl_two.py||2"
 )
 if [ -n "${IVCUDA_FRAMEWORKS:-}" ]; then
   kept=()
@@ -41,9 +45,14 @@ if [ -n "${IVCUDA_FRAMEWORKS:-}" ]; then
   done
   cases=("${kept[@]}")
 fi
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 expect_cases ${#cases[@]}
 for c in "${cases[@]}"; do
-  IFS='|' read -r name script envs <<<"$c"
+  IFS='|' read -r name script envs gpus <<<"$c"
+  if [ "${gpus:-1}" -gt "$ngpu" ]; then
+    not_run "$name" "needs ${gpus} GPUs, this machine has $ngpu (nvidia-h200-x2 runs it)"
+    continue
+  fi
   # shellcheck disable=SC2086 # one word per variable
   env $envs timeout 120 "$py" "$here/$script" >"$out/$name.native" 2>"$out/$name.native.err"; rn=$?
   rm -f "$out/$name.pid" "$out/$name.unsupported"

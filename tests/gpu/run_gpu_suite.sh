@@ -39,10 +39,11 @@ echo "== build"
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_vmm drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_peer drv_hostfunc rt_basic rt_graphs ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
+core="ivcudad ivcuda_guest drv_core drv_vmm drv_vmm_share drv_pools drv_arrays rt_texture drv_capture_modes drv_ipc drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_peer drv_hostfunc rt_basic rt_ipc rt_graphs ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
 only=${IVCUDA_GPU_ONLY:-}
 [ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
-[ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $only"
+# (a runtime program's two builds, NAME_static and NAME_shared, are one target NAME)
+[ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $(echo "$only" | sed -E 's/_(static|shared)( |$)/\2/g')"
 cmake --build "$build" -j "$jobs" --target $core >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
 echo "built: $core"
@@ -84,6 +85,12 @@ programs=(
   "drv_library_xctx|$bin/drv_library --fatbin $fatbin --ptx $ptx --cross-context-only|"
   "drv_graphs|$bin/drv_graphs --ptx $ptx|"
   "drv_vmm|$bin/drv_vmm --ptx $ptx|"
+  "drv_vmm_share|$bin/drv_vmm_share|"
+  "drv_capture_modes|$bin/drv_capture_modes|"
+  "drv_arrays|$bin/drv_arrays --ptx $ptx|"
+  "rt_texture|$bin/rt_texture_static|"
+  "drv_pools|$bin/drv_pools --ptx $ptx|"
+  "drv_ipc|$bin/drv_ipc --ptx $ptx|"
   "drv_graph_build|$bin/drv_graph_build --ptx $ptx|"
   "drv_hostfunc|$bin/drv_hostfunc --ptx $ptx|"
   "drv_errors|$bin/drv_errors --ptx $ptx|"
@@ -93,6 +100,8 @@ programs=(
   "drv_hostreg|$bin/drv_hostreg --ptx $ptx|"
   "rt_nvbench_pattern_static|$bin/rt_nvbench_pattern_static|"
   "rt_basic_shared|$bin/rt_basic_shared|/usr/local/cuda/lib64"
+  "rt_ipc_static|$bin/rt_ipc_static|"
+  "rt_ipc_shared|$bin/rt_ipc_shared|/usr/local/cuda/lib64"
   "rt_graphs_static|$bin/rt_graphs_static|"
   "rt_graphs_shared|$bin/rt_graphs_shared|/usr/local/cuda/lib64"
   "rt_features_shared|$bin/rt_features_shared|/usr/local/cuda/lib64"

@@ -529,7 +529,9 @@ Handle default_pool(State& s, int device) {
   Handle& h = s.default_pool.at(static_cast<std::size_t>(device));
   if (h == 0) {
     h = s.new_handle();
-    s.pools[h] = Pool{.device = device};
+    Pool p;
+    p.device = device;
+    s.pools[h] = p;
   }
   return h;
 }
@@ -549,7 +551,14 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstrea
         p = default_pool(s, device);
     }
     const auto pit = s.pools.find(p);
-    if (pit == s.pools.end() || pit->second.device != device) return CUDA_ERROR_INVALID_VALUE;
+    // An explicit pool may belong to another device than the stream's.
+    if (pit == s.pools.end() || (pool == nullptr && pit->second.device != device)) return CUDA_ERROR_INVALID_VALUE;
+    if (pit->second.max_size != 0) {
+      cuuint64_t in_use = 0;
+      for (const auto& [base, a] : s.allocations)
+        if (a.pool == p) in_use += a.size;
+      if (bytes > pit->second.max_size || in_use > pit->second.max_size - bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     // Allocated at once, also while capturing: the address must be known to the work
     // captured after it (a graph's allocation node would provide it at launch).
     void* out = nullptr;
@@ -684,5 +693,104 @@ CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute at
 CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t) {
   return guarded([&](State& s) -> CUresult {
     return s.pools.contains(from_handle(pool)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+// ---- explicit pools -----------------------------------------------------------------------
+
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  return guarded([&](State& s) -> CUresult {
+    if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || props->win32SecurityAttributes != nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned char b : props->reserved)
+      if (b != 0) return CUDA_ERROR_INVALID_VALUE;
+    // The double has device pools only (it reports no host-memory pools).
+    if (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (props->location.id < 0 || props->location.id >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+    if ((props->handleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 || props->usage != 0)
+      return CUDA_ERROR_NOT_SUPPORTED;
+    const Handle h = s.new_handle();
+    Pool p;
+    p.device = props->location.id;
+    p.created = true;
+    p.handle_types = static_cast<unsigned>(props->handleTypes);
+    p.max_size = props->maxSize;
+    s.pools[h] = p;
+    *pool = to_handle<CUmemPoolHandle_st>(h);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
+  return guarded([&](State& s) -> CUresult {
+    const Handle h = from_handle(pool);
+    const auto it = s.pools.find(h);
+    if (it == s.pools.end() || !it->second.created) return CUDA_ERROR_INVALID_VALUE;
+    // The device's current pool falls back to its default one.
+    for (Handle& cur : s.current_pool)
+      if (cur == h) cur = 0;
+    s.pools.erase(it);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.pools.find(from_handle(pool));
+    if (it == s.pools.end() || (map == nullptr && count != 0)) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; ++i) {
+      const CUmemAccessDesc& d = map[i];
+      if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (d.location.id < 0 || d.location.id >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+      if (d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        return CUDA_ERROR_INVALID_VALUE;
+      // The owning device always has read-write access; taking it away is refused.
+      if (d.location.id == it->second.device && d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    for (size_t i = 0; i < count; ++i)
+      if (map[i].location.id != it->second.device) it->second.access[map[i].location.id] = map[i].flags;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.pools.find(from_handle(pool));
+    if (it == s.pools.end() || flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (location->id < 0 || location->id >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
+    if (location->id == it->second.device) {
+      *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    } else {
+      const auto a = it->second.access.find(location->id);
+      *flags = a == it->second.access.end() ? CU_MEM_ACCESS_FLAGS_PROT_NONE : a->second;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+// The double shares no pools between processes: a pool made with the handle type asked
+// for answers NOT_SUPPORTED, any other INVALID_VALUE.
+CUresult CUDAAPI cuMemPoolExportToShareableHandle(void* out, CUmemoryPool pool, CUmemAllocationHandleType type,
+                                                  unsigned long long flags) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.pools.find(from_handle(pool));
+    if (it == s.pools.end() || out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_NONE || (it->second.handle_types & static_cast<unsigned>(type)) == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  });
+}
+
+CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* out, CUdeviceptr ptr) {
+  return guarded([&](State& s) -> CUresult {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const auto a = s.allocations.find(static_cast<std::uintptr_t>(ptr));
+    if (a == s.allocations.end() || a->second.pool == 0) return CUDA_ERROR_INVALID_VALUE;
+    const auto it = s.pools.find(a->second.pool);
+    if (it == s.pools.end() || it->second.handle_types == 0) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_NOT_SUPPORTED;
   });
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "arrays.h"
 #include "state.h"
 
 namespace ivcuda::gpu_double {
@@ -323,6 +324,86 @@ CUresult rtc_axpb(KernelEnv& env) {
   return CUDA_SUCCESS;
 }
 
+// Texture and surface test kernels (test_kernels.cu, rt_texture.cu): 2D float arrays (or
+// pitched float memory) read point-sampled at unnormalised coordinates with clamp or border
+// addressing, and written through a surface. Other texture setups are not emulated.
+CUresult tex2d_read(KernelEnv& env) {
+  std::uint64_t tex = 0, out = 0;
+  int w = 0, h = 0, dx = 0, dy = 0;
+  if (!env.param(0, &tex) || !env.param(1, &out) || !env.param(2, &w) || !env.param(3, &h) || !env.param(4, &dx) ||
+      !env.param(5, &dy))
+    return mismatch(env);
+  const TexObj* t = find_object(tex, false);
+  if (t == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;  // a garbage object faults on a GPU
+  const unsigned char* base = nullptr;
+  std::size_t tw = 0, th = 0, pitch = 0;
+  if (t->res.resType == CU_RESOURCE_TYPE_ARRAY) {
+    ArrayObj* a = find_array(reinterpret_cast<Handle>(t->res.res.array.hArray));
+    if (a == nullptr || a->desc.Format != CU_AD_FORMAT_FLOAT || a->desc.NumChannels != 1) return CUDA_ERROR_NOT_SUPPORTED;
+    base = a->data.data();
+    tw = a->desc.Width;
+    th = a->rows();
+    pitch = a->row_bytes();
+  } else if (t->res.resType == CU_RESOURCE_TYPE_PITCH2D) {
+    const auto& q = t->res.res.pitch2D;
+    if (q.format != CU_AD_FORMAT_FLOAT || q.numChannels != 1) return CUDA_ERROR_NOT_SUPPORTED;
+    IVC_ACCESS(env, q.devPtr, 1, 4);
+    base = ptr<const unsigned char>(q.devPtr);
+    tw = q.width;
+    th = q.height;
+    pitch = q.pitchInBytes;
+  } else {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (t->tex.filterMode != CU_TR_FILTER_MODE_POINT || (t->tex.flags & CU_TRSF_NORMALIZED_COORDINATES) != 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  const auto mode_x = t->tex.addressMode[0], mode_y = t->tex.addressMode[1];
+  for (auto m : {mode_x, mode_y})
+    if (m != CU_TR_ADDRESS_MODE_CLAMP && m != CU_TR_ADDRESS_MODE_BORDER) return CUDA_ERROR_NOT_SUPPORTED;
+  const std::uint64_t nx = w > 0 ? std::min<std::uint64_t>(static_cast<std::uint64_t>(w), env.threads_x()) : 0;
+  const std::uint64_t ny = h > 0 ? std::min<std::uint64_t>(static_cast<std::uint64_t>(h), std::uint64_t{env.grid[1]} * env.block[1]) : 0;
+  if (nx == 0 || ny == 0) return CUDA_SUCCESS;
+  IVC_ACCESS(env, out, static_cast<std::uint64_t>(w) * (ny - 1) + nx, 4);
+  for (std::uint64_t y = 0; y < ny; ++y)
+    for (std::uint64_t x = 0; x < nx; ++x) {
+      // Texel (x + dx, y + dy): the point sample's floor of a texel centre.
+      long long u = static_cast<long long>(x) + dx, v = static_cast<long long>(y) + dy;
+      float value = 0.0f;
+      const bool out_x = u < 0 || u >= static_cast<long long>(tw);
+      const bool out_y = v < 0 || v >= static_cast<long long>(th);
+      if ((out_x && mode_x == CU_TR_ADDRESS_MODE_BORDER) || (out_y && mode_y == CU_TR_ADDRESS_MODE_BORDER)) {
+        value = t->tex.borderColor[0];
+      } else {
+        u = std::clamp<long long>(u, 0, static_cast<long long>(tw) - 1);
+        v = std::clamp<long long>(v, 0, static_cast<long long>(th) - 1);
+        std::memcpy(&value, base + static_cast<std::size_t>(v) * pitch + static_cast<std::size_t>(u) * 4, 4);
+      }
+      ptr<float>(out)[y * static_cast<std::uint64_t>(w) + x] = value;
+    }
+  return CUDA_SUCCESS;
+}
+
+CUresult surf2d_write(KernelEnv& env) {
+  std::uint64_t surf = 0;
+  int w = 0, h = 0;
+  float base = 0;
+  if (!env.param(0, &surf) || !env.param(1, &w) || !env.param(2, &h) || !env.param(3, &base)) return mismatch(env);
+  const TexObj* t = find_object(surf, true);
+  if (t == nullptr || t->res.resType != CU_RESOURCE_TYPE_ARRAY) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  ArrayObj* a = find_array(reinterpret_cast<Handle>(t->res.res.array.hArray));
+  if (a == nullptr || a->elem != 4) return CUDA_ERROR_NOT_SUPPORTED;
+  const std::uint64_t nx = w > 0 ? std::min<std::uint64_t>(static_cast<std::uint64_t>(w), env.threads_x()) : 0;
+  const std::uint64_t ny = h > 0 ? std::min<std::uint64_t>(static_cast<std::uint64_t>(h), std::uint64_t{env.grid[1]} * env.block[1]) : 0;
+  // The default boundary mode traps: a write outside the array faults.
+  if (nx > a->desc.Width || ny > a->rows()) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  for (std::uint64_t y = 0; y < ny; ++y)
+    for (std::uint64_t x = 0; x < nx; ++x) {
+      const float v = base + static_cast<float>(x) + 1000.0f * static_cast<float>(y);
+      std::memcpy(a->at(x * 4, y, 0), &v, 4);
+    }
+  return CUDA_SUCCESS;
+}
+
 struct Registered {
   std::string_view name;
   CpuKernel fn;
@@ -339,6 +420,7 @@ constexpr Registered kKernels[] = {
     {"ivc_rtf_twice_plus", rtf_twice_plus}, {"ivc_rtf_coop", rtf_coop},
     {"ivc_rtf_printf", rtf_printf},
     {"ivc_rtc_axpb", rtc_axpb},
+    {"ivc_tex2d_read", tex2d_read}, {"ivc_surf2d_write", surf2d_write},
 };
 
 // Stands in for kernels the double has no CPU version of (a library's SASS) when

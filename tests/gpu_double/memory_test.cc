@@ -349,3 +349,85 @@ TEST_CASE("concurrent allocation and copies from several threads stay consistent
   CHECK(std::accumulate(failures.begin(), failures.end(), 0) == 0);
   CHECK(free_mem() == free0);
 }
+
+namespace {
+CUmemPoolProps pool_props(int device) {
+  CUmemPoolProps p{};
+  p.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = device;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("created pools allocate, keep their own attributes and outlive nothing they handed out",
+          "[gpu_double][memory][pools]") {
+  ScopedContext ctx;
+  const CUmemPoolProps props = pool_props(0);
+  CUmemoryPool pool = nullptr, def = nullptr, cur = nullptr;
+  CU_REQUIRE(cuMemPoolCreate(&pool, &props));
+  CU_REQUIRE(cuDeviceGetDefaultMemPool(&def, 0));
+  CHECK(pool != def);
+  cuuint64_t threshold = ~cuuint64_t{0}, v = 0;
+  CU_REQUIRE(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+  CU_REQUIRE(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+  CHECK(v == threshold);
+  CU_REQUIRE(cuMemPoolGetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+  CHECK(v == 0);
+  CUmemLocation here{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CU_REQUIRE(cuMemPoolGetAccess(&flags, pool, &here));
+  CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+
+  CUdeviceptr p = 0;
+  CU_REQUIRE(cuMemAllocFromPoolAsync(&p, 4096, pool, nullptr));
+  CU_REQUIRE(cuMemsetD8(p, 7, 4096));
+  CU_REQUIRE(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v));
+  CHECK(v >= 4096);
+  // the current pool is what cuMemAllocAsync draws from; destroying it falls back to the default
+  CU_REQUIRE(cuDeviceSetMemPool(0, pool));
+  CU_REQUIRE(cuDeviceGetMemPool(&cur, 0));
+  CHECK(cur == pool);
+  CU_REQUIRE(cuMemPoolDestroy(pool));
+  CU_REQUIRE(cuDeviceGetMemPool(&cur, 0));
+  CHECK(cur == def);
+  unsigned char b = 0;
+  CU_REQUIRE(cuMemcpyDtoH(&b, p + 4095, 1));  // still usable after the pool went
+  CHECK(b == 7);
+  CU_REQUIRE(cuMemFreeAsync(p, nullptr));
+  CU_REQUIRE(cuCtxSynchronize());
+}
+
+TEST_CASE("created pools: maximum size, access and sharing refusals", "[gpu_double][double_only][memory][pools]") {
+  ScopedContext ctx;
+  CUmemPoolProps props = pool_props(0);
+  props.maxSize = 1 << 20;
+  CUmemoryPool pool = nullptr;
+  CU_REQUIRE(cuMemPoolCreate(&pool, &props));
+  CUdeviceptr p = 0, q = 0;
+  CU_REQUIRE(cuMemAllocFromPoolAsync(&p, 768 << 10, pool, nullptr));
+  CU_REQUIRE_ERR(cuMemAllocFromPoolAsync(&q, 512 << 10, pool, nullptr), CUDA_ERROR_OUT_OF_MEMORY);
+  CUmemAccessDesc d{};
+  d.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CU_REQUIRE_ERR(cuMemPoolSetAccess(pool, &d, 1), CUDA_ERROR_INVALID_DEVICE);
+  d.location.id = 5;
+  CU_REQUIRE_ERR(cuMemPoolSetAccess(pool, &d, 1), CUDA_ERROR_INVALID_DEVICE);
+  int fd = -1;
+  CU_REQUIRE_ERR(cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 CUDA_ERROR_INVALID_VALUE);
+  CUmemPoolPtrExportData e{};
+  CU_REQUIRE_ERR(cuMemPoolExportPointer(&e, p), CUDA_ERROR_INVALID_VALUE);
+  props = pool_props(3);
+  CUmemoryPool bad = nullptr;
+  CU_REQUIRE_ERR(cuMemPoolCreate(&bad, &props), CUDA_ERROR_INVALID_DEVICE);
+  props = pool_props(0);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
+  CU_REQUIRE_ERR(cuMemPoolCreate(&bad, &props), CUDA_ERROR_INVALID_VALUE);
+  CU_REQUIRE(cuMemFreeAsync(p, nullptr));
+  CU_REQUIRE(cuMemPoolDestroy(pool));
+  CU_REQUIRE_ERR(cuMemPoolDestroy(pool), CUDA_ERROR_INVALID_VALUE);
+  CUmemoryPool def = nullptr;
+  CU_REQUIRE(cuDeviceGetDefaultMemPool(&def, 0));
+  CU_REQUIRE_ERR(cuMemPoolDestroy(def), CUDA_ERROR_INVALID_VALUE);
+}

@@ -1,6 +1,7 @@
 #include "state.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdarg>
 #include <cstdlib>
@@ -44,6 +45,7 @@ void State::release(std::map<std::uintptr_t, Allocation>::iterator it) {
     ::munmap(a.storage, a.mapped);
   else
     std::free(a.storage);
+  if (a.ipc_fd >= 0) ::close(a.ipc_fd);
   allocations.erase(it);
 }
 

@@ -43,7 +43,8 @@ using Handle = std::uintptr_t;
 
 // kMapped: a VMM mapping that some device may access (cuMemSetAccess); it belongs to no
 // context, as in CUDA, and its storage is the mapping's own (api_vmm.cc).
-enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal, kMapped };
+// kIpc: another process's device allocation opened through cuIpcOpenMemHandle (api_ipc.cc).
+enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal, kMapped, kIpc };
 
 struct Allocation {
   std::uintptr_t base = 0;
@@ -56,16 +57,27 @@ struct Allocation {
   void* storage = nullptr;  // std::free'd on release; null for registered host memory
   std::size_t mapped = 0;   // device memory: munmap'ed bytes instead of std::free
   Handle pool = 0;          // stream-ordered allocations: the pool they came from
+  // CUDA IPC (api_ipc.cc). An exported device allocation is backed by this memfd (closed on
+  // release); an opened one remembers whose memfd it maps and how often it was opened.
+  int ipc_fd = -1;
+  int ipc_pid = 0;
+  std::uint64_t ipc_ino = 0;
+  unsigned ipc_opens = 0;
 };
 
-// A memory pool: only each device's default pool exists. Stream-ordered allocations are
-// ordinary device allocations that remember their pool; nothing is cached, so trimming
-// has nothing to do.
+// A memory pool: each device's default pool, and pools made with cuMemPoolCreate.
+// Stream-ordered allocations are ordinary device allocations that remember their pool;
+// nothing is cached, so trimming has nothing to do. A destroyed pool is gone at once;
+// its allocations stay valid until freed, as on the driver.
 struct Pool {
   int device = 0;
   cuuint64_t release_threshold = 0;
   int reuse[3] = {1, 1, 1};  // FOLLOW_EVENT_DEPENDENCIES, ALLOW_OPPORTUNISTIC, ALLOW_INTERNAL_DEPENDENCIES
   cuuint64_t used_high = 0;
+  bool created = false;       // cuMemPoolCreate (a default pool cannot be destroyed)
+  unsigned handle_types = 0;  // CUmemAllocationHandleType bits
+  std::size_t max_size = 0;   // 0: no limit but the device's memory
+  std::map<int, CUmemAccess_flags> access;  // other devices' access (none unless set)
 };
 
 // Virtual memory management (api_vmm.cc). Physical memory is a memfd, so that several

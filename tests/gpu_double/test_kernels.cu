@@ -93,3 +93,20 @@ extern "C" __global__ void ivc_rtf_printf(int lines, long long big, double x) {
     printf("ivc printf %d/%d: %lld %u 0x%x %.3f %c\n", k, lines, big + k, (unsigned)k * 7u, k * 255, x * k,
            'a' + k);
 }
+
+// Texture and surface objects (drv_arrays, rt_texture). Point-sampled tex2D<float> at
+// unnormalised texel centres shifted by (dx, dy) texels, so that clamp or border
+// addressing decides the edges; one thread per output element of a w x h grid.
+extern "C" __global__ void ivc_tex2d_read(unsigned long long tex, float* out, int w, int h, int dx, int dy) {
+  int x = blockIdx.x * blockDim.x + threadIdx.x;
+  int y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x < w && y < h)
+    out[y * w + x] = tex2D<float>((cudaTextureObject_t)tex, x + dx + 0.5f, y + dy + 0.5f);
+}
+
+// Writes value(x, y) = base + x + 1000 * y into a w x h float surface.
+extern "C" __global__ void ivc_surf2d_write(unsigned long long surf, int w, int h, float base) {
+  int x = blockIdx.x * blockDim.x + threadIdx.x;
+  int y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x < w && y < h) surf2Dwrite(base + x + 1000.0f * y, (cudaSurfaceObject_t)surf, x * (int)sizeof(float), y);
+}

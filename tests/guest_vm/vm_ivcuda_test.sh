@@ -2,7 +2,9 @@
 # VM mode end to end: ivcudad (with the GPU test double standing in for the
 # driver) serves a stock QEMU guest through ivshmem-doorbell; inside the
 # guest, the unmodified driver-API test programs run through ivcuda's
-# libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/).
+# libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/). drv_ipc and
+# rt_ipc share memory and events between two guest processes, which one
+# worker serves (IPC within a worker: host-daemon/ipc.cc).
 #
 # usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
@@ -24,7 +26,8 @@ lib=$build/lib
 bin=$build/tests/bin
 kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
-	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" \
+	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
+	"$bin/drv_arrays" "$bin/drv_pools" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
@@ -39,6 +42,14 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/rt_basic_static:/usr/bin/rt_basic_static" \
 	--add-bin "$bin/drv_hostreg:/usr/bin/drv_hostreg" \
 	--add-bin "$bin/rt_nvbench_pattern_static:/usr/bin/rt_nvbench_pattern_static" \
+	--add-bin "$bin/drv_vmm:/usr/bin/drv_vmm" \
+	--add-bin "$bin/drv_vmm_share:/usr/bin/drv_vmm_share" \
+	--add-bin "$bin/drv_arrays:/usr/bin/drv_arrays" \
+	--add-bin "$bin/drv_pools:/usr/bin/drv_pools" \
+	--add-bin "$bin/drv_capture_modes:/usr/bin/drv_capture_modes" \
+	--add-bin "$bin/rt_texture_static:/usr/bin/rt_texture_static" \
+	--add-bin "$bin/drv_ipc:/usr/bin/drv_ipc" \
+	--add-bin "$bin/rt_ipc_static:/usr/bin/rt_ipc_static" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
@@ -86,6 +97,14 @@ rc=0
 	 rt_basic_static &&
 	 drv_hostreg --ptx /opt/ivcuda/test_kernels.ptx &&
 	 rt_nvbench_pattern_static &&
+	 drv_vmm --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_vmm_share &&
+	 drv_arrays --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_pools --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_capture_modes &&
+	 rt_texture_static &&
+	 drv_ipc --ptx /opt/ivcuda/test_kernels.ptx --forged CUDA_ERROR_INVALID_HANDLE &&
+	 rt_ipc_static &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
 echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"

@@ -36,8 +36,8 @@ namespace {
 struct Daemon {
   pid_t pid = -1;
   std::string sock;
-  explicit Daemon(std::vector<std::string> extra = {}) {
-    sock = "/tmp/ivcuda-hostile-" + std::to_string(::getpid()) + ".sock";
+  explicit Daemon(std::vector<std::string> extra = {}, const std::string& tag = "") {
+    sock = "/tmp/ivcuda-hostile-" + std::to_string(::getpid()) + tag + ".sock";
     ::unlink(sock.c_str());
     std::vector<std::string> args = {IVCUDAD_PATH, "--socket", sock, "--shm-size", "256M", "--channels", "4",
                                      "--staging-size", "4M", "--driver", GPU_DOUBLE_PATH, "--log-level", "error"};
@@ -546,6 +546,313 @@ TEST_CASE("VMM requests outside what the guest reserved and created are refused"
   CHECK(g.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 2 * gran}) == CUDA_ERROR_INVALID_VALUE);
   CHECK(other.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 4 * gran}) == CUDA_ERROR_INVALID_VALUE);
   CHECK(g.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 4 * gran}) == CUDA_SUCCESS);
+  CHECK(d.alive());
+}
+
+TEST_CASE("array copies and texture objects outside what the guest created are refused", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), other(d.sock);
+  g.open(0);
+  other.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t other_ctx = primary_ctx(other);
+  std::vector<std::byte> out;
+  proto::ReqArrayCreate ac{};
+  ac.ctx = ctx;
+  ac.desc = proto::ArrayDesc{16, 8, 2, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_SURFACE_LDST, 0};
+  ac.kind = proto::kArrayCreate3D;
+  REQUIRE(g.call(0, Op::kArrayCreate, ac, &out) == CUDA_SUCCESS);
+  const auto arr = RawGuest::as<proto::RepHandle>(out).handle;
+  ac.kind = proto::kArrayCreateMipmap;
+  ac.desc.depth = 0;
+  ac.desc.flags = 0;
+  ac.levels = 2;
+  REQUIRE(g.call(0, Op::kArrayCreate, ac, &out) == CUDA_SUCCESS);
+  const auto mip = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMipmapLevel, proto::ReqMipmapLevel{ctx, mip, 1, 0}, &out) == CUDA_SUCCESS);
+  const auto level = RawGuest::as<proto::RepHandle>(out).handle;
+
+  // The whole array from the start of the arena: fine.
+  proto::ReqCopy3D c{};
+  c.ctx = ctx;
+  c.src.type = CU_MEMORYTYPE_HOST;
+  c.src.arena_off = g.l.arena_off;
+  c.src.pitch = 64;
+  c.src.height = 8;
+  c.dst.type = CU_MEMORYTYPE_ARRAY;
+  c.dst.array = arr;
+  c.width_bytes = 64;
+  c.height = 8;
+  c.depth = 2;
+  CHECK(g.call(0, Op::kMemcpy3D, c) == CUDA_SUCCESS);
+  // Past the right edge, the last row, the last slice of the array.
+  auto bad = c;
+  bad.dst.x_bytes = 4;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.dst.y = 1;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.dst.z = ~0ull;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  // Forged, stale-kind and another guest's handles.
+  bad = c;
+  bad.dst.array = arr ^ 0x100000000ull;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_HANDLE);
+  bad.dst.array = mip;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_HANDLE);
+  auto theirs = c;
+  theirs.ctx = other_ctx;
+  theirs.src.arena_off = other.l.arena_off;
+  CHECK(other.call(0, Op::kMemcpy3D, theirs) == CUDA_ERROR_INVALID_HANDLE);
+  // Host sides outside the arena (also by overflowing pitch * height), device
+  // sides outside the guest's memory, overlapping rows.
+  bad = c;
+  bad.src.arena_off = g.l.arena_off + g.l.arena_size - 64;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.pitch = 1ull << 40;
+  bad.src.height = 1ull << 30;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.pitch = 32;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.type = CU_MEMORYTYPE_DEVICE;
+  bad.src.device = 0x10000;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = c;
+  bad.src.type = 9;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+
+  // Destroys of the wrong kind: a mipmap level alone, an array as a mipmapped array.
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, level, proto::kDestroyArray, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyMipmap, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  CHECK(other.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{other_ctx, arr, proto::kDestroyArray, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+
+  // Texture objects: resources the guest does not own, objects it did not make.
+  proto::ReqTexCreate t{};
+  t.ctx = ctx;
+  t.res.type = CU_RESOURCE_TYPE_LINEAR;
+  t.res.dptr = 0x10000;
+  t.res.format = CU_AD_FORMAT_FLOAT;
+  t.res.channels = 1;
+  t.res.size_bytes = 4096;
+  CHECK(g.call(0, Op::kTexCreate, t) == CUDA_ERROR_INVALID_VALUE);
+  t.res.type = CU_RESOURCE_TYPE_ARRAY;
+  t.res.handle = arr ^ 0x100000000ull;
+  CHECK(g.call(0, Op::kTexCreate, t) == CUDA_ERROR_INVALID_HANDLE);
+  t.res.handle = arr;
+  REQUIRE(g.call(0, Op::kTexCreate, t, &out) == CUDA_SUCCESS);
+  const auto tex = RawGuest::as<proto::RepHandle>(out).handle;
+  // Destroying an object one did not make is a no-op that succeeds, as the
+  // driver answers for an unknown object: the object lives on.
+  CHECK(other.call(0, Op::kTexDestroy, proto::ReqTexObject{other_ctx, tex, 0, 0}) == CUDA_SUCCESS);
+  CHECK(other.call(0, Op::kTexQuery, proto::ReqTexObject{other_ctx, tex, 0, proto::kTexQueryResource}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kTexDestroy, proto::ReqTexObject{ctx, tex, proto::kTexSurface, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kTexDestroy, proto::ReqTexObject{ctx, tex + 1000, 0, 0}) == CUDA_SUCCESS);
+  // The resource comes back as the guest's handle, never the driver's.
+  REQUIRE(g.call(0, Op::kTexQuery, proto::ReqTexObject{ctx, tex, 0, proto::kTexQueryResource}, &out) == CUDA_SUCCESS);
+  CHECK(RawGuest::as<proto::RepTexInfo>(out).res.handle == arr);
+  CHECK(g.call(0, Op::kTexDestroy, proto::ReqTexObject{ctx, tex, 0, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kTexQuery, proto::ReqTexObject{ctx, tex, 0, proto::kTexQueryResource}) ==
+        CUDA_ERROR_INVALID_VALUE);  // now it is gone
+
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, mip, proto::kDestroyMipmap, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kArrayQuery, proto::ReqArrayQuery{ctx, level, proto::kArrayQuery3D, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);  // died with its mipmapped array
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyArray, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpy3D, c) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(d.alive());
+}
+
+TEST_CASE("pool requests name only the guest's own pools and descriptors it sent", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), other(d.sock);
+  g.open(0);
+  other.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t other_ctx = primary_ctx(other);
+  std::vector<std::byte> out;
+  proto::ReqMemPoolCreate pc{};
+  pc.alloc_type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  pc.loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+  REQUIRE(g.call(0, Op::kMemPoolCreate, pc, &out) == CUDA_SUCCESS);
+  const auto pool = RawGuest::as<proto::RepHandle>(out).handle;
+  auto pool_req = [](std::uint64_t c, std::uint64_t p, std::uint32_t kind) {
+    proto::ReqMemPool r{};
+    r.ctx = c;
+    r.pool = p;
+    r.kind = kind;
+    return r;
+  };
+
+  // the props' pointer and reserved bytes never reach the driver; a device it was not given
+  proto::ReqMemPoolCreate bad = pc;
+  bad.win32_attrs = 1;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = pc;
+  bad.reserved_set = 1;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_INVALID_VALUE);
+  bad = pc;
+  bad.loc_id = 7;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_INVALID_DEVICE);
+  bad = pc;
+  bad.loc_type = CU_MEM_LOCATION_TYPE_HOST;
+  CHECK(g.call(0, Op::kMemPoolCreate, bad) == CUDA_ERROR_NOT_SUPPORTED);
+  // descriptors: more than it sent, more than any machine has
+  proto::MemAccess a{CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 0};
+  const auto tail = std::as_bytes(std::span(&a, 1));
+  CHECK(g.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 2, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 1u << 31, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 1, 0}, nullptr, tail) == CUDA_SUCCESS);
+  // another guest's pool, a forged one, another kind's handle, an unknown kind
+  CHECK(other.call(0, Op::kMemPoolSetAccess, proto::ReqMemPoolSetAccess{pool, 1, 0}, nullptr, tail) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kMemPool, pool_req(other_ctx, pool, proto::kPoolDestroy)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{other_ctx, 0, pool, 4096}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, pool ^ 0x100000000ull, proto::kPoolTrim)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, ctx, proto::kPoolTrim)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, pool, 1000)) == CUDA_ERROR_INVALID_VALUE);
+
+  // an allocation outlives its destroyed pool, and is this guest's until freed
+  REQUIRE(g.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{ctx, 0, pool, 4096}, &out) == CUDA_SUCCESS);
+  const auto ptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  REQUIRE(g.call(0, Op::kMemPool, pool_req(ctx, pool, proto::kPoolDestroy)) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, pool, proto::kPoolDestroy)) == CUDA_ERROR_INVALID_VALUE);  // stale
+  CHECK(g.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{ctx, 0, pool, 4096}) == CUDA_ERROR_INVALID_VALUE);
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.dst = ptr;
+  c.bytes = 64;
+  c.arena_off = g.l.arena_off;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
+  CHECK(other.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{other_ctx, 0, ptr}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{ctx, 0, ptr}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // freed: no longer its memory
+  CHECK(d.alive());
+}
+
+namespace {
+proto::ReqIpcOpen ipc_open(std::uint64_t ctx, std::uint32_t proc, const std::vector<std::byte>& handle) {
+  proto::ReqIpcOpen r{};
+  r.ctx = ctx;
+  r.flags = CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
+  r.proc = proc;
+  std::memcpy(r.handle, handle.data(), std::min(handle.size(), sizeof r.handle));
+  return r;
+}
+}  // namespace
+
+TEST_CASE("IPC handles open only in their tenant, and only as the host issued them", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), sibling(d.sock);  // two workers of one tenant
+  g.open(0);
+  sibling.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t sctx = primary_ctx(sibling);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 1 << 16, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  constexpr std::uint32_t kExporter = 100, kOtherProc = 200;  // two processes of one VM share a worker
+
+  // Only its own memory, and nothing of the worker's (the arena is not an allocation).
+  CHECK(g.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{ctx, dptr + (1 << 16), kExporter, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(sibling.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{sctx, dptr, kExporter, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(g.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{ctx, dptr, kExporter, 0}, &out) == CUDA_SUCCESS);
+  const std::vector<std::byte> handle = out;
+  REQUIRE(handle.size() == 64);
+
+  // Forged: random bytes, each byte of the ticket flipped, another kind's magic.
+  std::vector<std::byte> bad(64);
+  for (std::size_t i = 0; i < 64; ++i) bad[i] = static_cast<std::byte>(i * 37 + 11);
+  CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, bad)) == CUDA_ERROR_INVALID_HANDLE);
+  for (std::size_t i = 0; i < 64; ++i) {
+    bad = handle;
+    bad[i] ^= std::byte{0x80};
+    CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, bad)) == CUDA_ERROR_INVALID_HANDLE);
+  }
+  CHECK(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, handle)) == CUDA_ERROR_INVALID_HANDLE);
+
+  // Another daemon (another tenant) does not know it.
+  {
+    Daemon d2({}, "-2");
+    RawGuest stranger(d2.sock);
+    stranger.open(0);
+    const std::uint64_t xctx = primary_ctx(stranger);
+    CHECK(stranger.call(0, Op::kIpcOpenMemHandle, ipc_open(xctx, 1, handle)) == CUDA_ERROR_INVALID_HANDLE);
+  }
+
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.bytes = 64;
+  c.arena_off = g.l.arena_off;
+  // Another worker of the tenant: the driver maps it; its range is that guest's memory until closed.
+  REQUIRE(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, handle), &out) == CUDA_SUCCESS);
+  const auto mapped = RawGuest::as<proto::RepRange>(out);
+  CHECK(mapped.size == (1u << 16));
+  proto::ReqCopy sc = c;
+  sc.ctx = sctx;
+  sc.arena_off = sibling.l.arena_off;
+  sc.dst = mapped.base + 64;
+  CHECK(sibling.call(0, Op::kMemcpyHtoDArena, sc) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemFree, proto::ReqPtr{sctx, mapped.base}) == CUDA_ERROR_INVALID_VALUE);  // not its allocation
+  CHECK(sibling.call(0, Op::kIpcCloseMemHandle, proto::ReqIpcClose{sctx, mapped.base, 2, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);  // opened by process 1, not 2
+  CHECK(sibling.call(0, Op::kIpcCloseMemHandle, proto::ReqIpcClose{sctx, mapped.base, 1, 0}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemcpyHtoDArena, sc) == CUDA_ERROR_INVALID_VALUE);  // closed: not its memory any more
+
+  // The exporting process itself: refused as the driver refuses it.
+  CHECK(g.call(0, Op::kIpcOpenMemHandle, ipc_open(ctx, kExporter, handle)) == CUDA_ERROR_INVALID_CONTEXT);
+  // Another process served by the same worker (a VM): the allocation itself.
+  REQUIRE(g.call(0, Op::kIpcOpenMemHandle, ipc_open(ctx, kOtherProc, handle), &out) == CUDA_SUCCESS);
+  CHECK(RawGuest::as<proto::RepRange>(out).base == dptr);
+  // Its owner frees it: gone from the registry, alive for the opener until the last close.
+  REQUIRE(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, dptr}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, handle)) == CUDA_ERROR_INVALID_HANDLE);
+  c.dst = dptr;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, dptr}) == CUDA_ERROR_INVALID_VALUE);  // freed already
+  CHECK(g.call(0, Op::kIpcCloseMemHandle, proto::ReqIpcClose{ctx, dptr, kOtherProc, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // the last close freed it
+
+  // Events: only interprocess events export; a sibling process of the worker gets a second
+  // handle of the same event, and each handle is destroyed on its own.
+  REQUIRE(g.call(0, Op::kEventCreate, proto::ReqEventCreate{ctx, CU_EVENT_DISABLE_TIMING, 0}, &out) == CUDA_SUCCESS);
+  const auto plain = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(g.call(0, Op::kIpcGetEventHandle, proto::ReqIpcGet{ctx, plain, kExporter, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(sibling.call(0, Op::kIpcGetEventHandle, proto::ReqIpcGet{sctx, plain, kExporter, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);  // not the sibling's event
+  REQUIRE(g.call(0, Op::kEventCreate,
+                 proto::ReqEventCreate{ctx, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, 0}, &out) ==
+          CUDA_SUCCESS);
+  const auto ev = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kIpcGetEventHandle, proto::ReqIpcGet{ctx, ev, kExporter, 0}, &out) == CUDA_SUCCESS);
+  const std::vector<std::byte> ehandle = out;
+  CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, ehandle)) == CUDA_ERROR_INVALID_HANDLE);
+  REQUIRE(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, ehandle), &out) == CUDA_SUCCESS);
+  const auto sev = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(sibling.call(0, Op::kEventRecord, proto::ReqEventRecord{sctx, sev, 0}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kEventDestroy, proto::ReqHandle{sctx, sev}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kIpcOpenEventHandle, ipc_open(ctx, kExporter, ehandle)) == CUDA_ERROR_INVALID_CONTEXT);
+  REQUIRE(g.call(0, Op::kIpcOpenEventHandle, ipc_open(ctx, kOtherProc, ehandle), &out) == CUDA_SUCCESS);
+  const auto alias = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(alias != ev);
+  CHECK(g.call(0, Op::kEventDestroy, proto::ReqHandle{ctx, ev}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kEventRecord, proto::ReqEventRecord{ctx, alias, 0}) == CUDA_SUCCESS);  // still alive
+  CHECK(g.call(0, Op::kEventQuery, proto::ReqHandle{ctx, alias}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kEventDestroy, proto::ReqHandle{ctx, alias}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kEventQuery, proto::ReqHandle{ctx, alias}) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, ehandle)) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(d.alive());
 }
 

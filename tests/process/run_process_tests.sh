@@ -26,8 +26,10 @@ trap cleanup EXIT
 
 start_daemon() {
   rm -f "$sock"
+  rm -f "$work/other.sock"
+  # A second socket is a second tenant (drv_vmm_share --child-socket).
   "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 512M --staging-size 4M --channels 16 \
-      --driver "$driver" >>"$log" 2>&1 &
+      --guest-socket "$work/other.sock=0" --driver "$driver" >>"$log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.05; done
   echo "ivcudad did not start:"; cat "$log"; exit 1
@@ -77,6 +79,18 @@ case_ivcuda "drv_hostreg: registered heap/stack/global memory shared with runnin
   "$bin/drv_hostreg" --ptx "$ptx"
 case_ivcuda "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping" \
   "$lib" -- "$bin/drv_vmm" --ptx "$ptx"
+case_ivcuda "drv_vmm_share: an fd-exported allocation imported and written by another process of the tenant" \
+  "$lib" -- "$bin/drv_vmm_share"
+case_ivcuda "drv_vmm_share: another tenant's process cannot import it (CUDA_ERROR_UNKNOWN)" \
+  "$lib" -- "$bin/drv_vmm_share" --child-socket "$work/other.sock"
+case_ivcuda "drv_capture_modes: one thread captures while another allocates (thread-local, relaxed, global)" \
+  "$lib" -- "$bin/drv_capture_modes"
+case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \
+  "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
+case_ivcuda "drv_pools: created pools, attributes, access, allocations used by kernels, destroy, refusals" \
+  "$lib" -- "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported
+case_ivcuda "drv_ipc: memory and an event shared with a child process (another worker), forged handles refused" \
+  "$lib" -- "$bin/drv_ipc" --ptx "$ptx" --forged CUDA_ERROR_INVALID_HANDLE
 case_ivcuda "drv_graph_build: graphs built node by node, queried, launched, updated, cloned; forged handles" \
   "$lib" -- "$bin/drv_graph_build" --ptx "$ptx" --limits
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
@@ -114,6 +128,18 @@ for kind in static shared; do
   prog=$bin/rt_graphs_$kind
   if [ ! -x "$prog" ]; then not_run "rt_graphs ($kind cudart)" "not built (no nvcc)"; continue; fi
   case_ivcuda "rt_graphs: graphs built with the runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
+  prog=$bin/rt_texture_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_texture ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_texture: cudaMallocArray, 2D copies to and from it, tex2D and surf2Dwrite, $kind cudart" \
+    "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
+  prog=$bin/rt_ipc_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_ipc ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_ipc: cudaIpc memory and event handles between two processes, $kind cudart" \
+    "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
   prog=$bin/rt_nvbench_pattern_$kind

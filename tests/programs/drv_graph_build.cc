@@ -750,10 +750,10 @@ int main(int argc, char** argv) {
   if (limits) {
     // Handles the guest never got, and memory the host cannot reach.
     CUgraphNodeType t2{};
-    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuGraphNodeGetType(reinterpret_cast<CUgraphNode>(0x0aabcdef7fff0000ull), &t2));
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuGraphNodeGetType(reinterpret_cast<CUgraphNode>(0x0cabcdef7fff0000ull), &t2));
     EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuGraphAddEmptyNode(&lone, reinterpret_cast<CUgraph>(0x0700000500000009ull),
                                                               nullptr, 0));
-    const CUgraphNode forged = reinterpret_cast<CUgraphNode>(0x0a000fff00000003ull);
+    const CUgraphNode forged = reinterpret_cast<CUgraphNode>(0x0c000fff00000003ull);
     EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuGraphAddDependencies(g, &forged, &k2, nullptr, 1));
     std::vector<float> pageable(kN);
     CUDA_MEMCPY3D pc = copy_d2h(pageable.data(), d, kN * 4);

@@ -5,7 +5,10 @@
 // keeps the contents. Output is deterministic (no addresses) so that a GPU
 // run can diff native against ivcuda.
 //   drv_hostreg --ptx test_kernels.ptx
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -325,6 +328,79 @@ void errors() {
   std::printf("cuPointerGetAttributes(ordinary memory) -> %s, memory type %u\n", check::name(pa), type);
 }
 
+// Memory of shared mappings (a memfd mapped twice, a /dev/shm file read by
+// another process): registration is recorded like any other, and what the
+// GPU copies into the registered range reaches the mapping's other users.
+void shared_mappings() {
+  const size_t len = 4 * kPage, half = len / 2;
+  const int fd = ::memfd_create("ivc-hostreg", 0);
+  EXPECT(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(len)) == 0);
+  auto* a = static_cast<unsigned char*>(::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  auto* b = static_cast<unsigned char*>(::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  EXPECT(a != MAP_FAILED && b != MAP_FAILED);
+  if (a == MAP_FAILED || b == MAP_FAILED) return;
+  const auto pat = check::random_bytes(half, 11);
+  std::memcpy(a, pat.data(), half);
+  OK(cuMemHostRegister(a, len, 0));
+  EXPECT_RES(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, cuMemHostRegister(a + 100, 64, 0));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemHostUnregister(a + 100));
+  unsigned flags = 0;
+  OK(cuMemHostGetFlags(&flags, a + 8));
+  unsigned type = 0;
+  OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(a + 8)));
+  std::printf("memfd: registered, flags %u, memory type %u\n", flags, type);
+  CUdeviceptr d = 0;
+  OK(cuMemAlloc(&d, len));
+  OK(cuMemsetD32(d + half, 0x0badf00du, half / 4));
+  OK(cuMemcpyHtoD(d, a, half));                                // from the registered range
+  OK(cuMemcpyDtoH(a + half, d, half));                         // the GPU's copy into it
+  OK(cuMemcpyDtoHAsync(a, d + half, half, g_stream));          // and an async one
+  OK(cuStreamSynchronize(g_stream));
+  const bool second = std::memcmp(b + half, pat.data(), half) == 0 &&
+                      all_equal(reinterpret_cast<const unsigned*>(b), half / 4, 0x0badf00du);
+  EXPECT(second);
+  std::printf("memfd: the second mapping sees what the GPU copied in: %s\n", second ? "yes" : "no");
+  OK(cuMemHostUnregister(a));
+  EXPECT_RES(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, cuMemHostUnregister(a));
+  a[5] = 0x77;  // still one memory with the other mapping
+  EXPECT(b[5] == 0x77);
+  // A part of a page, registered twice in turn.
+  OK(cuMemHostRegister(a + 100, 1000, 0));
+  OK(cuMemHostUnregister(a + 100));
+  ::munmap(a, len);
+  ::munmap(b, len);
+  ::close(fd);
+
+  char path[64];
+  std::snprintf(path, sizeof path, "/dev/shm/ivc-hostreg-%d", static_cast<int>(::getpid()));
+  const int sfd = ::open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  EXPECT(sfd >= 0 && ::ftruncate(sfd, static_cast<off_t>(len)) == 0);
+  auto* m = static_cast<unsigned char*>(::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0));
+  EXPECT(m != MAP_FAILED);
+  if (m == MAP_FAILED) return;
+  OK(cuMemHostRegister(m, len, 0));
+  OK(cuMemsetD8(d, 0x5c, len));
+  OK(cuMemcpyDtoH(m, d, len));
+  bool other = false;
+  const pid_t child = ::fork();
+  if (child == 0) {  // another process, no CUDA: reads the file
+    unsigned char buf[4 * 4096];
+    const int cfd = ::open(path, O_RDONLY);
+    bool same = cfd >= 0 && ::read(cfd, buf, sizeof buf) == static_cast<ssize_t>(sizeof buf);
+    for (size_t i = 0; same && i < sizeof buf; ++i) same = buf[i] == 0x5c;
+    ::_exit(same ? 0 : 1);
+  }
+  int status = 1;
+  if (child > 0 && ::waitpid(child, &status, 0) == child) other = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  EXPECT(other);
+  std::printf("/dev/shm: another process sees what the GPU copied in: %s\n", other ? "yes" : "no");
+  OK(cuMemHostUnregister(m));
+  OK(cuMemFree(d));
+  ::munmap(m, len);
+  ::close(sfd);
+  ::unlink(path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -359,6 +435,7 @@ int main(int argc, char** argv) {
   read_only();
   host_alloc_flags();
   errors();
+  shared_mappings();
 
   OK(cuStreamDestroy(g_stream));
   OK(cuModuleUnload(mod));

@@ -433,6 +433,44 @@ static void section_mempool() {
   CK(cudaStreamDestroy(s));
 }
 
+// NCCL's pools: one per communicator (pinned, on the device, no handle type,
+// never released) and a capped one for small objects; allocations from them
+// on a stream, freed, then the pools destroyed after a synchronize.
+static void section_mempool_created() {
+  int device = 0;
+  CK(cudaGetDevice(&device));
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool, capped;
+  CK_OR_STOP(cudaMemPoolCreate(&pool, &props));
+  props.maxSize = 32u << 20;
+  CK_OR_STOP(cudaMemPoolCreate(&capped, &props));
+  uint64_t threshold = ~uint64_t{0};
+  CK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  cudaStream_t s;
+  CK_OR_STOP(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int n = 50000;
+  std::vector<int> out(n), want(n);
+  int *p = nullptr, *q = nullptr;
+  CK_OR_STOP(cudaMallocAsync(&p, n * sizeof(int), pool, s));
+  CK_OR_STOP(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&q), n * sizeof(int), capped, s));
+  CK(cudaMemsetAsync(q, 0, n * sizeof(int), s));
+  ivc_rtf_iota<<<32, 256, 0, s>>>(p, 7, 3, n);
+  CK(cudaMemcpyAsync(q, p, n * sizeof(int), cudaMemcpyDeviceToDevice, s));
+  CK(cudaMemcpyAsync(out.data(), q, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+  CK(cudaFreeAsync(p, s));
+  CK(cudaFreeAsync(q, s));
+  CK(cudaStreamSynchronize(s));
+  for (int i = 0; i < n; ++i) want[i] = 7 + 3 * i;
+  EXPECT_SAME(out.data(), want.data(), n);
+  CK(cudaMemPoolDestroy(capped));
+  CK(cudaMemPoolDestroy(pool));
+  CK(cudaStreamDestroy(s));
+}
+
 static void section_graph() {
   const int n = 5000;
   int *in = nullptr, *out = nullptr, *d = nullptr;
@@ -573,7 +611,7 @@ struct Section {
 static const Section kSections[] = {
     {"launch_first", section_launch_first}, {"params", section_params},   {"symbols", section_symbols},         {"streams", section_streams_events},
     {"host_func", section_host_func}, {"pinned", section_pinned},       {"mapped", section_mapped},
-    {"mempool", section_mempool}, {"graph", section_graph},             {"cooperative", section_cooperative},
+    {"mempool", section_mempool}, {"mempool_created", section_mempool_created}, {"graph", section_graph},             {"cooperative", section_cooperative},
     {"printf", section_printf},
 };
 

@@ -1,0 +1,660 @@
+// CUDA arrays, mipmapped arrays, texture and surface objects, forwarded (the
+// host side and its rules are host-daemon/arrays.cc).
+//
+// A CUarray / CUmipmappedArray here is the host's handle; texture and surface
+// objects are the driver's values, which kernels take by value. Every copy
+// that involves an array, and every cuMemcpy3D, travels as one 3D copy
+// (Op::kMemcpy3D): host memory must be in the arena for the host to reach it,
+// so a pageable side is packed into the calling thread's staging area, as
+// many slices (or, for big slices, rows) at a time as fit.
+#include "guest/arrays.h"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+#include "guest/guard.h"
+#include "guest/runtime.h"
+
+using ivcuda::guest::current_ctx;
+using ivcuda::guest::guard;
+using ivcuda::guest::Runtime;
+using ivcuda::proto::Op;
+namespace proto = ivcuda::proto;
+
+namespace {
+
+CUresult runtime(Runtime** rt) {
+  *rt = Runtime::current();
+  if (*rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if ((*rt)->dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+  return CUDA_SUCCESS;
+}
+
+#define NEED_RT_CTX()                                                   \
+  Runtime* rt = nullptr;                                                \
+  if (const CUresult st_ = runtime(&rt); st_ != CUDA_SUCCESS) return st_; \
+  const std::uint64_t ctx = current_ctx();                              \
+  if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT
+
+std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
+
+bool known_stream(Runtime* rt, CUstream s) {
+  const auto v = h(s);
+  if (v == 0 || v == h(CU_STREAM_LEGACY) || v == h(CU_STREAM_PER_THREAD)) return true;
+  std::lock_guard lk(rt->books_mu);
+  return rt->streams.count(v) != 0;
+}
+
+bool is_device(Runtime* rt, std::uint64_t p) {
+  std::lock_guard lk(rt->books_mu);
+  auto it = rt->dev_allocs.upper_bound(p);
+  if (it == rt->dev_allocs.begin()) return false;
+  --it;
+  return p - it->first < it->second;
+}
+
+// One side of a copy as the caller described it; unified memory resolved.
+struct Side {
+  CUmemorytype type;
+  std::uint64_t x, y, z;
+  const void* host = nullptr;
+  CUdeviceptr device = 0;
+  CUarray array = nullptr;
+  std::uint64_t pitch = 0, height = 0;
+  std::optional<std::uint64_t> pin;  // host: the base pointer's arena offset, if page-locked throughout
+
+  char* at(std::uint64_t yy, std::uint64_t zz) const {
+    return static_cast<char*>(const_cast<void*>(host)) + x + pitch * (y + yy) + pitch * height * (z + zz);
+  }
+};
+
+CUresult make_side(Runtime* rt, CUmemorytype type, std::uint64_t x, std::uint64_t y, std::uint64_t z,
+                   const void* host, CUdeviceptr dev, CUarray array, std::uint64_t pitch, std::uint64_t height,
+                   const CUDA_MEMCPY3D& c, Side* out) {
+  *out = Side{type, x, y, z, host, dev, array, pitch, height, std::nullopt};
+  if (type == CU_MEMORYTYPE_UNIFIED) {
+    if (is_device(rt, dev)) {
+      out->type = CU_MEMORYTYPE_DEVICE;
+    } else {
+      out->type = CU_MEMORYTYPE_HOST;
+      out->host = reinterpret_cast<const void*>(dev);
+    }
+  }
+  switch (out->type) {
+    case CU_MEMORYTYPE_HOST: {
+      if (out->host == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      // Overlapping rows or slices: the host refuses them for page-locked
+      // memory, so pageable memory gets the same answer.
+      if ((c.Height > 1 || c.Depth > 1) && pitch < c.WidthInBytes) return CUDA_ERROR_INVALID_VALUE;
+      if (c.Depth > 1 && height < c.Height) return CUDA_ERROR_INVALID_VALUE;
+      // Bytes from the base pointer to the end of the region.
+      const std::uint64_t end = x + pitch * y + pitch * height * z + pitch * height * (c.Depth - 1) +
+                                pitch * (c.Height - 1) + c.WidthInBytes;
+      if (rt->pinned_offset(out->host, end)) out->pin = rt->pinned_offset(out->host, 1);
+      return CUDA_SUCCESS;
+    }
+    case CU_MEMORYTYPE_DEVICE:
+      return CUDA_SUCCESS;
+    case CU_MEMORYTYPE_ARRAY:
+      return array == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// The wire form of a side, `dy`/`dz` rows/slices into the region.
+proto::CopySide wire(const Side& s, std::uint64_t dy, std::uint64_t dz) {
+  proto::CopySide w{};
+  w.type = static_cast<std::uint32_t>(s.type);
+  w.x_bytes = s.x;
+  w.y = s.y + dy;
+  w.z = s.z + dz;
+  w.device = s.device;
+  w.arena_off = s.pin.value_or(0);
+  w.array = h(s.array);
+  w.pitch = s.pitch;
+  w.height = s.height;
+  return w;
+}
+
+// A packed staging side of `rows` rows per slice.
+proto::CopySide staged(std::uint64_t off, std::uint64_t width, std::uint64_t rows) {
+  proto::CopySide w{};
+  w.type = CU_MEMORYTYPE_HOST;
+  w.arena_off = off;
+  w.pitch = width;
+  w.height = rows;
+  return w;
+}
+
+CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream s, bool async) {
+  NEED_RT_CTX();
+  if (async && !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+  Side src, dst;
+  if (CUresult st = make_side(rt, c.srcMemoryType, c.srcXInBytes, c.srcY, c.srcZ, c.srcHost, c.srcDevice, c.srcArray,
+                              c.srcPitch, c.srcHeight, c, &src);
+      st != CUDA_SUCCESS)
+    return st;
+  if (CUresult st = make_side(rt, c.dstMemoryType, c.dstXInBytes, c.dstY, c.dstZ, c.dstHost, c.dstDevice, c.dstArray,
+                              c.dstPitch, c.dstHeight, c, &dst);
+      st != CUDA_SUCCESS)
+    return st;
+  if (c.WidthInBytes == 0 || c.Height == 0 || c.Depth == 0) return CUDA_SUCCESS;
+  const std::uint64_t w = c.WidthInBytes;
+  const bool src_staged = src.type == CU_MEMORYTYPE_HOST && !src.pin;
+  const bool dst_staged = dst.type == CU_MEMORYTYPE_HOST && !dst.pin;
+  if (src_staged && dst_staged) {  // host to host: no GPU needed
+    if ((c.Height > 1 || c.Depth > 1) && (src.pitch < w || dst.pitch < w)) return CUDA_ERROR_INVALID_VALUE;
+    for (std::uint64_t z = 0; z < c.Depth; ++z)
+      for (std::uint64_t y = 0; y < c.Height; ++y) std::memmove(dst.at(y, z), src.at(y, z), w);
+    return CUDA_SUCCESS;
+  }
+  proto::ReqCopy3D r{};
+  r.ctx = ctx;
+  r.stream = h(s);
+  r.width_bytes = w;
+  if (!src_staged && !dst_staged) {
+    r.src = wire(src, 0, 0);
+    r.dst = wire(dst, 0, 0);
+    r.height = c.Height;
+    r.depth = c.Depth;
+    r.flags = async ? proto::kAsync : 0;
+    return async ? rt->post<Op::kMemcpy3D>(r) : rt->call<Op::kMemcpy3D>(r);
+  }
+  // One side pageable: bands of whole slices when a slice fits the staging
+  // area, else bands of rows of one slice.
+  const std::uint64_t room = rt->staging_size();
+  if (room < w) return CUDA_ERROR_INVALID_VALUE;
+  const std::uint64_t stage = rt->staging_off();
+  std::lock_guard staging_lock(ivcuda::guest::staging_mutex_of(rt));
+  const std::uint64_t slice = w * c.Height;
+  const bool by_slices = slice <= room;
+  const std::uint64_t band = by_slices ? room / slice : room / w;
+  r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
+  Side& host = src_staged ? src : dst;
+  for (std::uint64_t z0 = 0; z0 < c.Depth; z0 += by_slices ? band : 1) {
+    const std::uint64_t nz = by_slices ? std::min(band, c.Depth - z0) : 1;
+    for (std::uint64_t y0 = 0; y0 < c.Height; y0 += by_slices ? c.Height : band) {
+      const std::uint64_t ny = by_slices ? c.Height : std::min(band, c.Height - y0);
+      std::byte* buf = rt->bar() + stage;
+      if (src_staged)
+        for (std::uint64_t z = 0; z < nz; ++z)
+          for (std::uint64_t y = 0; y < ny; ++y)
+            std::memcpy(buf + (z * ny + y) * w, host.at(y0 + y, z0 + z), w);
+      r.src = src_staged ? staged(stage, w, ny) : wire(src, y0, z0);
+      r.dst = dst_staged ? staged(stage, w, ny) : wire(dst, y0, z0);
+      r.height = ny;
+      r.depth = nz;
+      if (CUresult st = rt->call<Op::kMemcpy3D>(r); st != CUDA_SUCCESS) return st;
+      if (dst_staged)
+        for (std::uint64_t z = 0; z < nz; ++z)
+          for (std::uint64_t y = 0; y < ny; ++y)
+            std::memcpy(host.at(y0 + y, z0 + z), buf + (z * ny + y) * w, w);
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+// The 1D copies with arrays (HtoA, AtoH, ...): a byte range of the array's
+// first row.
+CUresult copy_1d(CUmemorytype st, CUmemorytype dt, const void* src_host, CUdeviceptr src_dev, CUarray src_arr,
+                 std::uint64_t src_off, void* dst_host, CUdeviceptr dst_dev, CUarray dst_arr, std::uint64_t dst_off,
+                 std::uint64_t bytes, CUstream s, bool async) {
+  CUDA_MEMCPY3D c{};
+  c.srcMemoryType = st;
+  c.srcXInBytes = st == CU_MEMORYTYPE_ARRAY ? src_off : 0;
+  c.srcHost = src_host;
+  c.srcDevice = src_dev;
+  c.srcArray = src_arr;
+  c.dstMemoryType = dt;
+  c.dstXInBytes = dt == CU_MEMORYTYPE_ARRAY ? dst_off : 0;
+  c.dstHost = dst_host;
+  c.dstDevice = dst_dev;
+  c.dstArray = dst_arr;
+  c.srcPitch = c.dstPitch = bytes;
+  c.srcHeight = c.dstHeight = 1;
+  c.WidthInBytes = bytes;
+  c.Height = 1;
+  c.Depth = 1;
+  return copy_3d(c, s, async);
+}
+
+proto::ArrayDesc wire_desc(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+  proto::ArrayDesc w{};
+  w.width = d.Width;
+  w.height = d.Height;
+  w.depth = d.Depth;
+  w.format = static_cast<std::uint32_t>(d.Format);
+  w.channels = d.NumChannels;
+  w.flags = d.Flags;
+  return w;
+}
+
+CUresult create(std::uint64_t* out, const CUDA_ARRAY3D_DESCRIPTOR& d, std::uint32_t kind, std::uint32_t levels) {
+  NEED_RT_CTX();
+  proto::ReqArrayCreate r{};
+  r.ctx = ctx;
+  r.desc = wire_desc(d);
+  r.kind = kind;
+  r.levels = levels;
+  proto::RepHandle rep{};
+  const CUresult st = rt->call<Op::kArrayCreate>(r, {}, &rep);
+  if (st == CUDA_SUCCESS) *out = rep.handle;
+  return st;
+}
+
+CUresult query(std::uint64_t handle, std::uint32_t kind, int device, proto::RepArrayQuery* rep) {
+  NEED_RT_CTX();
+  proto::ReqArrayQuery r{};
+  r.ctx = ctx;
+  r.array = handle;
+  r.kind = kind;
+  r.device = device;
+  return rt->call<Op::kArrayQuery>(r, {}, rep);
+}
+
+CUresult destroy(std::uint64_t handle, std::uint32_t kind) {
+  Runtime* rt = nullptr;
+  if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+  proto::ReqArrayQuery r{};
+  r.ctx = current_ctx();
+  r.array = handle;
+  r.kind = kind;
+  return rt->call<Op::kArrayDestroy>(r);
+}
+
+CUresult mem_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, std::uint64_t handle, CUdevice dev) {
+  Runtime* rt = nullptr;
+  if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+  if (req == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const int w = rt->to_worker(dev);
+  if (w < 0) return CUDA_ERROR_INVALID_DEVICE;
+  proto::RepArrayQuery rep{};
+  const CUresult st = query(handle, proto::kArrayQueryMemReq, w, &rep);
+  if (st == CUDA_SUCCESS) {
+    *req = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
+    req->size = rep.size;
+    req->alignment = rep.alignment;
+  }
+  return st;
+}
+
+// ---- texture and surface objects
+CUresult res_to_wire(const CUDA_RESOURCE_DESC& d, proto::ResDesc* w) {
+  *w = proto::ResDesc{};
+  w->type = static_cast<std::uint32_t>(d.resType);
+  w->flags = d.flags;
+  switch (d.resType) {
+    case CU_RESOURCE_TYPE_ARRAY:
+      w->handle = h(d.res.array.hArray);
+      return CUDA_SUCCESS;
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
+      w->handle = h(d.res.mipmap.hMipmappedArray);
+      return CUDA_SUCCESS;
+    case CU_RESOURCE_TYPE_LINEAR:
+      w->dptr = d.res.linear.devPtr;
+      w->format = static_cast<std::uint32_t>(d.res.linear.format);
+      w->channels = d.res.linear.numChannels;
+      w->size_bytes = d.res.linear.sizeInBytes;
+      return CUDA_SUCCESS;
+    case CU_RESOURCE_TYPE_PITCH2D:
+      w->dptr = d.res.pitch2D.devPtr;
+      w->format = static_cast<std::uint32_t>(d.res.pitch2D.format);
+      w->channels = d.res.pitch2D.numChannels;
+      w->width = d.res.pitch2D.width;
+      w->height = d.res.pitch2D.height;
+      w->pitch = d.res.pitch2D.pitchInBytes;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+void res_from_wire(const proto::ResDesc& w, CUDA_RESOURCE_DESC* d) {
+  *d = CUDA_RESOURCE_DESC{};
+  d->resType = static_cast<CUresourcetype>(w.type);
+  d->flags = w.flags;
+  switch (d->resType) {
+    case CU_RESOURCE_TYPE_ARRAY:
+      d->res.array.hArray = reinterpret_cast<CUarray>(w.handle);
+      break;
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
+      d->res.mipmap.hMipmappedArray = reinterpret_cast<CUmipmappedArray>(w.handle);
+      break;
+    case CU_RESOURCE_TYPE_LINEAR:
+      d->res.linear.devPtr = w.dptr;
+      d->res.linear.format = static_cast<CUarray_format>(w.format);
+      d->res.linear.numChannels = w.channels;
+      d->res.linear.sizeInBytes = w.size_bytes;
+      break;
+    case CU_RESOURCE_TYPE_PITCH2D:
+      d->res.pitch2D.devPtr = w.dptr;
+      d->res.pitch2D.format = static_cast<CUarray_format>(w.format);
+      d->res.pitch2D.numChannels = w.channels;
+      d->res.pitch2D.width = w.width;
+      d->res.pitch2D.height = w.height;
+      d->res.pitch2D.pitchInBytes = w.pitch;
+      break;
+    default:
+      break;
+  }
+}
+
+CUresult obj_create(std::uint64_t* out, const CUDA_RESOURCE_DESC* res, const CUDA_TEXTURE_DESC* tex,
+                    const CUDA_RESOURCE_VIEW_DESC* view, bool surface) {
+  NEED_RT_CTX();
+  if (out == nullptr || res == nullptr || (!surface && tex == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqTexCreate r{};
+  r.ctx = ctx;
+  if (CUresult st = res_to_wire(*res, &r.res); st != CUDA_SUCCESS) return st;
+  r.flags = surface ? proto::kTexSurface : 0;
+  if (tex != nullptr && !surface) {
+    for (int i = 0; i < 3; ++i) r.tex.address[i] = static_cast<std::uint32_t>(tex->addressMode[i]);
+    r.tex.filter = static_cast<std::uint32_t>(tex->filterMode);
+    r.tex.flags = tex->flags;
+    r.tex.max_anisotropy = tex->maxAnisotropy;
+    r.tex.mipmap_filter = static_cast<std::uint32_t>(tex->mipmapFilterMode);
+    r.tex.mipmap_bias = tex->mipmapLevelBias;
+    r.tex.min_mipmap_clamp = tex->minMipmapLevelClamp;
+    r.tex.max_mipmap_clamp = tex->maxMipmapLevelClamp;
+    for (int i = 0; i < 4; ++i) r.tex.border[i] = tex->borderColor[i];
+  }
+  if (view != nullptr && !surface) {
+    r.flags |= proto::kTexHasView;
+    r.view.format = static_cast<std::uint32_t>(view->format);
+    r.view.width = view->width;
+    r.view.height = view->height;
+    r.view.depth = view->depth;
+    r.view.first_level = view->firstMipmapLevel;
+    r.view.last_level = view->lastMipmapLevel;
+    r.view.first_layer = view->firstLayer;
+    r.view.last_layer = view->lastLayer;
+  }
+  proto::RepHandle rep{};
+  const CUresult st = rt->call<Op::kTexCreate>(r, {}, &rep);
+  if (st == CUDA_SUCCESS) *out = rep.handle;
+  return st;
+}
+
+CUresult obj_call(Op op, std::uint64_t obj, bool surface, std::uint32_t q, proto::RepTexInfo* rep) {
+  Runtime* rt = nullptr;
+  if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+  proto::ReqTexObject r{};
+  r.ctx = current_ctx();
+  r.object = obj;
+  r.flags = surface ? proto::kTexSurface : 0;
+  r.query = q;
+  if (op == Op::kTexDestroy) return rt->call<Op::kTexDestroy>(r);
+  return rt->call<Op::kTexQuery>(r, {}, rep);
+}
+
+}  // namespace
+
+namespace ivcuda::guest {
+CUresult copy_2d_array(const CUDA_MEMCPY2D& c, CUstream s, bool async) {
+  CUDA_MEMCPY3D d{};
+  d.srcXInBytes = c.srcXInBytes;
+  d.srcY = c.srcY;
+  d.srcMemoryType = c.srcMemoryType;
+  d.srcHost = c.srcHost;
+  d.srcDevice = c.srcDevice;
+  d.srcArray = c.srcArray;
+  d.srcPitch = c.srcPitch ? c.srcPitch : c.WidthInBytes;  // as copy_2d reads a zero pitch
+  d.srcHeight = c.srcY + c.Height;  // a 2D copy has no slices: the least the driver accepts
+  d.dstXInBytes = c.dstXInBytes;
+  d.dstY = c.dstY;
+  d.dstMemoryType = c.dstMemoryType;
+  d.dstHost = c.dstHost;
+  d.dstDevice = c.dstDevice;
+  d.dstArray = c.dstArray;
+  d.dstPitch = c.dstPitch ? c.dstPitch : c.WidthInBytes;
+  d.dstHeight = c.dstY + c.Height;
+  d.WidthInBytes = c.WidthInBytes;
+  d.Height = c.Height;
+  d.Depth = 1;
+  return copy_3d(d, s, async);
+}
+}  // namespace ivcuda::guest
+
+// ---- arrays
+CUresult cuArrayCreate(CUarray* out, const CUDA_ARRAY_DESCRIPTOR* d) {
+  return guard([&] {
+    if (out == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d3{};
+    d3.Width = d->Width;
+    d3.Height = d->Height;
+    d3.Format = d->Format;
+    d3.NumChannels = d->NumChannels;
+    std::uint64_t hdl = 0;
+    const CUresult st = create(&hdl, d3, proto::kArrayCreate2D, 0);
+    if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUarray>(hdl);
+    return st;
+  });
+}
+
+CUresult cuArray3DCreate(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  return guard([&] {
+    if (out == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t hdl = 0;
+    const CUresult st = create(&hdl, *d, proto::kArrayCreate3D, 0);
+    if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUarray>(hdl);
+    return st;
+  });
+}
+
+CUresult cuArrayDestroy(CUarray a) {
+  return guard([&] { return destroy(h(a), proto::kDestroyArray); });
+}
+
+CUresult cuArrayGetDescriptor(CUDA_ARRAY_DESCRIPTOR* out, CUarray a) {
+  return guard([&] {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepArrayQuery rep{};
+    const CUresult st = query(h(a), proto::kArrayQuery2D, 0, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    *out = CUDA_ARRAY_DESCRIPTOR{};
+    out->Width = rep.desc.width;
+    out->Height = rep.desc.height;
+    out->Format = static_cast<CUarray_format>(rep.desc.format);
+    out->NumChannels = rep.desc.channels;
+    return st;
+  });
+}
+
+CUresult cuArray3DGetDescriptor(CUDA_ARRAY3D_DESCRIPTOR* out, CUarray a) {
+  return guard([&] {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepArrayQuery rep{};
+    const CUresult st = query(h(a), proto::kArrayQuery3D, 0, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    *out = CUDA_ARRAY3D_DESCRIPTOR{};
+    out->Width = rep.desc.width;
+    out->Height = rep.desc.height;
+    out->Depth = rep.desc.depth;
+    out->Format = static_cast<CUarray_format>(rep.desc.format);
+    out->NumChannels = rep.desc.channels;
+    out->Flags = rep.desc.flags;
+    return st;
+  });
+}
+
+CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUarray a, CUdevice dev) {
+  return guard([&] { return mem_requirements(req, h(a), dev); });
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray* out, const CUDA_ARRAY3D_DESCRIPTOR* d, unsigned int levels) {
+  return guard([&] {
+    if (out == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t hdl = 0;
+    const CUresult st = create(&hdl, *d, proto::kArrayCreateMipmap, levels);
+    if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUmipmappedArray>(hdl);
+    return st;
+  });
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) {
+  return guard([&] { return destroy(h(m), proto::kDestroyMipmap); });
+}
+
+CUresult cuMipmappedArrayGetLevel(CUarray* out, CUmipmappedArray m, unsigned int level) {
+  return guard([&] {
+    NEED_RT_CTX();
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kMipmapLevel>(proto::ReqMipmapLevel{ctx, h(m), level, 0}, {}, &rep);
+    if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUarray>(rep.handle);
+    return st;
+  });
+}
+
+CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUmipmappedArray m,
+                                               CUdevice dev) {
+  return guard([&] { return mem_requirements(req, h(m), dev); });
+}
+
+// ---- copies
+CUresult cuMemcpy3D(const CUDA_MEMCPY3D* p) {
+  return guard([&] { return p == nullptr ? CUDA_ERROR_INVALID_VALUE : copy_3d(*p, nullptr, false); });
+}
+
+CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D* p, CUstream s) {
+  return guard([&] { return p == nullptr ? CUDA_ERROR_INVALID_VALUE : copy_3d(*p, s, true); });
+}
+
+CUresult cuMemcpyHtoA(CUarray dst, size_t off, const void* src, size_t n) {
+  return guard([&] {
+    return copy_1d(CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_ARRAY, src, 0, nullptr, 0, nullptr, 0, dst, off, n, nullptr,
+                   false);
+  });
+}
+
+CUresult cuMemcpyHtoAAsync(CUarray dst, size_t off, const void* src, size_t n, CUstream s) {
+  return guard([&] {
+    return copy_1d(CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_ARRAY, src, 0, nullptr, 0, nullptr, 0, dst, off, n, s, true);
+  });
+}
+
+CUresult cuMemcpyAtoH(void* dst, CUarray src, size_t off, size_t n) {
+  return guard([&] {
+    return copy_1d(CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_HOST, nullptr, 0, src, off, dst, 0, nullptr, 0, n, nullptr,
+                   false);
+  });
+}
+
+CUresult cuMemcpyAtoHAsync(void* dst, CUarray src, size_t off, size_t n, CUstream s) {
+  return guard([&] {
+    return copy_1d(CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_HOST, nullptr, 0, src, off, dst, 0, nullptr, 0, n, s, true);
+  });
+}
+
+CUresult cuMemcpyAtoD(CUdeviceptr dst, CUarray src, size_t off, size_t n) {
+  return guard([&] {
+    return copy_1d(CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_DEVICE, nullptr, 0, src, off, nullptr, dst, nullptr, 0, n,
+                   nullptr, false);
+  });
+}
+
+CUresult cuMemcpyDtoA(CUarray dst, size_t off, CUdeviceptr src, size_t n) {
+  return guard([&] {
+    return copy_1d(CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY, nullptr, src, nullptr, 0, nullptr, 0, dst, off, n,
+                   nullptr, false);
+  });
+}
+
+CUresult cuMemcpyAtoA(CUarray dst, size_t dst_off, CUarray src, size_t src_off, size_t n) {
+  return guard([&] {
+    return copy_1d(CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_ARRAY, nullptr, 0, src, src_off, nullptr, 0, dst, dst_off, n,
+                   nullptr, false);
+  });
+}
+
+// ---- texture and surface objects
+CUresult cuTexObjectCreate(CUtexObject* out, const CUDA_RESOURCE_DESC* res, const CUDA_TEXTURE_DESC* tex,
+                           const CUDA_RESOURCE_VIEW_DESC* view) {
+  return guard([&] {
+    std::uint64_t v = 0;
+    const CUresult st = obj_create(&v, res, tex, view, false);
+    if (st == CUDA_SUCCESS) *out = v;
+    return st;
+  });
+}
+
+CUresult cuTexObjectDestroy(CUtexObject t) {
+  return guard([&] { return obj_call(Op::kTexDestroy, t, false, 0, nullptr); });
+}
+
+CUresult cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC* out, CUtexObject t) {
+  return guard([&] {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepTexInfo rep{};
+    const CUresult st = obj_call(Op::kTexQuery, t, false, proto::kTexQueryResource, &rep);
+    if (st == CUDA_SUCCESS) res_from_wire(rep.res, out);
+    return st;
+  });
+}
+
+CUresult cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC* out, CUtexObject t) {
+  return guard([&] {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepTexInfo rep{};
+    const CUresult st = obj_call(Op::kTexQuery, t, false, proto::kTexQueryTexture, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    *out = CUDA_TEXTURE_DESC{};
+    for (int i = 0; i < 3; ++i) out->addressMode[i] = static_cast<CUaddress_mode>(rep.tex.address[i]);
+    out->filterMode = static_cast<CUfilter_mode>(rep.tex.filter);
+    out->flags = rep.tex.flags;
+    out->maxAnisotropy = rep.tex.max_anisotropy;
+    out->mipmapFilterMode = static_cast<CUfilter_mode>(rep.tex.mipmap_filter);
+    out->mipmapLevelBias = rep.tex.mipmap_bias;
+    out->minMipmapLevelClamp = rep.tex.min_mipmap_clamp;
+    out->maxMipmapLevelClamp = rep.tex.max_mipmap_clamp;
+    for (int i = 0; i < 4; ++i) out->borderColor[i] = rep.tex.border[i];
+    return st;
+  });
+}
+
+CUresult cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC* out, CUtexObject t) {
+  return guard([&] {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepTexInfo rep{};
+    const CUresult st = obj_call(Op::kTexQuery, t, false, proto::kTexQueryView, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    *out = CUDA_RESOURCE_VIEW_DESC{};
+    out->format = static_cast<CUresourceViewFormat>(rep.view.format);
+    out->width = rep.view.width;
+    out->height = rep.view.height;
+    out->depth = rep.view.depth;
+    out->firstMipmapLevel = rep.view.first_level;
+    out->lastMipmapLevel = rep.view.last_level;
+    out->firstLayer = rep.view.first_layer;
+    out->lastLayer = rep.view.last_layer;
+    return st;
+  });
+}
+
+CUresult cuSurfObjectCreate(CUsurfObject* out, const CUDA_RESOURCE_DESC* res) {
+  return guard([&] {
+    std::uint64_t v = 0;
+    const CUresult st = obj_create(&v, res, nullptr, nullptr, true);
+    if (st == CUDA_SUCCESS) *out = v;
+    return st;
+  });
+}
+
+CUresult cuSurfObjectDestroy(CUsurfObject s) {
+  return guard([&] { return obj_call(Op::kTexDestroy, s, true, 0, nullptr); });
+}
+
+CUresult cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC* out, CUsurfObject s) {
+  return guard([&] {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepTexInfo rep{};
+    const CUresult st = obj_call(Op::kTexQuery, s, true, proto::kTexQueryResource, &rep);
+    if (st == CUDA_SUCCESS) res_from_wire(rep.res, out);
+    return st;
+  });
+}

@@ -1,0 +1,21 @@
+// CUDA arrays (guest/arrays.cc): the hook guest/driver.cc's 2D copies use
+// when one side is an array.
+#pragma once
+
+#include <cuda.h>
+
+#include <mutex>
+
+namespace ivcuda::guest {
+
+class Runtime;
+
+// The lock of the calling thread's staging area (guest/driver.cc): threads
+// sharing the overflow channel share its staging area, one copy at a time.
+std::mutex& staging_mutex_of(Runtime* rt);
+
+// cuMemcpy2D(Async/Unaligned) with an array on either side, as a 3D copy of
+// depth 1. The caller has checked the runtime, the context and the stream.
+CUresult copy_2d_array(const CUDA_MEMCPY2D& c, CUstream s, bool async);
+
+}  // namespace ivcuda::guest

@@ -1,0 +1,69 @@
+// Helpers every forwarded API family of the guest uses (guest/contexts.cc,
+// modules.cc, streams.cc, driver.cc, ...): the runtime or the reason there is
+// none, the current context, and the local books of streams and events.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "guest/guard.h"
+#include "guest/runtime.h"
+
+namespace ivcuda::guest::internal {
+
+// The runtime, or the reason there is none (before cuInit: NOT_INITIALIZED;
+// after the daemon went away: DEVICE_UNAVAILABLE).
+inline Runtime* rt_or(CUresult* st) {
+  Runtime* rt = Runtime::current();
+  if (rt == nullptr) {
+    *st = CUDA_ERROR_NOT_INITIALIZED;
+    return nullptr;
+  }
+  if (rt->dead()) {
+    *st = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    return nullptr;
+  }
+  *st = CUDA_SUCCESS;
+  return rt;
+}
+
+inline std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
+
+inline bool known_stream(Runtime* rt, CUstream s) {
+  const auto v = h(s);
+  if (v == 0 || v == reinterpret_cast<std::uint64_t>(CU_STREAM_LEGACY) ||
+      v == reinterpret_cast<std::uint64_t>(CU_STREAM_PER_THREAD))
+    return true;
+  std::lock_guard lk(rt->books_mu);
+  return rt->streams.count(v) != 0;
+}
+
+inline bool known_event(Runtime* rt, CUevent e) {
+  std::lock_guard lk(rt->books_mu);
+  return rt->events.count(h(e)) != 0;
+}
+
+// Is p inside device memory this process allocated (for cuMemcpy's unified
+// addressing)?
+inline bool is_device(Runtime* rt, std::uint64_t p) {
+  std::lock_guard lk(rt->books_mu);
+  auto it = rt->dev_allocs.upper_bound(p);
+  if (it == rt->dev_allocs.begin()) return false;
+  --it;
+  return p - it->first < it->second;
+}
+
+}  // namespace ivcuda::guest::internal
+
+// In a function returning CUresult: `rt`, or return why there is none.
+#define NEED_RT()                                     \
+  CUresult st_rt_;                                    \
+  Runtime* rt = ::ivcuda::guest::internal::rt_or(&st_rt_); \
+  if (rt == nullptr) return st_rt_
+
+// In a function returning CUresult: `ctx`, the current context's handle.
+#define NEED_CTX()                                    \
+  const std::uint64_t ctx = ::ivcuda::guest::current_ctx(); \
+  if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT

@@ -1,0 +1,366 @@
+// Stream-ordered memory: cuMemAllocAsync and friends, the devices' default
+// and current pools, and explicit pools (cuMemPoolCreate, attributes,
+// access, trim, destroy). Pools are host handles (host-daemon/pools.cc): the
+// host's driver does the work and judges most arguments itself, so the
+// guest hears the driver's answers. Device ordinals are the application's
+// here and the worker's on the wire.
+//
+// Sharing pools between processes (cuMemPoolExportToShareableHandle and the
+// import side, cuMemPoolExportPointer/ImportPointer) needs the tenant's
+// registry of shared objects and is not done yet: exporting a pool created
+// with a shareable handle type answers CUDA_ERROR_NOT_SUPPORTED; exporting
+// one created without it goes to the driver, which refuses it as on bare
+// metal; nothing can be imported (see docs/design.md, "Memory pools").
+//
+// This file sees cuda.h without its renaming macros, so every ABI
+// generation is defined under its exact exported name.
+#define __CUDA_API_VERSION_INTERNAL
+#include <cuda.h>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "guest/guard.h"
+#include "guest/runtime.h"
+
+using ivcuda::guest::current_ctx;
+using ivcuda::guest::guard;
+using ivcuda::guest::Runtime;
+namespace proto = ivcuda::proto;
+using proto::Op;
+
+namespace {
+
+std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
+CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+
+Runtime* runtime(CUresult* st) {
+  Runtime* rt = Runtime::current();
+  *st = rt == nullptr ? CUDA_ERROR_NOT_INITIALIZED : rt->dead() ? CUDA_ERROR_DEVICE_UNAVAILABLE : CUDA_SUCCESS;
+  return *st == CUDA_SUCCESS ? rt : nullptr;
+}
+
+#define NEED_RT()                 \
+  CUresult st_rt_;                \
+  Runtime* rt = runtime(&st_rt_); \
+  if (rt == nullptr) return st_rt_
+
+#define NEED_CTX()                         \
+  const std::uint64_t ctx = current_ctx(); \
+  if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT
+
+bool known_stream(Runtime* rt, CUstream s) {
+  const auto v = h(s);
+  if (v == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return true;
+  std::lock_guard lk(rt->books_mu);
+  return rt->streams.count(v) != 0;
+}
+
+// A location on the wire: device ordinals become the worker's. One this
+// process cannot see travels as -1, which the host turns into an ordinal
+// the driver has no device for, so the driver's own answer comes back.
+void to_wire(Runtime* rt, const CUmemLocation& loc, std::uint32_t* type, std::int32_t* id) {
+  *type = static_cast<std::uint32_t>(loc.type);
+  *id = loc.id;
+  if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    *id = loc.id >= 0 && loc.id < rt->device_count() ? rt->to_worker(loc.id) : -1;
+}
+
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (bytes == 0) {  // driver 580 answers success for an empty allocation; it has no memory
+      *dptr = 0;
+      return CUDA_SUCCESS;
+    }
+    proto::RepMemAlloc rep{};
+    const CUresult st = rt->call<Op::kMemAllocAsync>(proto::ReqMemAllocAsync{ctx, h(s), h(pool), bytes}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    // Pools hand out addresses inside ranges they reserved: keep this
+    // process's own memory out of them, as for cuMemAlloc.
+    if (!rt->reserve_device_range(rep.dptr, bytes))
+      ivcuda::guest::log_once("va-collision-async",
+                              "stream-ordered allocation at 0x%llx overlaps this process's own memory",
+                              static_cast<unsigned long long>(rep.dptr));
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->dev_allocs[rep.dptr] = bytes;
+    }
+    *dptr = rep.dptr;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult free_async(CUdeviceptr d, CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    const CUresult st = rt->call<Op::kMemFreeAsync>(proto::ReqFreeAsync{ctx, h(s), d});
+    if (st != CUDA_SUCCESS) return st;
+    std::uint64_t size = 0;
+    {
+      std::lock_guard lk(rt->books_mu);
+      if (auto it = rt->dev_allocs.find(d); it != rt->dev_allocs.end()) {
+        size = it->second;
+        rt->dev_allocs.erase(it);
+      }
+    }
+    rt->release_device_range(d, size);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult pool_op(proto::ReqMemPool r, std::int64_t* out) {
+  return guard([&] {
+    NEED_RT();
+    r.ctx = current_ctx();
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kMemPool>(r, {}, &rep);
+    if (st == CUDA_SUCCESS && out != nullptr) *out = rep.value;
+    return st;
+  });
+}
+
+bool pool_attr_is_int(CUmemPool_attribute a) {
+  return a == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES || a == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+         a == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+}
+bool pool_attr_known(CUmemPool_attribute a) {
+  return pool_attr_is_int(a) || (a >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && a <= CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+}
+
+}  // namespace
+
+// ==================================================================== stream-ordered allocation
+
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream s) {
+  return alloc_async(dptr, bytes, nullptr, s);
+}
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream s) {
+  return alloc_async(dptr, bytes, nullptr, ptsz(s));
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return alloc_async(dptr, bytes, pool, s);
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
+  return cuMemAllocFromPoolAsync(dptr, bytes, pool, ptsz(s));
+}
+CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { return free_async(d, ptsz(s)); }
+
+namespace {
+// A device's default (kPoolGetDefault) or current (kPoolGetCurrent) pool.
+CUresult device_pool(CUmemoryPool* pool, CUdevice dev, std::uint32_t kind) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Runtime* rt = Runtime::current();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  proto::ReqMemPool r{};
+  r.device = rt->to_worker(dev);
+  r.kind = kind;
+  std::int64_t v = 0;
+  const CUresult st = pool_op(r, &v);
+  if (st == CUDA_SUCCESS) *pool = reinterpret_cast<CUmemoryPool>(v);
+  return st;
+}
+}  // namespace
+
+CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  return device_pool(pool, dev, proto::kPoolGetDefault);
+}
+
+CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+  return device_pool(pool, dev, proto::kPoolGetCurrent);
+}
+
+CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  Runtime* rt = Runtime::current();
+  if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  proto::ReqMemPool r{};
+  r.device = rt->to_worker(dev);
+  r.pool = h(pool);
+  r.kind = proto::kPoolSetCurrent;
+  return pool_op(r, nullptr);
+}
+
+CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  if (value == nullptr || !pool_attr_known(attr)) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqMemPool r{};
+  r.pool = h(pool);
+  r.attr = attr;
+  r.kind = proto::kPoolSetAttr;
+  if (pool_attr_is_int(attr)) {
+    int v = 0;
+    std::memcpy(&v, value, sizeof v);
+    r.value = static_cast<std::uint64_t>(static_cast<std::int64_t>(v));
+  } else {
+    std::memcpy(&r.value, value, sizeof r.value);
+  }
+  return pool_op(r, nullptr);
+}
+
+CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  if (value == nullptr || !pool_attr_known(attr)) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqMemPool r{};
+  r.pool = h(pool);
+  r.attr = attr;
+  r.kind = proto::kPoolGetAttr;
+  std::int64_t v = 0;
+  const CUresult st = pool_op(r, &v);
+  if (st != CUDA_SUCCESS) return st;
+  if (pool_attr_is_int(attr)) {
+    const int i = static_cast<int>(v);
+    std::memcpy(value, &i, sizeof i);
+  } else {
+    const auto u = static_cast<cuuint64_t>(v);
+    std::memcpy(value, &u, sizeof u);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  proto::ReqMemPool r{};
+  r.pool = h(pool);
+  r.value = keep;
+  r.kind = proto::kPoolTrim;
+  return pool_op(r, nullptr);
+}
+
+
+// ==================================================================== explicit pools
+
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  return guard([&] {
+    NEED_RT();
+    if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemPoolCreate r{};
+    r.alloc_type = static_cast<std::uint32_t>(props->allocType);
+    r.handle_types = static_cast<std::uint32_t>(props->handleTypes);
+    to_wire(rt, props->location, &r.loc_type, &r.loc_id);
+    r.max_size = props->maxSize;
+    r.usage = props->usage;
+    r.win32_attrs = props->win32SecurityAttributes != nullptr ? 1 : 0;
+    for (unsigned char b : props->reserved) r.reserved_set |= b != 0 ? 1 : 0;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kMemPoolCreate>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *pool = reinterpret_cast<CUmemoryPool>(rep.handle);
+    return st;
+  });
+}
+
+// Allocations still out stay valid, and this process's, until freed: the
+// driver releases the pool's memory once they are.
+CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
+  proto::ReqMemPool r{};
+  r.pool = h(pool);
+  r.kind = proto::kPoolDestroy;
+  return pool_op(r, nullptr);
+}
+
+CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  return guard([&] {
+    NEED_RT();
+    if ((map == nullptr && count != 0) || count > proto::kMaxDevices) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<proto::MemAccess> wire(count);
+    for (size_t i = 0; i < count; ++i) {
+      to_wire(rt, map[i].location, &wire[i].loc_type, &wire[i].loc_id);
+      wire[i].flags = static_cast<std::uint32_t>(map[i].flags);
+    }
+    return rt->call<Op::kMemPoolSetAccess>(proto::ReqMemPoolSetAccess{h(pool), static_cast<std::uint32_t>(count), 0},
+                                           std::as_bytes(std::span(wire)));
+  });
+}
+
+CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+  return guard([&] {
+    NEED_RT();
+    if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqMemPool r{};
+    r.pool = h(pool);
+    r.kind = proto::kPoolGetAccess;
+    std::uint32_t type = 0;
+    to_wire(rt, *location, &type, &r.device);
+    r.attr = static_cast<std::int32_t>(type);
+    std::int64_t v = 0;
+    const CUresult st = pool_op(r, &v);
+    if (st == CUDA_SUCCESS) *flags = static_cast<CUmemAccess_flags>(v);
+    return st;
+  });
+}
+
+CUresult CUDAAPI cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool, CUmemAllocationHandleType type,
+                                                  unsigned long long flags) {
+  if (handle_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqMemPool r{};
+  r.pool = h(pool);
+  r.attr = static_cast<std::int32_t>(type);
+  r.value = flags;
+  r.kind = proto::kPoolExport;
+  return pool_op(r, nullptr);
+}
+
+// No pool of this process was ever exported, so nothing it is handed can be
+// one of ours to import.
+CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void*, CUmemAllocationHandleType,
+                                                    unsigned long long) {
+  if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  ivcuda::guest::log_once("pool-import", "cuMemPoolImportFromShareableHandle: sharing pools is not supported yet");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* out, CUdeviceptr ptr) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqMemPool r{};
+  r.value = ptr;
+  r.kind = proto::kPoolExportPtr;
+  return pool_op(r, nullptr);
+}
+
+// Only an imported pool imports pointers, and no pool here is imported: the
+// driver refuses every other pool with INVALID_VALUE.
+CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool, CUmemPoolPtrExportData* data) {
+  if (ptr_out == nullptr || pool == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  ivcuda::guest::log_once("pool-import-ptr", "cuMemPoolImportPointer: sharing pools is not supported yet");
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+// ==================================================================== pools by location (CUDA 13)
+
+namespace {
+// Device locations of pinned memory are the devices' pools; host and
+// managed pools are not offered (host-daemon/pools.cc says why).
+CUresult location_device(const CUmemLocation* loc, CUmemAllocationType type, CUdevice* dev) {
+  if (loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type == CU_MEM_ALLOCATION_TYPE_PINNED && loc->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    *dev = loc->id;
+    return CUDA_SUCCESS;
+  }
+  const bool known = (type == CU_MEM_ALLOCATION_TYPE_PINNED || type == CU_MEM_ALLOCATION_TYPE_MANAGED) &&
+                     (loc->type == CU_MEM_LOCATION_TYPE_DEVICE || loc->type == CU_MEM_LOCATION_TYPE_HOST ||
+                      loc->type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                      (type == CU_MEM_ALLOCATION_TYPE_MANAGED && loc->type == CU_MEM_LOCATION_TYPE_NONE));
+  return known ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+}
+}  // namespace
+
+CUresult CUDAAPI cuMemGetDefaultMemPool(CUmemoryPool* pool, CUmemLocation* loc, CUmemAllocationType type) {
+  CUdevice dev = 0;
+  if (const CUresult st = location_device(loc, type, &dev); st != CUDA_SUCCESS) return st;
+  return cuDeviceGetDefaultMemPool(pool, dev);
+}
+CUresult CUDAAPI cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* loc, CUmemAllocationType type) {
+  CUdevice dev = 0;
+  if (const CUresult st = location_device(loc, type, &dev); st != CUDA_SUCCESS) return st;
+  return cuDeviceGetMemPool(pool, dev);
+}
+CUresult CUDAAPI cuMemSetMemPool(CUmemLocation* loc, CUmemAllocationType type, CUmemoryPool pool) {
+  CUdevice dev = 0;
+  if (const CUresult st = location_device(loc, type, &dev); st != CUDA_SUCCESS) return st;
+  return cuDeviceSetMemPool(dev, pool);
+}

@@ -1,0 +1,152 @@
+// Streams: created, queried, synchronised and destroyed on the host
+// (host-daemon/streams.cc); their flags and contexts are also booked here so
+// that cheap queries need no round trip.
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "guest/errors.h"
+#include "guest/guard.h"
+#include "guest/internal.h"
+#include "guest/runtime.h"
+
+using ivcuda::guest::current_ctx;
+using ivcuda::guest::guard;
+using ivcuda::guest::Runtime;
+using ivcuda::guest::internal::h;
+using ivcuda::guest::internal::known_event;
+using ivcuda::guest::internal::known_stream;
+namespace proto = ivcuda::proto;
+using proto::Op;
+
+// =================================================================== streams
+
+CUresult cuStreamCreateWithPriority(CUstream* ps, unsigned int flags, int priority) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (ps == nullptr || (flags & ~CU_STREAM_NON_BLOCKING) != 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kStreamCreate>(proto::ReqStreamCreate{ctx, flags, priority}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    {
+      std::lock_guard lk(rt->books_mu);
+      rt->streams[rep.handle] = ctx;
+      rt->stream_flags[rep.handle] = flags;
+    }
+    *ps = reinterpret_cast<CUstream>(rep.handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuStreamCreate(CUstream* ps, unsigned int flags) { return cuStreamCreateWithPriority(ps, flags, 0); }
+
+// Flags and context are the guest's own books: no round trip.
+CUresult cuStreamGetFlags(CUstream s, unsigned int* flags) {
+  return guard([&] {
+    NEED_RT();
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (h(s) == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+      if (current_ctx() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+      *flags = CU_STREAM_DEFAULT;
+      return CUDA_SUCCESS;
+    }
+    std::lock_guard lk(rt->books_mu);
+    const auto it = rt->stream_flags.find(h(s));
+    if (it == rt->stream_flags.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *flags = it->second;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuStreamGetCtx(CUstream s, CUcontext* pctx) {
+  return guard([&] {
+    NEED_RT();
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (h(s) == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+      NEED_CTX();
+      *pctx = reinterpret_cast<CUcontext>(ctx);
+      return CUDA_SUCCESS;
+    }
+    std::lock_guard lk(rt->books_mu);
+    const auto it = rt->streams.find(h(s));
+    if (it == rt->streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = reinterpret_cast<CUcontext>(it->second);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
+  if (pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pgreen = nullptr;  // green contexts are not forwarded: every stream is a plain context's
+  return cuStreamGetCtx(s, pctx);
+}
+
+// cuda.h declares the per-thread variants only when a program asks for them.
+extern "C" {
+CUresult cuStreamGetFlags_ptsz(CUstream s, unsigned int* flags) {
+  return cuStreamGetFlags(s == nullptr ? CU_STREAM_PER_THREAD : s, flags);
+}
+CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext* pctx) {
+  return cuStreamGetCtx(s == nullptr ? CU_STREAM_PER_THREAD : s, pctx);
+}
+CUresult cuStreamGetCtx_v2_ptsz(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
+  return cuStreamGetCtx_v2(s == nullptr ? CU_STREAM_PER_THREAD : s, pctx, pgreen);
+}
+}  // extern "C"
+
+CUresult cuStreamDestroy(CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    {
+      std::lock_guard lk(rt->books_mu);
+      if (rt->streams.erase(h(s)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+      rt->stream_flags.erase(h(s));
+    }
+    return rt->call<Op::kStreamDestroy>(proto::ReqHandle{current_ctx(), h(s)});
+  });
+}
+
+CUresult cuStreamQuery(CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->call<Op::kStreamQuery>(proto::ReqHandle{ctx, h(s)});
+  });
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->call<Op::kStreamSynchronize>(proto::ReqHandle{ctx, h(s)});
+  });
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s) || !known_event(rt, e)) return CUDA_ERROR_INVALID_HANDLE;
+    return rt->post<Op::kStreamWaitEvent>(proto::ReqStreamWaitEvent{ctx, h(s), h(e), flags, 0});
+  });
+}
+
+CUresult cuStreamGetPriority(CUstream s, int* priority) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kStreamGetPriority>(proto::ReqHandle{ctx, h(s)}, {}, &rep);
+    if (st == CUDA_SUCCESS) *priority = static_cast<int>(rep.value);
+    return st;
+  });
+}

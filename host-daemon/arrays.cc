@@ -1,0 +1,481 @@
+// CUDA arrays, mipmapped arrays, copies with them (cuMemcpy3D and everything
+// the guest expresses as one), texture and surface objects. The guest side is
+// guest/arrays.cc.
+//
+// Arrays and mipmapped arrays are handles of this worker's tables; a mipmap
+// level is an array entry owned by its mipmapped array. Every copy is checked
+// against what the guest owns before the driver sees it: an array side against
+// the array's descriptor (as the driver reported it at creation), a device
+// side against the guest's device ranges, a host side against the arena, each
+// over the whole 3D footprint. Texture and surface objects are the driver's
+// own values, because kernels receive them by value and the GPU interprets
+// them; the worker records the ones this guest created and refuses to destroy
+// or query any other value (docs/security.md).
+#include <cstring>
+
+#include "host-daemon/log.h"
+#include "host-daemon/worker_internal.h"
+#include "ring/validate.h"
+
+namespace ivcuda::host {
+
+using namespace ivcuda::proto;
+
+namespace {
+
+// Bytes of one element, or 0 for formats whose layout is not a plain grid of
+// elements (planar YUV, block-compressed): copies with those are refused.
+std::uint64_t element_bytes(unsigned format, unsigned channels) {
+  switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return channels;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2ull * channels;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4ull * channels;
+    case CU_AD_FORMAT_UNORM_INT8X1: case CU_AD_FORMAT_SNORM_INT8X1: return 1;
+    case CU_AD_FORMAT_UNORM_INT8X2: case CU_AD_FORMAT_SNORM_INT8X2: return 2;
+    case CU_AD_FORMAT_UNORM_INT8X4: case CU_AD_FORMAT_SNORM_INT8X4: return 4;
+    case CU_AD_FORMAT_UNORM_INT16X1: case CU_AD_FORMAT_SNORM_INT16X1: return 2;
+    case CU_AD_FORMAT_UNORM_INT16X2: case CU_AD_FORMAT_SNORM_INT16X2: return 4;
+    case CU_AD_FORMAT_UNORM_INT16X4: case CU_AD_FORMAT_SNORM_INT16X4: return 8;
+    case CU_AD_FORMAT_UNORM_INT_101010_2: return 4;
+    default:
+      return 0;
+  }
+}
+
+ArrayDesc to_wire(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+  ArrayDesc w{};
+  w.width = d.Width;
+  w.height = d.Height;
+  w.depth = d.Depth;
+  w.format = static_cast<u32>(d.Format);
+  w.channels = d.NumChannels;
+  w.flags = d.Flags;
+  return w;
+}
+
+// `len` items from `at` lie inside `count` (0 counts as 1: a 1D array has one row).
+bool fits(std::uint64_t at, std::uint64_t len, std::uint64_t count) {
+  return ring::range_ok(at, len, count == 0 ? 1 : count);
+}
+
+}  // namespace
+
+CUresult Worker::on_ArrayCreate(Call& c) {
+  const auto r = c.req<ReqArrayCreate>();
+  CtxEntry* ctx = nullptr;
+  if (CUresult st = use_ctx(r.ctx, &ctx); st != CUDA_SUCCESS) return st;
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  d.Width = r.desc.width;
+  d.Height = r.desc.height;
+  d.Depth = r.desc.depth;
+  d.Format = static_cast<CUarray_format>(r.desc.format);
+  d.NumChannels = r.desc.channels;
+  d.Flags = r.desc.flags;
+  if (r.kind == kArrayCreateMipmap) {
+    CUmipmappedArray m = nullptr;
+    const CUresult st = cu_.cuMipmappedArrayCreate(&m, &d, r.levels);
+    if (st != CUDA_SUCCESS) return st;
+    c.set_reply(RepHandle{mipmaps_.insert(MipmapEntry{m, r.ctx, {}})});
+    return CUDA_SUCCESS;
+  }
+  CUarray a = nullptr;
+  CUresult st;
+  if (r.kind == kArrayCreate2D) {
+    CUDA_ARRAY_DESCRIPTOR d2{};
+    d2.Width = d.Width;
+    d2.Height = d.Height;
+    d2.Format = d.Format;
+    d2.NumChannels = d.NumChannels;
+    st = cu_.cuArrayCreate(&a, &d2);
+  } else if (r.kind == kArrayCreate3D) {
+    st = cu_.cuArray3DCreate(&a, &d);
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (st != CUDA_SUCCESS) return st;
+  // The driver's own view of the array is what copies are checked against.
+  ArrayEntry e{a, r.ctx, {}, 0};
+  if (cu_.cuArray3DGetDescriptor(&e.desc, a) != CUDA_SUCCESS) {
+    cu_.cuArrayDestroy(a);
+    return CUDA_ERROR_UNKNOWN;
+  }
+  c.set_reply(RepHandle{arrays_.insert(e)});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_ArrayDestroy(Call& c) {
+  const auto r = c.req<ReqArrayQuery>();
+  if (r.kind == kDestroyMipmap) {
+    MipmapEntry* m = mipmaps_.find(r.array);
+    if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+    for (auto& [level, h] : m->levels) arrays_.erase(h);
+    const CUresult st = cu_.cuMipmappedArrayDestroy(m->real);
+    mipmaps_.erase(r.array);
+    return st;
+  }
+  ArrayEntry* a = arrays_.find(r.array);
+  // A level belongs to its mipmapped array: destroying it alone would leave
+  // the mipmapped array holding freed memory.
+  if (a == nullptr || a->mipmap != 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(a->ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = cu_.cuArrayDestroy(a->real);
+  // An array the driver would not destroy (ARRAY_IS_MAPPED, CONTEXT_IS_DESTROYED...) stays
+  // usable, as it does there.
+  if (st == CUDA_SUCCESS) arrays_.erase(r.array);
+  return st;
+}
+
+CUresult Worker::on_ArrayQuery(Call& c) {
+  const auto r = c.req<ReqArrayQuery>();
+  RepArrayQuery rep{};
+  if (r.kind == kArrayQueryMemReq) {
+    if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
+    CUresult st;
+    if (MipmapEntry* m = mipmaps_.find(r.array); m != nullptr) {
+      if (st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+      st = cu_.cuMipmappedArrayGetMemoryRequirements(&req, m->real, devices_[dev_index(r.device)]);
+    } else if (ArrayEntry* a = arrays_.find(r.array); a != nullptr) {
+      if (st = use_ctx(a->ctx); st != CUDA_SUCCESS) return st;
+      st = cu_.cuArrayGetMemoryRequirements(&req, a->real, devices_[dev_index(r.device)]);
+    } else {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    rep.size = req.size;
+    rep.alignment = req.alignment;
+    c.set_reply(rep);
+    return st;
+  }
+  ArrayEntry* a = arrays_.find(r.array);
+  if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult st = use_ctx(a->ctx); st != CUDA_SUCCESS) return st;
+  CUresult st;
+  if (r.kind == kArrayQuery2D) {
+    CUDA_ARRAY_DESCRIPTOR d{};
+    st = cu_.cuArrayGetDescriptor(&d, a->real);
+    rep.desc.width = d.Width;
+    rep.desc.height = d.Height;
+    rep.desc.format = static_cast<u32>(d.Format);
+    rep.desc.channels = d.NumChannels;
+  } else if (r.kind == kArrayQuery3D) {
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    st = cu_.cuArray3DGetDescriptor(&d, a->real);
+    rep.desc = to_wire(d);
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  c.set_reply(rep);
+  return st;
+}
+
+CUresult Worker::on_MipmapLevel(Call& c) {
+  const auto r = c.req<ReqMipmapLevel>();
+  MipmapEntry* m = mipmaps_.find(r.mipmap);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (auto it = m->levels.find(r.level); it != m->levels.end()) {
+    c.set_reply(RepHandle{it->second});
+    return CUDA_SUCCESS;
+  }
+  if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+  CUarray a = nullptr;
+  CUresult st = cu_.cuMipmappedArrayGetLevel(&a, m->real, r.level);
+  if (st != CUDA_SUCCESS) return st;
+  ArrayEntry e{a, m->ctx, {}, r.mipmap};
+  if (st = cu_.cuArray3DGetDescriptor(&e.desc, a); st != CUDA_SUCCESS) return st;
+  const std::uint64_t h = arrays_.insert(e);
+  m->levels[r.level] = h;
+  c.set_reply(RepHandle{h});
+  return CUDA_SUCCESS;
+}
+
+// One side of a 3D copy, checked over its whole footprint. Array sides:
+// against the array's extent. Host (arena) and device sides: from
+// (x, y, z) in a layout of `pitch` bytes per row and `height` rows per slice,
+// the bytes up to the last one the copy touches.
+CUresult Worker::copy_side(const CopySide& s, const ReqCopy3D& r, CUmemorytype* type, const void** host,
+                           CUdeviceptr* dev, CUarray* array) {
+  if (s.type == CU_MEMORYTYPE_ARRAY) {
+    ArrayEntry* a = arrays_.find(s.array);
+    if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    const std::uint64_t elem = element_bytes(a->desc.Format, a->desc.NumChannels);
+    if (elem == 0) return CUDA_ERROR_NOT_SUPPORTED;
+    std::uint64_t row;
+    if (__builtin_mul_overflow(std::uint64_t{a->desc.Width}, elem, &row)) return CUDA_ERROR_INVALID_VALUE;
+    if (!fits(s.x_bytes, r.width_bytes, row) || !fits(s.y, r.height, a->desc.Height) ||
+        !fits(s.z, r.depth, a->desc.Depth))
+      return CUDA_ERROR_INVALID_VALUE;
+    *type = CU_MEMORYTYPE_ARRAY;
+    *array = a->real;
+    return CUDA_SUCCESS;
+  }
+  if (s.type != CU_MEMORYTYPE_HOST && s.type != CU_MEMORYTYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  // Overlapping rows or slices would make the footprint below wrong; the
+  // driver refuses such layouts too.
+  if ((r.height > 1 || r.depth > 1) && s.pitch < r.width_bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (r.depth > 1 && s.height < r.height) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t slice, start, extent, t;
+  if (__builtin_mul_overflow(s.pitch, s.height, &slice)) return CUDA_ERROR_INVALID_VALUE;
+  // start = x + pitch * y + slice * z
+  if (__builtin_mul_overflow(s.pitch, s.y, &start) || __builtin_add_overflow(start, s.x_bytes, &start) ||
+      __builtin_mul_overflow(slice, s.z, &t) || __builtin_add_overflow(start, t, &start))
+    return CUDA_ERROR_INVALID_VALUE;
+  // extent = slice * (depth - 1) + pitch * (height - 1) + width
+  if (__builtin_mul_overflow(slice, r.depth - 1, &extent) || __builtin_mul_overflow(s.pitch, r.height - 1, &t) ||
+      __builtin_add_overflow(extent, t, &extent) || __builtin_add_overflow(extent, r.width_bytes, &extent))
+    return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t first;
+  if (s.type == CU_MEMORYTYPE_HOST) {
+    if (__builtin_add_overflow(s.arena_off, start, &first) || !arena_range(first, extent))
+      return CUDA_ERROR_INVALID_VALUE;
+    *type = CU_MEMORYTYPE_HOST;
+    *host = arena_ptr(s.arena_off);
+    return CUDA_SUCCESS;
+  }
+  if (__builtin_add_overflow(s.device, start, &first) || !owns_device(first, extent)) return CUDA_ERROR_INVALID_VALUE;
+  *type = CU_MEMORYTYPE_DEVICE;
+  *dev = s.device;
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_Memcpy3D(Call& c) {
+  const auto r = c.req<ReqCopy3D>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.width_bytes == 0 || r.height == 0 || r.depth == 0) return CUDA_SUCCESS;
+  CUDA_MEMCPY3D p{};
+  const void* src_host = nullptr;
+  const void* dst_host = nullptr;
+  if (CUresult st = copy_side(r.src, r, &p.srcMemoryType, &src_host, &p.srcDevice, &p.srcArray); st != CUDA_SUCCESS)
+    return st;
+  if (CUresult st = copy_side(r.dst, r, &p.dstMemoryType, &dst_host, &p.dstDevice, &p.dstArray); st != CUDA_SUCCESS)
+    return st;
+  p.srcXInBytes = r.src.x_bytes;
+  p.srcY = r.src.y;
+  p.srcZ = r.src.z;
+  p.srcHost = src_host;
+  p.srcPitch = r.src.type == CU_MEMORYTYPE_ARRAY ? 0 : r.src.pitch;
+  p.srcHeight = r.src.type == CU_MEMORYTYPE_ARRAY ? 0 : r.src.height;
+  p.dstXInBytes = r.dst.x_bytes;
+  p.dstY = r.dst.y;
+  p.dstZ = r.dst.z;
+  p.dstHost = const_cast<void*>(dst_host);
+  p.dstPitch = r.dst.type == CU_MEMORYTYPE_ARRAY ? 0 : r.dst.pitch;
+  p.dstHeight = r.dst.type == CU_MEMORYTYPE_ARRAY ? 0 : r.dst.height;
+  p.WidthInBytes = r.width_bytes;
+  p.Height = r.height;
+  p.Depth = r.depth;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    if ((r.flags & kWaitStream) != 0)
+      if (CUresult st = refuse_in_capture(s); st != CUDA_SUCCESS) return st;
+    const CUresult st = cu_.cuMemcpy3DAsync(&p, s);
+    return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
+  }
+  return cu_.cuMemcpy3D(&p);
+}
+
+// A guest's resource descriptor in the driver's terms: its handles resolved,
+// its device memory checked to be the guest's over the whole extent.
+CUresult Worker::resource_from_wire(const ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle) {
+  *out = CUDA_RESOURCE_DESC{};
+  out->resType = static_cast<CUresourcetype>(w.type);
+  out->flags = w.flags;
+  *handle = 0;
+  switch (w.type) {
+    case CU_RESOURCE_TYPE_ARRAY: {
+      ArrayEntry* a = arrays_.find(w.handle);
+      if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      out->res.array.hArray = a->real;
+      *handle = w.handle;
+      return CUDA_SUCCESS;
+    }
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
+      MipmapEntry* m = mipmaps_.find(w.handle);
+      if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      out->res.mipmap.hMipmappedArray = m->real;
+      *handle = w.handle;
+      return CUDA_SUCCESS;
+    }
+    case CU_RESOURCE_TYPE_LINEAR:
+      if (w.size_bytes == 0 || !owns_device(w.dptr, w.size_bytes)) return CUDA_ERROR_INVALID_VALUE;
+      out->res.linear.devPtr = w.dptr;
+      out->res.linear.format = static_cast<CUarray_format>(w.format);
+      out->res.linear.numChannels = w.channels;
+      out->res.linear.sizeInBytes = w.size_bytes;
+      return CUDA_SUCCESS;
+    case CU_RESOURCE_TYPE_PITCH2D: {
+      const std::uint64_t elem = element_bytes(w.format, w.channels);
+      std::uint64_t row, extent;
+      if (elem == 0 || w.height == 0 || __builtin_mul_overflow(w.width, elem, &row) || row > w.pitch ||
+          __builtin_mul_overflow(w.pitch, w.height - 1, &extent) || __builtin_add_overflow(extent, row, &extent) ||
+          !owns_device(w.dptr, extent))
+        return CUDA_ERROR_INVALID_VALUE;
+      out->res.pitch2D.devPtr = w.dptr;
+      out->res.pitch2D.format = static_cast<CUarray_format>(w.format);
+      out->res.pitch2D.numChannels = w.channels;
+      out->res.pitch2D.width = w.width;
+      out->res.pitch2D.height = w.height;
+      out->res.pitch2D.pitchInBytes = w.pitch;
+      return CUDA_SUCCESS;
+    }
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult Worker::on_TexCreate(Call& c) {
+  const auto r = c.req<ReqTexCreate>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUDA_RESOURCE_DESC res;
+  std::uint64_t handle = 0;
+  if (CUresult st = resource_from_wire(r.res, &res, &handle); st != CUDA_SUCCESS) return st;
+  const bool surface = (r.flags & kTexSurface) != 0;
+  std::uint64_t obj = 0;
+  CUresult st;
+  if (surface) {
+    CUsurfObject s = 0;
+    st = cu_.cuSurfObjectCreate(&s, &res);
+    obj = s;
+  } else {
+    CUDA_TEXTURE_DESC t{};
+    for (int i = 0; i < 3; ++i) t.addressMode[i] = static_cast<CUaddress_mode>(r.tex.address[i]);
+    t.filterMode = static_cast<CUfilter_mode>(r.tex.filter);
+    t.flags = r.tex.flags;
+    t.maxAnisotropy = r.tex.max_anisotropy;
+    t.mipmapFilterMode = static_cast<CUfilter_mode>(r.tex.mipmap_filter);
+    t.mipmapLevelBias = r.tex.mipmap_bias;
+    t.minMipmapLevelClamp = r.tex.min_mipmap_clamp;
+    t.maxMipmapLevelClamp = r.tex.max_mipmap_clamp;
+    for (int i = 0; i < 4; ++i) t.borderColor[i] = r.tex.border[i];
+    CUDA_RESOURCE_VIEW_DESC v{};
+    v.format = static_cast<CUresourceViewFormat>(r.view.format);
+    v.width = r.view.width;
+    v.height = r.view.height;
+    v.depth = r.view.depth;
+    v.firstMipmapLevel = r.view.first_level;
+    v.lastMipmapLevel = r.view.last_level;
+    v.firstLayer = r.view.first_layer;
+    v.lastLayer = r.view.last_layer;
+    CUtexObject t_obj = 0;
+    st = cu_.cuTexObjectCreate(&t_obj, &res, &t, (r.flags & kTexHasView) != 0 ? &v : nullptr);
+    obj = t_obj;
+  }
+  if (st != CUDA_SUCCESS) return st;
+  tex_objects_[obj] = TexEntry{r.ctx, surface, handle};
+  c.set_reply(RepHandle{obj});
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::on_TexDestroy(Call& c) {
+  const auto r = c.req<ReqTexObject>();
+  auto it = tex_objects_.find(r.object);
+  const bool surface = (r.flags & kTexSurface) != 0;
+  // Destroying an object that is not there succeeds on driver 580 (H200):
+  // the same answer, and the driver never sees a value we did not hand out.
+  if (it == tex_objects_.end() || it->second.surface != surface) return CUDA_SUCCESS;
+  if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
+  const CUresult st = surface ? cu_.cuSurfObjectDestroy(r.object) : cu_.cuTexObjectDestroy(r.object);
+  tex_objects_.erase(it);
+  return st;
+}
+
+CUresult Worker::on_TexQuery(Call& c) {
+  const auto r = c.req<ReqTexObject>();
+  auto it = tex_objects_.find(r.object);
+  const bool surface = (r.flags & kTexSurface) != 0;
+  if (it == tex_objects_.end() || it->second.surface != surface) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
+  RepTexInfo rep{};
+  CUresult st = CUDA_ERROR_INVALID_VALUE;
+  if (r.query == kTexQueryResource) {
+    CUDA_RESOURCE_DESC res{};
+    st = surface ? cu_.cuSurfObjectGetResourceDesc(&res, r.object) : cu_.cuTexObjectGetResourceDesc(&res, r.object);
+    rep.res.type = res.resType;
+    rep.res.flags = res.flags;
+    switch (res.resType) {
+      case CU_RESOURCE_TYPE_ARRAY:
+      case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
+        rep.res.handle = it->second.resource;  // never the driver's handle
+        break;
+      case CU_RESOURCE_TYPE_LINEAR:
+        rep.res.dptr = res.res.linear.devPtr;
+        rep.res.format = res.res.linear.format;
+        rep.res.channels = res.res.linear.numChannels;
+        rep.res.size_bytes = res.res.linear.sizeInBytes;
+        break;
+      case CU_RESOURCE_TYPE_PITCH2D:
+        rep.res.dptr = res.res.pitch2D.devPtr;
+        rep.res.format = res.res.pitch2D.format;
+        rep.res.channels = res.res.pitch2D.numChannels;
+        rep.res.width = res.res.pitch2D.width;
+        rep.res.height = res.res.pitch2D.height;
+        rep.res.pitch = res.res.pitch2D.pitchInBytes;
+        break;
+      default:
+        break;
+    }
+  } else if (r.query == kTexQueryTexture && !surface) {
+    CUDA_TEXTURE_DESC t{};
+    st = cu_.cuTexObjectGetTextureDesc(&t, r.object);
+    for (int i = 0; i < 3; ++i) rep.tex.address[i] = t.addressMode[i];
+    rep.tex.filter = t.filterMode;
+    rep.tex.flags = t.flags;
+    rep.tex.max_anisotropy = t.maxAnisotropy;
+    rep.tex.mipmap_filter = t.mipmapFilterMode;
+    rep.tex.mipmap_bias = t.mipmapLevelBias;
+    rep.tex.min_mipmap_clamp = t.minMipmapLevelClamp;
+    rep.tex.max_mipmap_clamp = t.maxMipmapLevelClamp;
+    for (int i = 0; i < 4; ++i) rep.tex.border[i] = t.borderColor[i];
+  } else if (r.query == kTexQueryView && !surface) {
+    CUDA_RESOURCE_VIEW_DESC v{};
+    st = cu_.cuTexObjectGetResourceViewDesc(&v, r.object);
+    rep.view.format = v.format;
+    rep.view.width = v.width;
+    rep.view.height = v.height;
+    rep.view.depth = v.depth;
+    rep.view.first_level = v.firstMipmapLevel;
+    rep.view.last_level = v.lastMipmapLevel;
+    rep.view.first_layer = v.firstLayer;
+    rep.view.last_layer = v.lastLayer;
+  }
+  c.set_reply(rep);
+  return st;
+}
+
+// A context's arrays and objects die with it. `destroy`: the driver's context
+// lives on (a primary context released by the guest), so free them there too.
+void Worker::release_ctx_arrays(std::uint64_t ctx, bool destroy) {
+  for (auto it = tex_objects_.begin(); it != tex_objects_.end();) {
+    if (it->second.ctx != ctx) {
+      ++it;
+      continue;
+    }
+    if (destroy) it->second.surface ? cu_.cuSurfObjectDestroy(it->first) : cu_.cuTexObjectDestroy(it->first);
+    it = tex_objects_.erase(it);
+  }
+  std::vector<std::uint64_t> dead;
+  arrays_.for_each([&](std::uint64_t h, ArrayEntry& a) {
+    if (a.ctx != ctx) return;
+    if (destroy && a.mipmap == 0) cu_.cuArrayDestroy(a.real);
+    dead.push_back(h);
+  });
+  for (auto h : dead) arrays_.erase(h);
+  dead.clear();
+  mipmaps_.for_each([&](std::uint64_t h, MipmapEntry& m) {
+    if (m.ctx != ctx) return;
+    if (destroy) cu_.cuMipmappedArrayDestroy(m.real);
+    dead.push_back(h);
+  });
+  for (auto h : dead) mipmaps_.erase(h);
+}
+
+}  // namespace ivcuda::host
