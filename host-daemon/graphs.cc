@@ -208,9 +208,12 @@ CUresult Worker::on_CaptureToGraph(Call& c) {
   std::vector<CUgraphNode> deps;
   std::vector<CUgraphEdgeData> data;
   if (CUresult st = capture_nodes(c.tail<ReqCaptureToGraph>(), r.count, &deps, &data); st != CUDA_SUCCESS) return st;
-  return cu_.cuStreamBeginCaptureToGraph(s, g->real, deps.empty() ? nullptr : deps.data(),
-                                         data.empty() ? nullptr : data.data(), deps.size(),
-                                         static_cast<CUstreamCaptureMode>(r.mode));
+  const CUresult st = cu_.cuStreamBeginCaptureToGraph(s, g->real, deps.empty() ? nullptr : deps.data(),
+                                                      data.empty() ? nullptr : data.data(), deps.size(),
+                                                      static_cast<CUstreamCaptureMode>(r.mode));
+  // The same bookkeeping as cuStreamBeginCapture (capture modes per guest thread).
+  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, static_cast<CUstreamCaptureMode>(r.mode)};
+  return st;
 }
 
 CUresult Worker::on_CaptureUpdateDeps(Call& c) {
