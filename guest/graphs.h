@@ -23,4 +23,12 @@ bool any_capture() noexcept;
 // Calls cb(user, f) for every kernel of `mod` (cuFFT's export-table hook).
 CUresult for_each_module_function(CUmodule mod, void (*cb)(void* user, CUfunction f), void* user) noexcept;
 
+// A graph host node's pair of arena words (hostfunc.cc): *off is its BAR
+// offset; the dispatcher runs fn(data) once per step of the pair's `reached`
+// word, for the rest of the process. One pair per (fn, data). `once`: a user
+// object's destructor, a pair of its own that runs fn once and is then forgotten.
+CUresult host_node_pair(CUhostFn fn, void* data, std::uint64_t* off, bool once = false) noexcept;
+// The function and data of the pair at BAR offset off.
+bool host_node_of(std::uint64_t off, CUhostFn* fn, void** data) noexcept;
+
 }  // namespace ivcuda::guest

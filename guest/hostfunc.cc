@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "guest/graphs.h"
 #include "guest/guard.h"
 #include "guest/runtime.h"
 #include "ring/spsc_ring.h"
@@ -47,6 +48,7 @@ constexpr std::uint64_t kPairBytes = 2 * sizeof(std::uint32_t);
 constexpr unsigned kSpinPolls = 2000;            // polls before sleeping (a few tens of us)
 constexpr auto kShortSleep = std::chrono::microseconds(20);
 constexpr auto kLongSleep = std::chrono::microseconds(50);
+constexpr auto kWatchSleep = std::chrono::microseconds(500);
 constexpr unsigned kShortSleeps = 50;            // ~1 ms of short sleeps, then long ones
 
 // One pair of arena words: `reached` at off, `done` at off + 4.
@@ -65,11 +67,24 @@ struct Pending {
 
 // Process-wide. Allocated once and never destroyed: the detached dispatcher
 // may still be sleeping on `cv` while static destructors run at exit.
+// A graph host node's pair (graphs.cc): the host's driver runs the node as a
+// callback of the worker that adds one to `reached` and waits until `done`
+// catches up, once per execution of the node, so the pair is watched for as
+// long as the process lives: every step of `reached` runs the function once.
+struct Watcher {
+  std::uint64_t off = 0;      // the pair's BAR offset
+  std::uint32_t handled = 0;  // the last `reached` value run
+  CUhostFn fn = nullptr;
+  void* data = nullptr;
+  bool once = false;          // a user object's destructor: runs once, then unwatched
+};
+
 struct Dispatcher {
   std::mutex mu;                     // guards everything below
-  std::condition_variable cv;        // pending became non-empty
+  std::condition_variable cv;        // pending or watchers became non-empty
   std::vector<Pending> pending;      // in submission order
   std::vector<Pair> free_pairs;
+  std::vector<Watcher> watchers;
   bool started = false;
 };
 
@@ -115,8 +130,28 @@ void run_one(const Pending& p) {
   unsigned idle = 0;
   std::unique_lock lk(d->mu);
   for (;;) {
-    d->cv.wait(lk, [&] { return !d->pending.empty(); });
+    d->cv.wait(lk, [&] { return !d->pending.empty() || !d->watchers.empty(); });
     bool ran = false;
+    for (std::size_t i = 0; i < d->watchers.size() && !ran; ++i) {
+      Watcher& w = d->watchers[i];
+      // Pairs with the worker's fetch_add on `reached` (graphs.cc, host_node_call).
+      const std::uint32_t v = ivcuda::ring::load_acquire(*word(rt, w.off));
+      if (v == w.handled) continue;
+      const Watcher run = w;
+      w.handled = run.handled + 1;
+      // Its pair is not reused: `reached` no longer follows the seq scheme.
+      if (run.once) d->watchers.erase(d->watchers.begin() + static_cast<std::ptrdiff_t>(i));
+      lk.unlock();
+      run.fn(run.data);
+      // Pairs with the worker's load_acquire of `done`: the node completes.
+      ivcuda::ring::store_release(*word(rt, run.off + sizeof(std::uint32_t)), run.handled + 1);
+      lk.lock();
+      ran = true;
+    }
+    if (ran) {
+      idle = 0;
+      continue;
+    }
     for (std::size_t i = 0; i < d->pending.size(); ++i) {
       const Pending p = d->pending[i];
       std::uint32_t* reached = word(rt, p.pair.off);
@@ -151,7 +186,11 @@ void run_one(const Pending& p) {
       __builtin_ia32_pause();
 #endif
     } else {
-      std::this_thread::sleep_for(idle < kSpinPolls + kShortSleeps ? kShortSleep : kLongSleep);
+      // Only graph host nodes watched: they may not run for a long time.
+      const bool only_watchers = d->pending.empty();
+      std::this_thread::sleep_for(idle < kSpinPolls + kShortSleeps ? kShortSleep
+                                  : only_watchers                  ? kWatchSleep
+                                                                   : kLongSleep);
     }
     if (idle < kSpinPolls + kShortSleeps) ++idle;
     lk.lock();
@@ -250,6 +289,49 @@ CUresult launch_host(CUstream s, Pending p) {
 }
 
 }  // namespace
+
+CUresult ivcuda::guest::host_node_pair(CUhostFn fn, void* data, std::uint64_t* off, bool once) noexcept {
+  return guard([&] {
+    Runtime* rt = Runtime::current();
+    if (rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (rt->hello().arena_device_base == 0) return CUDA_ERROR_NOT_SUPPORTED;
+    Dispatcher* d = dispatcher();
+    ensure_started(d);
+    if (!once) {
+      std::lock_guard lk(d->mu);
+      for (const Watcher& w : d->watchers)
+        if (!w.once && w.fn == fn && w.data == data) {
+          *off = w.off;
+          return CUDA_SUCCESS;
+        }
+    }
+    Pair p;
+    if (const CUresult st = take_pair(rt, d, &p); st != CUDA_SUCCESS) return st;
+    // The words keep what an earlier use left; `done` trails `reached`.
+    Watcher w{p.off, ivcuda::ring::load_acquire(*word(rt, p.off)), fn, data, once};
+    ivcuda::ring::store_release(*word(rt, p.off + sizeof(std::uint32_t)), w.handled);
+    {
+      std::lock_guard lk(d->mu);
+      d->watchers.push_back(w);
+    }
+    d->cv.notify_one();
+    *off = p.off;
+    return CUDA_SUCCESS;
+  });
+}
+
+bool ivcuda::guest::host_node_of(std::uint64_t off, CUhostFn* fn, void** data) noexcept {
+  Dispatcher* d = g_disp;
+  if (d == nullptr) return false;
+  std::lock_guard lk(d->mu);
+  for (const Watcher& w : d->watchers)
+    if (w.off == off) {
+      *fn = w.fn;
+      *data = w.data;
+      return true;
+    }
+  return false;
+}
 
 CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;

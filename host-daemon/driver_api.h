@@ -2,7 +2,8 @@
 // machines without one. Each entry is the symbol cuda.h's macros select for
 // a CUDA 13 caller (cuMemAlloc -> cuMemAlloc_v2, cuCtxCreate -> cuCtxCreate_v4,
 // cuStreamBeginCapture -> _v2, cuStreamGetCaptureInfo -> _v3, cuGraphInstantiate ->
-// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2, cuIpcOpenMemHandle -> _v2).
+// cuGraphInstantiateWithFlags, cuStreamWriteValue32/cuStreamWaitValue32 -> _v2, cuIpcOpenMemHandle -> _v2,
+// the graph calls with edge data and cuGraphAddKernelNode and friends -> _v2).
 #pragma once
 
 #include <cuda.h>
@@ -58,7 +59,28 @@ namespace ivcuda::host {
   X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)              \
   X(cuMemPoolExportPointer)                                                    \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuIpcGetEventHandle)    \
-  X(cuIpcOpenEventHandle)
+  X(cuIpcOpenEventHandle) \
+  X(cuGraphAddKernelNode)             \
+  X(cuGraphAddMemcpyNode) X(cuGraphAddMemsetNode) X(cuGraphAddEmptyNode) X(cuGraphAddChildGraphNode) \
+  X(cuGraphAddEventRecordNode) X(cuGraphAddEventWaitNode) X(cuGraphKernelNodeGetParams)       \
+  X(cuGraphKernelNodeSetParams) X(cuGraphMemcpyNodeGetParams) X(cuGraphMemcpyNodeSetParams)   \
+  X(cuGraphMemsetNodeGetParams) X(cuGraphMemsetNodeSetParams) X(cuGraphEventRecordNodeGetEvent) \
+  X(cuGraphEventRecordNodeSetEvent) X(cuGraphEventWaitNodeGetEvent) X(cuGraphEventWaitNodeSetEvent) \
+  X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemcpyNodeSetParams)                         \
+  X(cuGraphExecMemsetNodeSetParams) X(cuGraphExecChildGraphNodeSetParams)                     \
+  X(cuGraphExecEventRecordNodeSetEvent) X(cuGraphExecEventWaitNodeSetEvent) X(cuGraphGetRootNodes) \
+  X(cuGraphGetEdges) X(cuGraphNodeGetDependencies) X(cuGraphNodeGetDependentNodes)           \
+  X(cuGraphNodeGetType) X(cuGraphDestroyNode) X(cuGraphClone) X(cuGraphNodeFindInClone)      \
+  X(cuGraphExecGetFlags) X(cuGraphExecUpdate) X(cuGraphNodeSetEnabled) X(cuGraphNodeGetEnabled) \
+  X(cuGraphChildGraphNodeGetGraph) X(cuGraphAddDependencies) X(cuGraphRemoveDependencies) \
+  X(cuGraphAddHostNode) X(cuGraphHostNodeGetParams) X(cuGraphHostNodeSetParams) X(cuGraphExecHostNodeSetParams) \
+  X(cuStreamBeginCaptureToGraph) X(cuStreamUpdateCaptureDependencies) \
+  X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphMemAllocNodeGetParams) X(cuGraphMemFreeNodeGetParams) \
+  X(cuGraphAddNode) X(cuGraphConditionalHandleCreate) \
+  X(cuUserObjectCreate) X(cuUserObjectRetain) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject) \
+  X(cuGraphDebugDotPrint) X(cuGraphKernelNodeGetAttribute) X(cuGraphKernelNodeSetAttribute) \
+  X(cuGraphKernelNodeCopyAttributes) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)       \
+  X(cuDeviceSetGraphMemAttribute)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

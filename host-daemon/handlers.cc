@@ -99,7 +99,7 @@ void Worker::drop_ctx_objects(std::uint64_t ctx) {
   graphs_.for_each([&](std::uint64_t h, GraphEntry& g) {
     if (g.ctx == ctx) dead.push_back(h);
   });
-  for (auto h : dead) graphs_.erase(h);
+  for (auto h : dead) drop_graph(h);  // graphs.cc: their nodes too
   dead.clear();
   execs_.for_each([&](std::uint64_t h, ExecEntry& e) {
     if (e.ctx == ctx) dead.push_back(h);
@@ -447,135 +447,6 @@ CUresult Worker::on_EventDestroy(Call& c) {
   return destroy_in_ctx(events_, h, [&](EventEntry& e) {
     return ipc_on_event_destroy(h, e.real) ? cu_.cuEventDestroy(e.real) : CUDA_SUCCESS;
   });
-}
-
-// ------------------------------------------------------------------ capture helpers
-
-// A copy through memory the worker only lends for the duration of the call
-// (an inline record, a staging chunk) cannot become a graph node: the graph
-// would replay from memory that has been reused. Such a copy into a
-// capturing stream fails as CUDA fails an unsupported capture operation,
-// and the capture is invalidated the way the driver does it for other
-// illegal calls (synchronising a capturing stream does exactly that).
-CUresult Worker::on_CaptureMode(Call& c) {
-  const auto r = c.req<ReqCaptureMode>();
-  if (r.mode != CU_STREAM_CAPTURE_MODE_GLOBAL && r.mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      r.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-    return CUDA_ERROR_INVALID_VALUE;
-  c.ch.capture_mode = static_cast<CUstreamCaptureMode>(r.mode);
-  return CUDA_SUCCESS;
-}
-
-CUresult Worker::refuse_in_capture(CUstream s) {
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (cu_.cuStreamIsCapturing(s, &cs) != CUDA_SUCCESS || cs == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
-  if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) (void)cu_.cuStreamSynchronize(s);
-  if (errors_logged_++ < 100)
-    IVLOG_INFO("guest %u: a pageable-memory copy cannot be captured into a graph", cfg_.guest_id);
-  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-}
-
-// ------------------------------------------------------------------ capture and graphs
-
-CUresult Worker::on_StreamBeginCapture(Call& c) {
-  const auto r = c.req<ReqCapture>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  const CUresult st = cu_.cuStreamBeginCapture(s, static_cast<CUstreamCaptureMode>(r.mode));
-  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, static_cast<CUstreamCaptureMode>(r.mode)};
-  return st;
-}
-
-CUresult Worker::on_StreamEndCapture(Call& c) {
-  const auto r = c.req<ReqHandle>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
-  CUgraph g = nullptr;
-  const CUresult st = cu_.cuStreamEndCapture(s, &g);
-  // Ended, or never begun: either way no capture is under way on it now.
-  captures_.erase(s);
-  RepHandle rep{};
-  if (g != nullptr) rep.handle = graphs_.insert(GraphEntry{g, r.ctx});
-  c.set_reply(rep);
-  return st;
-}
-
-CUresult Worker::on_StreamCaptureInfo(Call& c) {
-  const auto r = c.req<ReqHandle>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  size_t n = 0;
-  const CUresult st = cu_.cuStreamGetCaptureInfo(s, &cs, &id, nullptr, nullptr, nullptr, &n);
-  c.set_reply(RepCaptureInfo{static_cast<std::uint32_t>(cs), 0, id, n});
-  return st;
-}
-
-CUresult Worker::on_GraphCreate(Call& c) {
-  const auto r = c.req<ReqGraphCreate>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  if (r.flags > 0xffffffffu) return CUDA_ERROR_INVALID_VALUE;
-  CUgraph g = nullptr;
-  const CUresult st = cu_.cuGraphCreate(&g, static_cast<unsigned>(r.flags));
-  if (st != CUDA_SUCCESS) return st;
-  c.set_reply(RepHandle{graphs_.insert(GraphEntry{g, r.ctx})});
-  return CUDA_SUCCESS;
-}
-
-CUresult Worker::on_GraphNodeCount(Call& c) {
-  const auto r = c.req<ReqHandle>();
-  GraphEntry* g = graphs_.find(r.handle);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult st = use_ctx(g->ctx); st != CUDA_SUCCESS) return st;
-  size_t n = 0;
-  const CUresult st = cu_.cuGraphGetNodes(g->real, nullptr, &n);
-  c.set_reply(RepValue{static_cast<std::int64_t>(n)});
-  return st;
-}
-
-CUresult Worker::on_GraphInstantiate(Call& c) {
-  const auto r = c.req<ReqGraphCreate>();
-  GraphEntry* g = graphs_.find(r.graph);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult st = use_ctx(r.ctx != 0 ? r.ctx : g->ctx); st != CUDA_SUCCESS) return st;
-  CUgraphExec e = nullptr;
-  const CUresult st = cu_.cuGraphInstantiate(&e, g->real, r.flags);
-  if (st != CUDA_SUCCESS) return st;
-  c.set_reply(RepHandle{execs_.insert(ExecEntry{e, g->ctx})});
-  return CUDA_SUCCESS;
-}
-
-// cuGraphLaunch and cuGraphUpload: an executable graph and a stream.
-template <class DriverCall>
-CUresult Worker::exec_on_stream(Call& c, DriverCall call) {
-  const auto r = c.req<ReqGraphLaunch>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  ExecEntry* e = execs_.find(r.exec);
-  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  return call(e->real, s);
-}
-
-CUresult Worker::on_GraphLaunch(Call& c) { return exec_on_stream(c, cu_.cuGraphLaunch); }
-
-CUresult Worker::on_GraphUpload(Call& c) { return exec_on_stream(c, cu_.cuGraphUpload); }
-
-CUresult Worker::on_GraphExecDestroy(Call& c) {
-  const auto h = c.req<ReqHandle>().handle;
-  if (execs_.find(h) == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return destroy_in_ctx(execs_, h, [&](ExecEntry& e) { return cu_.cuGraphExecDestroy(e.real); });
-}
-
-CUresult Worker::on_GraphDestroy(Call& c) {
-  const auto h = c.req<ReqHandle>().handle;
-  if (graphs_.find(h) == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return destroy_in_ctx(graphs_, h, [&](GraphEntry& g) { return cu_.cuGraphDestroy(g.real); });
 }
 
 }  // namespace ivcuda::host

@@ -198,6 +198,7 @@ void Worker::cleanup() noexcept {
   // reaping a worker that could not).
   if (cfg_.share != nullptr) (void)cfg_.share->withdraw_owner(::getpid());
   if (cu_.handle == nullptr) return;
+  abandon_host_nodes();  // graphs.cc: a host node waiting for the gone guest gives up
   destroy_created_pools();
   // Contexts the guest created die with everything in them; primaries are
   // released as often as the guest retained them. Process exit would free

@@ -121,6 +121,25 @@ class Worker {
   struct GraphEntry {
     CUgraph real = nullptr;
     std::uint64_t ctx = 0;
+    // A child graph node's embedded graph (cuGraphChildGraphNodeGetGraph):
+    // the node owns it, so it goes with that node and cannot be destroyed.
+    std::uint64_t owner_node = 0;
+  };
+  // A graph host node's meeting point with the guest: a pair of words in its
+  // arena (graphs.cc, host_node_call). Owned by the worker: every graph,
+  // clone and executable graph made from the node points at it.
+  struct HostNodeSlot {
+    std::uint32_t* reached = nullptr;
+    std::uint32_t* done = nullptr;
+    std::uint64_t off = 0;  // BAR offset of `reached`
+  };
+  struct UserObjEntry {
+    CUuserObject real = nullptr;
+    std::uint64_t refs = 0;  // references the guest itself holds
+  };
+  struct NodeEntry {
+    CUgraphNode real = nullptr;
+    std::uint64_t graph = 0;  // the graph handle it belongs to
   };
   struct ExecEntry {
     CUgraphExec real = nullptr;
@@ -148,7 +167,7 @@ class Worker {
   // (cuIpcCloseMemHandle ends it). kFreed: an allocation its owner freed while
   // another process of this worker still has it open through IPC; freed for
   // real at the last close.
-  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kIpc, kFreed };
+  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kIpc, kFreed, kGraphMem };
   struct DevRange {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
@@ -190,6 +209,26 @@ class Worker {
   CUresult launch_with(const proto::ReqLaunch& r, std::span<const std::byte> params,
                        std::span<const CUlaunchAttribute> attrs, bool cooperative);
   CUresult refuse_in_capture(CUstream s);
+  // Graph building (graphs.cc).
+  std::uint64_t node_handle(CUgraphNode real, std::uint64_t graph);
+  void drop_graph(std::uint64_t graph);
+  void drop_node(std::uint64_t node);
+  CUresult node_in_ctx(std::uint64_t h, NodeEntry** out);
+  CUresult add_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
+                    std::span<const std::byte> packed, CUgraphNode* out);
+  CUresult set_node_params(NodeEntry& n, CUgraphExec exec, const proto::GraphNodeParams& p,
+                           std::span<const std::byte> packed);
+  CUresult get_node_params(NodeEntry& n, Call& c);
+  CUresult to_driver_copy(const proto::GraphNodeParams& p, CUDA_MEMCPY3D* out);
+  CUresult to_driver_memset(const proto::GraphNodeParams& p, CUDA_MEMSET_NODE_PARAMS* out);
+  CUresult graph_list(Call& c, const proto::ReqGraphQuery& r);
+  CUresult capture_nodes(std::span<const std::byte> tail, std::uint32_t count, std::vector<CUgraphNode>* nodes,
+                         std::vector<CUgraphEdgeData>* data);
+  CUresult add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
+                              std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr);
+  CUresult add_conditional_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
+                                CUgraphNode* out, std::vector<CUgraph>* bodies);
+  CUresult host_node_params(const proto::GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out);
   CUresult record_event(std::uint64_t ctx, std::uint64_t event, std::uint64_t stream, unsigned flags);
   // VMM (vmm.cc): guest locations and properties in the driver's numbering.
   CUresult to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const;
@@ -246,6 +285,13 @@ class Worker {
   HandleTable<GraphEntry> graphs_{proto::HandleKind::kGraph};
   HandleTable<ExecEntry> execs_{proto::HandleKind::kGraphExec};
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
+  HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
+  HandleTable<UserObjEntry> user_objs_{proto::HandleKind::kUserObject};
+  std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
+  std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
+  // Graphs a capture made, given a handle before the capture ended
+  // (CaptureGraphInfo): stream -> graph handle. A failed end destroys them.
+  std::map<CUstream, std::uint64_t> capture_graphs_;
   HandleTable<ArrayEntry> arrays_{proto::HandleKind::kArray};
   HandleTable<MipmapEntry> mipmaps_{proto::HandleKind::kMipmappedArray};
   std::map<std::uint64_t, TexEntry> tex_objects_;  // driver value -> what it is

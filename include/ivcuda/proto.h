@@ -38,7 +38,7 @@ inline constexpr u32 kDevNameBytes = 256;
 enum class HandleKind : u8 {
   kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
   kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9,
-  kArray = 10, kMipmappedArray = 11,
+  kArray = 10, kMipmappedArray = 11, kGraphNode = 12, kUserObject = 13,
 };
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
@@ -141,7 +141,16 @@ enum class HandleKind : u8 {
   X(IpcOpenMemHandle, ReqIpcOpen, RepRange, 1)                           \
   X(IpcCloseMemHandle, ReqIpcClose, RepNone, 1)                          \
   X(IpcGetEventHandle, ReqIpcGet, RepIpcHandle, 1)                       \
-  X(IpcOpenEventHandle, ReqIpcOpen, RepHandle, 1)
+  X(IpcOpenEventHandle, ReqIpcOpen, RepHandle, 1)                    \
+  X(GraphAddNode, ReqGraphAddNode, RepHandle, 1)                         \
+  X(GraphNodeParams, ReqGraphNodeParams, GraphNodeParams, 1)             \
+  X(GraphQuery, ReqGraphQuery, RepValue, 1)                              \
+  X(GraphEdges, ReqGraphEdges, RepNone, 1)                               \
+  X(CaptureGraphInfo, ReqHandle, RepCaptureInfo, 1)                      \
+  X(CaptureToGraph, ReqCaptureToGraph, RepNone, 1)                       \
+  X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)                       \
+  X(UserObject, ReqUserObject, RepHandle, 1)                             \
+  X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -847,6 +856,178 @@ struct ReqIpcClose {
   u32 reserved;
 };
 
+// ---- graph building (guest/graphs.cc, host-daemon/graphs.cc). Nodes are host
+// handles (HandleKind::kGraphNode), each belonging to one graph of this guest.
+// One end of a memcpy node: device memory (CU_MEMORYTYPE_DEVICE, addr is a
+// device address) or page-locked memory (CU_MEMORYTYPE_HOST, addr is a BAR
+// offset in the arena). Arrays and pageable memory never travel.
+struct CopyEnd {
+  u32 type;     // CUmemorytype: 1 host (arena), 2 device
+  u32 reserved;
+  u64 addr;
+  u64 x_bytes;
+  u64 y;
+  u64 z;
+  u64 pitch;
+  u64 height;
+};
+// The parameters of a node of one of the forwarded types. Which fields count
+// depends on `type`; a kernel node's packed parameters (param_bytes) follow.
+struct GraphNodeParams {
+  u32 type;            // CUgraphNodeType
+  u32 reserved0;
+  u64 handle;          // kernel: function; child graph: graph; event record/wait: event
+  u32 grid[3];
+  u32 block[3];
+  u32 shared_bytes;
+  u32 param_bytes;
+  u64 dst;             // memset
+  u64 pitch;
+  u64 width;           // memset: elements per row
+  u64 height;
+  u32 value;
+  u32 elem_size;
+  CopyEnd src;         // memcpy
+  CopyEnd dst_copy;
+  u64 width_bytes;
+  u64 copy_height;
+  u64 depth;
+};
+// A memory allocation node (type CU_GRAPH_NODE_TYPE_MEM_ALLOC, bytes in
+// GraphNodeParams.width, the address in .dst): after GraphNodeParams, where a
+// kernel's parameters go, MemAllocNode and MemAccess [access_count]. Adding
+// one replies with the node handle and then the u64 address.
+struct MemAllocNode {
+  MemProp prop;
+  u64 max_size;
+  u32 access_count;
+  u32 reserved;
+};
+// A conditional node (CU_GRAPH_NODE_TYPE_CONDITIONAL): .handle is the
+// conditional handle, .value the CUgraphConditionalNodeType, .elem_size the
+// number of bodies; adding one replies with the node handle and then the
+// u64 handles of the body graphs the driver made (owned by the node).
+inline constexpr u32 kMaxCondBodies = 64;
+// Deps: u64 node handles [ndeps], then GraphNodeParams (with its packed parameters).
+struct ReqGraphAddNode {
+  u64 ctx;
+  u64 graph;
+  u32 ndeps;
+  u32 reserved;
+};
+// Node parameters: get (the reply is GraphNodeParams and the packed
+// parameters), set on the node, or set on the executable graph `exec`
+// (GraphNodeParams and its packed parameters follow the request).
+inline constexpr u32 kNodeParamsGet = 0;
+inline constexpr u32 kNodeParamsSet = 1;
+inline constexpr u32 kNodeParamsExecSet = 2;
+struct ReqGraphNodeParams {
+  u64 ctx;
+  u64 node;
+  u64 exec;
+  u32 kind;
+  u32 reserved;
+};
+// Questions about graphs and nodes, and the calls that make no new node. The
+// lists are asked with the caller's capacity (0 with kQueryArrays unset: only
+// the count), so the driver answers every count and LOSSY_QUERY itself; the
+// reply is RepValue (the count written back, or the answer) and, for lists,
+// u64 handles [capacity] (edges: from [capacity], to [capacity], edge data
+// [capacity] as the driver's 8 bytes).
+inline constexpr u32 kQueryNodes = 0;         // handle: graph
+inline constexpr u32 kQueryRoots = 1;         // handle: graph
+inline constexpr u32 kQueryEdges = 2;         // handle: graph
+inline constexpr u32 kQueryDeps = 3;          // handle: node
+inline constexpr u32 kQueryDependents = 4;    // handle: node
+inline constexpr u32 kQueryType = 5;          // handle: node -> CUgraphNodeType
+inline constexpr u32 kQueryDestroyNode = 6;   // handle: node
+inline constexpr u32 kQueryClone = 7;         // handle: graph -> new graph
+inline constexpr u32 kQueryFindInClone = 8;   // handle: node, other: clone -> node of the clone
+inline constexpr u32 kQueryExecFlags = 9;     // handle: exec -> flags
+inline constexpr u32 kQueryExecUpdate = 10;   // handle: exec, other: graph -> CUgraphExecUpdateResult,
+                                              //   then u64 error node, u64 error-from node
+inline constexpr u32 kQueryGetEnabled = 11;   // handle: exec, other: node -> 0/1
+inline constexpr u32 kQuerySetEnabled = 12;   // handle: exec, other: node, capacity: 0/1
+inline constexpr u32 kQueryChildGraph = 13;   // handle: node -> the child graph (owned by the node)
+inline constexpr u32 kQueryCondHandle = 14;   // handle: graph, capacity: default value, flags: flags
+                                              //   -> cuGraphConditionalHandleCreate's handle
+inline constexpr u32 kQueryGraphMem = 16;     // handle: device, other: CUgraphMem_attribute; flags 0: get
+                                              //   -> value, 1: set to capacity, 2: cuDeviceGraphMemTrim
+inline constexpr u32 kQueryDot = 15;          // handle: graph, flags: CUgraphDebugDot_flags -> byte count,
+                                              //   then the DOT text cuGraphDebugDotPrint wrote
+inline constexpr u32 kQueryArrays = 1u << 0;     // flags: the caller passed arrays
+inline constexpr u32 kQueryEdgeData = 1u << 1;   // flags: and an edge-data array
+struct ReqGraphQuery {
+  u64 ctx;
+  u64 handle;
+  u64 other;
+  u64 capacity;
+  u32 kind;
+  u32 flags;
+};
+// cuGraphAddDependencies / cuGraphRemoveDependencies: from [count], to
+// [count] and edge data [count] (8 bytes each, zero: the default) follow.
+struct ReqGraphEdges {
+  u64 ctx;
+  u64 graph;
+  u32 count;
+  u32 remove;
+};
+
+// Capture with its graph: CaptureGraphInfo answers as StreamCaptureInfo and,
+// while the capture is active, adds u64 graph handle, u64 node handles
+// [num_deps] and edge data [num_deps] (8 bytes each). CaptureToGraph
+// (cuStreamBeginCaptureToGraph) and CaptureUpdateDeps
+// (cuStreamUpdateCaptureDependencies) carry u64 node handles [count] and edge
+// data [count] after the struct.
+struct ReqCaptureToGraph {
+  u64 ctx;
+  u64 stream;
+  u64 graph;
+  u32 mode;    // CUstreamCaptureMode
+  u32 count;
+};
+struct ReqCaptureDeps {
+  u64 ctx;
+  u64 stream;
+  u32 count;
+  u32 flags;   // CU_STREAM_ADD/SET_CAPTURE_DEPENDENCIES
+};
+
+// User objects (HandleKind::kUserObject). The destructor is guest code: the
+// host's object gets a worker destructor that steps the `reached` word of the
+// guest's pair at BAR offset `off` (guest/hostfunc.cc runs it once).
+inline constexpr u32 kUserObjCreate = 0;        // off, count, flags -> handle
+inline constexpr u32 kUserObjRetain = 1;        // object, count
+inline constexpr u32 kUserObjRelease = 2;       // object, count
+inline constexpr u32 kUserObjGraphRetain = 3;   // graph, object, count, flags
+inline constexpr u32 kUserObjGraphRelease = 4;  // graph, object, count
+struct ReqUserObject {
+  u64 ctx;
+  u64 object;
+  u64 graph;
+  u64 off;
+  u32 count;
+  u32 flags;
+  u32 kind;
+  u32 reserved;
+};
+
+// Kernel node attributes (cuGraphKernelNodeGet/SetAttribute, CopyAttributes
+// from `src`): the value travels as LaunchAttr does, for the attributes made
+// of plain values; the reply is the attribute read.
+inline constexpr u32 kKernelAttrGet = 0;
+inline constexpr u32 kKernelAttrSet = 1;
+inline constexpr u32 kKernelAttrCopy = 2;
+struct ReqGraphKernelAttr {
+  u64 ctx;
+  u64 node;
+  u64 src;
+  u32 kind;
+  u32 reserved;
+  LaunchAttr attr;
+};
+
 // ---- per-op traits, generated from the table
 template <Op op>
 struct OpTraits;
@@ -906,6 +1087,11 @@ static_assert(sizeof(ReqIpcGet) == 24);
 static_assert(sizeof(RepIpcHandle) == 64);
 static_assert(sizeof(ReqIpcOpen) == 80);
 static_assert(sizeof(ReqIpcClose) == 24);
+static_assert(sizeof(CopyEnd) == 56);
+static_assert(sizeof(GraphNodeParams) == 224);
+static_assert(sizeof(ReqGraphQuery) == 40);
+static_assert(sizeof(MemAllocNode) == 40);
+static_assert(sizeof(ReqGraphKernelAttr) == 56);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

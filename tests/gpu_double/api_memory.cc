@@ -196,6 +196,13 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, const CUstream* stream) {
 
 }  // namespace
 
+CUresult ivcuda::gpu_double::graph_mem_alloc(State& s, Handle ctx, std::size_t bytes, CUdeviceptr* out) {
+  void* p = nullptr;
+  if (const CUresult r = allocate(s, ctx, bytes, MemKind::kDevice, 0, &p); r != CUDA_SUCCESS) return r;
+  *out = reinterpret_cast<std::uintptr_t>(p);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return guarded([&](State& s) -> CUresult {
     if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -236,6 +236,21 @@ CUresult pack_params(const PtxEntry& e, void** kernelParams, void** extra,
 
 }  // namespace
 
+CUresult ivcuda::gpu_double::pack_kernel_args(State& s, CUfunction f, void** params, void** extra,
+                                              std::vector<unsigned char>* out) {
+  FunctionRef fr;
+  if (const CUresult r = lookup_function(s, f, &fr); r != CUDA_SUCCESS) return r;
+  return pack_params(*fr.entry, params, extra, out);
+}
+
+CUresult ivcuda::gpu_double::kernel_arg_offsets(State& s, CUfunction f, std::vector<std::size_t>* out) {
+  FunctionRef fr;
+  if (const CUresult r = lookup_function(s, f, &fr); r != CUDA_SUCCESS) return r;
+  out->clear();
+  for (const PtxParam& p : fr.entry->params) out->push_back(p.offset);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
   return load(module, image, 0, nullptr, nullptr);
 }

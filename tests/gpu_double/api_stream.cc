@@ -213,7 +213,7 @@ CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUe
   return elapsed(pMilliseconds, hStart, hEnd);
 }
 
-// ---- stream capture and graphs ---------------------------------------------------------------
+// ---- stream capture (graphs: api_graph.cc) ---------------------------------------------------------------
 
 namespace {
 
@@ -234,9 +234,16 @@ CUresult begin_capture(CUstream h, CUstreamCaptureMode mode) {
     if (const CUresult r = capturable(s, h, &ctx); r != CUDA_SUCCESS) return r;
     if (s.captures.contains(from_handle(h))) return CUDA_ERROR_ILLEGAL_STATE;
     const Handle g = s.new_handle();
-    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}};
-    s.captures[from_handle(h)] = Capture{
-        .graph = g, .mode = mode, .invalidated = false, .id = s.next_capture_id++, .owner = std::this_thread::get_id()};
+    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}, .owner_node = 0, .user_refs = {}};
+    s.captures[from_handle(h)] = Capture{.graph = g,
+                                         .mode = mode,
+                                         .invalidated = false,
+                                         .id = s.next_capture_id++,
+                                         .owner = std::this_thread::get_id(),
+                                         .deps = {},
+                                         .deps_out = {},
+                                         .data_out = {},
+                                         .own_graph = true};
     return CUDA_SUCCESS;
   });
 }
@@ -251,6 +258,58 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) {
   return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
+CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* deps,
+                                             const CUgraphEdgeData* data, size_t n, CUstreamCaptureMode mode) {
+  return guarded([&](State& s) -> CUresult {
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+      return CUDA_ERROR_INVALID_VALUE;
+    Handle ctx = 0;
+    if (const CUresult r = capturable(s, hStream, &ctx); r != CUDA_SUCCESS) return r;
+    if (s.captures.contains(from_handle(hStream))) return CUDA_ERROR_ILLEGAL_STATE;
+    const auto g = s.graphs.find(from_handle(hGraph));
+    if (g == s.graphs.end() || (n != 0 && deps == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<Handle> start;
+    for (size_t i = 0; i < n; ++i) {
+      const auto d = s.graph_nodes.find(from_handle(deps[i]));
+      if (d == s.graph_nodes.end() || d->second.graph != from_handle(hGraph)) return CUDA_ERROR_INVALID_VALUE;
+      if (data != nullptr && data[i].type != 0) return CUDA_ERROR_NOT_SUPPORTED;  // programmatic edges
+      start.push_back(from_handle(deps[i]));
+    }
+    s.captures[from_handle(hStream)] = Capture{.graph = from_handle(hGraph),
+                                               .mode = mode,
+                                               .invalidated = false,
+                                               .id = s.next_capture_id++,
+                                               .owner = std::this_thread::get_id(),
+                                               .deps = std::move(start),
+                                               .deps_out = {},
+                                               .data_out = {},
+                                               .own_graph = false};
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamUpdateCaptureDependencies(CUstream hStream, CUgraphNode* deps, const CUgraphEdgeData* data,
+                                                   size_t n, unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    const auto it = s.captures.find(from_handle(hStream));
+    if (it == s.captures.end() || it->second.invalidated) return CUDA_ERROR_ILLEGAL_STATE;
+    if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (n != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Capture& c = it->second;
+    std::vector<Handle> next = flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES ? std::vector<Handle>{} : c.deps;
+    for (size_t i = 0; i < n; ++i) {
+      const auto d = s.graph_nodes.find(from_handle(deps[i]));
+      if (d == s.graph_nodes.end() || d->second.graph != c.graph) return CUDA_ERROR_INVALID_VALUE;
+      if (data != nullptr && data[i].type != 0) return CUDA_ERROR_NOT_SUPPORTED;
+      if (std::find(next.begin(), next.end(), from_handle(deps[i])) == next.end()) next.push_back(from_handle(deps[i]));
+    }
+    c.deps = std::move(next);
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   return guarded([&](State& s) -> CUresult {
     if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -261,7 +320,7 @@ CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
     const Capture c = it->second;
     s.captures.erase(it);
     if (c.invalidated) {
-      s.graphs.erase(c.graph);
+      if (c.own_graph) destroy_graph(s, c.graph);
       *phGraph = nullptr;
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
@@ -298,11 +357,15 @@ CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStat
               : active              ? CU_STREAM_CAPTURE_STATUS_ACTIVE
                                     : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
     if (id != nullptr && active) *id = it->second.id;
-    if (graph != nullptr && active) *graph = to_handle<CUgraph_st>(it->second.graph);
-    // Nodes are closures here, without handles: no dependencies to report.
-    if (deps != nullptr && active) *deps = nullptr;
-    if (edges != nullptr && active) *edges = nullptr;
-    if (ndeps != nullptr && active) *ndeps = 0;
+    if (!active) return CUDA_SUCCESS;
+    Capture& c = it->second;
+    if (graph != nullptr) *graph = to_handle<CUgraph_st>(c.graph);
+    c.deps_out.clear();
+    for (Handle d : c.deps) c.deps_out.push_back(to_handle<CUgraphNode_st>(d));
+    c.data_out.assign(c.deps.size(), CUgraphEdgeData{});
+    if (deps != nullptr) *deps = c.deps_out.empty() ? nullptr : c.deps_out.data();
+    if (edges != nullptr) *edges = c.data_out.empty() ? nullptr : c.data_out.data();
+    if (ndeps != nullptr) *ndeps = c.deps.size();
     return CUDA_SUCCESS;
   });
 }
@@ -340,83 +403,4 @@ CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   *mode = thread_capture_mode();
   thread_capture_mode() = m;
   return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
-  return guarded([&](State& s) -> CUresult {
-    if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    Handle ctx = 0;
-    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
-    const Handle g = s.new_handle();
-    s.graphs[g] = Graph{.ctx = ctx, .nodes = {}};
-    *phGraph = to_handle<CUgraph_st>(g);
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes) {
-  return guarded([&](State& s) -> CUresult {
-    const auto it = s.graphs.find(from_handle(hGraph));
-    if (it == s.graphs.end() || numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (nodes != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // nodes have no handles here
-    *numNodes = it->second.nodes.size();
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags) {
-  return guarded([&](State& s) -> CUresult {
-    if (phGraphExec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const auto it = s.graphs.find(from_handle(hGraph));
-    if (it == s.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
-    constexpr unsigned long long kKnown = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
-                                          CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
-                                          CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
-                                          CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
-    if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
-    const Handle e = s.new_handle();
-    s.execs[e] = it->second;  // an executable graph is a snapshot
-    *phGraphExec = to_handle<CUgraphExec_st>(e);
-    return CUDA_SUCCESS;
-  });
-}
-
-namespace {
-CUresult graph_launch(CUgraphExec exec, CUstream stream, bool run) {
-  std::vector<Node> nodes;
-  const CUresult r = guarded([&](State& s) -> CUresult {
-    const auto it = s.execs.find(from_handle(exec));
-    if (it == s.execs.end()) return CUDA_ERROR_INVALID_VALUE;
-    if (const CUresult e = check_stream(s, stream); e != CUDA_SUCCESS) return e;
-    if (run) nodes = it->second.nodes;
-    return CUDA_SUCCESS;
-  });
-  if (r != CUDA_SUCCESS) return r;
-  // Launched into a capturing stream, the whole graph becomes part of that capture.
-  if (CUresult c = CUDA_SUCCESS; run && capture_call(stream, [nodes] { return replay(nodes); }, &c)) return c;
-  return replay(nodes);
-}
-}  // namespace
-
-CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
-  return graph_launch(hGraphExec, hStream, true);
-}
-
-CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
-  return graph_launch(hGraphExec, hStream, false);
-}
-
-CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
-  return guarded([&](State& s) -> CUresult {
-    return s.execs.erase(from_handle(hGraphExec)) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-  });
-}
-
-CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
-  return guarded([&](State& s) -> CUresult {
-    const Handle g = from_handle(hGraph);
-    for (const auto& [stream, c] : s.captures)
-      if (c.graph == g) return CUDA_ERROR_INVALID_VALUE;  // still being captured
-    return s.graphs.erase(g) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-  });
 }

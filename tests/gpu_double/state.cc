@@ -64,7 +64,10 @@ void State::release_context_resources(Handle ctx) {
     for (const auto& [name, fn] : it->second.functions) functions.erase(fn);
     it = modules.erase(it);  // its globals went with the allocations above
   }
-  std::erase_if(graphs, [&](const auto& kv) { return kv.second.ctx == ctx; });
+  std::vector<Handle> dead_graphs;
+  for (const auto& [h, g] : graphs)
+    if (g.ctx == ctx && g.owner_node == 0) dead_graphs.push_back(h);
+  for (Handle h : dead_graphs) destroy_graph(*this, h);
   std::erase_if(execs, [&](const auto& kv) { return kv.second.ctx == ctx; });
   std::erase_if(captures, [&](const auto& kv) { return !streams.contains(kv.first); });
 }
@@ -81,7 +84,16 @@ bool record_if_capturing(State& s, CUstream stream, Node node, CUresult* st) {
     *st = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     return true;
   }
-  s.graphs.at(it->second.graph).nodes.push_back(std::move(node));
+  Capture& c = it->second;
+  const Handle h = s.new_handle();
+  GraphNode n;
+  n.graph = c.graph;
+  n.captured = std::move(node);
+  n.deps = c.deps;
+  n.dep_data.assign(c.deps.size(), CUgraphEdgeData{});
+  s.graph_nodes[h] = std::move(n);
+  s.graphs.at(c.graph).nodes.push_back(h);
+  c.deps = {h};
   *st = CUDA_SUCCESS;
   return true;
 }
@@ -98,12 +110,10 @@ bool capture_call(CUstream stream, Node node, CUresult* st) {
   return recorded;
 }
 
-CUresult replay(const std::vector<Node>& nodes) {
+CUresult replaying(const std::function<CUresult()>& fn) {
   const bool outer = t_replaying;  // a graph launched inside a graph
   t_replaying = true;
-  CUresult st = CUDA_SUCCESS;
-  for (const Node& n : nodes)
-    if ((st = n()) != CUDA_SUCCESS) break;
+  const CUresult st = fn();
   t_replaying = outer;
   return st;
 }

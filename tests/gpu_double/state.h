@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <new>
@@ -100,9 +101,12 @@ struct VmmMapping {
   std::array<unsigned char, kMaxDevices> access{};  // CUmemAccess_flags, per device
 };
 
-// Stream capture records the work a capturing stream is given as closures; a graph is
-// that list, an executable graph a copy of it, and a launch replays it in order (work
-// runs at once in the double, so order is all a stream promises).
+// Graphs (api_graph.cc). A graph is a set of nodes with dependencies; a node is either
+// built explicitly (kernel, memcpy, memset, empty, child graph, event record/wait: its
+// parameters are kept) or recorded by stream capture (a closure that repeats the call, made
+// to depend on the capture's previous node). An executable graph is a snapshot of the
+// nodes in a topological order (children snapshotted likewise), and a launch runs them in
+// that order (work runs at once in the double, so order is all a graph promises).
 using Node = std::function<CUresult()>;
 struct Capture {
   Handle graph = 0;
@@ -110,10 +114,71 @@ struct Capture {
   bool invalidated = false;
   unsigned long long id = 0;
   std::thread::id owner;  // the thread that began it
+  std::vector<Handle> deps;  // what the next captured node depends on
+  std::vector<CUgraphNode> deps_out;  // cuStreamGetCaptureInfo's array
+  std::vector<CUgraphEdgeData> data_out;
+  bool own_graph = true;     // false: cuStreamBeginCaptureToGraph's graph
+};
+struct GraphNode {
+  Handle graph = 0;
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  std::vector<Handle> deps;  // incoming edges, in the order they were added
+  std::vector<CUgraphEdgeData> dep_data;
+  Handle origin = 0;         // in a clone: the node it was cloned from
+  Node captured;             // a captured call (type EMPTY as far as queries go)
+  CUfunction func = nullptr;  // kernel
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  unsigned shmem = 0;
+  std::vector<unsigned char> args;  // packed as the PTX lays them out
+  std::vector<void*> argv;          // what cuGraphKernelNodeGetParams hands out
+  CUDA_MEMSET_NODE_PARAMS memset{};
+  CUDA_MEMCPY3D copy{};
+  Handle child = 0;          // child graph, owned by the node
+  CUevent event = nullptr;
+  CUDA_HOST_NODE_PARAMS host{};
+  CUDA_MEM_ALLOC_NODE_PARAMS alloc{};  // accessDescs points into alloc_access
+  std::vector<CUmemAccessDesc> alloc_access;
+  CUdeviceptr freed = 0;  // a free node's address
+  // Conditional nodes: the handle, the CUgraphConditionalNodeType, the bodies (owned).
+  CUgraphConditionalHandle cond = 0;
+  CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
+  std::vector<Handle> bodies;
+  std::map<int, CUkernelNodeAttrValue> attrs;  // kernel node attributes set (kept, not applied)
+};
+// A conditional handle: nothing in the double's kernels sets one, so a conditional node
+// always sees the default value.
+struct CondHandle {
+  Handle graph = 0;
+  unsigned default_value = 0;
+  unsigned flags = 0;
 };
 struct Graph {
   Handle ctx = 0;
-  std::vector<Node> nodes;
+  std::vector<Handle> nodes;  // in creation order
+  Handle owner_node = 0;      // a child graph node's graph
+  std::map<Handle, unsigned> user_refs;  // user object -> references the graph holds
+};
+struct UserObject {
+  void* ptr = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned long long refs = 0;
+};
+struct ExecStep;
+struct Exec {
+  Handle ctx = 0;
+  Handle graph = 0;
+  unsigned long long flags = 0;
+  std::vector<ExecStep> steps;  // topological order
+  std::map<Handle, unsigned> user_refs;  // what the graph held when instantiated
+};
+struct ExecStep {
+  Handle node = 0;            // the node of the instantiated graph it stands for
+  GraphNode params;
+  std::shared_ptr<Exec> child;
+  std::vector<std::shared_ptr<Exec>> bodies;  // a conditional node's
+  unsigned cond_value = 0;                   // its handle's default value
+  bool enabled = true;
 };
 
 struct Context {
@@ -189,7 +254,11 @@ struct State {
   std::vector<Handle> current_pool;  // per device; 0 = the default
   std::unordered_map<Handle, Capture> captures;  // by stream handle
   std::unordered_map<Handle, Graph> graphs;
-  std::unordered_map<Handle, Graph> execs;       // executable graphs
+  std::unordered_map<Handle, GraphNode> graph_nodes;
+  std::unordered_map<CUgraphConditionalHandle, CondHandle> cond_handles;
+  std::unordered_map<Handle, UserObject> user_objects;
+  std::vector<UserObject> dead_user_objects;  // destructors to run once the lock is released
+  std::unordered_map<Handle, Exec> execs;        // executable graphs
   std::unordered_map<Handle, PhysicalMem> physical;   // cuMemCreate handles
   std::map<std::uintptr_t, std::size_t> reservations;  // base -> size; never overlap
   std::map<std::uintptr_t, VmmMapping> mappings;       // by base; never overlap
@@ -239,8 +308,24 @@ CUstreamCaptureMode& thread_capture_mode();
 // prohibited, the captures that prohibit it are invalidated and the call
 // answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. Under the state lock.
 CUresult unsafe_during_capture(State& s);
-// Runs recorded nodes in order, outside the state lock; stops at the first error.
-CUresult replay(const std::vector<Node>& nodes);
+// Runs an executable graph's steps in order, outside the state lock, with capture
+// bypassed; stops at the first error (api_graph.cc).
+CUresult run_exec(const Exec& exec);
+// Runs fn with capture bypassed (what a replayed call must not record again).
+CUresult replaying(const std::function<CUresult()>& fn);
+// Drops references to a user object; at zero its destructor is queued (under the state
+// lock), to run from run_user_destructors() after it.
+void release_user_object(State& s, Handle obj, unsigned long long count);
+void run_user_destructors();
+// Destroys a graph and its nodes (and the child graphs they own). Under the state lock.
+void destroy_graph(State& s, Handle g);
+// Kernel arguments as a launch packs them, and where each parameter lies in the packed
+// buffer (api_module.cc). Under the state lock.
+CUresult pack_kernel_args(State& s, CUfunction f, void** params, void** extra, std::vector<unsigned char>* out);
+CUresult kernel_arg_offsets(State& s, CUfunction f, std::vector<std::size_t>* out);
+// A graph allocation node's memory: device memory of ctx, made when the node is (the
+// double backs it for the context's life; launches do not allocate) (api_memory.cc).
+CUresult graph_mem_alloc(State& s, Handle ctx, std::size_t bytes, CUdeviceptr* out);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
 // global): what a device pointer may reach.

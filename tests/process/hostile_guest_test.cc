@@ -855,3 +855,126 @@ TEST_CASE("IPC handles open only in their tenant, and only as the host issued th
   CHECK(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, ehandle)) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(d.alive());
 }
+
+namespace {
+// GraphAddNode's request: deps, then the parameters and their tail.
+std::vector<std::byte> add_node_tail(std::span<const std::uint64_t> deps, const proto::GraphNodeParams& p,
+                                     std::span<const std::byte> extra = {}) {
+  std::vector<std::byte> t(deps.size_bytes() + sizeof p + extra.size());
+  if (!deps.empty()) std::memcpy(t.data(), deps.data(), deps.size_bytes());
+  std::memcpy(t.data() + deps.size_bytes(), &p, sizeof p);
+  if (!extra.empty()) std::memcpy(t.data() + deps.size_bytes() + sizeof p, extra.data(), extra.size());
+  return t;
+}
+}  // namespace
+
+TEST_CASE("graph requests naming what the guest does not own are refused", "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), other(d.sock);
+  g.open(0);
+  other.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t other_ctx = primary_ctx(other);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kGraphCreate, proto::ReqGraphCreate{ctx, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto graph = RawGuest::as<proto::RepHandle>(out).handle;
+  proto::GraphNodeParams empty{};
+  empty.type = CU_GRAPH_NODE_TYPE_EMPTY;
+  REQUIRE(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, &out, add_node_tail({}, empty)) ==
+          CUDA_SUCCESS);
+  const auto node = RawGuest::as<proto::RepHandle>(out).handle;
+
+  // another guest can name neither the graph nor the node
+  CHECK(other.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{other_ctx, graph, 0, 0}, nullptr,
+                   add_node_tail({}, empty)) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(other.call(0, Op::kGraphCreate, proto::ReqGraphCreate{other_ctx, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto other_graph = RawGuest::as<proto::RepHandle>(out).handle;
+  const std::uint64_t deps[] = {node};
+  CHECK(other.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{other_ctx, other_graph, 1, 0}, nullptr,
+                   add_node_tail(deps, empty)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kGraphQuery, proto::ReqGraphQuery{other_ctx, node, 0, 0, proto::kQueryType, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  // more dependencies declared than sent; a forged node handle
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 3, 0}, nullptr, add_node_tail(deps, empty)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  const std::uint64_t forged[] = {node ^ 0x100000000ull};
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 1, 0}, nullptr, add_node_tail(forged, empty)) ==
+        CUDA_ERROR_INVALID_VALUE);
+
+  // memory it does not own: a memset anywhere, a copy from outside the arena or past it
+  proto::GraphNodeParams ms{};
+  ms.type = CU_GRAPH_NODE_TYPE_MEMSET;
+  ms.dst = 0x10000;
+  ms.width = 16;
+  ms.height = 1;
+  ms.elem_size = 4;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, ms)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  proto::GraphNodeParams cp{};
+  cp.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  cp.src.type = CU_MEMORYTYPE_HOST;
+  cp.src.addr = 0;  // the superblock, not the arena
+  cp.dst_copy.type = CU_MEMORYTYPE_HOST;
+  cp.dst_copy.addr = g.l.arena_off;
+  cp.width_bytes = 64;
+  cp.copy_height = 1;
+  cp.depth = 1;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, cp)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  cp.src.addr = g.l.arena_off + g.l.arena_size - 32;  // runs off the arena's end
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, cp)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  cp.src.addr = g.l.arena_off;  // an extent that overflows
+  cp.src.pitch = 1ull << 40;
+  cp.src.height = 1ull << 40;
+  cp.src.z = 1ull << 30;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, cp)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  // a host node's words misaligned or outside the arena; a free of memory no graph allocated
+  proto::GraphNodeParams hn{};
+  hn.type = CU_GRAPH_NODE_TYPE_HOST;
+  hn.dst = g.l.arena_off + 2;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, hn)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  hn.dst = 8;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, hn)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  proto::GraphNodeParams fr{};
+  fr.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+  fr.dst = 0x10000;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, fr)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  // a kernel node of a function it never looked up
+  proto::GraphNodeParams k{};
+  k.type = CU_GRAPH_NODE_TYPE_KERNEL;
+  k.handle = (std::uint64_t{static_cast<std::uint8_t>(proto::HandleKind::kFunction)} << 56) | 5;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, k)) ==
+        CUDA_ERROR_INVALID_HANDLE);
+
+  // lists longer than a reply, edges whose arrays do not match the count
+  CHECK(g.call(0, Op::kGraphQuery,
+               proto::ReqGraphQuery{ctx, graph, 0, 1ull << 40, proto::kQueryNodes, proto::kQueryArrays}) ==
+        CUDA_ERROR_NOT_SUPPORTED);
+  std::vector<std::byte> edge(24);
+  CHECK(g.call(0, Op::kGraphEdges, proto::ReqGraphEdges{ctx, graph, 2, 0}, nullptr, edge) == CUDA_ERROR_INVALID_VALUE);
+  // a user object released more often than it was retained
+  proto::ReqUserObject uo{};
+  uo.ctx = ctx;
+  uo.off = g.l.arena_off + g.l.arena_size - 8;
+  uo.count = 1;
+  uo.flags = CU_USER_OBJECT_NO_DESTRUCTOR_SYNC;
+  uo.kind = proto::kUserObjCreate;
+  REQUIRE(g.call(0, Op::kUserObject, uo, &out) == CUDA_SUCCESS);
+  uo.object = RawGuest::as<proto::RepHandle>(out).handle;
+  uo.kind = proto::kUserObjRelease;
+  uo.count = 2;
+  CHECK(g.call(0, Op::kUserObject, uo) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(other.call(0, Op::kUserObject, uo) == CUDA_ERROR_INVALID_VALUE);
+  uo.count = 1;
+  CHECK(g.call(0, Op::kUserObject, uo) == CUDA_SUCCESS);
+
+  CHECK(g.call(0, Op::kGraphDestroy, proto::ReqHandle{ctx, graph}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kGraphQuery, proto::ReqGraphQuery{ctx, node, 0, 0, proto::kQueryType, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);  // went with its graph
+  CHECK(d.alive());
+}

@@ -91,6 +91,8 @@ case_ivcuda "drv_pools: created pools, attributes, access, allocations used by k
   "$lib" -- "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported
 case_ivcuda "drv_ipc: memory and an event shared with a child process (another worker), forged handles refused" \
   "$lib" -- "$bin/drv_ipc" --ptx "$ptx" --forged CUDA_ERROR_INVALID_HANDLE
+case_ivcuda "drv_graph_build: graphs built node by node, queried, launched, updated, cloned; forged handles" \
+  "$lib" -- "$bin/drv_graph_build" --ptx "$ptx" --limits
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
@@ -121,6 +123,11 @@ for kind in static shared; do
   prog=$bin/rt_basic_$kind
   if [ ! -x "$prog" ]; then not_run "rt_basic ($kind cudart)" "not built (no nvcc)"; continue; fi
   case_ivcuda "rt_basic: runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
+done
+for kind in static shared; do
+  prog=$bin/rt_graphs_$kind
+  if [ ! -x "$prog" ]; then not_run "rt_graphs ($kind cudart)" "not built (no nvcc)"; continue; fi
+  case_ivcuda "rt_graphs: graphs built with the runtime API, $kind cudart" "$rt_env_preload" "$rt_env_path" -- "$prog"
 done
 for kind in static shared; do
   prog=$bin/rt_texture_$kind
