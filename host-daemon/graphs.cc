@@ -674,8 +674,9 @@ CUresult Worker::on_GraphAddNode(Call& c) {
   c.set_reply(RepHandle{nh});
   if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) c.append(&dptr, sizeof dptr);
   for (CUgraph b : bodies) {
-    // The bodies are the node's, as a child graph node's graph is.
-    const std::uint64_t bh = graphs_.insert(GraphEntry{b, ctx, nh});
+    // The bodies are the node's, as a child graph node's graph is. One the
+    // driver left unfilled stays null for the guest too.
+    const std::uint64_t bh = b == nullptr ? 0 : graphs_.insert(GraphEntry{b, ctx, nh});
     c.append(&bh, sizeof bh);
   }
   return CUDA_SUCCESS;
@@ -732,8 +733,6 @@ CUresult Worker::add_conditional_node(GraphEntry& g, std::span<const CUgraphNode
   const CUresult st =
       cu_.cuGraphAddNode(out, g.real, deps.empty() ? nullptr : deps.data(), nullptr, deps.size(), &np);
   if (st != CUDA_SUCCESS) bodies->clear();
-  // A body count the driver did not fill is not a graph.
-  std::erase(*bodies, nullptr);
   return st;
 }
 

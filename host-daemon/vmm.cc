@@ -104,7 +104,7 @@ CUresult Worker::on_MemRelease(Call& c) {
   // A mapping holds the driver's allocation alive on its own, as CUDA
   // defines it: releasing the handle leaves mapped memory usable.
   const CUresult st = cu_.cuMemRelease(e->real);
-  if (st == CUDA_SUCCESS) mem_handles_.erase(r.handle);
+  if (st == CUDA_SUCCESS && --e->refs == 0) mem_handles_.erase(r.handle);
   return st;
 }
 
@@ -219,6 +219,17 @@ CUresult Worker::on_MemGetProperties(Call& c) {
   return CUDA_SUCCESS;
 }
 
+std::uint64_t Worker::adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size) {
+  std::uint64_t found = 0;
+  mem_handles_.for_each([&](std::uint64_t h, MemHandleEntry& e) {
+    if (e.real == real && found == 0) {
+      ++e.refs;
+      found = h;
+    }
+  });
+  return found != 0 ? found : mem_handles_.insert(MemHandleEntry{real, size});
+}
+
 CUresult Worker::on_MemRetainHandle(Call& c) {
   const auto r = c.req<ReqPtr>();
   auto it = mappings_.upper_bound(r.dptr);
@@ -229,7 +240,7 @@ CUresult Worker::on_MemRetainHandle(Call& c) {
   const CUresult st = cu_.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(r.dptr));
   if (st != CUDA_SUCCESS) return st;
   // The driver counts one more reference, released through this new handle.
-  c.set_reply(RepHandle{mem_handles_.insert(MemHandleEntry{h, it->second.size})});
+  c.set_reply(RepHandle{adopt_mem_handle(h, it->second.size)});
   return CUDA_SUCCESS;
 }
 
@@ -296,7 +307,7 @@ CUresult Worker::on_MemImportShareable(Call& c) {
   const CUresult st = cu_.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (st != CUDA_SUCCESS) return st;
-  c.set_reply(RepHandle{mem_handles_.insert(MemHandleEntry{h, size})});
+  c.set_reply(RepHandle{adopt_mem_handle(h, size)});
   return CUDA_SUCCESS;
 }
 

@@ -113,7 +113,14 @@ class Worker {
   struct MemHandleEntry {  // a physical allocation (cuMemCreate)
     CUmemGenericAllocationHandle real = 0;
     std::uint64_t size = 0;
+    // References the guest holds through this one handle: the driver gives
+    // the same handle value back for cuMemRetainAllocationHandle (and an
+    // import of memory it knows), and each needs its own cuMemRelease.
+    std::uint32_t refs = 1;
   };
+  // The guest's handle for a driver handle the driver just gave one more
+  // reference to: the one it has (one more reference), or a new one.
+  std::uint64_t adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size);
   struct MappingEntry {    // one cuMemMap of (part of) an allocation
     std::uint64_t size = 0;
     std::uint64_t handle = 0;  // the guest's handle it was mapped with

@@ -93,10 +93,26 @@ int main(int argc, char** argv) {
   CUmemGenericAllocationHandle again = 0;
   OK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(base + 2 * g + 8)));
   OK(cuMemRelease(again));
+  std::printf("vmm: a retained handle is the allocation's own: %s\n", again == h ? "yes" : "no");
   // Released while mapped: the mappings keep the memory.
   OK(cuMemRelease(h));
   OK(cuMemcpyDtoH(back.data(), base, back.size()));
   EXPECT(back[0] == data[0] && back[back.size() - 1] == data[data.size() - 1]);
+  // NCCL's free: retain the handle of a mapped address, release it, unmap,
+  // release again (each retain and the creation count one reference).
+  CUmemGenericAllocationHandle h3 = 0, r3 = 0;
+  CUdeviceptr va3 = 0;
+  OK(cuMemAddressReserve(&va3, g, 0, 0, 0));
+  OK(cuMemCreate(&h3, g, &prop, 0));
+  OK(cuMemMap(va3, g, 0, h3, 0));
+  OK(cuMemSetAccess(va3, g, &acc, 1));
+  OK(cuMemRelease(h3));  // only the mapping holds it now
+  OK(cuMemRetainAllocationHandle(&r3, reinterpret_cast<void*>(va3)));
+  OK(cuMemRetainAllocationHandle(&r3, reinterpret_cast<void*>(va3)));
+  OK(cuMemRelease(r3));
+  OK(cuMemUnmap(va3, g));
+  OK(cuMemRelease(r3));
+  OK(cuMemAddressFree(va3, g));
 
   // Refusals, printed so that native and ivcuda runs are compared on them.
   std::printf("vmm: free with mappings left: %s\n", check::name(cuMemAddressFree(base, 4 * g)));
