@@ -1,5 +1,6 @@
 #include "guest/unsupported.h"
 
+#include <cuda.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "guest/api/api_table.h"
+#include "guest/guard.h"
 
 namespace ivcuda::guest {
 namespace {
@@ -50,7 +52,61 @@ Book& book() {
   }
 }
 
+// IVCUDA_LOG_ERRORS: every call that failed, by function and error.
+struct Errors {
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, unsigned long> counts;  // guarded by mu
+};
+Errors& errors() {
+  static auto* e = new Errors;
+  return *e;
+}
+const char* errors_target() noexcept {
+  static const char* where = [] {
+    const char* w = std::getenv("IVCUDA_LOG_ERRORS");
+    return w != nullptr && *w != '\0' ? w : nullptr;
+  }();
+  return where;
+}
+
+[[gnu::destructor]] void report_errors() noexcept {
+  const char* where = errors_target();
+  if (where == nullptr) return;
+  try {
+    std::map<std::pair<std::string, int>, unsigned long> all;
+    {
+      std::lock_guard lk(errors().mu);
+      all = errors().counts;
+    }
+    const bool to_file = std::strcmp(where, "1") != 0;
+    FILE* out = to_file ? std::fopen(where, "a") : stderr;
+    if (out == nullptr) return;
+    std::fprintf(out, "ivcuda: process %d: %zu kind(s) of failed call\n", static_cast<int>(::getpid()), all.size());
+    for (const auto& [key, n] : all) {
+      const char* name = nullptr;
+      if (cuGetErrorName(static_cast<CUresult>(key.second), &name) != CUDA_SUCCESS) name = "?";
+      std::fprintf(out, "ivcuda: FAILED %s -> %s: %lu call(s)\n", key.first.c_str(), name, n);
+    }
+    if (to_file) std::fclose(out);
+  } catch (...) {
+  }
+}
+
 }  // namespace
+
+bool log_errors_enabled() noexcept { return errors_target() != nullptr; }
+
+void note_error(const char* function, CUresult st) noexcept {
+  try {
+    // "CUresult cuFoo(args)": keep the name, without return type and arguments.
+    std::string f(function);
+    if (const auto paren = f.find('('); paren != std::string::npos) f.resize(paren);
+    if (const auto space = f.rfind(' '); space != std::string::npos) f.erase(0, space + 1);
+    std::lock_guard lk(errors().mu);
+    ++errors().counts[{f, static_cast<int>(st)}];
+  } catch (...) {
+  }
+}
 
 void note_unsupported(std::string_view what) noexcept {
   try {

@@ -6,6 +6,9 @@
 // the requests the host refused - each with how often it happened.
 //   IVCUDA_LOG_UNSUPPORTED=1     the list goes to stderr
 //   IVCUDA_LOG_UNSUPPORTED=PATH  appended to that file
+// IVCUDA_LOG_ERRORS (1 or a path, the same way) lists at exit every call
+// that failed, by function and error, with counts: where a framework reports
+// only "invalid value", this says which call it was (guard.h counts them).
 #pragma once
 
 #include <string_view>

@@ -58,6 +58,7 @@ for c in "${cases[@]}"; do
   rm -f "$out/$name.pid" "$out/$name.unsupported"
   # shellcheck disable=SC2086
   env $envs IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_LOG_UNSUPPORTED="$out/$name.unsupported" \
+    IVCUDA_LOG_ERRORS="$out/$name.errors" \
     timeout 120 "${tagged[@]}" "$out/$name.pid" "$py" "$here/$script" >"$out/$name.ivcuda" 2>"$out/$name.ivcuda.err"
   ri=$?
   tn=$(sed -n 's/^TIME //p' "$out/$name.native"); ti=$(sed -n 's/^TIME //p' "$out/$name.ivcuda")
@@ -77,6 +78,7 @@ for c in "${cases[@]}"; do
     grep -v '^  File\|^    ' "$out/$name.ivcuda.err" | tail -4 | sed 's/^/  ivcuda stderr> /'
     head -6 "$out/$name.diff" | sed 's/^/  diff> /'
     grep "NOT_SUPPORTED" "$out/$name.unsupported" 2>/dev/null | sed 's/^/  /' | head -30
+    grep "FAILED" "$out/$name.errors" 2>/dev/null | sed 's/^/  /' | head -30
     verdict "$name" 1
   fi
 done

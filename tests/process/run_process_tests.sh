@@ -93,6 +93,13 @@ case_ivcuda "drv_ipc: memory and an event shared with a child process (another w
   "$lib" -- "$bin/drv_ipc" --ptx "$ptx" --forged CUDA_ERROR_INVALID_HANDLE
 case_ivcuda "drv_graph_build: graphs built node by node, queried, launched, updated, cloned; forged handles" \
   "$lib" -- "$bin/drv_graph_build" --ptx "$ptx" --limits
+# IVCUDA_LOG_ERRORS: at exit, every call that failed, by function and error.
+case_ivcuda "IVCUDA_LOG_ERRORS lists the failed calls by function" "$lib" \
+  "IVCUDA_LOG_ERRORS=$work/errors.txt" -- "$bin/drv_errors" --ptx "$ptx"
+grep -q "FAILED cuMemFree.* -> CUDA_ERROR_INVALID_VALUE: [0-9]* call(s)" "$work/errors.txt"
+rc=$?
+[ $rc -ne 0 ] && cat "$work/errors.txt"
+verdict "  ... and the list names cuMemFree's INVALID_VALUE" $rc
 # IVCUDA_LOG_UNSUPPORTED: at exit, every call that answered NOT_SUPPORTED, counted.
 case_ivcuda "IVCUDA_LOG_UNSUPPORTED lists the unsupported calls" "$lib" \
   "IVCUDA_LOG_UNSUPPORTED=$work/unsupported.txt" -- "$bin/drv_errors" --call-unsupported
