@@ -1,9 +1,9 @@
 // Memory (device and page-locked), copies and memsets, pointer attributes,
-// the one plain launch entry point, and events: the families not yet in a
-// file of their own. Each function here is the strong definition of a symbol
+// and events: the families not yet in a file of their own. Each function here is the strong definition of a symbol
 // that the generated table otherwise stubs out; the other families live in
-// files named as on the host side (contexts.cc, modules.cc, streams.cc,
-// vmm.cc, peer.cc, hostfunc.cc, graphs.cc, library.cc).
+// files named as on the host side (contexts.cc, modules.cc, launch.cc,
+// streams.cc, vmm.cc, pools.cc, ipc.cc, arrays.cc, peer.cc, hostfunc.cc,
+// graphs.cc, library.cc).
 //
 // Definitions use the plain cuda.h names: its macros select the ABI variant a
 // CUDA 13 caller links against (cuMemAlloc -> cuMemAlloc_v2). Exceptions
@@ -1031,14 +1031,6 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void
   });
 }
 
-// ==================================================================== launch
-
-CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                        unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params,
-                        void** extra) {
-  const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-  return ivcuda::guest::launch_kernel(f, grid, block, shmem, s, params, extra, false);
-}
 
 // ==================================================================== events
 

@@ -1,4 +1,4 @@
-// Worker internals shared by worker.cc (the loop) and handlers.cc (the ops).
+// Worker internals shared by worker.cc (the loop), worker_common.cc and the API family files (the ops).
 #pragma once
 
 #include <cstring>

@@ -1,0 +1,260 @@
+// Kernel launches (cuLaunchKernel, cooperative launches, cuLaunchKernelEx's
+// attributes go through guest/library.cc's cuLaunchKernelEx), occupancy
+// queries and tensor maps. Parameters are packed here from the function's
+// own description (FuncInfo); the host lays them out again from its own
+// (host-daemon/launch.cc).
+//
+// This file sees cuda.h without its renaming macros, so every ABI
+// generation is defined under its exact exported name.
+#define __CUDA_API_VERSION_INTERNAL
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "guest/graphs.h"
+#include "guest/guard.h"
+#include "guest/internal.h"
+#include "guest/runtime.h"
+
+using ivcuda::guest::current_ctx;
+using ivcuda::guest::guard;
+using ivcuda::guest::kernel_function;
+using ivcuda::guest::Runtime;
+using ivcuda::guest::internal::h;
+using ivcuda::guest::internal::known_stream;
+namespace proto = ivcuda::proto;
+using proto::Op;
+
+namespace {
+CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+}  // namespace
+
+// ==================================================================== launches
+
+CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], const unsigned block[3], unsigned shmem,
+                                      CUstream s, void** params, void** extra, bool cooperative,
+                                      std::span<const proto::LaunchAttr> attrs) noexcept {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (attrs.size() > proto::kMaxLaunchAttrs) return CUDA_ERROR_INVALID_VALUE;
+    f = kernel_function(f);
+    // The record's tail: the attributes (LaunchEx only), then the packed
+    // parameters. Small tails (nearly all launches) stay on the stack.
+    const std::size_t attr_bytes = attrs.size_bytes();
+    std::byte small[1024];
+    std::vector<std::byte> large;
+    std::span<std::byte> tail;
+    {
+      std::lock_guard lk(rt->books_mu);
+      auto it = rt->funcs.find(h(f));
+      if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
+      const auto& info = it->second;
+      if (attr_bytes + info.param_bytes <= sizeof small) {
+        tail = std::span<std::byte>(small, attr_bytes + info.param_bytes);
+      } else {
+        large.resize(attr_bytes + info.param_bytes);
+        tail = large;
+      }
+      std::memset(tail.data(), 0, tail.size());
+      if (attr_bytes != 0) std::memcpy(tail.data(), attrs.data(), attr_bytes);
+      std::byte* buf = tail.data() + attr_bytes;
+      if (params != nullptr) {
+        // kernelParams carries no sizes: pack by the layout the host learned.
+        for (size_t i = 0; i < info.params.size(); ++i) {
+          if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+          std::memcpy(buf + info.params[i].offset, params[i], info.params[i].size);
+        }
+      } else if (extra != nullptr) {
+        const void* p = nullptr;
+        size_t n = 0;
+        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+          if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
+          else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) n = *static_cast<const size_t*>(extra[i + 1]);
+          else return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (p == nullptr || n < info.param_bytes) return CUDA_ERROR_INVALID_VALUE;
+        std::memcpy(buf, p, info.param_bytes);
+      } else if (!info.params.empty()) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    for (int i = 0; i < 3; ++i)
+      if (grid[i] == 0 || block[i] == 0) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqLaunch r{};
+    r.ctx = ctx;
+    r.function = h(f);
+    r.stream = h(s);
+    std::memcpy(r.grid, grid, sizeof r.grid);
+    std::memcpy(r.block, block, sizeof r.block);
+    r.shared_bytes = shmem;
+    r.param_bytes = static_cast<std::uint32_t>(tail.size() - attr_bytes);
+    if (!attrs.empty()) {
+      proto::ReqLaunchEx x{};
+      x.launch = r;
+      x.attr_count = static_cast<std::uint32_t>(attrs.size());
+      return rt->post<Op::kLaunchEx>(x, tail);
+    }
+    return cooperative ? rt->post<Op::kLaunchCooperative>(r, tail) : rt->post<Op::kLaunch>(r, tail);
+  });
+}
+
+CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                           unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                           CUstream s, void** params) {
+  const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  return ivcuda::guest::launch_kernel(f, grid, block, shmem, s, params, nullptr, true);
+}
+CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                                CUstream s, void** params) {
+  return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, ptsz(s), params);
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params,
+                        void** extra) {
+  const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  return ivcuda::guest::launch_kernel(f, grid, block, shmem, s, params, extra, false);
+}
+
+// ==================================================================== occupancy
+
+CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfunction f, const CUlaunchConfig* cfg) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (clusters == nullptr || cfg == nullptr || (cfg->numAttrs != 0 && cfg->attrs == nullptr))
+      return CUDA_ERROR_INVALID_VALUE;
+    if (!known_stream(rt, cfg->hStream)) return CUDA_ERROR_INVALID_HANDLE;
+    proto::ReqOccCluster r{};
+    r.ctx = ctx;
+    r.function = h(f);
+    r.stream = h(cfg->hStream);
+    r.grid[0] = cfg->gridDimX;
+    r.grid[1] = cfg->gridDimY;
+    r.grid[2] = cfg->gridDimZ;
+    r.block[0] = cfg->blockDimX;
+    r.block[1] = cfg->blockDimY;
+    r.block[2] = cfg->blockDimZ;
+    r.shared_bytes = cfg->sharedMemBytes;
+    // Only the attributes that shape a cluster matter to this question.
+    for (unsigned i = 0; i < cfg->numAttrs; ++i) {
+      const CUlaunchAttribute& a = cfg->attrs[i];
+      if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+        r.cluster[0] = a.value.clusterDim.x;
+        r.cluster[1] = a.value.clusterDim.y;
+        r.cluster[2] = a.value.clusterDim.z;
+      } else if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) {
+        r.policy = static_cast<proto::u32>(a.value.clusterSchedulingPolicyPreference);
+      }
+    }
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kOccupancyCluster>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *clusters = static_cast<int>(rep.value);
+    return st;
+  });
+}
+
+// Without a callback the host's driver searches. With one, the callback
+// must run here, so the search runs here too: from the largest block size
+// down in warp steps, keep the size whose resident threads per
+// multiprocessor are highest, stopping early at full occupancy.
+CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block_size, CUfunction f,
+                                                           CUoccupancyB2DSize smem_of, size_t smem, int limit,
+                                                           unsigned int flags) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (min_grid == nullptr || block_size == nullptr || limit < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (smem_of == nullptr) {
+      proto::ReqOccupancy r{};
+      r.ctx = ctx;
+      r.function = h(f);
+      r.dynamic_smem = smem;
+      r.block_size = limit;
+      r.flags = flags;
+      r.kind = proto::kOccMaxPotentialBlockSize;
+      proto::RepValue rep{};
+      const CUresult st = rt->call<Op::kOccupancy>(r, {}, &rep);
+      if (st != CUDA_SUCCESS) return st;
+      const auto v = static_cast<std::uint64_t>(rep.value);
+      *min_grid = static_cast<int>(static_cast<std::uint32_t>(v >> 32));
+      *block_size = static_cast<int>(static_cast<std::uint32_t>(v));
+      return CUDA_SUCCESS;
+    }
+    CUdevice dev = 0;
+    CUresult st = cuCtxGetDevice(&dev);
+    if (st != CUDA_SUCCESS) return st;
+    int sm_threads = 0, warp = 0, sms = 0, dev_block = 0, fn_block = 0;
+    if ((st = cuDeviceGetAttribute(&sm_threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev)) ||
+        (st = cuDeviceGetAttribute(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, dev)) ||
+        (st = cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) ||
+        (st = cuDeviceGetAttribute(&dev_block, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev)) ||
+        (st = cuFuncGetAttribute(&fn_block, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f)))
+      return st;
+    if (warp <= 0) return CUDA_ERROR_INVALID_VALUE;
+    int cap = std::min(dev_block, fn_block);
+    if (limit > 0) cap = std::min(cap, limit);
+    int best_block = 0, best_blocks = 0, best_threads = 0;
+    const int top = (cap + warp - 1) / warp * warp;
+    for (int aligned = top; aligned > 0; aligned -= warp) {
+      const int b = std::min(cap, aligned);
+      int blocks = 0;
+      st = cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, f, b, smem_of(b), flags);
+      if (st != CUDA_SUCCESS) return st;
+      if (blocks * b > best_threads) {
+        best_threads = blocks * b;
+        best_block = b;
+        best_blocks = blocks;
+      }
+      if (best_threads == sm_threads) break;
+    }
+    *min_grid = best_blocks * sms;
+    *block_size = best_block;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block_size, CUfunction f,
+                                                  CUoccupancyB2DSize smem_of, size_t smem, int limit) {
+  return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block_size, f, smem_of, smem, limit, 0);
+}
+
+// ==================================================================== tensor maps
+
+CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* addr,
+                                        const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                        const cuuint32_t* elem_strides, CUtensorMapInterleave interleave,
+                                        CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                        CUtensorMapFloatOOBfill oob) {
+  return guard([&] {
+    NEED_RT();
+    if (map == nullptr || rank == 0 || rank > proto::kTensorMaxRank || dims == nullptr || box == nullptr ||
+        elem_strides == nullptr || (rank > 1 && strides == nullptr))
+      return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqTensorMap r{};
+    r.ctx = current_ctx();
+    r.global_address = h(addr);
+    std::memcpy(r.global_dim, dims, rank * sizeof *dims);
+    if (rank > 1) std::memcpy(r.global_strides, strides, (rank - 1) * sizeof *strides);
+    std::memcpy(r.box_dim, box, rank * sizeof *box);
+    std::memcpy(r.element_strides, elem_strides, rank * sizeof *elem_strides);
+    r.data_type = static_cast<proto::u32>(type);
+    r.rank = rank;
+    r.interleave = static_cast<proto::u32>(interleave);
+    r.swizzle = static_cast<proto::u32>(swizzle);
+    r.l2_promotion = static_cast<proto::u32>(l2);
+    r.oob_fill = static_cast<proto::u32>(oob);
+    proto::RepTensorMap rep{};
+    const CUresult st = rt->call<Op::kTensorMapEncodeTiled>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) std::memcpy(map, &rep, sizeof rep);
+    return st;
+  });
+}

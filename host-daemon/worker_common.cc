@@ -1,0 +1,155 @@
+// What every API family's handlers share: device and context checks, stream
+// resolution, ownership of device ranges and arena spans, and the teardown
+// of a context's objects. The handlers themselves live in one file per API
+// family, named as on the guest side: contexts.cc, memory.cc, modules.cc,
+// launch.cc, streams.cc, events.cc, pools.cc, vmm.cc, ipc.cc, arrays.cc,
+// graphs.cc, peer.cc, hostfunc.cc. Each works on a private copy of the
+// request (Call), validates every handle, address, offset and length against
+// what this guest owns, and only then calls the driver.
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "host-daemon/image_check.h"
+#include "host-daemon/log.h"
+#include "host-daemon/worker_internal.h"
+#include "ring/validate.h"
+
+namespace ivcuda::host {
+
+using namespace ivcuda::proto;
+using namespace detail;
+
+// ------------------------------------------------------------------ helpers
+
+bool Worker::valid_device(int device) const noexcept {
+  return device >= 0 && static_cast<std::size_t>(device) < devices_.size();
+}
+
+// Only after valid_device() said yes.
+std::size_t Worker::dev_index(int device) const noexcept { return static_cast<std::size_t>(device); }
+
+CUresult Worker::use_ctx(std::uint64_t h, CtxEntry** out) {
+  CtxEntry* c = ctxs_.find(h);
+  if (c == nullptr || c->real == nullptr || (c->primary && c->guest_refs == 0))
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (current_ != c->real) {
+    const CUresult st = cu_.cuCtxSetCurrent(c->real);
+    if (st != CUDA_SUCCESS) return st;
+    current_ = c->real;
+  }
+  if (out != nullptr) *out = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* out) {
+  if (h == 0 || h == kStreamLegacy || h == kStreamPerThread) {
+    *out = reinterpret_cast<CUstream>(h);
+    return CUDA_SUCCESS;
+  }
+  StreamEntry* s = streams_.find(h);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // A stream of another context is legal in CUDA only where it says so;
+  // the driver checks that. We only check it is this guest's.
+  (void)ctx;
+  *out = s->real;
+  return CUDA_SUCCESS;
+}
+
+bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
+  // Page-locked arena memory is device-accessible too (zero copy).
+  if (arena_dev_ != 0 && ring::span_within(addr, len, arena_dev_, l_.arena_size)) return true;
+  auto it = ranges_.upper_bound(addr);
+  const bool ok = it != ranges_.begin() && ring::span_within(addr, len, std::prev(it)->first, std::prev(it)->second.size);
+  if (!ok)  // a guest's bad pointer, for whoever debugs it (debug level only: a guest controls how often)
+    IVLOG_DEBUG("guest %u: 0x%llx + %llu is not device memory of this guest", cfg_.guest_id,
+                static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len));
+  return ok;
+}
+
+bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {
+  return off >= l_.arena_off && ring::range_ok(off - l_.arena_off, len, l_.arena_size);
+}
+
+void Worker::drop_ctx_objects(std::uint64_t ctx) {
+  ipc_drop_ctx(ctx, false);
+  std::vector<std::uint64_t> dead;
+  modules_.for_each([&](std::uint64_t h, ModuleEntry& m) {
+    if (m.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) {
+    ModuleEntry* m = modules_.find(h);
+    for (auto& [name, f] : m->functions) funcs_.erase(f);
+    for (auto g : m->globals) ranges_.erase(g);
+    modules_.erase(h);
+  }
+  dead.clear();
+  streams_.for_each([&](std::uint64_t h, StreamEntry& s) {
+    if (s.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) {
+    captures_.erase(streams_.find(h)->real);
+    streams_.erase(h);
+  }
+  dead.clear();
+  events_.for_each([&](std::uint64_t h, EventEntry& e) {
+    if (e.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) events_.erase(h);
+  dead.clear();
+  graphs_.for_each([&](std::uint64_t h, GraphEntry& g) {
+    if (g.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) drop_graph(h);  // graphs.cc: their nodes too
+  dead.clear();
+  execs_.for_each([&](std::uint64_t h, ExecEntry& e) {
+    if (e.ctx == ctx) dead.push_back(h);
+  });
+  for (auto h : dead) execs_.erase(h);
+  release_ctx_arrays(ctx, false);
+  for (auto it = ranges_.begin(); it != ranges_.end();)
+    it = it->second.ctx == ctx ? ranges_.erase(it) : std::next(it);
+}
+
+// Frees what the guest made in a primary context whose last guest reference
+// went away. The driver's primary context may live on (the arena holds it).
+CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
+  if (current_ != c.real) {
+    cu_.cuCtxSetCurrent(c.real);
+    current_ = c.real;
+  }
+  ipc_drop_ctx(h, true);
+  std::vector<std::uint64_t> allocs;
+  for (auto& [addr, r] : ranges_)
+    if (r.ctx == h && r.kind == RangeKind::kAlloc) allocs.push_back(addr);
+  for (auto a : allocs) cu_.cuMemFree(a);
+  modules_.for_each([&](std::uint64_t, ModuleEntry& m) {
+    if (m.ctx == h) cu_.cuModuleUnload(m.real);
+  });
+  streams_.for_each([&](std::uint64_t, StreamEntry& s) {
+    if (s.ctx == h) cu_.cuStreamDestroy(s.real);
+  });
+  events_.for_each([&](std::uint64_t eh, EventEntry& e) {
+    if (e.ctx == h && ipc_on_event_destroy(eh, e.real)) cu_.cuEventDestroy(e.real);
+  });
+  execs_.for_each([&](std::uint64_t, ExecEntry& e) {
+    if (e.ctx == h) cu_.cuGraphExecDestroy(e.real);
+  });
+  graphs_.for_each([&](std::uint64_t, GraphEntry& g) {
+    if (g.ctx == h) cu_.cuGraphDestroy(g.real);
+  });
+  release_ctx_arrays(h, true);
+  drop_ctx_objects(h);
+  return CUDA_SUCCESS;
+}
+
+CUresult Worker::park(Call& c, Op op, std::uint64_t handle) {
+  c.parked = true;
+  c.ch.parked.active = true;
+  c.ch.parked.op = op;
+  c.ch.parked.handle = handle;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace ivcuda::host
