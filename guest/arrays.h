@@ -1,4 +1,4 @@
-// CUDA arrays (guest/arrays.cc): the hook guest/driver.cc's 2D copies use
+// CUDA arrays (guest/arrays.cc): the hook guest/memory.cc's 2D copies use
 // when one side is an array.
 #pragma once
 
@@ -10,7 +10,7 @@ namespace ivcuda::guest {
 
 class Runtime;
 
-// The lock of the calling thread's staging area (guest/driver.cc): threads
+// The lock of the calling thread's staging area (guest/memory.cc): threads
 // sharing the overflow channel share its staging area, one copy at a time.
 std::mutex& staging_mutex_of(Runtime* rt);
 

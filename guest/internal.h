@@ -1,5 +1,5 @@
 // Helpers every forwarded API family of the guest uses (guest/contexts.cc,
-// modules.cc, streams.cc, driver.cc, ...): the runtime or the reason there is
+// modules.cc, streams.cc, memory.cc, ...): the runtime or the reason there is
 // none, the current context, and the local books of streams and events.
 #pragma once
 
