@@ -50,6 +50,10 @@ constexpr auto kShortSleep = std::chrono::microseconds(20);
 constexpr auto kLongSleep = std::chrono::microseconds(50);
 constexpr auto kWatchSleep = std::chrono::microseconds(500);
 constexpr unsigned kShortSleeps = 50;            // ~1 ms of short sleeps, then long ones
+// Graph host nodes that ran within this long are likely to run again soon
+// (a graph replayed in a loop): until then the watch sleeps as long as a
+// pending call's, not kWatchSleep, which would stall every replay.
+constexpr auto kWatchHot = std::chrono::milliseconds(100);
 
 // One pair of arena words: `reached` at off, `done` at off + 4.
 struct Pair {
@@ -128,6 +132,7 @@ void run_one(const Pending& p) {
 [[noreturn]] void dispatch_loop(Dispatcher* d) {
   Runtime* rt = Runtime::current();
   unsigned idle = 0;
+  auto watcher_ran = std::chrono::steady_clock::time_point{};
   std::unique_lock lk(d->mu);
   for (;;) {
     d->cv.wait(lk, [&] { return !d->pending.empty() || !d->watchers.empty(); });
@@ -147,6 +152,7 @@ void run_one(const Pending& p) {
       ivcuda::ring::store_release(*word(rt, run.off + sizeof(std::uint32_t)), run.handled + 1);
       lk.lock();
       ran = true;
+      watcher_ran = std::chrono::steady_clock::now();
     }
     if (ran) {
       idle = 0;
@@ -187,7 +193,8 @@ void run_one(const Pending& p) {
 #endif
     } else {
       // Only graph host nodes watched: they may not run for a long time.
-      const bool only_watchers = d->pending.empty();
+      const bool only_watchers =
+          d->pending.empty() && std::chrono::steady_clock::now() - watcher_ran > kWatchHot;
       std::this_thread::sleep_for(idle < kSpinPolls + kShortSleeps ? kShortSleep
                                   : only_watchers                  ? kWatchSleep
                                                                    : kLongSleep);
