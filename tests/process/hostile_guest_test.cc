@@ -549,6 +549,57 @@ TEST_CASE("VMM requests outside what the guest reserved and created are refused"
   CHECK(d.alive());
 }
 
+TEST_CASE("shareable-handle tokens import only in their tenant, and only as the host issued them",
+          "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), sibling(d.sock);  // two workers of one tenant
+  g.open(0);
+  sibling.open(0);
+  (void)primary_ctx(g);
+  (void)primary_ctx(sibling);
+  std::vector<std::byte> out;
+  proto::MemProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+  REQUIRE(g.call(0, Op::kMemGranularity, proto::ReqMemGranularity{prop, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto gran = static_cast<std::uint64_t>(RawGuest::as<proto::RepValue>(out).value);
+  REQUIRE(g.call(0, Op::kMemCreate, proto::ReqMemCreate{prop, gran, 0}, &out) == CUDA_SUCCESS);
+  const auto handle = RawGuest::as<proto::RepHandle>(out).handle;
+
+  // Export: only its own handles, and only as a POSIX fd travels.
+  constexpr std::uint32_t kFd = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CHECK(sibling.call(0, Op::kMemExportShareable, proto::ReqMemExport{handle, kFd, 0, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemExportShareable, proto::ReqMemExport{handle ^ 0x100000000ull, kFd, 0, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(g.call(0, Op::kMemExportShareable, proto::ReqMemExport{handle, kFd, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto token = RawGuest::as<proto::RepShareToken>(out);
+
+  // The tenant's other worker imports it (through the daemon's broker).
+  proto::ReqMemImport imp{};
+  std::memcpy(imp.token, token.token, sizeof imp.token);
+  imp.handle_type = kFd;
+  CHECK(sibling.call(0, Op::kMemImportShareable, imp) == CUDA_SUCCESS);
+  // Forged: each byte of the token flipped; another handle type.
+  for (std::size_t i = 0; i < sizeof imp.token; ++i) {
+    auto bad = imp;
+    bad.token[i] ^= 0x40;
+    CHECK(sibling.call(0, Op::kMemImportShareable, bad) == CUDA_ERROR_UNKNOWN);
+  }
+  auto other_type = imp;
+  other_type.handle_type = CU_MEM_HANDLE_TYPE_FABRIC;
+  CHECK(sibling.call(0, Op::kMemImportShareable, other_type) == CUDA_ERROR_INVALID_VALUE);
+  // Another daemon (another tenant) does not know it.
+  {
+    Daemon d2({}, "-share");
+    RawGuest stranger(d2.sock);
+    stranger.open(0);
+    (void)primary_ctx(stranger);
+    CHECK(stranger.call(0, Op::kMemImportShareable, imp) == CUDA_ERROR_UNKNOWN);
+  }
+  CHECK(d.alive());
+}
+
 TEST_CASE("array copies and texture objects outside what the guest created are refused", "[process][hostile]") {
   Daemon d;
   RawGuest g(d.sock), other(d.sock);
