@@ -17,22 +17,19 @@
 #include <optional>
 
 #include "guest/guard.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
 using ivcuda::proto::Op;
+using ivcuda::guest::internal::h;
+using ivcuda::guest::internal::known_stream;
+using ivcuda::guest::internal::runtime;
 namespace proto = ivcuda::proto;
 
 namespace {
-
-CUresult runtime(Runtime** rt) {
-  *rt = Runtime::current();
-  if (*rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if ((*rt)->dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
-  return CUDA_SUCCESS;
-}
 
 #define NEED_RT_CTX()                                                   \
   Runtime* rt = nullptr;                                                \
@@ -40,14 +37,6 @@ CUresult runtime(Runtime** rt) {
   const std::uint64_t ctx = current_ctx();                              \
   if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT
 
-std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
-
-bool known_stream(Runtime* rt, CUstream s) {
-  const auto v = h(s);
-  if (v == 0 || v == h(CU_STREAM_LEGACY) || v == h(CU_STREAM_PER_THREAD)) return true;
-  std::lock_guard lk(rt->books_mu);
-  return rt->streams.count(v) != 0;
-}
 
 bool is_device(Runtime* rt, std::uint64_t p) {
   std::lock_guard lk(rt->books_mu);

@@ -34,11 +34,13 @@
 
 #include "guest/graphs.h"
 #include "guest/guard.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 #include "ring/spsc_ring.h"
 
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
+using ivcuda::guest::internal::known_stream;
 namespace proto = ivcuda::proto;
 
 namespace {
@@ -251,13 +253,6 @@ CUresult take_pair(Runtime* rt, Dispatcher* d, Pair* out) {
     d->free_pairs.push_back(Pair{a.arena_off + o, 0});
   *out = Pair{a.arena_off, 1};
   return CUDA_SUCCESS;
-}
-
-bool known_stream(Runtime* rt, CUstream s) {
-  const auto v = reinterpret_cast<std::uint64_t>(s);
-  if (v == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return true;
-  std::lock_guard lk(rt->books_mu);
-  return rt->streams.count(v) != 0;
 }
 
 CUresult launch_host(CUstream s, Pending p) {

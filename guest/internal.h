@@ -29,7 +29,17 @@ inline Runtime* rt_or(CUresult* st) {
   return rt;
 }
 
+// The same, as an out-parameter and a status.
+inline CUresult runtime(Runtime** rt) {
+  CUresult st;
+  *rt = rt_or(&st);
+  return st;
+}
+
 inline std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
+
+// The stream a _ptsz entry point means: its null stream is the per-thread one.
+inline CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
 
 inline bool known_stream(Runtime* rt, CUstream s) {
   const auto v = h(s);

@@ -13,22 +13,17 @@
 #include <map>
 
 #include "guest/guard.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
 using ivcuda::proto::Op;
+using ivcuda::guest::internal::runtime;
 namespace proto = ivcuda::proto;
 
 namespace {
-
-CUresult runtime(Runtime** rt) {
-  *rt = Runtime::current();
-  if (*rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if ((*rt)->dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
-  return CUDA_SUCCESS;
-}
 
 // The id the host tells this process's calls apart by (one worker serves
 // every process of a VM).

@@ -27,12 +27,9 @@ using ivcuda::guest::kernel_function;
 using ivcuda::guest::Runtime;
 using ivcuda::guest::internal::h;
 using ivcuda::guest::internal::known_stream;
+using ivcuda::guest::internal::ptsz;
 namespace proto = ivcuda::proto;
 using proto::Op;
-
-namespace {
-CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
-}  // namespace
 
 // ==================================================================== launches
 

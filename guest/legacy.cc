@@ -8,10 +8,9 @@
 #define __CUDA_API_VERSION_INTERNAL
 #include <cuda.h>
 
-namespace {
-// The per-thread default stream is what stream 0 means to a _ptsz caller.
-CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
-}  // namespace
+#include "guest/internal.h"
+
+using ivcuda::guest::internal::ptsz;
 
 // ---- same ABI as the current generation
 CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }

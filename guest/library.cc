@@ -32,14 +32,15 @@
 
 #include "guest/graphs.h"
 #include "guest/guard.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
+using ivcuda::guest::internal::h;
 
 namespace {
 
-std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
 
 }  // namespace
 

@@ -7,22 +7,17 @@
 #include <cstdint>
 
 #include "guest/guard.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
 using ivcuda::proto::Op;
+using ivcuda::guest::internal::h;
+using ivcuda::guest::internal::runtime;
 
 namespace {
 
-std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
-
-CUresult runtime(Runtime** rt) {
-  *rt = Runtime::current();
-  if (*rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if ((*rt)->dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
-  return CUDA_SUCCESS;
-}
 
 CUresult peer_query(int* value, std::uint32_t attrib, CUdevice dev, CUdevice peer) {
   return guard([&] {

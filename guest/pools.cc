@@ -23,40 +23,20 @@
 #include <vector>
 
 #include "guest/guard.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
+using ivcuda::guest::internal::h;
+using ivcuda::guest::internal::ptsz;
+using ivcuda::guest::internal::known_stream;
 namespace proto = ivcuda::proto;
 using proto::Op;
 
 namespace {
 
-std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
-CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
-
-Runtime* runtime(CUresult* st) {
-  Runtime* rt = Runtime::current();
-  *st = rt == nullptr ? CUDA_ERROR_NOT_INITIALIZED : rt->dead() ? CUDA_ERROR_DEVICE_UNAVAILABLE : CUDA_SUCCESS;
-  return *st == CUDA_SUCCESS ? rt : nullptr;
-}
-
-#define NEED_RT()                 \
-  CUresult st_rt_;                \
-  Runtime* rt = runtime(&st_rt_); \
-  if (rt == nullptr) return st_rt_
-
-#define NEED_CTX()                         \
-  const std::uint64_t ctx = current_ctx(); \
-  if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT
-
-bool known_stream(Runtime* rt, CUstream s) {
-  const auto v = h(s);
-  if (v == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return true;
-  std::lock_guard lk(rt->books_mu);
-  return rt->streams.count(v) != 0;
-}
 
 // A location on the wire: device ordinals become the worker's. One this
 // process cannot see travels as -1, which the host turns into an ordinal

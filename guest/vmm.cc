@@ -16,21 +16,16 @@
 #include <vector>
 
 #include "guest/guard.h"
+#include "guest/internal.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
 using ivcuda::proto::Op;
+using ivcuda::guest::internal::runtime;
 namespace proto = ivcuda::proto;
 
 namespace {
-
-CUresult runtime(Runtime** rt) {
-  *rt = Runtime::current();
-  if (*rt == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if ((*rt)->dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
-  return CUDA_SUCCESS;
-}
 
 // An application's location on the wire: device ordinals become the worker's.
 CUresult to_wire(Runtime* rt, const CUmemLocation& loc, std::uint32_t* type, std::int32_t* id) {
