@@ -18,6 +18,7 @@
 #define __CUDA_API_VERSION_INTERNAL
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -47,9 +48,12 @@ constexpr size_t kMaxDeps = size_t{1} << 16;
 // Streams this process began capturing and has not ended. While there are
 // none, no stream of ours can be capturing and the capture queries (cuBLAS
 // asks five times per GEMM) are answered here without a round trip.
+// Every call asks any_capture() (guest/runtime.cc), so the count of streams
+// is also kept in an atomic that is read without the lock.
 struct Captures {
   std::mutex mu;
-  std::unordered_map<std::uint64_t, unsigned> streams;
+  std::unordered_map<std::uint64_t, unsigned> streams;  // guarded by mu
+  std::atomic<std::size_t> open{0};                      // streams.size(), written under mu
 };
 Captures& captures() {
   static auto* c = new Captures;  // never destroyed: atexit handlers may still ask
@@ -69,6 +73,7 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
       Captures& c = captures();
       std::lock_guard lk(c.mu);
       ++c.streams[h(s)];
+      c.open.store(c.streams.size(), std::memory_order_release);
     }
     return st;
   });
@@ -89,6 +94,7 @@ CUresult end_capture(CUstream s, CUgraph* graph) {
       Captures& c = captures();
       std::lock_guard lk(c.mu);
       if (auto it = c.streams.find(h(s)); it != c.streams.end() && --it->second == 0) c.streams.erase(it);
+      c.open.store(c.streams.size(), std::memory_order_release);
     }
     return st;
   });
@@ -188,6 +194,7 @@ CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const CUgraphNode* de
       Captures& c = captures();
       std::lock_guard lk(c.mu);
       ++c.streams[h(s)];
+      c.open.store(c.streams.size(), std::memory_order_release);
     }
     return st;
   });
@@ -1619,7 +1626,7 @@ CUresult ivcuda::guest::for_each_module_function(CUmodule mod, void (*cb)(void*,
 }
 
 bool ivcuda::guest::any_capture() noexcept {
-  Captures& c = captures();
-  std::lock_guard lk(c.mu);
-  return !c.streams.empty();
+  // Pairs with the release stores above: a capture begun before this call
+  // (on any thread that synchronised with this one) is seen.
+  return captures().open.load(std::memory_order_acquire) != 0;
 }
