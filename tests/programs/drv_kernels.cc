@@ -95,6 +95,50 @@ void kernels(CUmodule m) {
   for (int i = 0; i < n; ++i) good &= c[i] == a[i] + b[i];
   EXPECT(good);
 
+  // NCCL's pattern: a 4 KiB argument struct of which `extra` passes only the
+  // head the kernel reads (the driver takes a shorter buffer; a longer one
+  // it refuses).
+  {
+    CUfunction head;
+    OK(cuModuleGetFunction(&head, m, "ivc_head_args"));
+    struct {
+      CUdeviceptr out;
+      unsigned count;
+      unsigned vals[1023];
+    } big{};
+    big.out = dc;
+    big.count = 3;
+    big.vals[0] = 7;
+    big.vals[1] = 8;
+    big.vals[2] = 9;
+    size_t used = offsetof(decltype(big), vals) + 3 * sizeof(unsigned);
+    void* hx[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &big, CU_LAUNCH_PARAM_BUFFER_SIZE, &used, CU_LAUNCH_PARAM_END};
+    OK(cuMemsetD32(dc, 0, 4));
+    OK(cuLaunchKernel(head, 1, 1, 1, 32, 1, 1, 0, s, nullptr, hx));
+    // the same through cuLaunchKernelEx, as NCCL launches
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+    attr.value.priority = 0;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 32;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    big.vals[2] = 10;
+    OK(cuLaunchKernelEx(&cfg, head, nullptr, hx));
+    unsigned got[4] = {};
+    OK(cuMemcpyDtoHAsync(got, dc, sizeof got, s));
+    OK(cuStreamSynchronize(s));
+    EXPECT(got[0] == 7 && got[1] == 8 && got[2] == 10 && got[3] == 0);
+    size_t longer = sizeof big + 8;
+    void* lx[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &big, CU_LAUNCH_PARAM_BUFFER_SIZE, &longer, CU_LAUNCH_PARAM_END};
+    EXPECT_RES(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, cuLaunchKernel(head, 1, 1, 1, 32, 1, 1, 0, s, nullptr, lx));
+    void* both_args[] = {&dc, &big};
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(head, 1, 1, 1, 32, 1, 1, 0, s, both_args, hx));
+  }
+
   // 64-bit scalar parameter
   unsigned v = 0xc0ffee;
   unsigned long long count = n;
