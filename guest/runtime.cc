@@ -412,6 +412,7 @@ CUresult Runtime::connect() {
   proto::ReqHello h{};
   h.proto_version = proto::kProtoVersion;
   h.pid = static_cast<std::uint32_t>(::getpid());
+  h.ppid = static_cast<std::uint32_t>(::getppid());
   st = call<proto::Op::kHello>(h, {}, &hello_);
   if (st != CUDA_SUCCESS) {
     log_line("ivcudad refused this library (protocol %u): CUresult %d", proto::kProtoVersion, st);

@@ -31,7 +31,7 @@ CUresult Worker::on_Hello(Call& c) {
   }
   rep.arena_device_base = arena_dev_ - l_.arena_off;
   rep.generation = cfg_.generation;
-  IVLOG_INFO("guest %u: process %u says hello", cfg_.guest_id, r.pid);
+  IVLOG_INFO("guest %u: process %u says hello (parent %u)", cfg_.guest_id, r.pid, r.ppid);
   c.set_reply(rep);
   return CUDA_SUCCESS;
 }

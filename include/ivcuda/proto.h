@@ -170,7 +170,9 @@ struct RepNone {
 struct ReqHello {
   u32 proto_version;
   u32 pid;
-  u64 reserved[2];
+  u32 ppid;  // its parent: logs (and tests) tie a framework's worker processes to the program
+  u32 reserved0;
+  u64 reserved[1];
 };
 struct RepHello {
   u32 proto_version;

@@ -161,7 +161,7 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
   g.open(0);
   std::vector<std::byte> out;
 
-  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
   REQUIRE(g.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
 
   SECTION("unknown ops and truncated requests") {
@@ -169,7 +169,7 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
     CHECK(g.send(0, 0, nullptr, 0, true) == CUDA_ERROR_INVALID_VALUE);
     const std::uint32_t four = 4;
     CHECK(g.send(0, static_cast<std::uint16_t>(Op::kMemAlloc), &four, 4, true) == CUDA_ERROR_INVALID_VALUE);
-    proto::ReqHello old{proto::kProtoVersion + 7, 1, {}};
+    proto::ReqHello old{proto::kProtoVersion + 7, 1, 0, 0, {}};
     CHECK(g.call(0, Op::kHello, old) == CUDA_ERROR_NOT_SUPPORTED);
   }
 
@@ -277,7 +277,7 @@ namespace {
 // A guest's handle of device 0's primary context.
 std::uint64_t primary_ctx(RawGuest& g) {
   std::vector<std::byte> out;
-  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
   REQUIRE(g.call(0, Op::kHello, hello) == CUDA_SUCCESS);
   REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
   return RawGuest::as<proto::RepHandle>(out).handle;
@@ -371,7 +371,7 @@ TEST_CASE("images that would make the driver follow a pointer or read past the c
           CUDA_ERROR_INVALID_IMAGE);
     // aimed at guest-writable memory: the arena's device alias
     std::vector<std::byte> out;
-    proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+    proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
     REQUIRE(g.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
     const auto base = RawGuest::as<proto::RepHello>(out).arena_device_base;
     CHECK(load_module(g, ctx, bytes_of(0x466243B1u, 1u, base + g.l.arena_off + 4096, std::uint64_t{0})) ==
@@ -438,7 +438,7 @@ TEST_CASE("the guest learns no address of the worker's own and cannot reseal its
   CHECK((::fcntl(a.client.shm_fd(), F_GET_SEALS) & F_SEAL_SEAL) != 0);
 
   std::vector<std::byte> out;
-  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
   REQUIRE(a.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
   const auto base_a = RawGuest::as<proto::RepHello>(out).arena_device_base;
   REQUIRE(b.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
