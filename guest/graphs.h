@@ -24,6 +24,9 @@ CUresult launch_kernel(CUfunction f, const unsigned grid[3], const unsigned bloc
 // parameters is taken, as the driver takes it.
 CUresult pack_kernel_params(const FuncInfo& info, void** params, void** extra, std::byte* buf) noexcept;
 
+// The wire form of one stream memory operation (memops.cc).
+proto::MemOp memop_to_wire(const CUstreamBatchMemOpParams& p) noexcept;
+
 // True while a stream of this process may be capturing (one began and did
 // not end): before that, capture queries are answered without a round trip.
 bool any_capture() noexcept;

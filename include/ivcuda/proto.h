@@ -150,7 +150,8 @@ enum class HandleKind : u8 {
   X(CaptureToGraph, ReqCaptureToGraph, RepNone, 1)                       \
   X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)                       \
   X(UserObject, ReqUserObject, RepHandle, 1)                             \
-  X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)
+  X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)                 \
+  X(StreamMemOps, ReqStreamMemOps, RepNone, 0)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -534,6 +535,24 @@ struct ReqStreamWaitEvent {
   u64 stream;
   u64 event;
   u32 flags;
+  u32 reserved;
+};
+// Stream memory operations (cuStreamWaitValue32/64, cuStreamWriteValue32/64,
+// cuStreamBatchMemOp): MemOp [count] follow. `single`: one of the four
+// single-operation calls (count 1), which the host makes as that call.
+inline constexpr u32 kMaxMemOps = 256;
+struct MemOp {
+  u32 operation;  // CUstreamBatchMemOpType
+  u32 flags;
+  u64 address;    // waits and writes: a device address of this guest
+  u64 value;      // 32-bit operations: the low half
+};
+struct ReqStreamMemOps {
+  u64 ctx;
+  u64 stream;
+  u32 count;
+  u32 flags;
+  u32 single;
   u32 reserved;
 };
 // cuLaunchHostFunc: the stream stores `seq` into the arena word at `reached`,
@@ -1094,6 +1113,8 @@ static_assert(sizeof(GraphNodeParams) == 224);
 static_assert(sizeof(ReqGraphQuery) == 40);
 static_assert(sizeof(MemAllocNode) == 40);
 static_assert(sizeof(ReqGraphKernelAttr) == 56);
+static_assert(sizeof(MemOp) == 24);
+static_assert(sizeof(ReqStreamMemOps) == 32);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

@@ -1029,3 +1029,47 @@ TEST_CASE("graph requests naming what the guest does not own are refused", "[pro
         CUDA_ERROR_INVALID_VALUE);  // went with its graph
   CHECK(d.alive());
 }
+
+TEST_CASE("stream memory operations wait on and write only the guest's own memory", "[process][hostile]") {
+  Daemon d;
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  const auto arena_dev = RawGuest::as<proto::RepHello>(out).arena_device_base + g.l.arena_off;
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  const auto ops = [&](std::vector<proto::MemOp> v, std::uint32_t single = 0, std::uint32_t count = 0) {
+    proto::ReqStreamMemOps r{ctx, 0, count != 0 ? count : static_cast<std::uint32_t>(v.size()), 0, single, 0};
+    return g.call(0, Op::kStreamMemOps, r, nullptr, std::as_bytes(std::span(v)));
+  };
+  const proto::MemOp write{CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, dptr, 7};
+  CHECK(ops({write}, 1) == CUDA_SUCCESS);
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_64, 0, arena_dev + 64, 9}}, 1) == CUDA_SUCCESS);
+  // Someone else's memory, the end of the allocation, an unknown operation.
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, dptr ^ 0x100000000ull, 7}}, 1) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({write, proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_64, 0, dptr + 4092, 7}}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WAIT_VALUE_64, 0, arena_dev + g.l.arena_size - 4, 1}}, 1) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WAIT_VALUE_32, 0, arena_dev - 4, 1}}, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({proto::MemOp{99, 0, dptr, 1}}) == CUDA_ERROR_INVALID_VALUE);
+  // Counts that disagree with the operations sent, or a "single" batch.
+  CHECK(ops({write}, 0, 2) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({write, write}, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops(std::vector<proto::MemOp>(proto::kMaxMemOps + 1, write)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({}, 0, 0) == CUDA_ERROR_INVALID_VALUE);
+  // The worker still serves, and the allocation holds what the valid write put there.
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.src = dptr;
+  c.bytes = 4;
+  c.arena_off = g.l.arena_off;
+  CHECK(g.call(0, Op::kMemcpyDtoHArena, c) == CUDA_SUCCESS);
+  std::uint32_t v = 0;
+  std::memcpy(&v, g.bar.data() + g.l.arena_off, 4);
+  CHECK(v == 7);
+}
