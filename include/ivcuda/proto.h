@@ -151,7 +151,8 @@ enum class HandleKind : u8 {
   X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)                       \
   X(UserObject, ReqUserObject, RepHandle, 1)                             \
   X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)                 \
-  X(StreamMemOps, ReqStreamMemOps, RepNone, 0)
+  X(StreamMemOps, ReqStreamMemOps, RepNone, 0)                          \
+  X(StreamAttr, ReqStreamAttr, RepStreamAttr, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -554,6 +555,20 @@ struct ReqStreamMemOps {
   u32 flags;
   u32 single;
   u32 reserved;
+};
+// cuStreamGetAttribute / SetAttribute / CopyAttributes (kind: kKernelAttrGet,
+// Set or Copy; `src` the source stream of a copy). The value is the whole
+// CUstreamAttrValue union: an access-policy window does not fit LaunchAttr.
+struct ReqStreamAttr {
+  u64 ctx;
+  u64 stream;
+  u64 src;
+  u32 kind;
+  u32 attr;  // CUstreamAttrID
+  u8 value[64];
+};
+struct RepStreamAttr {
+  u8 value[64];
 };
 // cuLaunchHostFunc: the stream stores `seq` into the arena word at `reached`,
 // then waits until the word at `done` holds `seq` or later (wrap-aware, as
@@ -1115,6 +1130,7 @@ static_assert(sizeof(MemAllocNode) == 40);
 static_assert(sizeof(ReqGraphKernelAttr) == 56);
 static_assert(sizeof(MemOp) == 24);
 static_assert(sizeof(ReqStreamMemOps) == 32);
+static_assert(sizeof(ReqStreamAttr) == 96);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

@@ -196,6 +196,7 @@ struct Stream {
   unsigned flags = 0;
   int priority = 0;
   unsigned long long id = 0;
+  std::map<unsigned, CUstreamAttrValue> attrs;  // cuStreamSetAttribute's, by CUstreamAttrID
 };
 
 struct Event {
@@ -244,6 +245,7 @@ struct State {
   std::unordered_map<Handle, Context> contexts;
   std::map<std::uintptr_t, Allocation> allocations;  // by base; ranges never overlap
   std::unordered_map<Handle, Stream> streams;
+  Stream null_stream;  // the legacy and per-thread streams' attributes
   std::unordered_map<Handle, Event> events;
   std::unordered_map<Handle, Module> modules;
   std::unordered_map<Handle, Function> functions;

@@ -1073,3 +1073,44 @@ TEST_CASE("stream memory operations wait on and write only the guest's own memor
   std::memcpy(&v, g.bar.data() + g.l.arena_off, 4);
   CHECK(v == 7);
 }
+
+TEST_CASE("a stream's access-policy window covers only the guest's own memory", "[process][hostile]") {
+  Daemon d;
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  const auto window = [&](std::uint64_t base, std::size_t bytes) {
+    proto::ReqStreamAttr r{};
+    r.ctx = ctx;
+    r.kind = proto::kKernelAttrSet;
+    r.attr = CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW;
+    CUstreamAttrValue v{};
+    v.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(base);
+    v.accessPolicyWindow.num_bytes = bytes;
+    v.accessPolicyWindow.hitRatio = 1.0f;
+    std::memcpy(r.value, &v, sizeof r.value);
+    return g.call(0, Op::kStreamAttr, r);
+  };
+  CHECK(window(dptr, 4096) == CUDA_SUCCESS);
+  CHECK(window(dptr, 4097) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(window(dptr ^ 0x100000000ull, 64) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(window(0, 0) == CUDA_SUCCESS);  // clears it
+  // Event-bearing launch attributes are no stream attributes; unknown kinds and streams are refused.
+  proto::ReqStreamAttr r{};
+  r.ctx = ctx;
+  r.kind = proto::kKernelAttrGet;
+  r.attr = CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;
+  CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_VALUE);
+  r.attr = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  r.kind = 7;
+  CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_VALUE);
+  r.kind = proto::kKernelAttrGet;
+  r.stream = 0xdead;
+  CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_HANDLE);
+}

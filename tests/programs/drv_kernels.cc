@@ -220,6 +220,37 @@ void kernels(CUmodule m) {
   OK(cuEventDestroy(e0));
   OK(cuEventDestroy(e1));
   OK(cuEventDestroy(e2));
+
+  // Stream attributes and a stream's device (cudaStreamGetDevice).
+  CUdevice sdev = -1;
+  OK(cuStreamGetDevice(s, &sdev));
+  EXPECT(sdev == 0);
+  CUstreamAttrValue av{};
+  OK(cuStreamGetAttribute(s, CU_LAUNCH_ATTRIBUTE_PRIORITY, &av));
+  EXPECT(av.priority == 0);
+  av = CUstreamAttrValue{};
+  av.syncPolicy = CU_SYNC_POLICY_BLOCKING_SYNC;
+  OK(cuStreamSetAttribute(s, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &av));
+  av = CUstreamAttrValue{};
+  av.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(da);
+  av.accessPolicyWindow.num_bytes = 4096;
+  av.accessPolicyWindow.hitRatio = 0.5f;
+  av.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_PERSISTING;
+  av.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_STREAMING;
+  OK(cuStreamSetAttribute(s, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &av));
+  OK(cuStreamCopyAttributes(s2, s));
+  av = CUstreamAttrValue{};
+  OK(cuStreamGetAttribute(s2, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &av));
+  const int policy = static_cast<int>(av.syncPolicy);
+  av = CUstreamAttrValue{};
+  OK(cuStreamGetAttribute(s2, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &av));
+  std::printf("stream attributes copied: sync policy %d, window %zu bytes at the allocation %d, hit ratio %.2f\n",
+              policy, av.accessPolicyWindow.num_bytes,
+              reinterpret_cast<CUdeviceptr>(av.accessPolicyWindow.base_ptr) == da, av.accessPolicyWindow.hitRatio);
+  EXPECT(policy == CU_SYNC_POLICY_BLOCKING_SYNC && av.accessPolicyWindow.num_bytes == 4096);
+  OK(cuLaunchKernel(add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, s2, args, nullptr));  // runs under the window
+  OK(cuStreamSynchronize(s2));
+
   OK(cuStreamDestroy(s2));
   OK(cuStreamDestroy(s));
   for (CUdeviceptr p : {da, db, dc, dsum}) OK(cuMemFree(p));
