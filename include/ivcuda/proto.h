@@ -152,7 +152,8 @@ enum class HandleKind : u8 {
   X(UserObject, ReqUserObject, RepHandle, 1)                             \
   X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)                 \
   X(StreamMemOps, ReqStreamMemOps, RepNone, 0)                          \
-  X(StreamAttr, ReqStreamAttr, RepStreamAttr, 1)
+  X(StreamAttr, ReqStreamAttr, RepStreamAttr, 1)                        \
+  X(CtxMisc, ReqCtxMisc, RepValue, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -537,6 +538,21 @@ struct ReqStreamWaitEvent {
   u64 event;
   u32 flags;
   u32 reserved;
+};
+// A context's flags and cache configuration, the persisting-L2
+// reset, and cuCtxRecordEvent / cuCtxWaitEvent (`event`): one request, by kind.
+inline constexpr u32 kCtxGetFlags = 0;
+inline constexpr u32 kCtxSetFlags = 1;
+inline constexpr u32 kCtxGetCacheConfig = 2;
+inline constexpr u32 kCtxSetCacheConfig = 3;
+inline constexpr u32 kCtxResetPersistingL2 = 4;
+inline constexpr u32 kCtxRecordEvent = 5;
+inline constexpr u32 kCtxWaitEvent = 6;
+struct ReqCtxMisc {
+  u64 ctx;
+  u64 event;
+  u32 kind;
+  u32 value;  // the flags or configuration to set
 };
 // Stream memory operations (cuStreamWaitValue32/64, cuStreamWriteValue32/64,
 // cuStreamBatchMemOp): MemOp [count] follow. `single`: one of the four
@@ -1131,6 +1147,7 @@ static_assert(sizeof(ReqGraphKernelAttr) == 56);
 static_assert(sizeof(MemOp) == 24);
 static_assert(sizeof(ReqStreamMemOps) == 32);
 static_assert(sizeof(ReqStreamAttr) == 96);
+static_assert(sizeof(ReqCtxMisc) == 24);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

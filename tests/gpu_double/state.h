@@ -185,6 +185,7 @@ struct Context {
   int device = 0;
   unsigned flags = 0;
   bool primary = false;
+  CUfunc_cache cache = CU_FUNC_CACHE_PREFER_NONE;                    // cuCtxSetCacheConfig's
   // Primary contexts only. Retain activates, the last release or a reset deactivates; a
   // reset keeps the count (the real driver still accepts the matching releases).
   unsigned refs = 0;
