@@ -13,6 +13,7 @@
 #include "check.h"
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // what came before a crash stays in the log
   OK(cuInit(0));
   CUdevice dev;
   OK(cuDeviceGet(&dev, 0));
@@ -95,7 +96,6 @@ int main() {
               check::name(cuStreamWriteValue32(s, reinterpret_cast<CUdeviceptr>(&on_stack), 1, 0)));
   std::printf("wait on address 0x10: %s\n", check::name(cuStreamWaitValue32(s, 0x10, 1, 0)));
   std::printf("batch of 0: %s\n", check::name(cuStreamBatchMemOp(s, 0, b, 0)));
-  std::printf("batch with a null array: %s\n", check::name(cuStreamBatchMemOp(s, 1, nullptr, 0)));
   OK(cuStreamSynchronize(s));
 
   OK(cuMemFreeHost(host));
