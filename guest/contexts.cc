@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -147,6 +148,76 @@ CUresult cuDeviceGetPCIBusId(char* id, int len, CUdevice dev) {
                   static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID]),
                   static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID]),
                   static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID]));
+    return CUDA_SUCCESS;
+  });
+}
+
+// The inverse: "[domain:]bus:device[.function]" in hexadecimal, matched
+// against the devices this process sees (NCCL and NVML-aware code map bus
+// ids back to ordinals this way).
+CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* id) {
+  return guard([&] {
+    if (dev == nullptr || id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    unsigned part[3] = {0, 0, 0};
+    int parts = 0;
+    const char* p = id;
+    while (parts < 3) {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(p, &end, 16);
+      if (end == p || v > 0xffff) return CUDA_ERROR_INVALID_VALUE;
+      part[parts++] = static_cast<unsigned>(v);
+      if (*end != ':') {
+        p = end;
+        break;
+      }
+      p = end + 1;
+    }
+    if (*p == '.') {  // the function: GPUs are function 0
+      char* end = nullptr;
+      const unsigned long fn = std::strtoul(p + 1, &end, 16);
+      if (end == p + 1 || fn != 0) return CUDA_ERROR_INVALID_DEVICE;
+      p = end;
+    }
+    if (*p != '\0' || parts < 2) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned domain = parts == 3 ? part[0] : 0;
+    const unsigned bus = part[parts - 2], device = part[parts - 1];
+    NEED_RT();
+    for (int d = 0; d < rt->device_count(); ++d) {
+      CUresult st = CUDA_SUCCESS;
+      const proto::RepDeviceInfo* info = rt->device(d, &st);
+      if (info == nullptr) return st;
+      if (static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID]) == domain &&
+          static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID]) == bus &&
+          static_cast<unsigned>(info->attrs[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID]) == device) {
+        *dev = d;
+        return CUDA_SUCCESS;
+      }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+  });
+}
+
+// The deprecated property block, from the attributes.
+CUresult cuDeviceGetProperties(CUdevprop* prop, CUdevice dev) {
+  return guard([&] {
+    if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    const auto a = [&](CUdevice_attribute x) { return info->attrs[x]; };
+    *prop = CUdevprop{};
+    prop->maxThreadsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    prop->maxThreadsDim[0] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
+    prop->maxThreadsDim[1] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
+    prop->maxThreadsDim[2] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
+    prop->maxGridSize[0] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+    prop->maxGridSize[1] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+    prop->maxGridSize[2] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
+    prop->sharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    prop->totalConstantMemory = a(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY);
+    prop->SIMDWidth = a(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+    prop->memPitch = a(CU_DEVICE_ATTRIBUTE_MAX_PITCH);
+    prop->regsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+    prop->clockRate = a(CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
+    prop->textureAlign = a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
     return CUDA_SUCCESS;
   });
 }

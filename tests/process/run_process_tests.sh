@@ -85,6 +85,8 @@ case_ivcuda "drv_vmm_share: another tenant's process cannot import it (CUDA_ERRO
   "$lib" -- "$bin/drv_vmm_share" --child-socket "$work/other.sock"
 case_ivcuda "drv_capture_modes: one thread captures while another allocates (thread-local, relaxed, global)" \
   "$lib" -- "$bin/drv_capture_modes"
+case_ivcuda "drv_devices: every device's attributes, bus id both ways, properties, primary context" \
+  "$lib" -- "$bin/drv_devices"
 case_ivcuda "drv_memops: stream waits and writes on device and page-locked words, a batch, bad addresses" \
   "$lib" -- "$bin/drv_memops"
 case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \

@@ -2,6 +2,9 @@
 // to check GPU selection (ivcudad --gpus, CUDA_VISIBLE_DEVICES) against what
 // the driver itself reports.
 //   drv_devices [--try-ordinal N]   also reports what cuDeviceGet(N) returns
+#include <cctype>
+#include <string>
+
 #include "check.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +31,24 @@ int main(int argc, char** argv) {
       if (b == 3 || b == 5 || b == 7 || b == 9) std::printf("-");
     }
     std::printf(" %s %s\n", bus, name);
+    // The bus id maps back to the ordinal, in the driver's accepted spellings.
+    CUdevice by_bus = -1;
+    OK(cuDeviceGetByPCIBusId(&by_bus, bus));
+    EXPECT(by_bus == d);
+    std::string upper(bus);
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    by_bus = -1;
+    OK(cuDeviceGetByPCIBusId(&by_bus, upper.c_str()));
+    EXPECT(by_bus == d);
+    CUdevprop prop{};
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // old programs still call it
+    OK(cuDeviceGetProperties(&prop, d));
+#pragma GCC diagnostic pop
+    int mt = 0, warp = 0;
+    OK(cuDeviceGetAttribute(&mt, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, d));
+    OK(cuDeviceGetAttribute(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, d));
+    EXPECT(prop.maxThreadsPerBlock == mt && prop.SIMDWidth == warp && prop.maxGridSize[0] > 0);
     // Each device's primary context works.
     CUcontext c;
     OK(cuDevicePrimaryCtxRetain(&c, d));
@@ -44,5 +65,8 @@ int main(int argc, char** argv) {
     CUdevice d;
     std::printf("cuDeviceGet(%s): %s\n", t, check::name(cuDeviceGet(&d, std::atoi(t))));
   }
+  CUdevice none = -1;
+  std::printf("bus id ffff:ff:1f.0: %s\n", check::name(cuDeviceGetByPCIBusId(&none, "ffff:ff:1f.0")));
+  std::printf("bus id \"not-a-bus-id\": %s\n", check::name(cuDeviceGetByPCIBusId(&none, "not-a-bus-id")));
   return check::finish("drv_devices");
 }
