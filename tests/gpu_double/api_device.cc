@@ -432,3 +432,28 @@ CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice* dev, const char* pciBusId) {
     return CUDA_ERROR_INVALID_DEVICE;
   });
 }
+
+// The deprecated property block, from the same attributes.
+CUresult CUDAAPI cuDeviceGetProperties(CUdevprop* prop, CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+    const auto a = [&](CUdevice_attribute x) { return attribute(x, dev); };
+    *prop = CUdevprop{};
+    prop->maxThreadsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+    prop->maxThreadsDim[0] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X);
+    prop->maxThreadsDim[1] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y);
+    prop->maxThreadsDim[2] = a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z);
+    prop->maxGridSize[0] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+    prop->maxGridSize[1] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+    prop->maxGridSize[2] = a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z);
+    prop->sharedMemPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+    prop->totalConstantMemory = a(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY);
+    prop->SIMDWidth = a(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+    prop->memPitch = a(CU_DEVICE_ATTRIBUTE_MAX_PITCH);
+    prop->regsPerBlock = a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK);
+    prop->clockRate = a(CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
+    prop->textureAlign = a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
+    return CUDA_SUCCESS;
+  });
+}
