@@ -303,12 +303,23 @@ class Worker {
   HandleTable<MipmapEntry> mipmaps_{proto::HandleKind::kMipmappedArray};
   std::map<std::uint64_t, TexEntry> tex_objects_;  // driver value -> what it is
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
+  // Driver file descriptors shared with the tenant (worker_common.cc): what
+  // this worker exported, by the token the guest holds, and its line to the
+  // daemon's broker for the exports of the tenant's other workers.
   BrokerClient broker_;
-  struct Export {  // what this worker exported (cuMemExportToShareableHandle)
+  struct Export {
     sys::UniqueFd fd;
-    std::uint64_t size = 0;
+    std::uint64_t value = 0;       // what an importer gets with the fd (an allocation's size)
+    CUmemoryPool pool = nullptr;   // a pool's export (pools.cc): the driver's pool while it lives
+    std::uint32_t proc = 0;        // a pool's export: the guest process that exported it
   };
   std::map<BrokerToken, Export> exports_;
+  // Keeps `fd` under a fresh token and leaves a dup with the broker for the
+  // tenant's other workers. Null: no token could be drawn.
+  Export* share_fd(sys::UniqueFd fd, std::uint64_t value, BrokerToken* token);
+  // The fd a token names: one of this worker's exports (*own set), or a dup
+  // the broker holds for this tenant (*fetched owns it). -1: neither.
+  int shared_fd(const BrokerToken& token, Export** own, sys::UniqueFd* fetched, std::uint64_t* value);
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
