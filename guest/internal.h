@@ -83,6 +83,11 @@ CUresult make_share_fd(const std::uint8_t (&token)[kShareTokenBytes], int* fd);
 // The token an fd holds, or false for any fd that is not one of ours.
 bool read_share_fd(int fd, std::uint8_t (&token)[kShareTokenBytes]);
 
+// cuMemFree / cuMemFreeAsync (async: on `s`) of a pointer this process
+// imported from another process's pool (guest/pools.cc): true when it was
+// one, with the answer in *st; false for any other pointer.
+bool free_pool_import(Runtime* rt, CUdeviceptr d, CUstream s, bool async, CUresult* st);
+
 }  // namespace ivcuda::guest::internal
 
 // In a function returning CUresult: `rt`, or return why there is none.

@@ -109,6 +109,7 @@ int Worker::shared_fd(const BrokerToken& token, Export** own, sys::UniqueFd* fet
 // ------------------------------------------------------------------ teardown
 
 void Worker::drop_ctx_objects(std::uint64_t ctx) {
+  pool_drop_ctx(ctx, false);
   ipc_drop_ctx(ctx, false);
   std::vector<std::uint64_t> dead;
   modules_.for_each([&](std::uint64_t h, ModuleEntry& m) {
@@ -155,6 +156,7 @@ CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
     cu_.cuCtxSetCurrent(c.real);
     current_ = c.real;
   }
+  pool_drop_ctx(h, true);
   ipc_drop_ctx(h, true);
   std::vector<std::uint64_t> allocs;
   for (auto& [addr, r] : ranges_)
