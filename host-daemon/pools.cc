@@ -516,6 +516,7 @@ CUresult Worker::on_MemPoolPtrFree(Call& c) {
   const bool own = it->second.own;
   pool_imports_.erase(it);
   if (!own) {
+    (void)ipc_on_free(r.dptr);  // exported onwards through IPC? Not after it is gone
     ranges_.erase(range);
   } else if (range->second.kind == RangeKind::kFreed && !ipc_holds(r.dptr)) {
     st = cu_.cuMemFree(r.dptr);  // its owner freed it before: now it goes
