@@ -458,7 +458,9 @@ CUresult Worker::on_MemPoolImportPtr(Call& c) {
     PoolImport& imp = pool_imports_[e->base];
     imp.own = true;
     ++imp.by[r.proc];
-    c.set_reply(RepRange{e->base, e->size});
+    // The extent from this worker's books, not from the registry every
+    // worker of the tenant can write.
+    c.set_reply(RepRange{e->base, it->second.size - (e->base - it->first)});
     return CUDA_SUCCESS;
   }
   CUmemPoolPtrExportData data{};
