@@ -46,8 +46,10 @@ struct WorkerConfig {
   // Point fd 1 at a pipe and forward what lands there (the driver's device
   // printf output) to the guest with the replies of synchronising calls.
   bool forward_stdout = true;
-  // The tenant's registry of exported objects (CUDA IPC), inherited from the
-  // daemon; borrowed. Null: nothing can be shared (IPC answers NOT_SUPPORTED).
+  // The tenant's registry of exported objects (CUDA IPC, pool pointers),
+  // inherited from the daemon; borrowed. Null: nothing can be shared (IPC and
+  // pool pointer exports answer NOT_SUPPORTED, and the devices report no
+  // shareable pool handle types).
   TenantShare* share = nullptr;
   // This worker's line to the daemon's fd broker (exported allocations
   // between the tenant's workers); -1: none, only this worker's own
