@@ -379,3 +379,47 @@ CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
     return CUDA_SUCCESS;
   });
 }
+
+// ==================================================== flags, configuration, whole-context events
+
+namespace {
+CUresult ctx_misc(std::uint64_t ctx, std::uint32_t kind, std::uint32_t value, std::uint64_t event,
+                  std::int64_t* out) {
+  return guard([&] {
+    NEED_RT();
+    if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kCtxMisc>(proto::ReqCtxMisc{ctx, event, kind, value}, {}, &rep);
+    if (st == CUDA_SUCCESS && out != nullptr) *out = rep.value;
+    return st;
+  });
+}
+}  // namespace
+
+CUresult cuCtxGetFlags(unsigned int* flags) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::int64_t v = 0;
+  const CUresult st = ctx_misc(current_ctx(), proto::kCtxGetFlags, 0, 0, &v);
+  if (st == CUDA_SUCCESS) *flags = static_cast<unsigned>(v);
+  return st;
+}
+CUresult cuCtxSetFlags(unsigned int flags) { return ctx_misc(current_ctx(), proto::kCtxSetFlags, flags, 0, nullptr); }
+CUresult cuCtxGetCacheConfig(CUfunc_cache* config) {
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::int64_t v = 0;
+  const CUresult st = ctx_misc(current_ctx(), proto::kCtxGetCacheConfig, 0, 0, &v);
+  if (st == CUDA_SUCCESS) *config = static_cast<CUfunc_cache>(v);
+  return st;
+}
+CUresult cuCtxSetCacheConfig(CUfunc_cache config) {
+  return ctx_misc(current_ctx(), proto::kCtxSetCacheConfig, static_cast<std::uint32_t>(config), 0, nullptr);
+}
+CUresult cuCtxResetPersistingL2Cache() {
+  return ctx_misc(current_ctx(), proto::kCtxResetPersistingL2, 0, 0, nullptr);
+}
+CUresult cuCtxRecordEvent(CUcontext c, CUevent e) {
+  return ctx_misc(h(c), proto::kCtxRecordEvent, 0, h(e), nullptr);
+}
+CUresult cuCtxWaitEvent(CUcontext c, CUevent e) {
+  return ctx_misc(h(c), proto::kCtxWaitEvent, 0, h(e), nullptr);
+}

@@ -449,24 +449,9 @@ CUresult pack_kernel(Runtime* rt, const KernelNode& k, proto::GraphNodeParams* o
   if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
   const auto& info = it->second;
   packed->assign(info.param_bytes, std::byte{0});
-  if (k.params != nullptr) {
-    for (size_t i = 0; i < info.params.size(); ++i) {
-      if (k.params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      std::memcpy(packed->data() + info.params[i].offset, k.params[i], info.params[i].size);
-    }
-  } else if (k.extra != nullptr) {
-    const void* p = nullptr;
-    size_t n = 0;
-    for (size_t i = 0; k.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-      if (k.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) p = k.extra[i + 1];
-      else if (k.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) n = *static_cast<const size_t*>(k.extra[i + 1]);
-      else return CUDA_ERROR_INVALID_VALUE;
-    }
-    if (p == nullptr || n < info.param_bytes) return CUDA_ERROR_INVALID_VALUE;
-    std::memcpy(packed->data(), p, info.param_bytes);
-  } else if (!info.params.empty()) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
+  if (const CUresult st = ivcuda::guest::pack_kernel_params(info, k.params, k.extra, packed->data());
+      st != CUDA_SUCCESS)
+    return st;
   out->type = CU_GRAPH_NODE_TYPE_KERNEL;
   out->handle = h(f);
   std::memcpy(out->grid, k.grid, sizeof out->grid);

@@ -3,8 +3,10 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <span>
 
+#include "guest/runtime.h"
 #include "ivcuda/proto.h"
 
 namespace ivcuda::guest {
@@ -15,6 +17,15 @@ namespace ivcuda::guest {
 CUresult launch_kernel(CUfunction f, const unsigned grid[3], const unsigned block[3], unsigned shmem, CUstream s,
                        void** params, void** extra, bool cooperative,
                        std::span<const proto::LaunchAttr> attrs = {}) noexcept;
+
+// Packs a kernel's arguments into buf (info.param_bytes, zeroed by the
+// caller) from kernelParams or from cuLaunchKernel's `extra` buffer, with
+// the driver's answers for bad ones. An `extra` buffer shorter than the
+// parameters is taken, as the driver takes it.
+CUresult pack_kernel_params(const FuncInfo& info, void** params, void** extra, std::byte* buf) noexcept;
+
+// The wire form of one stream memory operation (memops.cc).
+proto::MemOp memop_to_wire(const CUstreamBatchMemOpParams& p) noexcept;
 
 // True while a stream of this process may be capturing (one began and did
 // not end): before that, capture queries are answered without a round trip.

@@ -33,6 +33,38 @@ using proto::Op;
 
 // ==================================================================== launches
 
+CUresult ivcuda::guest::pack_kernel_params(const FuncInfo& info, void** params, void** extra,
+                                           std::byte* buf) noexcept {
+  if (params != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params != nullptr) {
+    // kernelParams carries no sizes: pack by the layout the host learned.
+    for (std::size_t i = 0; i < info.params.size(); ++i) {
+      if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      std::memcpy(buf + info.params[i].offset, params[i], info.params[i].size);
+    }
+    return CUDA_SUCCESS;
+  }
+  if (extra == nullptr) return info.params.empty() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  const void* p = nullptr;
+  const std::size_t* n = nullptr;
+  for (std::size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+    if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+      p = extra[i + 1];
+    else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+      n = static_cast<const std::size_t*>(extra[i + 1]);
+    else
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (p == nullptr || n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // The driver's answers (tests/gpu_double checks them against it): a
+  // longer buffer is refused this way; a shorter one is taken - NCCL passes
+  // only the used part of its 4 KiB argument struct. The driver then reads
+  // past it; here the rest stays zero.
+  if (*n > info.param_bytes) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  std::memcpy(buf, p, *n);
+  return CUDA_SUCCESS;
+}
+
 CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], const unsigned block[3], unsigned shmem,
                                       CUstream s, void** params, void** extra, bool cooperative,
                                       std::span<const proto::LaunchAttr> attrs) noexcept {
@@ -62,25 +94,8 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
       std::memset(tail.data(), 0, tail.size());
       if (attr_bytes != 0) std::memcpy(tail.data(), attrs.data(), attr_bytes);
       std::byte* buf = tail.data() + attr_bytes;
-      if (params != nullptr) {
-        // kernelParams carries no sizes: pack by the layout the host learned.
-        for (size_t i = 0; i < info.params.size(); ++i) {
-          if (params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-          std::memcpy(buf + info.params[i].offset, params[i], info.params[i].size);
-        }
-      } else if (extra != nullptr) {
-        const void* p = nullptr;
-        size_t n = 0;
-        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-          if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
-          else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) n = *static_cast<const size_t*>(extra[i + 1]);
-          else return CUDA_ERROR_INVALID_VALUE;
-        }
-        if (p == nullptr || n < info.param_bytes) return CUDA_ERROR_INVALID_VALUE;
-        std::memcpy(buf, p, info.param_bytes);
-      } else if (!info.params.empty()) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
+      if (const CUresult st = ivcuda::guest::pack_kernel_params(info, params, extra, buf); st != CUDA_SUCCESS)
+        return st;
     }
     for (int i = 0; i < 3; ++i)
       if (grid[i] == 0 || block[i] == 0) return CUDA_ERROR_INVALID_VALUE;

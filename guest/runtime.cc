@@ -1,5 +1,6 @@
 #include "guest/runtime.h"
 
+#include "guest/call_stats.h"
 #include "guest/graphs.h"
 #include "guest/unsupported.h"
 
@@ -339,7 +340,15 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   // invalidated capture) at once, and frameworks check right after the call.
   // Captures are set-up time, not the hot path.
   if (!wait && any_capture()) wait = true;
-  const CUresult st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+  CUresult st;
+  if (call_stats::enabled()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+    const auto dt = std::chrono::steady_clock::now() - t0;
+    call_stats::record(op, wait, static_cast<std::uint64_t>(std::chrono::nanoseconds(dt).count()));
+  } else {
+    st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+  }
   if (st == CUDA_ERROR_NOT_SUPPORTED) note_unsupported(std::string("refused by the host: ") + proto::op_name(static_cast<std::uint16_t>(op)));
   return st;
 }
@@ -403,6 +412,7 @@ CUresult Runtime::connect() {
   proto::ReqHello h{};
   h.proto_version = proto::kProtoVersion;
   h.pid = static_cast<std::uint32_t>(::getpid());
+  h.ppid = static_cast<std::uint32_t>(::getppid());
   st = call<proto::Op::kHello>(h, {}, &hello_);
   if (st != CUDA_SUCCESS) {
     log_line("ivcudad refused this library (protocol %u): CUresult %d", proto::kProtoVersion, st);

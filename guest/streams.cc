@@ -86,8 +86,69 @@ CUresult cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
   return cuStreamGetCtx(s, pctx);
 }
 
+// The stream's device: its context's.
+CUresult cuStreamGetDevice(CUstream s, CUdevice* dev) {
+  return guard([&] {
+    if (dev == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = nullptr;
+    if (const CUresult st = cuStreamGetCtx(s, &c); st != CUDA_SUCCESS) return st;
+    return cuCtxGetDevice_v2(dev, c);
+  });
+}
+
+namespace {
+// cuStreamGetAttribute / SetAttribute / CopyAttributes: plain values, one
+// synchronous request (the host checks an access-policy window's range).
+CUresult stream_attr(std::uint32_t kind, CUstream s, CUstream src, CUstreamAttrID id, const CUstreamAttrValue* in,
+                     CUstreamAttrValue* out) {
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (kind != proto::kKernelAttrCopy && in == nullptr && out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!known_stream(rt, s) || (kind == proto::kKernelAttrCopy && !known_stream(rt, src)))
+      return CUDA_ERROR_INVALID_HANDLE;
+    proto::ReqStreamAttr r{};
+    r.ctx = ctx;
+    r.stream = h(s);
+    r.src = h(src);
+    r.kind = kind;
+    r.attr = static_cast<std::uint32_t>(id);
+    static_assert(sizeof r.value == sizeof(CUstreamAttrValue));
+    if (in != nullptr) std::memcpy(r.value, in, sizeof r.value);
+    proto::RepStreamAttr rep{};
+    const CUresult st = rt->call<Op::kStreamAttr>(r, {}, &rep);
+    if (st == CUDA_SUCCESS && out != nullptr) std::memcpy(out, rep.value, sizeof rep.value);
+    return st;
+  });
+}
+}  // namespace
+
+CUresult cuStreamGetAttribute(CUstream s, CUstreamAttrID id, CUstreamAttrValue* out) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return stream_attr(proto::kKernelAttrGet, s, nullptr, id, nullptr, out);
+}
+CUresult cuStreamSetAttribute(CUstream s, CUstreamAttrID id, const CUstreamAttrValue* in) {
+  if (in == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return stream_attr(proto::kKernelAttrSet, s, nullptr, id, in, nullptr);
+}
+CUresult cuStreamCopyAttributes(CUstream dst, CUstream src) {
+  return stream_attr(proto::kKernelAttrCopy, dst, src, CU_LAUNCH_ATTRIBUTE_IGNORE, nullptr, nullptr);
+}
+
 // cuda.h declares the per-thread variants only when a program asks for them.
 extern "C" {
+CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice* dev) {
+  return cuStreamGetDevice(s == nullptr ? CU_STREAM_PER_THREAD : s, dev);
+}
+CUresult cuStreamGetAttribute_ptsz(CUstream s, CUstreamAttrID id, CUstreamAttrValue* out) {
+  return cuStreamGetAttribute(s == nullptr ? CU_STREAM_PER_THREAD : s, id, out);
+}
+CUresult cuStreamSetAttribute_ptsz(CUstream s, CUstreamAttrID id, const CUstreamAttrValue* in) {
+  return cuStreamSetAttribute(s == nullptr ? CU_STREAM_PER_THREAD : s, id, in);
+}
+CUresult cuStreamCopyAttributes_ptsz(CUstream dst, CUstream src) {
+  return cuStreamCopyAttributes(dst == nullptr ? CU_STREAM_PER_THREAD : dst, src == nullptr ? CU_STREAM_PER_THREAD : src);
+}
 CUresult cuStreamGetFlags_ptsz(CUstream s, unsigned int* flags) {
   return cuStreamGetFlags(s == nullptr ? CU_STREAM_PER_THREAD : s, flags);
 }

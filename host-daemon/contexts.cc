@@ -31,7 +31,7 @@ CUresult Worker::on_Hello(Call& c) {
   }
   rep.arena_device_base = arena_dev_ - l_.arena_off;
   rep.generation = cfg_.generation;
-  IVLOG_INFO("guest %u: process %u says hello", cfg_.guest_id, r.pid);
+  IVLOG_INFO("guest %u: process %u says hello (parent %u)", cfg_.guest_id, r.pid, r.ppid);
   c.set_reply(rep);
   return CUDA_SUCCESS;
 }
@@ -197,6 +197,39 @@ CUresult Worker::on_CtxSetLimit(Call& c) {
   const auto r = c.req<ReqLimit>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   return cu_.cuCtxSetLimit(static_cast<CUlimit>(r.limit), r.value);
+}
+
+// Context flags and configuration, the persisting-L2 reset, and events of
+// a whole context: the driver judges every value; they touch only the
+// guest's own context.
+CUresult Worker::on_CtxMisc(Call& c) {
+  const auto r = c.req<ReqCtxMisc>();
+  CtxEntry* ce = nullptr;
+  if (CUresult st = use_ctx(r.ctx, &ce); st != CUDA_SUCCESS) return st;
+  unsigned u = 0;
+  switch (r.kind) {
+    case kCtxGetFlags: {
+      const CUresult st = cu_.cuCtxGetFlags(&u);
+      c.set_reply(RepValue{u});
+      return st;
+    }
+    case kCtxSetFlags: return cu_.cuCtxSetFlags(r.value);
+    case kCtxGetCacheConfig: {
+      CUfunc_cache v = CU_FUNC_CACHE_PREFER_NONE;
+      const CUresult st = cu_.cuCtxGetCacheConfig(&v);
+      c.set_reply(RepValue{static_cast<std::int64_t>(v)});
+      return st;
+    }
+    case kCtxSetCacheConfig: return cu_.cuCtxSetCacheConfig(static_cast<CUfunc_cache>(r.value));
+    case kCtxResetPersistingL2: return cu_.cuCtxResetPersistingL2Cache();
+    case kCtxRecordEvent:
+    case kCtxWaitEvent: {
+      EventEntry* e = events_.find(r.event);
+      if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      return r.kind == kCtxRecordEvent ? cu_.cuCtxRecordEvent(ce->real, e->real) : cu_.cuCtxWaitEvent(ce->real, e->real);
+    }
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
 }
 
 }  // namespace ivcuda::host

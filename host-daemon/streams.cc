@@ -73,3 +73,58 @@ CUresult Worker::on_StreamGetPriority(Call& c) {
 }
 
 }  // namespace ivcuda::host
+
+namespace ivcuda::host {
+
+using namespace ivcuda::proto;
+
+namespace {
+// Stream attributes whose values are plain numbers, and the access-policy
+// window, whose range is checked. The event-bearing launch attributes are
+// not stream attributes: the driver's answer for them is INVALID_VALUE.
+bool stream_attr(std::uint32_t id) {
+  switch (id) {
+    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+    case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+CUresult Worker::on_StreamAttr(Call& c) {
+  const auto r = c.req<ReqStreamAttr>();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  if (r.kind == kKernelAttrCopy) {
+    CUstream src;
+    if (CUresult st = resolve_stream(r.ctx, r.src, &src); st != CUDA_SUCCESS) return st;
+    return cu_.cuStreamCopyAttributes(s, src);
+  }
+  if (!stream_attr(r.attr)) return CUDA_ERROR_INVALID_VALUE;
+  CUstreamAttrValue v{};
+  static_assert(sizeof v == sizeof r.value);
+  const auto id = static_cast<CUstreamAttrID>(r.attr);
+  if (r.kind == kKernelAttrSet) {
+    std::memcpy(&v, r.value, sizeof v);
+    // A window over memory that is not the guest's would steer the L2 for
+    // someone else's data; an empty window clears it.
+    if (id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW && v.accessPolicyWindow.num_bytes != 0 &&
+        !owns_device(reinterpret_cast<std::uint64_t>(v.accessPolicyWindow.base_ptr), v.accessPolicyWindow.num_bytes))
+      return CUDA_ERROR_INVALID_VALUE;
+    return cu_.cuStreamSetAttribute(s, id, &v);
+  }
+  if (r.kind != kKernelAttrGet) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = cu_.cuStreamGetAttribute(s, id, &v);
+  RepStreamAttr out{};
+  std::memcpy(out.value, &v, sizeof out.value);
+  c.set_reply(out);
+  return st;
+}
+
+}  // namespace ivcuda::host

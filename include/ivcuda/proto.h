@@ -151,6 +151,9 @@ enum class HandleKind : u8 {
   X(CaptureUpdateDeps, ReqCaptureDeps, RepNone, 1)                       \
   X(UserObject, ReqUserObject, RepHandle, 1)                             \
   X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)                 \
+  X(StreamMemOps, ReqStreamMemOps, RepNone, 0)                          \
+  X(StreamAttr, ReqStreamAttr, RepStreamAttr, 1)                        \
+  X(CtxMisc, ReqCtxMisc, RepValue, 1)                                   \
   X(MemPoolExport, ReqPoolExport, RepShareToken, 1)                      \
   X(MemPoolImport, ReqPoolImport, RepHandle, 1)                          \
   X(MemPoolExportPtr, ReqPoolPtr, RepIpcHandle, 1)                       \
@@ -175,7 +178,9 @@ struct RepNone {
 struct ReqHello {
   u32 proto_version;
   u32 pid;
-  u64 reserved[2];
+  u32 ppid;  // its parent: logs (and tests) tie a framework's worker processes to the program
+  u32 reserved0;
+  u64 reserved[1];
 };
 struct RepHello {
   u32 proto_version;
@@ -537,6 +542,53 @@ struct ReqStreamWaitEvent {
   u64 event;
   u32 flags;
   u32 reserved;
+};
+// A context's flags and cache configuration, the persisting-L2
+// reset, and cuCtxRecordEvent / cuCtxWaitEvent (`event`): one request, by kind.
+inline constexpr u32 kCtxGetFlags = 0;
+inline constexpr u32 kCtxSetFlags = 1;
+inline constexpr u32 kCtxGetCacheConfig = 2;
+inline constexpr u32 kCtxSetCacheConfig = 3;
+inline constexpr u32 kCtxResetPersistingL2 = 4;
+inline constexpr u32 kCtxRecordEvent = 5;
+inline constexpr u32 kCtxWaitEvent = 6;
+struct ReqCtxMisc {
+  u64 ctx;
+  u64 event;
+  u32 kind;
+  u32 value;  // the flags or configuration to set
+};
+// Stream memory operations (cuStreamWaitValue32/64, cuStreamWriteValue32/64,
+// cuStreamBatchMemOp): MemOp [count] follow. `single`: one of the four
+// single-operation calls (count 1), which the host makes as that call.
+inline constexpr u32 kMaxMemOps = 256;
+struct MemOp {
+  u32 operation;  // CUstreamBatchMemOpType
+  u32 flags;
+  u64 address;    // waits and writes: a device address of this guest
+  u64 value;      // 32-bit operations: the low half
+};
+struct ReqStreamMemOps {
+  u64 ctx;
+  u64 stream;
+  u32 count;
+  u32 flags;
+  u32 single;
+  u32 reserved;
+};
+// cuStreamGetAttribute / SetAttribute / CopyAttributes (kind: kKernelAttrGet,
+// Set or Copy; `src` the source stream of a copy). The value is the whole
+// CUstreamAttrValue union: an access-policy window does not fit LaunchAttr.
+struct ReqStreamAttr {
+  u64 ctx;
+  u64 stream;
+  u64 src;
+  u32 kind;
+  u32 attr;  // CUstreamAttrID
+  u8 value[64];
+};
+struct RepStreamAttr {
+  u8 value[64];
 };
 // cuLaunchHostFunc: the stream stores `seq` into the arena word at `reached`,
 // then waits until the word at `done` holds `seq` or later (wrap-aware, as
@@ -1142,6 +1194,10 @@ static_assert(sizeof(GraphNodeParams) == 224);
 static_assert(sizeof(ReqGraphQuery) == 40);
 static_assert(sizeof(MemAllocNode) == 40);
 static_assert(sizeof(ReqGraphKernelAttr) == 56);
+static_assert(sizeof(MemOp) == 24);
+static_assert(sizeof(ReqStreamMemOps) == 32);
+static_assert(sizeof(ReqStreamAttr) == 96);
+static_assert(sizeof(ReqCtxMisc) == 24);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

@@ -4,6 +4,7 @@
 # 0, their deterministic stdout lines (all but TIME lines) are identical, ivcudad
 # served the ivcuda run, and the ivcuda run made no call that answered
 # NOT_SUPPORTED (IVCUDA_LOG_UNSUPPORTED lists them; the list is printed).
+# IVCUDA_CALL_STATS tables (NAME.calls) say where a slow case's time went.
 #   usage (repository root): bash tests/frameworks/run_frameworks.sh [BUILD_DIR]
 #   IVCUDA_FRAMEWORKS="jax_train ..." runs only those cases.
 set -u
@@ -58,7 +59,7 @@ for c in "${cases[@]}"; do
   rm -f "$out/$name.pid" "$out/$name.unsupported"
   # shellcheck disable=SC2086
   env $envs IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_LOG_UNSUPPORTED="$out/$name.unsupported" \
-    IVCUDA_LOG_ERRORS="$out/$name.errors" \
+    IVCUDA_LOG_ERRORS="$out/$name.errors" IVCUDA_CALL_STATS="$out/$name.calls" \
     timeout 120 "${tagged[@]}" "$out/$name.pid" "$py" "$here/$script" >"$out/$name.ivcuda" 2>"$out/$name.ivcuda.err"
   ri=$?
   tn=$(sed -n 's/^TIME //p' "$out/$name.native"); ti=$(sed -n 's/^TIME //p' "$out/$name.ivcuda")
@@ -73,6 +74,10 @@ for c in "${cases[@]}"; do
   [ -n "$tn" ] && [ -n "$ti" ] && ratio=$(awk -v a="$ti" -v b="$tn" 'BEGIN { printf "%.2f", a / b }')
   if [ -z "$why" ]; then
     verdict "$name: identical output, time native ${tn}s ivcuda ${ti}s (x$ratio)" 0
+    # Where a slow case's time went: its costliest requests (IVCUDA_CALL_STATS).
+    if awk -v r="${ratio:-0}" 'BEGIN { exit !(r > 1.5) }'; then
+      grep -A6 "requests by kind" "$out/$name.calls" 2>/dev/null | sed 's/^/  calls> /' | head -14
+    fi
   else
     echo "  $name: $why"
     grep -v '^  File\|^    ' "$out/$name.ivcuda.err" | tail -4 | sed 's/^/  ivcuda stderr> /'

@@ -157,6 +157,69 @@ CUresult CUDAAPI cuCtxGetFlags(unsigned int* flags) {
   });
 }
 
+// The scheduling, memory-op synchronization and coredump flags the driver
+// documents for cuCtxSetFlags; the double only keeps them.
+CUresult CUDAAPI cuCtxSetFlags(unsigned int flags) {
+  return guarded([&](State& s) -> CUresult {
+    constexpr unsigned kSettable = CU_CTX_SCHED_MASK | CU_CTX_LMEM_RESIZE_TO_MAX | CU_CTX_COREDUMP_ENABLE |
+                                   CU_CTX_USER_COREDUMP_ENABLE | CU_CTX_SYNC_MEMOPS;
+    if ((flags & ~kSettable) != 0) return CUDA_ERROR_INVALID_VALUE;
+    Handle h = 0;
+    if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
+    s.contexts.at(h).flags = flags;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetCacheConfig(CUfunc_cache* config) {
+  return guarded([&](State& s) -> CUresult {
+    if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle h = 0;
+    if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
+    *config = s.contexts.at(h).cache;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxSetCacheConfig(CUfunc_cache config) {
+  return guarded([&](State& s) -> CUresult {
+    if (config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+    Handle h = 0;
+    if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
+    s.contexts.at(h).cache = config;
+    return CUDA_SUCCESS;
+  });
+}
+
+// The double has no L2: nothing persists, there is nothing to reset.
+CUresult CUDAAPI cuCtxResetPersistingL2Cache() {
+  return guarded([&](State& s) -> CUresult {
+    Handle h = 0;
+    return current_context(s, &h);
+  });
+}
+
+namespace {
+// The context must exist and the event be one of its own.
+CUresult ctx_event(CUcontext ctx, CUevent ev) {
+  return guarded([&](State& s) -> CUresult {
+    if (s.contexts.count(from_handle(ctx)) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    const auto it = s.events.find(from_handle(ev));
+    if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+    return it->second.ctx == from_handle(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  });
+}
+}  // namespace
+
+// All of the context's work is complete when a call returns (the double runs
+// work in the caller): recording marks the event now, waiting has nothing to wait for.
+CUresult CUDAAPI cuCtxRecordEvent(CUcontext ctx, CUevent ev) {
+  if (const CUresult r = ctx_event(ctx, ev); r != CUDA_SUCCESS) return r;
+  return cuEventRecordWithFlags(ev, nullptr, CU_EVENT_RECORD_DEFAULT);
+}
+
+CUresult CUDAAPI cuCtxWaitEvent(CUcontext ctx, CUevent ev) { return ctx_event(ctx, ev); }
+
 CUresult CUDAAPI cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
   return guarded([&](State& s) -> CUresult {
     if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -30,7 +30,7 @@ CUresult create_stream(CUstream* ph, unsigned flags, int priority) {
     const Handle h = s.new_handle();
     // Out-of-range priorities are clamped, as the driver documents.
     const int prio = std::clamp(priority, kGreatestStreamPriority, kLeastStreamPriority);
-    s.streams[h] = Stream{.ctx = ctx, .flags = flags, .priority = prio, .id = s.next_stream_id++};
+    s.streams[h] = Stream{.ctx = ctx, .flags = flags, .priority = prio, .id = s.next_stream_id++, .attrs = {}};
     *ph = to_handle<CUstream_st>(h);
     return CUDA_SUCCESS;
   });
@@ -94,6 +94,66 @@ CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int* priority) {
     const Stream* st = nullptr;
     if (const CUresult r = stream_context(s, hStream, &ctx, &st); r != CUDA_SUCCESS) return r;
     *priority = st != nullptr ? st->priority : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+bool stream_attr(CUstreamAttrID id) {
+  return id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW || id == CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY ||
+         id == CU_LAUNCH_ATTRIBUTE_PRIORITY || id == CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP ||
+         id == CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN;
+}
+// The stream's record, or the one the null streams share.
+CUresult attr_stream(State& s, CUstream h, Stream** out) {
+  Handle ctx = 0;
+  const Stream* st = nullptr;
+  if (const CUresult r = stream_context(s, h, &ctx, &st); r != CUDA_SUCCESS) return r;
+  *out = st != nullptr ? const_cast<Stream*>(st) : &s.null_stream;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+// Stream attributes are kept as set; unset ones read as the driver's
+// defaults (automatic synchronization, domain map {0, 1}, the priority the
+// stream was made with).
+CUresult CUDAAPI cuStreamGetAttribute(CUstream hStream, CUstreamAttrID id, CUstreamAttrValue* value) {
+  return guarded([&](State& s) -> CUresult {
+    if (value == nullptr || !stream_attr(id)) return CUDA_ERROR_INVALID_VALUE;
+    Stream* st = nullptr;
+    if (const CUresult r = attr_stream(s, hStream, &st); r != CUDA_SUCCESS) return r;
+    *value = CUstreamAttrValue{};
+    if (const auto it = st->attrs.find(id); it != st->attrs.end()) {
+      *value = it->second;
+    } else if (id == CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY) {
+      value->syncPolicy = CU_SYNC_POLICY_AUTO;
+    } else if (id == CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP) {
+      value->memSyncDomainMap.remote = 1;
+    }
+    if (id == CU_LAUNCH_ATTRIBUTE_PRIORITY) value->priority = st->priority;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamSetAttribute(CUstream hStream, CUstreamAttrID id, const CUstreamAttrValue* value) {
+  return guarded([&](State& s) -> CUresult {
+    if (value == nullptr || !stream_attr(id)) return CUDA_ERROR_INVALID_VALUE;
+    Stream* st = nullptr;
+    if (const CUresult r = attr_stream(s, hStream, &st); r != CUDA_SUCCESS) return r;
+    if (id == CU_LAUNCH_ATTRIBUTE_PRIORITY) st->priority = value->priority;
+    st->attrs[id] = *value;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamCopyAttributes(CUstream dst, CUstream src) {
+  return guarded([&](State& s) -> CUresult {
+    Stream* d = nullptr;
+    Stream* from = nullptr;
+    if (const CUresult r = attr_stream(s, dst, &d); r != CUDA_SUCCESS) return r;
+    if (const CUresult r = attr_stream(s, src, &from); r != CUDA_SUCCESS) return r;
+    d->attrs = from->attrs;
+    d->priority = from->priority;
     return CUDA_SUCCESS;
   });
 }

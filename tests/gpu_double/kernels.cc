@@ -295,6 +295,21 @@ CUresult wait_flag(KernelEnv& env) {
   return CUDA_SUCCESS;
 }
 
+struct HeadArgs {  // ivc_head_args' by-value struct: 4 KiB, of which a launch may pass the head
+  unsigned count;
+  unsigned vals[1023];
+};
+
+CUresult head_args(KernelEnv& env) {
+  std::uint64_t out = 0;
+  HeadArgs a{};
+  if (!env.param(0, &out) || !env.param(1, &a)) return mismatch(env);
+  const std::uint64_t k = std::min<std::uint64_t>({a.count, 16, env.block[0]});
+  IVC_ACCESS(env, out, k, 4);
+  for (std::uint64_t i = 0; i < k; ++i) ptr<unsigned>(out)[i] = a.vals[i];
+  return CUDA_SUCCESS;
+}
+
 CUresult inc_u32(KernelEnv& env) {
   std::uint64_t p = 0;
   if (!env.param(0, &p)) return mismatch(env);
@@ -415,6 +430,7 @@ constexpr Registered kKernels[] = {
     {"ivc_add_const", add_const},   {"ivc_spin_ns", spin_ns},
     {"ivc_fault", fault},
     {"ivc_wait_flag", wait_flag},   {"ivc_inc_u32", inc_u32},
+    {"ivc_head_args", head_args},
     {"ivc_rtf_params", rtf_params}, {"ivc_rtf_symbols", rtf_symbols},
     {"ivc_rtf_axpy", rtf_axpy},     {"ivc_rtf_iota", rtf_iota},
     {"ivc_rtf_twice_plus", rtf_twice_plus}, {"ivc_rtf_coop", rtf_coop},

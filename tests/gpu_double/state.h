@@ -193,6 +193,7 @@ struct Context {
   int device = 0;
   unsigned flags = 0;
   bool primary = false;
+  CUfunc_cache cache = CU_FUNC_CACHE_PREFER_NONE;                    // cuCtxSetCacheConfig's
   // Primary contexts only. Retain activates, the last release or a reset deactivates; a
   // reset keeps the count (the real driver still accepts the matching releases).
   unsigned refs = 0;
@@ -204,6 +205,7 @@ struct Stream {
   unsigned flags = 0;
   int priority = 0;
   unsigned long long id = 0;
+  std::map<unsigned, CUstreamAttrValue> attrs;  // cuStreamSetAttribute's, by CUstreamAttrID
 };
 
 struct Event {
@@ -252,6 +254,7 @@ struct State {
   std::unordered_map<Handle, Context> contexts;
   std::map<std::uintptr_t, Allocation> allocations;  // by base; ranges never overlap
   std::unordered_map<Handle, Stream> streams;
+  Stream null_stream;  // the legacy and per-thread streams' attributes
   std::unordered_map<Handle, Event> events;
   std::unordered_map<Handle, Module> modules;
   std::unordered_map<Handle, Function> functions;

@@ -78,6 +78,16 @@ extern "C" __global__ void ivc_wait_flag(const volatile unsigned* flag, volatile
 }
 
 // One increment of a counter in mapped host memory, by one thread.
+// NCCL's pattern: a large by-value argument struct of which the launch
+// passes (through cuLaunchKernel's `extra`) only the head it uses.
+struct ivc_head_args {
+  unsigned count;
+  unsigned vals[1023];
+};
+extern "C" __global__ void ivc_head_args(unsigned* out, ivc_head_args a) {
+  if (blockIdx.x == 0 && threadIdx.x < a.count && threadIdx.x < 16) out[threadIdx.x] = a.vals[threadIdx.x];
+}
+
 extern "C" __global__ void ivc_inc_u32(volatile unsigned* p) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     *p = *p + 1;

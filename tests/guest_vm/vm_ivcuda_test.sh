@@ -29,6 +29,7 @@ kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
 	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
 	"$bin/drv_arrays" "$bin/drv_pools" "$bin/drv_pool_share" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
+	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
@@ -52,6 +53,9 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/rt_texture_static:/usr/bin/rt_texture_static" \
 	--add-bin "$bin/drv_ipc:/usr/bin/drv_ipc" \
 	--add-bin "$bin/rt_ipc_static:/usr/bin/rt_ipc_static" \
+	--add-bin "$bin/drv_graph_build:/usr/bin/drv_graph_build" \
+	--add-bin "$bin/rt_graphs_static:/usr/bin/rt_graphs_static" \
+	--add-bin "$bin/drv_memops:/usr/bin/drv_memops" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
@@ -108,6 +112,9 @@ rc=0
 	 rt_texture_static &&
 	 drv_ipc --ptx /opt/ivcuda/test_kernels.ptx --forged CUDA_ERROR_INVALID_HANDLE &&
 	 rt_ipc_static &&
+	 drv_graph_build --ptx /opt/ivcuda/test_kernels.ptx --limits &&
+	 rt_graphs_static &&
+	 drv_memops &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
 echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"

@@ -161,7 +161,7 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
   g.open(0);
   std::vector<std::byte> out;
 
-  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
   REQUIRE(g.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
 
   SECTION("unknown ops and truncated requests") {
@@ -169,7 +169,7 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
     CHECK(g.send(0, 0, nullptr, 0, true) == CUDA_ERROR_INVALID_VALUE);
     const std::uint32_t four = 4;
     CHECK(g.send(0, static_cast<std::uint16_t>(Op::kMemAlloc), &four, 4, true) == CUDA_ERROR_INVALID_VALUE);
-    proto::ReqHello old{proto::kProtoVersion + 7, 1, {}};
+    proto::ReqHello old{proto::kProtoVersion + 7, 1, 0, 0, {}};
     CHECK(g.call(0, Op::kHello, old) == CUDA_ERROR_NOT_SUPPORTED);
   }
 
@@ -277,7 +277,7 @@ namespace {
 // A guest's handle of device 0's primary context.
 std::uint64_t primary_ctx(RawGuest& g) {
   std::vector<std::byte> out;
-  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
   REQUIRE(g.call(0, Op::kHello, hello) == CUDA_SUCCESS);
   REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
   return RawGuest::as<proto::RepHandle>(out).handle;
@@ -371,7 +371,7 @@ TEST_CASE("images that would make the driver follow a pointer or read past the c
           CUDA_ERROR_INVALID_IMAGE);
     // aimed at guest-writable memory: the arena's device alias
     std::vector<std::byte> out;
-    proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+    proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
     REQUIRE(g.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
     const auto base = RawGuest::as<proto::RepHello>(out).arena_device_base;
     CHECK(load_module(g, ctx, bytes_of(0x466243B1u, 1u, base + g.l.arena_off + 4096, std::uint64_t{0})) ==
@@ -438,7 +438,7 @@ TEST_CASE("the guest learns no address of the worker's own and cannot reseal its
   CHECK((::fcntl(a.client.shm_fd(), F_GET_SEALS) & F_SEAL_SEAL) != 0);
 
   std::vector<std::byte> out;
-  proto::ReqHello hello{proto::kProtoVersion, 1, {}};
+  proto::ReqHello hello{proto::kProtoVersion, 1, 0, 0, {}};
   REQUIRE(a.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
   const auto base_a = RawGuest::as<proto::RepHello>(out).arena_device_base;
   REQUIRE(b.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
@@ -1246,4 +1246,89 @@ TEST_CASE("graph requests naming what the guest does not own are refused", "[pro
   CHECK(g.call(0, Op::kGraphQuery, proto::ReqGraphQuery{ctx, node, 0, 0, proto::kQueryType, 0}) ==
         CUDA_ERROR_INVALID_VALUE);  // went with its graph
   CHECK(d.alive());
+}
+
+TEST_CASE("stream memory operations wait on and write only the guest's own memory", "[process][hostile]") {
+  Daemon d;
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  const auto arena_dev = RawGuest::as<proto::RepHello>(out).arena_device_base + g.l.arena_off;
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  const auto ops = [&](std::vector<proto::MemOp> v, std::uint32_t single = 0, std::uint32_t count = 0) {
+    proto::ReqStreamMemOps r{ctx, 0, count != 0 ? count : static_cast<std::uint32_t>(v.size()), 0, single, 0};
+    return g.call(0, Op::kStreamMemOps, r, nullptr, std::as_bytes(std::span(v)));
+  };
+  const proto::MemOp write{CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, dptr, 7};
+  CHECK(ops({write}, 1) == CUDA_SUCCESS);
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_64, 0, arena_dev + 64, 9}}, 1) == CUDA_SUCCESS);
+  // Someone else's memory, the end of the allocation, an unknown operation.
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, dptr ^ 0x100000000ull, 7}}, 1) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({write, proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_64, 0, dptr + 4092, 7}}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WAIT_VALUE_64, 0, arena_dev + g.l.arena_size - 4, 1}}, 1) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WAIT_VALUE_32, 0, arena_dev - 4, 1}}, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({proto::MemOp{99, 0, dptr, 1}}) == CUDA_ERROR_INVALID_VALUE);
+  // Counts that disagree with the operations sent, or a "single" batch.
+  CHECK(ops({write}, 0, 2) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({write, write}, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops(std::vector<proto::MemOp>(proto::kMaxMemOps + 1, write)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({}, 0, 0) == CUDA_ERROR_INVALID_VALUE);
+  // The worker still serves, and the allocation holds what the valid write put there.
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.src = dptr;
+  c.bytes = 4;
+  c.arena_off = g.l.arena_off;
+  CHECK(g.call(0, Op::kMemcpyDtoHArena, c) == CUDA_SUCCESS);
+  std::uint32_t v = 0;
+  std::memcpy(&v, g.bar.data() + g.l.arena_off, 4);
+  CHECK(v == 7);
+}
+
+TEST_CASE("a stream's access-policy window covers only the guest's own memory", "[process][hostile]") {
+  Daemon d;
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  const auto window = [&](std::uint64_t base, std::size_t bytes) {
+    proto::ReqStreamAttr r{};
+    r.ctx = ctx;
+    r.kind = proto::kKernelAttrSet;
+    r.attr = CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW;
+    CUstreamAttrValue v{};
+    v.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(base);
+    v.accessPolicyWindow.num_bytes = bytes;
+    v.accessPolicyWindow.hitRatio = 1.0f;
+    std::memcpy(r.value, &v, sizeof r.value);
+    return g.call(0, Op::kStreamAttr, r);
+  };
+  CHECK(window(dptr, 4096) == CUDA_SUCCESS);
+  CHECK(window(dptr, 4097) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(window(dptr ^ 0x100000000ull, 64) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(window(0, 0) == CUDA_SUCCESS);  // clears it
+  // Event-bearing launch attributes are no stream attributes; unknown kinds and streams are refused.
+  proto::ReqStreamAttr r{};
+  r.ctx = ctx;
+  r.kind = proto::kKernelAttrGet;
+  r.attr = CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;
+  CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_VALUE);
+  r.attr = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  r.kind = 7;
+  CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_VALUE);
+  r.kind = proto::kKernelAttrGet;
+  r.stream = 0xdead;
+  CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_HANDLE);
 }

@@ -85,6 +85,8 @@ case_ivcuda "drv_vmm_share: another tenant's process cannot import it (CUDA_ERRO
   "$lib" -- "$bin/drv_vmm_share" --child-socket "$work/other.sock"
 case_ivcuda "drv_capture_modes: one thread captures while another allocates (thread-local, relaxed, global)" \
   "$lib" -- "$bin/drv_capture_modes"
+case_ivcuda "drv_memops: stream waits and writes on device and page-locked words, a batch, bad addresses" \
+  "$lib" -- "$bin/drv_memops"
 case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \
   "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
 case_ivcuda "drv_pools: created pools, attributes, access, allocations used by kernels, destroy, refusals" \
@@ -111,6 +113,14 @@ grep -q "NOT_SUPPORTED cuGraphicsUnregisterResource (not forwarded): 2 call(s)" 
 rc=$?
 [ $rc -ne 0 ] && cat "$work/unsupported.txt"
 verdict "  ... and the list names cuGraphicsUnregisterResource, 2 calls" $rc
+# IVCUDA_CALL_STATS: at exit, the requests by kind, round trips and times.
+# drv_roundtrip makes 100 + 2 x 10 cuStreamQuery round trips here.
+case_ivcuda "IVCUDA_CALL_STATS counts the requests by kind" "$lib" \
+  "IVCUDA_CALL_STATS=$work/calls.txt" -- "$bin/drv_roundtrip" --rounds 10 --gap-us 1
+grep -Eq "^ivcuda: StreamQuery +120 +120 +[0-9.]+ +[0-9.]+$" "$work/calls.txt"
+rc=$?
+[ $rc -ne 0 ] && cat "$work/calls.txt"
+verdict "  ... and the table counts 120 StreamQuery round trips" $rc
 if [ -n "${IVCUDA_SANITIZE:-}" ]; then
   # A sanitizer runtime must be the first library loaded; preloading an
   # instrumented libcuda.so.1 ahead of it is refused by design: not a case here.

@@ -79,6 +79,28 @@ void contexts() {
   OK(cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 4u << 20));
   OK(cuCtxGetLimit(&fifo, CU_LIMIT_PRINTF_FIFO_SIZE));
   EXPECT(fifo >= (4u << 20));
+  // Flags, cache configuration, the persisting L2, whole-context events.
+  unsigned cflags = 0;
+  OK(cuCtxGetFlags(&cflags));
+  OK(cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC));
+  unsigned cflags2 = 0;
+  OK(cuCtxGetFlags(&cflags2));
+  EXPECT((cflags2 & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC);
+  OK(cuCtxSetFlags(cflags));
+  OK(cuCtxSetCacheConfig(CU_FUNC_CACHE_PREFER_L1));
+  CUfunc_cache cache = CU_FUNC_CACHE_PREFER_NONE;
+  OK(cuCtxGetCacheConfig(&cache));
+  std::printf("context: blocking-sync flag kept %d, cache config %d\n",
+              (cflags2 & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC, static_cast<int>(cache));
+  OK(cuCtxSetCacheConfig(CU_FUNC_CACHE_PREFER_NONE));
+  OK(cuCtxResetPersistingL2Cache());
+  CUevent ce = nullptr;
+  OK(cuEventCreate(&ce, CU_EVENT_DEFAULT));
+  OK(cuCtxRecordEvent(prim, ce));
+  OK(cuCtxWaitEvent(prim, ce));
+  OK(cuEventSynchronize(ce));
+  std::printf("cuCtxRecordEvent on a null context: %s\n", check::name(cuCtxRecordEvent(nullptr, ce)));
+  OK(cuEventDestroy(ce));
 
   CUcontext mine = nullptr;
   OK(cuCtxCreate(&mine, nullptr, 0, d));

@@ -95,6 +95,50 @@ void kernels(CUmodule m) {
   for (int i = 0; i < n; ++i) good &= c[i] == a[i] + b[i];
   EXPECT(good);
 
+  // NCCL's pattern: a 4 KiB argument struct of which `extra` passes only the
+  // head the kernel reads (the driver takes a shorter buffer; a longer one
+  // it refuses).
+  {
+    CUfunction head;
+    OK(cuModuleGetFunction(&head, m, "ivc_head_args"));
+    struct {
+      CUdeviceptr out;
+      unsigned count;
+      unsigned vals[1023];
+    } big{};
+    big.out = dc;
+    big.count = 3;
+    big.vals[0] = 7;
+    big.vals[1] = 8;
+    big.vals[2] = 9;
+    size_t used = offsetof(decltype(big), vals) + 3 * sizeof(unsigned);
+    void* hx[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &big, CU_LAUNCH_PARAM_BUFFER_SIZE, &used, CU_LAUNCH_PARAM_END};
+    OK(cuMemsetD32(dc, 0, 4));
+    OK(cuLaunchKernel(head, 1, 1, 1, 32, 1, 1, 0, s, nullptr, hx));
+    // the same through cuLaunchKernelEx, as NCCL launches
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+    attr.value.priority = 0;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 32;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    big.vals[2] = 10;
+    OK(cuLaunchKernelEx(&cfg, head, nullptr, hx));
+    unsigned got[4] = {};
+    OK(cuMemcpyDtoHAsync(got, dc, sizeof got, s));
+    OK(cuStreamSynchronize(s));
+    EXPECT(got[0] == 7 && got[1] == 8 && got[2] == 10 && got[3] == 0);
+    size_t longer = sizeof big + 8;
+    void* lx[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &big, CU_LAUNCH_PARAM_BUFFER_SIZE, &longer, CU_LAUNCH_PARAM_END};
+    EXPECT_RES(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, cuLaunchKernel(head, 1, 1, 1, 32, 1, 1, 0, s, nullptr, lx));
+    void* both_args[] = {&dc, &big};
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuLaunchKernel(head, 1, 1, 1, 32, 1, 1, 0, s, both_args, hx));
+  }
+
   // 64-bit scalar parameter
   unsigned v = 0xc0ffee;
   unsigned long long count = n;
@@ -176,6 +220,37 @@ void kernels(CUmodule m) {
   OK(cuEventDestroy(e0));
   OK(cuEventDestroy(e1));
   OK(cuEventDestroy(e2));
+
+  // Stream attributes and a stream's device (cudaStreamGetDevice).
+  CUdevice sdev = -1;
+  OK(cuStreamGetDevice(s, &sdev));
+  EXPECT(sdev == 0);
+  CUstreamAttrValue av{};
+  OK(cuStreamGetAttribute(s, CU_LAUNCH_ATTRIBUTE_PRIORITY, &av));
+  EXPECT(av.priority == 0);
+  av = CUstreamAttrValue{};
+  av.syncPolicy = CU_SYNC_POLICY_BLOCKING_SYNC;
+  OK(cuStreamSetAttribute(s, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &av));
+  av = CUstreamAttrValue{};
+  av.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(da);
+  av.accessPolicyWindow.num_bytes = 4096;
+  av.accessPolicyWindow.hitRatio = 0.5f;
+  av.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_PERSISTING;
+  av.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_STREAMING;
+  OK(cuStreamSetAttribute(s, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &av));
+  OK(cuStreamCopyAttributes(s2, s));
+  av = CUstreamAttrValue{};
+  OK(cuStreamGetAttribute(s2, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &av));
+  const int policy = static_cast<int>(av.syncPolicy);
+  av = CUstreamAttrValue{};
+  OK(cuStreamGetAttribute(s2, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &av));
+  std::printf("stream attributes copied: sync policy %d, window %zu bytes at the allocation %d, hit ratio %.2f\n",
+              policy, av.accessPolicyWindow.num_bytes,
+              reinterpret_cast<CUdeviceptr>(av.accessPolicyWindow.base_ptr) == da, av.accessPolicyWindow.hitRatio);
+  EXPECT(policy == CU_SYNC_POLICY_BLOCKING_SYNC && av.accessPolicyWindow.num_bytes == 4096);
+  OK(cuLaunchKernel(add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, s2, args, nullptr));  // runs under the window
+  OK(cuStreamSynchronize(s2));
+
   OK(cuStreamDestroy(s2));
   OK(cuStreamDestroy(s));
   for (CUdeviceptr p : {da, db, dc, dsum}) OK(cuMemFree(p));

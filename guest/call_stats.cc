@@ -1,0 +1,116 @@
+#include "guest/call_stats.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace ivcuda::guest::call_stats {
+namespace {
+
+// Round trips go into log-linear buckets: 8 per power of two of
+// nanoseconds, so a median read back from them is within about 9%.
+constexpr unsigned kSub = 8;
+constexpr unsigned kBuckets = 64 * kSub;
+
+unsigned bucket_of(std::uint64_t ns) noexcept {
+  if (ns < kSub) return static_cast<unsigned>(ns);
+  const unsigned top = 63 - static_cast<unsigned>(std::countl_zero(ns));  // >= 3
+  const auto frac = static_cast<unsigned>((ns >> (top - 3)) & (kSub - 1));
+  return top * kSub + frac;
+}
+// The smallest round trip that falls into bucket b.
+std::uint64_t bucket_floor(unsigned b) noexcept {
+  if (b < kSub) return b;
+  const unsigned top = b / kSub;
+  return (std::uint64_t{kSub} | (b % kSub)) << (top - 3);
+}
+
+struct PerOp {
+  std::atomic<std::uint64_t> sent{0};
+  std::atomic<std::uint64_t> waited{0};
+  std::atomic<std::uint64_t> total_ns{0};
+  std::array<std::atomic<std::uint32_t>, kBuckets> hist{};
+};
+
+constexpr std::size_t kOps = static_cast<std::size_t>(proto::Op::kCount);
+
+// Never destroyed: calls keep coming from atexit handlers.
+PerOp* table() {
+  static auto* t = new PerOp[kOps];
+  return t;
+}
+
+const char* target() noexcept {
+  static const char* where = [] {
+    const char* w = std::getenv("IVCUDA_CALL_STATS");
+    return w != nullptr && *w != '\0' ? w : nullptr;
+  }();
+  return where;
+}
+
+std::uint64_t median_ns(const PerOp& p) noexcept {
+  const std::uint64_t n = p.waited.load(std::memory_order_relaxed);
+  if (n == 0) return 0;
+  std::uint64_t seen = 0;
+  for (unsigned b = 0; b < kBuckets; ++b) {
+    seen += p.hist[b].load(std::memory_order_relaxed);
+    if (2 * seen >= n) return bucket_floor(b);
+  }
+  return 0;
+}
+
+// A library destructor runs after the program's atexit handlers, so the
+// table covers the calls those make too.
+[[gnu::destructor]] void report() noexcept {
+  const char* where = target();
+  if (where == nullptr) return;
+  try {
+    std::vector<std::size_t> ops;
+    for (std::size_t i = 0; i < kOps; ++i)
+      if (table()[i].sent.load(std::memory_order_relaxed) != 0) ops.push_back(i);
+    // Where the time went first.
+    std::sort(ops.begin(), ops.end(), [](std::size_t a, std::size_t b) {
+      return table()[a].total_ns.load(std::memory_order_relaxed) > table()[b].total_ns.load(std::memory_order_relaxed);
+    });
+    const bool to_file = std::strcmp(where, "1") != 0;
+    FILE* out = to_file ? std::fopen(where, "a") : stderr;
+    if (out == nullptr) return;
+    std::fprintf(out, "ivcuda: process %d: requests by kind (waited = round trips; times are the callers')\n",
+                 static_cast<int>(::getpid()));
+    std::fprintf(out, "ivcuda: %-24s %10s %10s %12s %12s\n", "request", "sent", "waited", "median us", "total ms");
+    for (const std::size_t i : ops) {
+      const PerOp& p = table()[i];
+      std::fprintf(out, "ivcuda: %-24s %10llu %10llu %12.1f %12.2f\n", proto::op_name(static_cast<std::uint16_t>(i)),
+                   static_cast<unsigned long long>(p.sent.load(std::memory_order_relaxed)),
+                   static_cast<unsigned long long>(p.waited.load(std::memory_order_relaxed)),
+                   static_cast<double>(median_ns(p)) / 1e3,
+                   static_cast<double>(p.total_ns.load(std::memory_order_relaxed)) / 1e6);
+    }
+    if (to_file) std::fclose(out);
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+bool enabled() noexcept { return target() != nullptr; }
+
+void record(proto::Op op, bool waited, std::uint64_t ns) noexcept {
+  const auto i = static_cast<std::size_t>(op);
+  if (i >= kOps) return;
+  PerOp& p = table()[i];
+  p.sent.fetch_add(1, std::memory_order_relaxed);
+  if (!waited) return;
+  p.waited.fetch_add(1, std::memory_order_relaxed);
+  p.total_ns.fetch_add(ns, std::memory_order_relaxed);
+  p.hist[bucket_of(ns)].fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace ivcuda::guest::call_stats
