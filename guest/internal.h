@@ -5,6 +5,9 @@
 
 #include <cuda.h>
 
+#include <unistd.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 
@@ -64,6 +67,26 @@ inline bool is_device(Runtime* rt, std::uint64_t p) {
   --it;
   return p - it->first < it->second;
 }
+
+// The id the host tells this process's calls apart by, where that matters
+// (IPC and pool sharing: one worker serves every process of a VM).
+inline std::uint32_t proc_id() { return static_cast<std::uint32_t>(::getpid()); }
+
+// Shareable handles (guest/vmm.cc). What the application holds for an
+// object the host exported as a file descriptor (a physical allocation, a
+// memory pool) is a sealed memfd holding the host's 128-bit token for it: it
+// travels like any fd (SCM_RIGHTS, fork) and carries no authority of its own,
+// since the host honours a token only for the tenant it issued it to.
+inline constexpr std::size_t kShareTokenBytes = 16;
+// A new sealed memfd holding `token`: CUDA_SUCCESS and *fd, or OPERATING_SYSTEM.
+CUresult make_share_fd(const std::uint8_t (&token)[kShareTokenBytes], int* fd);
+// The token an fd holds, or false for any fd that is not one of ours.
+bool read_share_fd(int fd, std::uint8_t (&token)[kShareTokenBytes]);
+
+// cuMemFree / cuMemFreeAsync (async: on `s`) of a pointer this process
+// imported from another process's pool (guest/pools.cc): true when it was
+// one, with the answer in *st; false for any other pointer.
+bool free_pool_import(Runtime* rt, CUdeviceptr d, CUstream s, bool async, CUresult* st);
 
 }  // namespace ivcuda::guest::internal
 

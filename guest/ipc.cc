@@ -20,14 +20,11 @@ using ivcuda::guest::current_ctx;
 using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
 using ivcuda::proto::Op;
+using ivcuda::guest::internal::proc_id;
 using ivcuda::guest::internal::runtime;
 namespace proto = ivcuda::proto;
 
 namespace {
-
-// The id the host tells this process's calls apart by (one worker serves
-// every process of a VM).
-std::uint32_t proc_id() { return static_cast<std::uint32_t>(::getpid()); }
 
 // Opened ranges of this process: device address -> (size, opens). CUDA
 // answers a second open of one handle with the same pointer; the range is

@@ -621,6 +621,8 @@ CUresult cuMemFree(CUdeviceptr dptr) {
   return guard([&] {
     NEED_RT();
     if (dptr == 0) return CUDA_SUCCESS;
+    if (CUresult imported; ivcuda::guest::internal::free_pool_import(rt, dptr, nullptr, false, &imported))
+      return imported;
     const CUresult st = rt->call<Op::kMemFree>(proto::ReqPtr{current_ctx(), dptr});
     if (st == CUDA_SUCCESS) {
       std::uint64_t size = 0;

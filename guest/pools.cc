@@ -1,16 +1,19 @@
 // Stream-ordered memory: cuMemAllocAsync and friends, the devices' default
-// and current pools, and explicit pools (cuMemPoolCreate, attributes,
-// access, trim, destroy). Pools are host handles (host-daemon/pools.cc): the
-// host's driver does the work and judges most arguments itself, so the
-// guest hears the driver's answers. Device ordinals are the application's
-// here and the worker's on the wire.
+// and current pools, explicit pools (cuMemPoolCreate, attributes, access,
+// trim, destroy), and pools shared between the processes of a tenant. Pools
+// are host handles (host-daemon/pools.cc): the host's driver does the work
+// and judges most arguments itself, so the guest hears the driver's answers.
+// Device ordinals are the application's here and the worker's on the wire.
 //
-// Sharing pools between processes (cuMemPoolExportToShareableHandle and the
-// import side, cuMemPoolExportPointer/ImportPointer) needs the tenant's
-// registry of shared objects and is not done yet: exporting a pool created
-// with a shareable handle type answers CUDA_ERROR_NOT_SUPPORTED; exporting
-// one created without it goes to the driver, which refuses it as on bare
-// metal; nothing can be imported (see docs/design.md, "Memory pools").
+// Sharing: a pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR exports
+// as a sealed memfd holding the host's token (as VMM exports do, guest/vmm.cc)
+// and imports, in another process of the tenant, as a new pool handle; a
+// pointer's CUmemPoolPtrExportData is a ticket of the tenant's registry (as
+// an IPC handle is). An imported pointer is booked like memory opened through
+// IPC (reserved here, counted as device memory) and cuMemFree/cuMemFreeAsync
+// of it end the import. Inside a VM, where one worker serves every process,
+// the host answers a sibling's import with the exporter's own pool and
+// memory (docs/design.md, "Memory pools").
 //
 // This file sees cuda.h without its renaming macros, so every ABI
 // generation is defined under its exact exported name.
@@ -32,6 +35,7 @@ using ivcuda::guest::Runtime;
 using ivcuda::guest::internal::h;
 using ivcuda::guest::internal::ptsz;
 using ivcuda::guest::internal::known_stream;
+using ivcuda::guest::internal::proc_id;
 namespace proto = ivcuda::proto;
 using proto::Op;
 
@@ -81,6 +85,7 @@ CUresult free_async(CUdeviceptr d, CUstream s) {
     NEED_RT();
     NEED_CTX();
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (CUresult imported; ivcuda::guest::internal::free_pool_import(rt, d, s, true, &imported)) return imported;
     const CUresult st = rt->call<Op::kMemFreeAsync>(proto::ReqFreeAsync{ctx, h(s), d});
     if (st != CUDA_SUCCESS) return st;
     std::uint64_t size = 0;
@@ -274,40 +279,118 @@ CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool,
   });
 }
 
+// ==================================================================== sharing
+
 CUresult CUDAAPI cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool, CUmemAllocationHandleType type,
                                                   unsigned long long flags) {
-  if (handle_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::ReqMemPool r{};
-  r.pool = h(pool);
-  r.attr = static_cast<std::int32_t>(type);
-  r.value = flags;
-  r.kind = proto::kPoolExport;
-  return pool_op(r, nullptr);
+  return guard([&] {
+    NEED_RT();
+    if (handle_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepShareToken rep{};
+    const CUresult st = rt->call<Op::kMemPoolExport>(
+        proto::ReqPoolExport{h(pool), flags, static_cast<std::uint32_t>(type), proc_id()}, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    return ivcuda::guest::internal::make_share_fd(rep.token, static_cast<int*>(handle_out));
+  });
 }
 
-// No pool of this process was ever exported, so nothing it is handed can be
-// one of ours to import.
-CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void*, CUmemAllocationHandleType,
-                                                    unsigned long long) {
-  if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  ivcuda::guest::log_once("pool-import", "cuMemPoolImportFromShareableHandle: sharing pools is not supported yet");
-  return CUDA_ERROR_NOT_SUPPORTED;
+CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handle, CUmemAllocationHandleType type,
+                                                    unsigned long long flags) {
+  return guard([&] {
+    NEED_RT();
+    if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC || type == CU_MEM_HANDLE_TYPE_WIN32 || type == CU_MEM_HANDLE_TYPE_WIN32_KMT)
+      return CUDA_ERROR_NOT_SUPPORTED;  // nothing of the kind can reach a guest (docs/design.md)
+    // fd 0 arrives as a null handle, which the driver refuses as one.
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqPoolImport r{};
+    r.flags = flags;
+    r.handle_type = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    r.proc = proc_id();
+    // Any other fd gets the host driver's answer for an fd that is no exported pool.
+    r.no_token = ivcuda::guest::internal::read_share_fd(static_cast<int>(reinterpret_cast<std::intptr_t>(handle)),
+                                                        r.token)
+                     ? 0
+                     : 1;
+    proto::RepHandle rep{};
+    const CUresult st = rt->call<Op::kMemPoolImport>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *pool_out = reinterpret_cast<CUmemoryPool>(rep.handle);
+    return st;
+  });
 }
 
 CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* out, CUdeviceptr ptr) {
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  proto::ReqMemPool r{};
-  r.value = ptr;
-  r.kind = proto::kPoolExportPtr;
-  return pool_op(r, nullptr);
+  return guard([&] {
+    NEED_RT();
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::RepIpcHandle rep{};
+    const CUresult st =
+        rt->call<Op::kMemPoolExportPtr>(proto::ReqPoolPtr{current_ctx(), ptr, proc_id(), 0}, {}, &rep);
+    static_assert(sizeof out->reserved == sizeof rep.bytes);
+    if (st == CUDA_SUCCESS) std::memcpy(out->reserved, rep.bytes, sizeof out->reserved);
+    return st;
+  });
 }
 
-// Only an imported pool imports pointers, and no pool here is imported: the
-// driver refuses every other pool with INVALID_VALUE.
 CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool, CUmemPoolPtrExportData* data) {
-  if (ptr_out == nullptr || pool == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  ivcuda::guest::log_once("pool-import-ptr", "cuMemPoolImportPointer: sharing pools is not supported yet");
-  return CUDA_ERROR_INVALID_VALUE;
+  return guard([&] {
+    NEED_RT();
+    NEED_CTX();
+    if (ptr_out == nullptr || pool == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqPoolPtrImport r{};
+    r.ctx = ctx;
+    r.pool = h(pool);
+    r.proc = proc_id();
+    static_assert(sizeof r.data == sizeof data->reserved);
+    std::memcpy(r.data, data->reserved, sizeof r.data);
+    proto::RepRange rep{};
+    const CUresult st = rt->call<Op::kMemPoolImportPtr>(r, {}, &rep);
+    if (st != CUDA_SUCCESS) return st;
+    // Booked once per address, released with the last free; an address that
+    // is this process's own memory already (a host that answered with the
+    // exporter's allocation in the exporting process) keeps its books.
+    bool book = false;
+    {
+      std::lock_guard lk(rt->books_mu);
+      Runtime::PoolImport& imp = rt->pool_imports[rep.base];
+      if (imp.count++ == 0) {
+        imp.size = rep.size;
+        imp.booked = book = rt->dev_allocs.count(rep.base) == 0;
+        if (book) rt->dev_allocs[rep.base] = rep.size;
+      }
+    }
+    if (book && !rt->reserve_device_range(rep.base, rep.size))
+      ivcuda::guest::log_once("pool-import-va-collision",
+                              "memory imported from a pool at 0x%llx overlaps this process's own memory: cuMemcpy "
+                              "with unified addressing may take one for the other",
+                              static_cast<unsigned long long>(rep.base));
+    *ptr_out = rep.base;
+    return CUDA_SUCCESS;
+  });
+}
+
+bool ivcuda::guest::internal::free_pool_import(Runtime* rt, CUdeviceptr d, CUstream s, bool async, CUresult* st) {
+  {
+    std::lock_guard lk(rt->books_mu);
+    if (rt->pool_imports.count(d) == 0) return false;
+  }
+  *st = rt->call<Op::kMemPoolPtrFree>(
+      proto::ReqPoolPtrFree{current_ctx(), h(s), d, proc_id(), async ? 1u : 0u});
+  if (*st != CUDA_SUCCESS) return true;
+  std::uint64_t release = 0;
+  {
+    std::lock_guard lk(rt->books_mu);
+    auto it = rt->pool_imports.find(d);
+    if (it != rt->pool_imports.end() && --it->second.count == 0) {
+      if (it->second.booked) {
+        release = it->second.size;
+        rt->dev_allocs.erase(d);
+      }
+      rt->pool_imports.erase(it);
+    }
+  }
+  if (release != 0) rt->release_device_range(d, release);
+  return true;
 }
 
 // ==================================================================== pools by location (CUDA 13)

@@ -109,6 +109,16 @@ class Runtime {
   std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
   std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
   std::set<std::uint64_t> ipc_capable;                     // cuMemAlloc'ed bases (legacy IPC capable)
+  // Pointers this process imported from another process's pool
+  // (cuMemPoolImportPointer, guest/pools.cc): cuMemFree and cuMemFreeAsync
+  // of one end its import. `booked`: its range was booked for it (not when
+  // the address was this process's own memory already).
+  struct PoolImport {
+    std::uint64_t size = 0;
+    unsigned count = 0;
+    bool booked = false;
+  };
+  std::map<std::uint64_t, PoolImport> pool_imports;
   std::map<int, int> primary_refs;                         // device -> our retain count
 
   // Keeps this process from ever placing its own memory where the device

@@ -232,18 +232,45 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
 //
 // An exported allocation is, for the application, a file descriptor it may
 // pass to another process of its own (SCM_RIGHTS, fork) and import there.
-// The driver's fd stays on the host; the guest's fd is a sealed memfd that
-// holds the host's token for it, so it travels like any fd and carries no
-// authority of its own: the host honours a token only for the tenant that
-// it issued it to (host-daemon/fd_broker.h).
+// The driver's fd stays on the host (host-daemon/fd_broker.h); the guest's fd
+// is a sealed memfd that holds the host's token for it. Pools exported as
+// file descriptors (guest/pools.cc) travel the same way.
 
 namespace {
 constexpr char kShareMagic[8] = {'i', 'v', 'c', 'u', 'd', 'a', 's', 'h'};
 struct ShareFile {
   char magic[8];
-  unsigned char token[16];
+  unsigned char token[ivcuda::guest::internal::kShareTokenBytes];
 };
 }  // namespace
+
+namespace ivcuda::guest::internal {
+
+CUresult make_share_fd(const std::uint8_t (&token)[kShareTokenBytes], int* fd_out) {
+  ShareFile f{};
+  std::memcpy(f.magic, kShareMagic, sizeof f.magic);
+  std::memcpy(f.token, token, sizeof f.token);
+  const int fd = ::memfd_create("ivcuda-shareable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (::pwrite(fd, &f, sizeof f, 0) != static_cast<ssize_t>(sizeof f) ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    ::close(fd);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  *fd_out = fd;
+  return CUDA_SUCCESS;
+}
+
+bool read_share_fd(int fd, std::uint8_t (&token)[kShareTokenBytes]) {
+  ShareFile f{};
+  if (::pread(fd, &f, sizeof f, 0) != static_cast<ssize_t>(sizeof f) ||
+      std::memcmp(f.magic, kShareMagic, sizeof f.magic) != 0)
+    return false;
+  std::memcpy(token, f.token, sizeof token);
+  return true;
+}
+
+}  // namespace ivcuda::guest::internal
 
 CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
                                       CUmemAllocationHandleType handleType, unsigned long long flags) {
@@ -258,18 +285,7 @@ CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocat
     proto::RepShareToken rep{};
     const CUresult st = rt->call<Op::kMemExportShareable>(r, {}, &rep);
     if (st != CUDA_SUCCESS) return st;
-    ShareFile f{};
-    std::memcpy(f.magic, kShareMagic, sizeof f.magic);
-    std::memcpy(f.token, rep.token, sizeof f.token);
-    const int fd = ::memfd_create("ivcuda-shareable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
-    if (::pwrite(fd, &f, sizeof f, 0) != static_cast<ssize_t>(sizeof f) ||
-        ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-      ::close(fd);
-      return CUDA_ERROR_OPERATING_SYSTEM;
-    }
-    *static_cast<int*>(shareableHandle) = fd;
-    return CUDA_SUCCESS;
+    return ivcuda::guest::internal::make_share_fd(rep.token, static_cast<int*>(shareableHandle));
   });
 }
 
@@ -285,14 +301,11 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
     // fd 0 arrives as a null osHandle, which the driver refuses as one.
     if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || osHandle == nullptr)
       return CUDA_ERROR_INVALID_VALUE;
-    const auto fd = static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle));
-    ShareFile f{};
-    // Any other fd is, as on the driver, no exported memory.
-    if (::pread(fd, &f, sizeof f, 0) != static_cast<ssize_t>(sizeof f) ||
-        std::memcmp(f.magic, kShareMagic, sizeof f.magic) != 0)
-      return CUDA_ERROR_UNKNOWN;
     proto::ReqMemImport r{};
-    std::memcpy(r.token, f.token, sizeof r.token);
+    // Any other fd is, as on the driver, no exported memory.
+    if (!ivcuda::guest::internal::read_share_fd(static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle)),
+                                                r.token))
+      return CUDA_ERROR_UNKNOWN;
     r.handle_type = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     proto::RepHandle rep{};
     const CUresult st = rt->call<Op::kMemImportShareable>(r, {}, &rep);

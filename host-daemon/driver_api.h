@@ -57,7 +57,8 @@ namespace ivcuda::host {
   X(cuSurfObjectCreate) X(cuSurfObjectDestroy) X(cuSurfObjectGetResourceDesc)                 \
   X(cuMemPoolCreate) X(cuMemPoolDestroy) \
   X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemPoolExportToShareableHandle)              \
-  X(cuMemPoolExportPointer)                                                    \
+  X(cuMemPoolExportPointer) X(cuMemPoolImportFromShareableHandle) X(cuMemPoolImportPointer)   \
+  X(cuPointerGetAttribute)                                                                     \
   X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuIpcGetEventHandle)    \
   X(cuIpcOpenEventHandle) \
   X(cuGraphAddKernelNode)             \

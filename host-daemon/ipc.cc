@@ -162,11 +162,16 @@ CUresult Worker::on_IpcCloseMemHandle(Call& c) {
     // Exported onwards from here? Not after it is gone.
     if (ipc_exported_mem_.erase(r.dptr) != 0) (void)cfg_.share->withdraw(ShareKind::kIpcMem, r.dptr);
     ranges_.erase(range);
-  } else if (range->second.kind == RangeKind::kFreed) {
+  } else if (range->second.kind == RangeKind::kFreed && !pool_holds(r.dptr)) {
     st = cu_.cuMemFree(r.dptr);  // its owner freed it before: now it goes
     ranges_.erase(range);
   }
   return st;
+}
+
+bool Worker::ipc_holds(std::uint64_t base) const {
+  auto it = ipc_opens_.find(base);
+  return it != ipc_opens_.end() && it->second.own;
 }
 
 bool Worker::ipc_on_free(std::uint64_t base) {

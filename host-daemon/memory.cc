@@ -43,7 +43,10 @@ CUresult Worker::on_MemFree(Call& c) {
   auto it = ranges_.find(r.dptr);
   if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
-  if (!ipc_on_free(r.dptr)) return CUDA_SUCCESS;  // freed at the last IPC close
+  // Both hooks withdraw what was exported; either may keep it for a sibling
+  // process (freed at the last IPC close or pool-import free).
+  const bool now = ipc_on_free(r.dptr) & pool_on_free(r.dptr, it->second.size);
+  if (!now) return CUDA_SUCCESS;
   const CUresult st = cu_.cuMemFree(r.dptr);
   if (st == CUDA_SUCCESS) ranges_.erase(it);
   return st;

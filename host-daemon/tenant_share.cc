@@ -28,7 +28,7 @@ struct Slot {
   std::uint64_t base;
   std::uint64_t size;
   std::byte payload[64];
-  std::uint64_t reserved;
+  std::uint64_t aux;
 };
 static_assert(sizeof(Slot) == 128);
 
@@ -46,6 +46,7 @@ ShareEntry to_entry(const Slot& s) {
   e.key = s.key;
   e.base = s.base;
   e.size = s.size;
+  e.aux = s.aux;
   std::memcpy(e.payload.data(), s.payload, sizeof s.payload);
   return e;
 }
@@ -152,6 +153,7 @@ Result<ShareTicket> TenantShare::publish(const ShareEntry& e) {
     s.key = e.key;
     s.base = e.base;
     s.size = e.size;
+    s.aux = e.aux;
     std::memcpy(s.payload, e.payload.data(), sizeof s.payload);
     __atomic_store_n(&s.kind, static_cast<std::uint32_t>(e.kind), __ATOMIC_RELEASE);
     ++r_->used;

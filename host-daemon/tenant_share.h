@@ -1,6 +1,6 @@
 // A tenant's registry of shared objects: what one worker of a tenant exports
-// (CUDA IPC memory and event handles today; other exports whose driver handle
-// is plain bytes, such as pool exports, may follow; driver file descriptors
+// (CUDA IPC memory and event handles, pointers of exported memory pools:
+// whatever the driver hands out as plain bytes; driver file descriptors
 // travel through fd_broker.h instead) so that another worker of the same
 // tenant can import it.
 //
@@ -13,7 +13,7 @@
 //
 // The guest never sees the driver's handle: it gets a ticket (slot index and
 // a 128-bit random token, drawn with getrandom) packed into the 64 opaque
-// bytes of CUipcMemHandle / CUipcEventHandle. An importing worker looks the
+// bytes of CUipcMemHandle / CUipcEventHandle / CUmemPoolPtrExportData. An importing worker looks the
 // ticket up in its own tenant's registry: a forged token, a stale slot or a
 // ticket issued by another tenant (whose tokens this registry never held)
 // finds nothing.
@@ -44,6 +44,7 @@ enum class ShareKind : std::uint32_t {
   kFree = 0,
   kIpcMem = 1,    // cuIpcGetMemHandle
   kIpcEvent = 2,  // cuIpcGetEventHandle
+  kPoolPtr = 3,   // cuMemPoolExportPointer
 };
 
 struct ShareToken {
@@ -65,6 +66,7 @@ struct ShareEntry {
   std::uint64_t key = 0;          // the exporter's own name for it (allocation base, event handle)
   std::uint64_t base = 0;         // memory: the allocation's range in the exporter
   std::uint64_t size = 0;
+  std::uint64_t aux = 0;          // kind-specific: pool pointers: the exporter's driver pool
   std::array<std::byte, 64> payload{};  // the driver's handle; never leaves the host
 };
 

@@ -265,18 +265,10 @@ CUresult Worker::on_MemExportShareable(Call& c) {
   int fd = -1;
   const CUresult st = cu_.cuMemExportToShareableHandle(&fd, e->real, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, r.flags);
   if (st != CUDA_SUCCESS) return st;
-  sys::UniqueFd owned(fd);
-  auto token = new_broker_token();
-  if (!token) return CUDA_ERROR_OPERATING_SYSTEM;
-  if (broker_.connected())
-    if (auto dep = broker_.deposit(*token, owned.get(), e->size); !dep)
-      IVLOG_WARN("guest %u: export not shared with the tenant's other workers: %s", cfg_.guest_id,
-                 dep.error().what.c_str());
-  // Bounded: past the cap one export goes (its importers keep what they have).
-  if (exports_.size() >= FdBroker::kMaxDepositsPerTenant) exports_.erase(exports_.begin());
-  exports_[*token] = Export{std::move(owned), e->size};
+  BrokerToken token;
+  if (share_fd(sys::UniqueFd(fd), e->size, &token) == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
   RepShareToken rep{};
-  std::memcpy(rep.token, token->data(), sizeof rep.token);
+  std::memcpy(rep.token, token.data(), sizeof rep.token);
   c.set_reply(rep);
   return CUDA_SUCCESS;
 }
@@ -286,20 +278,10 @@ CUresult Worker::on_MemImportShareable(Call& c) {
   if (r.handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
   BrokerToken token;
   std::memcpy(token.data(), r.token, token.size());
+  Export* own = nullptr;
   sys::UniqueFd fetched;
-  int fd = -1;
   std::uint64_t size = 0;
-  if (auto it = exports_.find(token); it != exports_.end()) {
-    fd = it->second.fd.get();
-    size = it->second.size;
-  } else if (broker_.connected()) {
-    auto got = broker_.fetch(token);
-    if (got) {
-      fetched = std::move(got->first);
-      fd = fetched.get();
-      size = got->second;
-    }
-  }
+  const int fd = shared_fd(token, &own, &fetched, &size);
   // A forged token, or one of another tenant, is what the driver calls an
   // fd that is no exported memory.
   if (fd < 0) return CUDA_ERROR_UNKNOWN;

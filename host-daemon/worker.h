@@ -46,8 +46,10 @@ struct WorkerConfig {
   // Point fd 1 at a pipe and forward what lands there (the driver's device
   // printf output) to the guest with the replies of synchronising calls.
   bool forward_stdout = true;
-  // The tenant's registry of exported objects (CUDA IPC), inherited from the
-  // daemon; borrowed. Null: nothing can be shared (IPC answers NOT_SUPPORTED).
+  // The tenant's registry of exported objects (CUDA IPC, pool pointers),
+  // inherited from the daemon; borrowed. Null: nothing can be shared (IPC and
+  // pool pointer exports answer NOT_SUPPORTED, and the devices report no
+  // shareable pool handle types).
   TenantShare* share = nullptr;
   // This worker's line to the daemon's fd broker (exported allocations
   // between the tenant's workers); -1: none, only this worker's own
@@ -109,6 +111,11 @@ class Worker {
     int device = 0;                  // guest ordinal
     bool created = false;            // cuMemPoolCreate'd by the guest (else a device's default)
     std::uint32_t handle_types = 0;  // created: the CUmemAllocationHandleType bits asked for
+    // cuMemPoolImportFromShareableHandle: it only imports pointers. An alias
+    // is this worker's own exported pool imported by another guest process
+    // (a VM): `real` is that pool, and nothing was asked of the driver.
+    bool imported = false;
+    bool alias = false;
   };
   struct MemHandleEntry {  // a physical allocation (cuMemCreate)
     CUmemGenericAllocationHandle real = 0;
@@ -174,12 +181,14 @@ class Worker {
   // (cuIpcCloseMemHandle ends it). kFreed: an allocation its owner freed while
   // another process of this worker still has it open through IPC; freed for
   // real at the last close.
-  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kIpc, kFreed, kGraphMem };
+  // kPoolImport: a pool allocation another worker of the tenant exported,
+  // imported here (cuMemPoolImportPointer; its importer's free ends it).
+  enum class RangeKind : std::uint8_t { kAlloc, kGlobal, kMapped, kIpc, kFreed, kGraphMem, kPoolImport };
   struct DevRange {
     std::uint64_t size = 0;
     std::uint64_t ctx = 0;
     RangeKind kind = RangeKind::kAlloc;
-    std::uint64_t pool = 0;  // stream-ordered allocations from a created pool: its handle
+    std::uint64_t pool = 0;  // stream-ordered allocations from a created pool, pool imports: its handle
   };
 
   explicit Worker(WorkerConfig cfg);
@@ -254,6 +263,21 @@ class Worker {
   std::uint64_t pool_handle(CUmemoryPool real, int device);
   CUresult pool_location(std::uint32_t type, std::int32_t id, CUmemLocation* out);
   void destroy_created_pools() noexcept;
+  // Pool sharing (pools.cc): destroying a guest handle (the driver's pool
+  // goes with its last handle); what the driver says to an fd that is no
+  // exported pool; a pool the driver destroyed leaves the registry and the
+  // exports; hooks for frees and context teardown, as ipc_on_free and
+  // ipc_drop_ctx (false: a sibling guest process still has the allocation
+  // imported, its last free frees it).
+  CUresult destroy_pool(std::uint64_t handle);
+  CUresult not_an_exported_pool(unsigned long long flags);
+  void pool_forget(CUmemoryPool real);
+  bool pool_on_free(std::uint64_t base, std::uint64_t size);
+  void pool_drop_ctx(std::uint64_t ctx, bool close_in_driver);
+  // Whether IPC opens / pool imports of a sibling process hold an allocation
+  // its owner freed (RangeKind::kFreed): the last of either frees it.
+  bool ipc_holds(std::uint64_t base) const;
+  bool pool_holds(std::uint64_t base) const;
   // CUDA IPC (ipc.cc): hooks for frees, destroys and context teardown.
   // Returns true when the caller should free the allocation now (false: an
   // IPC import in this worker still uses it, the last close frees it).
@@ -305,12 +329,23 @@ class Worker {
   HandleTable<MipmapEntry> mipmaps_{proto::HandleKind::kMipmappedArray};
   std::map<std::uint64_t, TexEntry> tex_objects_;  // driver value -> what it is
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
+  // Driver file descriptors shared with the tenant (worker_common.cc): what
+  // this worker exported, by the token the guest holds, and its line to the
+  // daemon's broker for the exports of the tenant's other workers.
   BrokerClient broker_;
-  struct Export {  // what this worker exported (cuMemExportToShareableHandle)
+  struct Export {
     sys::UniqueFd fd;
-    std::uint64_t size = 0;
+    std::uint64_t value = 0;       // what an importer gets with the fd (an allocation's size)
+    CUmemoryPool pool = nullptr;   // a pool's export (pools.cc): the driver's pool while it lives
+    std::uint32_t proc = 0;        // a pool's export: the guest process that exported it
   };
   std::map<BrokerToken, Export> exports_;
+  // Keeps `fd` under a fresh token and leaves a dup with the broker for the
+  // tenant's other workers. Null: no token could be drawn.
+  Export* share_fd(sys::UniqueFd fd, std::uint64_t value, BrokerToken* token);
+  // The fd a token names: one of this worker's exports (*own set), or a dup
+  // the broker holds for this tenant (*fetched owns it). -1: neither.
+  int shared_fd(const BrokerToken& token, Export** own, sys::UniqueFd* fetched, std::uint64_t* value);
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
@@ -350,6 +385,21 @@ class Worker {
   // guest event handles.
   std::set<std::uint64_t> ipc_exported_mem_;
   std::set<std::uint64_t> ipc_exported_events_;
+
+  // Memory pools shared between guest processes (pools.cc). Guest handles
+  // naming each created or imported driver pool: an alias keeps its pool
+  // alive after the pool's own handle is destroyed.
+  std::map<CUmemoryPool, unsigned> pool_names_;
+  // Pointers exported into the tenant's registry, by address: their pool.
+  std::map<std::uint64_t, CUmemoryPool> pool_ptr_exports_;
+  // Pointers imported, by address: which guest processes imported them how
+  // often, and whether it is this worker's own allocation (imported by a
+  // sibling process through an alias; the driver was not asked).
+  struct PoolImport {
+    std::map<std::uint32_t, unsigned> by;
+    bool own = false;
+  };
+  std::map<std::uint64_t, PoolImport> pool_imports_;
 };
 
 }  // namespace ivcuda::host

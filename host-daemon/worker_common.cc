@@ -72,7 +72,44 @@ bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {
   return off >= l_.arena_off && ring::range_ok(off - l_.arena_off, len, l_.arena_size);
 }
 
+// ------------------------------------------------------------------ shared fds
+
+// The driver's fd never leaves the host: the guest gets the token, which this
+// worker honours from its own exports and the broker only for its tenant.
+Worker::Export* Worker::share_fd(sys::UniqueFd fd, std::uint64_t value, BrokerToken* token) {
+  auto t = new_broker_token();
+  if (!t) return nullptr;
+  if (broker_.connected())
+    if (auto dep = broker_.deposit(*t, fd.get(), value); !dep)
+      IVLOG_WARN("guest %u: export not shared with the tenant's other workers: %s", cfg_.guest_id,
+                 dep.error().what.c_str());
+  // Bounded: past the cap one export goes (its importers keep what they have).
+  if (exports_.size() >= FdBroker::kMaxDepositsPerTenant) exports_.erase(exports_.begin());
+  *token = *t;
+  Export& e = exports_[*t];
+  e = Export{std::move(fd), value};
+  return &e;
+}
+
+int Worker::shared_fd(const BrokerToken& token, Export** own, sys::UniqueFd* fetched, std::uint64_t* value) {
+  *own = nullptr;
+  if (auto it = exports_.find(token); it != exports_.end()) {
+    *own = &it->second;
+    *value = it->second.value;
+    return it->second.fd.get();
+  }
+  if (!broker_.connected()) return -1;
+  auto got = broker_.fetch(token);
+  if (!got) return -1;
+  *fetched = std::move(got->first);
+  *value = got->second;
+  return fetched->get();
+}
+
+// ------------------------------------------------------------------ teardown
+
 void Worker::drop_ctx_objects(std::uint64_t ctx) {
+  pool_drop_ctx(ctx, false);
   ipc_drop_ctx(ctx, false);
   std::vector<std::uint64_t> dead;
   modules_.for_each([&](std::uint64_t h, ModuleEntry& m) {
@@ -119,6 +156,7 @@ CUresult Worker::release_primary_objects(CtxEntry& c, std::uint64_t h) {
     cu_.cuCtxSetCurrent(c.real);
     current_ = c.real;
   }
+  pool_drop_ctx(h, true);
   ipc_drop_ctx(h, true);
   std::vector<std::uint64_t> allocs;
   for (auto& [addr, r] : ranges_)

@@ -153,7 +153,12 @@ enum class HandleKind : u8 {
   X(GraphKernelAttr, ReqGraphKernelAttr, LaunchAttr, 1)                 \
   X(StreamMemOps, ReqStreamMemOps, RepNone, 0)                          \
   X(StreamAttr, ReqStreamAttr, RepStreamAttr, 1)                        \
-  X(CtxMisc, ReqCtxMisc, RepValue, 1)
+  X(CtxMisc, ReqCtxMisc, RepValue, 1)                                   \
+  X(MemPoolExport, ReqPoolExport, RepShareToken, 1)                      \
+  X(MemPoolImport, ReqPoolImport, RepHandle, 1)                          \
+  X(MemPoolExportPtr, ReqPoolPtr, RepIpcHandle, 1)                       \
+  X(MemPoolImportPtr, ReqPoolPtrImport, RepRange, 1)                     \
+  X(MemPoolPtrFree, ReqPoolPtrFree, RepNone, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -439,8 +444,7 @@ inline constexpr u32 kPoolGetAttr = 4;     // pool, attr -> value
 inline constexpr u32 kPoolTrim = 5;        // pool, value = bytes to keep
 inline constexpr u32 kPoolDestroy = 6;     // pool
 inline constexpr u32 kPoolGetAccess = 7;   // pool, attr = location type, device = location id -> flags
-inline constexpr u32 kPoolExport = 8;      // pool, attr = handle type, value = flags (never exported)
-inline constexpr u32 kPoolExportPtr = 9;   // value = device pointer (never exported)
+// 8 and 9 were exports before pools were shared (now MemPoolExport, MemPoolExportPtr): not reused.
 struct ReqMemPool {
   u64 ctx;
   u64 pool;
@@ -740,7 +744,6 @@ struct ReqMemImport {
   u32 reserved;
 };
 
-
 // ---- CUDA arrays, texture and surface objects (guest/arrays.cc,
 // host-daemon/arrays.cc). Arrays and mipmapped arrays are host handles
 // (HandleKind::kArray / kMipmappedArray); texture and surface objects are the
@@ -906,6 +909,48 @@ struct ReqIpcClose {
   u64 dptr;
   u32 proc;
   u32 reserved;
+};
+
+// ---- sharing memory pools between a tenant's processes (guest/pools.cc,
+// host-daemon/pools.cc). A pool exported as a POSIX fd is a token, as
+// MemExportShareable's is (the guest wraps it in the same sealed memfd); a
+// pointer's CUmemPoolPtrExportData is a ticket of the tenant's registry, as
+// an IPC handle is. `proc` is the calling guest process, as in the IPC
+// requests: one worker serves every process of a VM.
+struct ReqPoolExport {
+  u64 pool;
+  u64 flags;
+  u32 handle_type;   // CUmemAllocationHandleType
+  u32 proc;
+};
+struct ReqPoolImport {
+  u8 token[16];
+  u64 flags;
+  u32 handle_type;
+  u32 proc;
+  u32 no_token;      // the fd held no token of ours: the driver's answer for such an fd is wanted
+  u32 reserved;
+};
+struct ReqPoolPtr {  // MemPoolExportPtr
+  u64 ctx;
+  u64 dptr;
+  u32 proc;
+  u32 reserved;
+};
+struct ReqPoolPtrImport {  // -> RepRange: the imported pointer and its extent
+  u64 ctx;
+  u64 pool;          // an imported pool
+  u32 proc;
+  u32 reserved;
+  u8 data[kIpcHandleBytes];
+};
+// cuMemFree / cuMemFreeAsync of a pointer this guest process imported.
+struct ReqPoolPtrFree {
+  u64 ctx;
+  u64 stream;        // async only
+  u64 dptr;
+  u32 proc;
+  u32 async;
 };
 
 // ---- graph building (guest/graphs.cc, host-daemon/graphs.cc). Nodes are host
@@ -1139,6 +1184,11 @@ static_assert(sizeof(ReqIpcGet) == 24);
 static_assert(sizeof(RepIpcHandle) == 64);
 static_assert(sizeof(ReqIpcOpen) == 80);
 static_assert(sizeof(ReqIpcClose) == 24);
+static_assert(sizeof(ReqPoolExport) == 24);
+static_assert(sizeof(ReqPoolImport) == 40);
+static_assert(sizeof(ReqPoolPtr) == 24);
+static_assert(sizeof(ReqPoolPtrImport) == 88);
+static_assert(sizeof(ReqPoolPtrFree) == 32);
 static_assert(sizeof(CopyEnd) == 56);
 static_assert(sizeof(GraphNodeParams) == 224);
 static_assert(sizeof(ReqGraphQuery) == 40);

@@ -8,7 +8,8 @@
 // importer opens the memfd through /proc/PID/fd/N (same user, or root as in CI) and maps
 // it at an address of its own. The mapping keeps the memory alive after the exporter frees
 // it or exits, as the driver keeps IPC memory alive for importers. A test double, not a
-// model of the driver's handle format.
+// model of the driver's handle format. Pool pointer exports (api_memory.cc) share memory
+// through the same two helpers, make_shareable and map_shared.
 //
 // Events: the double runs all work synchronously, so an event is complete as soon as it
 // is recorded, in whichever process; an imported event is a fresh local event of the same
@@ -51,8 +52,12 @@ struct EventHandle {
 };
 static_assert(sizeof(EventHandle) <= sizeof(CUipcEventHandle));
 
-// Moves a device allocation onto a memfd in place; false if the system refused.
+}  // namespace
+
+namespace ivcuda::gpu_double {
+
 bool make_shareable(Allocation& a) {
+  if (a.ipc_fd >= 0) return true;
   const int fd = ::memfd_create("ivcuda-gpu-double-ipc", MFD_CLOEXEC);
   if (fd < 0) return false;
   bool ok = ::ftruncate(fd, static_cast<off_t>(a.mapped)) == 0;
@@ -72,7 +77,44 @@ bool make_shareable(Allocation& a) {
   return true;
 }
 
-}  // namespace
+CUresult map_shared(State& s, Handle ctx, const SharedMemRef& ref, MemKind kind, std::uintptr_t* out) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/fd/%d", ref.pid, ref.fd);
+  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;  // the exporter or its allocation is gone
+  struct stat st {};
+  const bool same = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == ref.ino &&
+                    static_cast<std::uint64_t>(st.st_size) == ref.mapped;
+  // Away from where processes keep their own memory, as device memory is (api_memory.cc).
+  static std::uintptr_t next_hint = 0x3e8000000000;
+  void* p = same ? ::mmap(reinterpret_cast<void*>(next_hint), ref.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                 : MAP_FAILED;
+  if (p != MAP_FAILED) next_hint = reinterpret_cast<std::uintptr_t>(p) + ref.mapped + (2u << 20);
+  ::close(fd);
+  if (!same) return CUDA_ERROR_INVALID_VALUE;
+  if (p == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
+  Allocation a;
+  a.base = reinterpret_cast<std::uintptr_t>(p);
+  a.size = ref.size;
+  a.kind = kind;
+  a.ctx = ctx;
+  a.device = s.contexts.at(ctx).device;
+  a.storage = p;
+  a.mapped = ref.mapped;
+  a.ipc_pid = ref.pid;
+  a.ipc_ino = ref.ino;
+  a.ipc_opens = 1;
+  try {
+    s.allocations.emplace(a.base, a);
+  } catch (...) {
+    ::munmap(p, ref.mapped);
+    throw;
+  }
+  *out = a.base;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace ivcuda::gpu_double
 
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   return guarded([&](State& s) -> CUresult {
@@ -85,7 +127,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
     if (found == nullptr || found->kind != MemKind::kDevice || found->pool != 0 || found->mapped == 0)
       return CUDA_ERROR_INVALID_VALUE;
     Allocation& a = s.allocations.at(found->base);
-    if (a.ipc_fd < 0 && !make_shareable(a)) return CUDA_ERROR_MAP_FAILED;
+    if (!make_shareable(a)) return CUDA_ERROR_MAP_FAILED;
     struct stat st {};
     if (::fstat(a.ipc_fd, &st) != 0) return CUDA_ERROR_MAP_FAILED;
     MemHandle h{kMemMagic, static_cast<std::int32_t>(::getpid()), a.ipc_fd, 0, static_cast<std::uint64_t>(st.st_ino),
@@ -113,35 +155,10 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle
         *pdptr = base;
         return CUDA_SUCCESS;
       }
-    char path[64];
-    std::snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
-    const int fd = ::open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) return CUDA_ERROR_INVALID_VALUE;  // the exporter or its allocation is gone
-    struct stat st {};
-    const bool same = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == h.ino &&
-                      static_cast<std::uint64_t>(st.st_size) == h.mapped;
-    // Away from where processes keep their own memory, as device memory is (api_memory.cc).
-    static std::uintptr_t next_hint = 0x3e8000000000;
-    void* p = same ? ::mmap(reinterpret_cast<void*>(next_hint), h.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                   : MAP_FAILED;
-    if (p != MAP_FAILED) next_hint = reinterpret_cast<std::uintptr_t>(p) + h.mapped + (2u << 20);
-    ::close(fd);
-    if (!same) return CUDA_ERROR_INVALID_VALUE;
-    if (p == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
-    Allocation a;
-    a.base = reinterpret_cast<std::uintptr_t>(p);
-    a.size = h.size;
-    a.kind = MemKind::kIpc;
-    a.ctx = ctx;
-    a.device = s.contexts.at(ctx).device;
-    a.storage = p;
-    a.mapped = h.mapped;
-    a.ipc_pid = h.pid;
-    a.ipc_ino = h.ino;
-    a.ipc_opens = 1;
-    s.allocations.emplace(a.base, a);
-    *pdptr = a.base;
-    return CUDA_SUCCESS;
+    std::uintptr_t base = 0;
+    const CUresult r = map_shared(s, ctx, SharedMemRef{h.pid, h.fd, h.ino, h.size, h.mapped}, MemKind::kIpc, &base);
+    if (r == CUDA_SUCCESS) *pdptr = base;
+    return r;
   });
 }
 

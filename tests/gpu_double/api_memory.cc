@@ -1,7 +1,10 @@
 // Memory of the GPU test double. "Device memory" is host memory, so a CUdeviceptr is a host
 // address and copies are memcpy; every allocation is tracked so that bad frees, copies past
 // an allocation's end and address-range queries behave as on a GPU.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -72,10 +75,14 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
   return CUDA_SUCCESS;
 }
 
-// Frees the allocation based exactly at p if it is of `kind`.
+// Frees the allocation based exactly at p if it is of `kind`. Device frees also take
+// pointers imported from another process's pool, which CUDA frees with cuMemFree and
+// cuMemFreeAsync (one free unmaps it: the driver does not count imports).
 CUresult free_kind(State& s, std::uintptr_t p, MemKind kind, CUresult not_found) {
   const auto it = s.allocations.find(p);
-  if (p == 0 || it == s.allocations.end() || it->second.kind != kind) return not_found;
+  if (p == 0 || it == s.allocations.end()) return not_found;
+  const MemKind k = it->second.kind;
+  if (k != kind && !(kind == MemKind::kDevice && k == MemKind::kPoolImport)) return not_found;
   s.release(it);
   return CUDA_SUCCESS;
 }
@@ -551,8 +558,10 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstrea
         p = default_pool(s, device);
     }
     const auto pit = s.pools.find(p);
-    // An explicit pool may belong to another device than the stream's.
-    if (pit == s.pools.end() || (pool == nullptr && pit->second.device != device)) return CUDA_ERROR_INVALID_VALUE;
+    // An explicit pool may belong to another device than the stream's. An imported pool
+    // hands out nothing (CUDA: it only imports pointers).
+    if (pit == s.pools.end() || (pool == nullptr && pit->second.device != device) || pit->second.imported)
+      return CUDA_ERROR_INVALID_VALUE;
     if (pit->second.max_size != 0) {
       cuuint64_t in_use = 0;
       for (const auto& [base, a] : s.allocations)
@@ -621,7 +630,7 @@ CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   return guarded([&](State& s) -> CUresult {
     if (dev < 0 || dev >= s.device_count) return CUDA_ERROR_INVALID_DEVICE;
     const auto it = s.pools.find(from_handle(pool));
-    if (it == s.pools.end() || it->second.device != dev) return CUDA_ERROR_INVALID_VALUE;
+    if (it == s.pools.end() || it->second.device != dev || it->second.imported) return CUDA_ERROR_INVALID_VALUE;
     if (s.current_pool.empty()) s.current_pool.assign(static_cast<std::size_t>(s.device_count), 0);
     s.current_pool[static_cast<std::size_t>(dev)] = from_handle(pool);
     return CUDA_SUCCESS;
@@ -726,7 +735,7 @@ CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   return guarded([&](State& s) -> CUresult {
     const Handle h = from_handle(pool);
     const auto it = s.pools.find(h);
-    if (it == s.pools.end() || !it->second.created) return CUDA_ERROR_INVALID_VALUE;
+    if (it == s.pools.end() || !(it->second.created || it->second.imported)) return CUDA_ERROR_INVALID_VALUE;
     // The device's current pool falls back to its default one.
     for (Handle& cur : s.current_pool)
       if (cur == h) cur = 0;
@@ -771,16 +780,93 @@ CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool,
   });
 }
 
-// The double shares no pools between processes: a pool made with the handle type asked
-// for answers NOT_SUPPORTED, any other INVALID_VALUE.
+// ---- sharing pools between processes ------------------------------------------------------
+//
+// A pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR exports as a fresh sealed memfd
+// naming this process, the pool and its device; importing one (in any process, this one
+// included) makes a pool that only imports pointers of that very pool. A pointer export
+// moves the allocation onto a memfd (api_ipc.cc) and names pid, fd and inode as an IPC
+// handle does, plus the pool; importing maps the exporter's memfd (/proc/PID/fd/N) as a
+// new allocation of the importing context, and importing it again gives the same pointer.
+// A test double, not a model of the driver's formats.
+
+namespace {
+
+constexpr std::uint32_t kPoolFileMagic = 0x50504944u;  // "DIPP"
+constexpr std::uint32_t kPoolPtrMagic = 0x58504944u;   // "DIPX"
+
+struct PoolFile {
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::uint64_t pool;
+  std::int32_t device;
+  std::uint32_t reserved;
+};
+
+struct PoolPtrData {
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::int32_t fd;
+  std::uint32_t reserved;
+  std::uint64_t ino;
+  std::uint64_t size;
+  std::uint64_t mapped;
+  std::uint64_t pool;  // the exporter's pool
+};
+static_assert(sizeof(PoolPtrData) <= sizeof(CUmemPoolPtrExportData));
+
+// What an fd holds if it is an exported pool: a sealed memfd of exactly one PoolFile.
+bool read_pool_file(int fd, PoolFile* f) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::fcntl(fd, F_GET_SEALS) > 0 &&
+         st.st_size == static_cast<off_t>(sizeof *f) &&
+         ::pread(fd, f, sizeof *f, 0) == static_cast<ssize_t>(sizeof *f) && f->magic == kPoolFileMagic;
+}
+
+}  // namespace
+
 CUresult CUDAAPI cuMemPoolExportToShareableHandle(void* out, CUmemoryPool pool, CUmemAllocationHandleType type,
                                                   unsigned long long flags) {
   return guarded([&](State& s) -> CUresult {
     const auto it = s.pools.find(from_handle(pool));
-    if (it == s.pools.end() || out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (it == s.pools.end() || out == nullptr || flags != 0 || it->second.imported) return CUDA_ERROR_INVALID_VALUE;
     if (type == CU_MEM_HANDLE_TYPE_NONE || (it->second.handle_types & static_cast<unsigned>(type)) == 0)
       return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    const PoolFile f{kPoolFileMagic, static_cast<std::int32_t>(::getpid()), it->first, it->second.device, 0};
+    const int fd = ::memfd_create("ivcuda-gpu-double-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+    if (::pwrite(fd, &f, sizeof f, 0) != static_cast<ssize_t>(sizeof f) ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      ::close(fd);
+      return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    *static_cast<int*>(out) = fd;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Any fd that is no exported pool is INVALID_VALUE here (what the driver answers is for
+// the GPU runs of drv_pool_share to show).
+CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handle,
+                                                    CUmemAllocationHandleType type, unsigned long long flags) {
+  return guarded([&](State& s) -> CUresult {
+    if (pool_out == nullptr || flags != 0 || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+      return CUDA_ERROR_INVALID_VALUE;
+    PoolFile f{};
+    if (!read_pool_file(static_cast<int>(reinterpret_cast<std::intptr_t>(handle)), &f) || f.device < 0 ||
+        f.device >= s.device_count)
+      return CUDA_ERROR_INVALID_VALUE;
+    Pool p;
+    p.device = f.device;
+    p.handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.imported = true;
+    p.origin_pid = f.pid;
+    p.origin_pool = static_cast<Handle>(f.pool);
+    const Handle h = s.new_handle();
+    s.pools[h] = p;
+    *pool_out = to_handle<CUmemPoolHandle_st>(h);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -788,9 +874,68 @@ CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* out, CUdeviceptr
   return guarded([&](State& s) -> CUresult {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const auto a = s.allocations.find(static_cast<std::uintptr_t>(ptr));
-    if (a == s.allocations.end() || a->second.pool == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (a == s.allocations.end() || a->second.pool == 0 || a->second.kind != MemKind::kDevice)
+      return CUDA_ERROR_INVALID_VALUE;
     const auto it = s.pools.find(a->second.pool);
-    if (it == s.pools.end() || it->second.handle_types == 0) return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (it == s.pools.end() || (it->second.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (!make_shareable(a->second)) return CUDA_ERROR_MAP_FAILED;
+    struct stat st {};
+    if (::fstat(a->second.ipc_fd, &st) != 0) return CUDA_ERROR_MAP_FAILED;
+    const PoolPtrData d{kPoolPtrMagic, static_cast<std::int32_t>(::getpid()), a->second.ipc_fd, 0,
+                        static_cast<std::uint64_t>(st.st_ino), a->second.size, a->second.mapped, it->first};
+    std::memset(out, 0, sizeof *out);
+    std::memcpy(out->reserved, &d, sizeof d);
+    return CUDA_SUCCESS;
+  });
+}
+
+// Only an imported pool imports, and only pointers of the pool it was imported from.
+CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool, CUmemPoolPtrExportData* data) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    const auto it = s.pools.find(from_handle(pool));
+    if (ptr_out == nullptr || data == nullptr || it == s.pools.end() || !it->second.imported)
+      return CUDA_ERROR_INVALID_VALUE;
+    PoolPtrData d;
+    std::memcpy(&d, data->reserved, sizeof d);
+    if (d.magic != kPoolPtrMagic || d.pid != it->second.origin_pid || d.pool != it->second.origin_pool ||
+        d.mapped == 0 || d.size > d.mapped)
+      return CUDA_ERROR_INVALID_VALUE;
+    for (const auto& [base, a] : s.allocations)
+      if (a.kind == MemKind::kPoolImport && a.ipc_pid == d.pid && a.ipc_ino == d.ino) {
+        *ptr_out = base;
+        return CUDA_SUCCESS;
+      }
+    std::uintptr_t base = 0;
+    const CUresult r =
+        map_shared(s, ctx, SharedMemRef{d.pid, d.fd, d.ino, d.size, d.mapped}, MemKind::kPoolImport, &base);
+    if (r != CUDA_SUCCESS) return r;
+    s.allocations.at(base).pool = it->first;
+    *ptr_out = base;
+    return CUDA_SUCCESS;
+  });
+}
+
+// The attributes a worker asks (the rest of cuPointerGetAttribute is not emulated).
+CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  return guarded([&](State& s) -> CUresult {
+    if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const Allocation* a = s.find(static_cast<std::uintptr_t>(ptr));
+    if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+      case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        *static_cast<CUmemoryPool*>(data) = to_handle<CUmemPoolHandle_st>(a->pool);
+        return CUDA_SUCCESS;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *static_cast<CUdeviceptr*>(data) = a->base;
+        return CUDA_SUCCESS;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *static_cast<size_t*>(data) = a->size;
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
   });
 }

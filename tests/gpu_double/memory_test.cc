@@ -1,4 +1,6 @@
 // Allocation bookkeeping, bad pointers, and copies (1D and 2D) checked byte for byte.
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -430,4 +432,114 @@ TEST_CASE("created pools: maximum size, access and sharing refusals", "[gpu_doub
   CUmemoryPool def = nullptr;
   CU_REQUIRE(cuDeviceGetDefaultMemPool(&def, 0));
   CU_REQUIRE_ERR(cuMemPoolDestroy(def), CUDA_ERROR_INVALID_VALUE);
+}
+
+// The double imports its own exports in the exporting process (the real driver's answer
+// there is for drv_pool_share on a GPU to show): double_only. Across processes, the same
+// code runs behind ivcudad (tests/process, drv_pool_share).
+TEST_CASE("a pool exported as a file descriptor imports, and its pointers import as the same memory",
+          "[gpu_double][double_only][memory][pools]") {
+  ScopedContext ctx;
+  CUmemPoolProps props = pool_props(0);
+  props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemoryPool pool = nullptr, other = nullptr;
+  CU_REQUIRE(cuMemPoolCreate(&pool, &props));
+  CU_REQUIRE(cuMemPoolCreate(&other, &props));
+  int fd = -1, other_fd = -1;
+  CU_REQUIRE_ERR(cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1),
+                 CUDA_ERROR_INVALID_VALUE);
+  CU_REQUIRE(cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CU_REQUIRE(cuMemPoolExportToShareableHandle(&other_fd, other, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CUmemoryPool imported = nullptr, imported_other = nullptr;
+  void* os = reinterpret_cast<void*>(static_cast<std::intptr_t>(fd));
+  CU_REQUIRE_ERR(cuMemPoolImportFromShareableHandle(&imported, os, CU_MEM_HANDLE_TYPE_NONE, 0),
+                 CUDA_ERROR_INVALID_VALUE);
+  CU_REQUIRE(cuMemPoolImportFromShareableHandle(&imported, os, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CU_REQUIRE(cuMemPoolImportFromShareableHandle(
+      &imported_other, reinterpret_cast<void*>(static_cast<std::intptr_t>(other_fd)),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  ::close(fd);
+  ::close(other_fd);
+  CHECK(imported != pool);
+  // An imported pool hands out nothing and cannot be a device's current pool.
+  CUdeviceptr q = 0;
+  CU_REQUIRE_ERR(cuMemAllocFromPoolAsync(&q, 4096, imported, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CU_REQUIRE_ERR(cuDeviceSetMemPool(0, imported), CUDA_ERROR_INVALID_VALUE);
+  CU_REQUIRE_ERR(cuMemPoolExportToShareableHandle(&fd, imported, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 CUDA_ERROR_INVALID_VALUE);
+
+  CUdeviceptr p = 0;
+  CU_REQUIRE(cuMemAllocFromPoolAsync(&p, 3 * 4096 + 100, pool, nullptr));
+  const auto data = pattern(3 * 4096 + 100, 9);
+  CU_REQUIRE(cuMemcpyHtoD(p, data.data(), data.size()));
+  CUmemPoolPtrExportData e{};
+  CU_REQUIRE_ERR(cuMemPoolExportPointer(&e, p + 256), CUDA_ERROR_INVALID_VALUE);  // not an allocation's start
+  CU_REQUIRE(cuMemPoolExportPointer(&e, p));
+  std::vector<unsigned char> back(data.size());
+  CU_REQUIRE(cuMemcpyDtoH(back.data(), p, back.size()));
+  CHECK(back == data);  // exporting moved the allocation, not its contents
+
+  // Only the pool it came from imports it, whole and untouched.
+  CUdeviceptr got = 0;
+  CU_REQUIRE_ERR(cuMemPoolImportPointer(&got, pool, &e), CUDA_ERROR_INVALID_VALUE);
+  CU_REQUIRE_ERR(cuMemPoolImportPointer(&got, imported_other, &e), CUDA_ERROR_INVALID_VALUE);
+  for (std::size_t i : {0u, 4u, 20u}) {
+    CUmemPoolPtrExportData bad = e;
+    bad.reserved[i] = static_cast<unsigned char>(bad.reserved[i] ^ 0x40);
+    CU_REQUIRE_ERR(cuMemPoolImportPointer(&got, imported, &bad), CUDA_ERROR_INVALID_VALUE);
+  }
+  CU_REQUIRE(cuMemPoolImportPointer(&got, imported, &e));
+  CHECK(got != p);
+  CUdeviceptr again = 0;
+  CU_REQUIRE(cuMemPoolImportPointer(&again, imported, &e));
+  CHECK(again == got);
+  CU_REQUIRE(cuMemcpyDtoH(back.data(), got, back.size()));
+  CHECK(back == data);
+  CU_REQUIRE(cuMemsetD8(got + 10, 0xee, 5));
+  unsigned char b = 0;
+  CU_REQUIRE(cuMemcpyDtoH(&b, p + 12, 1));
+  CHECK(b == 0xee);
+  CUmemoryPool of = nullptr;
+  CU_REQUIRE(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p));
+  CHECK(of == pool);
+  CU_REQUIRE_ERR(cuMemcpyDtoH(back.data(), got, back.size() + 1), CUDA_ERROR_INVALID_VALUE);
+
+  // The importer frees its mapping (once: imports are not counted); the exporter's memory stays.
+  CU_REQUIRE(cuMemFreeAsync(got, nullptr));
+  CU_REQUIRE_ERR(cuMemFree(got), CUDA_ERROR_INVALID_VALUE);
+  CU_REQUIRE(cuMemcpyDtoH(&b, p + 12, 1));
+  CHECK(b == 0xee);
+  CU_REQUIRE(cuMemFreeAsync(p, nullptr));
+  CU_REQUIRE(cuMemPoolDestroy(imported));
+  CU_REQUIRE(cuMemPoolDestroy(imported_other));
+  CU_REQUIRE(cuMemPoolDestroy(other));
+  CU_REQUIRE(cuMemPoolDestroy(pool));
+}
+
+TEST_CASE("a descriptor that is no exported pool does not import", "[gpu_double][double_only][memory][pools]") {
+  ScopedContext ctx;
+  int fds[2] = {-1, -1};
+  REQUIRE(::pipe(fds) == 0);
+  CUmemoryPool p = nullptr;
+  CU_REQUIRE_ERR(cuMemPoolImportFromShareableHandle(&p, reinterpret_cast<void*>(std::intptr_t{fds[0]}),
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 CUDA_ERROR_INVALID_VALUE);
+  // An exported allocation (VMM) is not an exported pool.
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t g = 0;
+  CU_REQUIRE(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle h = 0;
+  CU_REQUIRE(cuMemCreate(&h, g, &prop, 0));
+  int vmm_fd = -1;
+  CU_REQUIRE(cuMemExportToShareableHandle(&vmm_fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CU_REQUIRE_ERR(cuMemPoolImportFromShareableHandle(&p, reinterpret_cast<void*>(std::intptr_t{vmm_fd}),
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 CUDA_ERROR_INVALID_VALUE);
+  ::close(vmm_fd);
+  CU_REQUIRE(cuMemRelease(h));
+  ::close(fds[0]);
+  ::close(fds[1]);
 }

@@ -44,7 +44,9 @@ using Handle = std::uintptr_t;
 // kMapped: a VMM mapping that some device may access (cuMemSetAccess); it belongs to no
 // context, as in CUDA, and its storage is the mapping's own (api_vmm.cc).
 // kIpc: another process's device allocation opened through cuIpcOpenMemHandle (api_ipc.cc).
-enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal, kMapped, kIpc };
+// kPoolImport: a pool allocation imported through cuMemPoolImportPointer (api_memory.cc),
+// freed with cuMemFree or cuMemFreeAsync.
+enum class MemKind { kDevice, kPinnedHost, kRegisteredHost, kModuleGlobal, kMapped, kIpc, kPoolImport };
 
 struct Allocation {
   std::uintptr_t base = 0;
@@ -57,8 +59,9 @@ struct Allocation {
   void* storage = nullptr;  // std::free'd on release; null for registered host memory
   std::size_t mapped = 0;   // device memory: munmap'ed bytes instead of std::free
   Handle pool = 0;          // stream-ordered allocations: the pool they came from
-  // CUDA IPC (api_ipc.cc). An exported device allocation is backed by this memfd (closed on
-  // release); an opened one remembers whose memfd it maps and how often it was opened.
+  // CUDA IPC (api_ipc.cc) and pool pointer exports. An exported device allocation is backed
+  // by this memfd (closed on release); an opened or imported one remembers whose memfd it
+  // maps and how often it was opened.
   int ipc_fd = -1;
   int ipc_pid = 0;
   std::uint64_t ipc_ino = 0;
@@ -68,7 +71,9 @@ struct Allocation {
 // A memory pool: each device's default pool, and pools made with cuMemPoolCreate.
 // Stream-ordered allocations are ordinary device allocations that remember their pool;
 // nothing is cached, so trimming has nothing to do. A destroyed pool is gone at once;
-// its allocations stay valid until freed, as on the driver.
+// its allocations stay valid until freed, as on the driver. A pool imported from a
+// shareable handle (cuMemPoolImportFromShareableHandle) names the process and pool it
+// came from, and only imports pointers of that pool.
 struct Pool {
   int device = 0;
   cuuint64_t release_threshold = 0;
@@ -78,6 +83,9 @@ struct Pool {
   unsigned handle_types = 0;  // CUmemAllocationHandleType bits
   std::size_t max_size = 0;   // 0: no limit but the device's memory
   std::map<int, CUmemAccess_flags> access;  // other devices' access (none unless set)
+  bool imported = false;
+  int origin_pid = 0;       // imported: the exporting process
+  Handle origin_pool = 0;   // imported: the pool there
 };
 
 // Virtual memory management (api_vmm.cc). Physical memory is a memfd, so that several
@@ -329,6 +337,21 @@ CUresult kernel_arg_offsets(State& s, CUfunction f, std::vector<std::size_t>* ou
 // A graph allocation node's memory: device memory of ctx, made when the node is (the
 // double backs it for the context's life; launches do not allocate) (api_memory.cc).
 CUresult graph_mem_alloc(State& s, Handle ctx, std::size_t bytes, CUdeviceptr* out);
+
+// Sharing device memory with other processes (api_ipc.cc). make_shareable moves a device
+// allocation onto a memfd in place (contents copied, mapped over the same addresses; under
+// the state lock, so no access sees the move); false if the system refused. map_shared maps
+// another process's (or this one's) memfd, named by pid, fd number and inode, as a new
+// allocation of `kind` in ctx: the exporter's /proc/PID/fd/N (same user, or root as in CI).
+bool make_shareable(Allocation& a);
+struct SharedMemRef {
+  std::int32_t pid;
+  std::int32_t fd;
+  std::uint64_t ino;
+  std::uint64_t size;    // the allocation's size, as accesses are bounded
+  std::uint64_t mapped;  // the memfd's length
+};
+CUresult map_shared(State& s, Handle ctx, const SharedMemRef& ref, MemKind kind, std::uintptr_t* out);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
 // global): what a device pointer may reach.

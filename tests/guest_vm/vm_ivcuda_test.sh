@@ -4,7 +4,8 @@
 # guest, the unmodified driver-API test programs run through ivcuda's
 # libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/). drv_ipc and
 # rt_ipc share memory and events between two guest processes, which one
-# worker serves (IPC within a worker: host-daemon/ipc.cc).
+# worker serves (IPC within a worker: host-daemon/ipc.cc); drv_pool_share
+# shares a pool and its pointer the same way (host-daemon/pools.cc).
 #
 # usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
@@ -27,7 +28,7 @@ bin=$build/tests/bin
 kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
 	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
-	"$bin/drv_arrays" "$bin/drv_pools" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
+	"$bin/drv_arrays" "$bin/drv_pools" "$bin/drv_pool_share" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
 	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
@@ -47,6 +48,7 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/drv_vmm_share:/usr/bin/drv_vmm_share" \
 	--add-bin "$bin/drv_arrays:/usr/bin/drv_arrays" \
 	--add-bin "$bin/drv_pools:/usr/bin/drv_pools" \
+	--add-bin "$bin/drv_pool_share:/usr/bin/drv_pool_share" \
 	--add-bin "$bin/drv_capture_modes:/usr/bin/drv_capture_modes" \
 	--add-bin "$bin/rt_texture_static:/usr/bin/rt_texture_static" \
 	--add-bin "$bin/drv_ipc:/usr/bin/drv_ipc" \
@@ -105,6 +107,7 @@ rc=0
 	 drv_vmm_share &&
 	 drv_arrays --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_pools --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_pool_share --ptx /opt/ivcuda/test_kernels.ptx --forged &&
 	 drv_capture_modes &&
 	 rt_texture_static &&
 	 drv_ipc --ptx /opt/ivcuda/test_kernels.ptx --forged CUDA_ERROR_INVALID_HANDLE &&

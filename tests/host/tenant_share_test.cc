@@ -1,5 +1,5 @@
-// The tenant registry that carries CUDA IPC exports between a tenant's
-// workers: tickets match only as issued, entries are per process, a full
+// The tenant registry that carries CUDA IPC and pool-pointer exports between
+// a tenant's workers: tickets match only as issued, entries are per process, a full
 // registry says so, and a worker that dies holding the lock or its entries
 // leaves a usable registry behind.
 #include "host-daemon/tenant_share.h"
@@ -63,6 +63,47 @@ TEST_CASE("a ticket finds its entry only with the right kind, slot and token", "
   CHECK(s.withdraw(ShareKind::kIpcMem, 0x1000) == 1);
   CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *t));
   CHECK(s.in_use() == 0);
+}
+
+TEST_CASE("pool pointer exports are a kind of their own and keep the exporter's pool", "[host][ipc][pools]") {
+  auto share = TenantShare::create(8);
+  REQUIRE(share);
+  auto& s = **share;
+  ShareEntry e = entry(ShareKind::kPoolPtr, 0x7000);
+  e.aux = 0xfeedull;  // the driver pool the pointer came from
+  e.owner_proc = 42;
+  for (std::size_t i = 0; i < e.payload.size(); ++i) e.payload[i] = static_cast<std::byte>(i);
+  auto t = s.publish(e);
+  REQUIRE(t);
+  // IPC memory on the same key is another entry, and neither kind's ticket finds the other.
+  auto ipc = s.publish(entry(ShareKind::kIpcMem, 0x7000));
+  REQUIRE(ipc);
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *t));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcEvent, *t));
+  CHECK_FALSE(s.lookup(ShareKind::kPoolPtr, *ipc));
+  auto got = s.lookup(ShareKind::kPoolPtr, *t);
+  REQUIRE(got);
+  CHECK(got->aux == 0xfeedull);
+  CHECK(got->owner_proc == 42);
+  CHECK(got->payload == e.payload);
+  // The guest's 64 bytes: any byte flipped finds nothing.
+  constexpr std::uint32_t kMagic = 0x50435649u;
+  std::byte b[64];
+  encode_ticket(kMagic, *t, b);
+  for (std::size_t i = 0; i < sizeof b; ++i) {
+    std::byte bad[64];
+    std::memcpy(bad, b, sizeof b);
+    bad[i] ^= std::byte{0x01};
+    const auto d = decode_ticket(kMagic, bad);
+    CHECK_FALSE((d && s.lookup(ShareKind::kPoolPtr, *d)));
+  }
+  auto again = s.find_own(ShareKind::kPoolPtr, 0x7000);
+  REQUIRE(again);
+  CHECK(again->slot == t->slot);
+  // Withdrawing the pointer leaves the IPC export of the same address alone.
+  CHECK(s.withdraw(ShareKind::kPoolPtr, 0x7000) == 1);
+  CHECK_FALSE(s.lookup(ShareKind::kPoolPtr, *t));
+  CHECK(s.lookup(ShareKind::kIpcMem, *ipc));
 }
 
 TEST_CASE("the 64 bytes a guest holds decode only as they were encoded", "[host][ipc]") {

@@ -908,6 +908,224 @@ TEST_CASE("IPC handles open only in their tenant, and only as the host issued th
 }
 
 namespace {
+proto::ReqPoolImport pool_import(const proto::RepShareToken& t, std::uint32_t proc) {
+  proto::ReqPoolImport r{};
+  std::memcpy(r.token, t.token, sizeof r.token);
+  r.handle_type = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  r.proc = proc;
+  return r;
+}
+proto::ReqPoolPtrImport ptr_import(std::uint64_t ctx, std::uint64_t pool, std::uint32_t proc,
+                                   const std::vector<std::byte>& data) {
+  proto::ReqPoolPtrImport r{};
+  r.ctx = ctx;
+  r.pool = pool;
+  r.proc = proc;
+  std::memcpy(r.data, data.data(), std::min(data.size(), sizeof r.data));
+  return r;
+}
+}  // namespace
+
+TEST_CASE("pool exports import only in their tenant, only as the host issued them, only into imported pools",
+          "[process][hostile][pools]") {
+  Daemon d;
+  RawGuest g(d.sock), sibling(d.sock);  // two workers of one tenant
+  g.open(0);
+  sibling.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t sctx = primary_ctx(sibling);
+  std::vector<std::byte> out;
+  constexpr std::uint32_t kFd = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  constexpr std::uint32_t kExporter = 100, kOtherProc = 200;  // two processes of one VM share a worker
+  auto make_pool = [&](std::uint32_t types) {
+    proto::ReqMemPoolCreate pc{};
+    pc.alloc_type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    pc.handle_types = types;
+    pc.loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+    REQUIRE(g.call(0, Op::kMemPoolCreate, pc, &out) == CUDA_SUCCESS);
+    return RawGuest::as<proto::RepHandle>(out).handle;
+  };
+  auto alloc = [&](std::uint64_t pool, std::uint64_t bytes) {
+    REQUIRE(g.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{ctx, 0, pool, bytes}, &out) == CUDA_SUCCESS);
+    return RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  };
+  auto pool_req = [](std::uint64_t c, std::uint64_t p, std::uint32_t kind) {
+    proto::ReqMemPool r{};
+    r.ctx = c;
+    r.pool = p;
+    r.kind = kind;
+    return r;
+  };
+  const auto pool = make_pool(kFd), other = make_pool(kFd), plain = make_pool(0);
+  const auto ptr = alloc(pool, 1 << 16), optr = alloc(other, 4096), pptr = alloc(plain, 4096);
+
+  // Export: only its own pools and memory, only what the driver would export.
+  CHECK(sibling.call(0, Op::kMemPoolExport, proto::ReqPoolExport{pool, 0, kFd, 1}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolExport, proto::ReqPoolExport{pool ^ 0x100000000ull, 0, kFd, kExporter}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolExport, proto::ReqPoolExport{plain, 0, kFd, kExporter}) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(g.call(0, Op::kMemPoolExport, proto::ReqPoolExport{pool, 0, kFd, kExporter}, &out) == CUDA_SUCCESS);
+  const auto token = RawGuest::as<proto::RepShareToken>(out);
+  REQUIRE(g.call(0, Op::kMemPoolExport, proto::ReqPoolExport{pool, 0, kFd, kExporter}, &out) == CUDA_SUCCESS);
+  CHECK(std::memcmp(RawGuest::as<proto::RepShareToken>(out).token, token.token, sizeof token.token) == 0);
+  CHECK(sibling.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{sctx, ptr, 1, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, pptr, kExporter, 0}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, ptr + (1 << 16), kExporter, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, g.l.arena_off, kExporter, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, ptr, kExporter, 0}, &out) == CUDA_SUCCESS);
+  const std::vector<std::byte> ticket = out;
+  REQUIRE(ticket.size() == 64);
+  REQUIRE(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, ptr, kExporter, 0}, &out) == CUDA_SUCCESS);
+  CHECK(out == ticket);  // exported again: the same data
+  REQUIRE(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, optr, kExporter, 0}, &out) == CUDA_SUCCESS);
+  const std::vector<std::byte> other_ticket = out;
+
+  // Pool tokens: forged ones, none at all, another handle type get the
+  // driver's answer for an fd that is no exported pool (the double's: INVALID_VALUE).
+  for (std::size_t i = 0; i < sizeof token.token; ++i) {
+    auto bad = pool_import(token, 1);
+    bad.token[i] ^= 0x40;
+    CHECK(sibling.call(0, Op::kMemPoolImport, bad) == CUDA_ERROR_INVALID_VALUE);
+  }
+  auto none = pool_import(token, 1);
+  none.no_token = 1;
+  CHECK(sibling.call(0, Op::kMemPoolImport, none) == CUDA_ERROR_INVALID_VALUE);
+  auto fabric = pool_import(token, 1);
+  fabric.handle_type = CU_MEM_HANDLE_TYPE_FABRIC;
+  CHECK(sibling.call(0, Op::kMemPoolImport, fabric) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(sibling.call(0, Op::kMemPoolImport, pool_import(token, 1), &out) == CUDA_SUCCESS);
+  const auto spool = RawGuest::as<proto::RepHandle>(out).handle;
+  // An imported pool hands out nothing.
+  CHECK(sibling.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{sctx, 0, spool, 4096}) ==
+        CUDA_ERROR_INVALID_VALUE);
+
+  // Pointer tickets: only into an imported pool, only exactly as issued, only of that pool.
+  CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, spool ^ 0x100000000ull, 1, ticket)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  proto::ReqMemPoolCreate pc{};
+  pc.alloc_type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  pc.handle_types = kFd;
+  pc.loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+  REQUIRE(sibling.call(0, Op::kMemPoolCreate, pc, &out) == CUDA_SUCCESS);
+  const auto sown = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, sown, 1, ticket)) == CUDA_ERROR_INVALID_VALUE);
+  auto def = pool_req(sctx, 0, proto::kPoolGetDefault);
+  REQUIRE(sibling.call(0, Op::kMemPool, def, &out) == CUDA_SUCCESS);
+  const auto sdefault = static_cast<std::uint64_t>(RawGuest::as<proto::RepValue>(out).value);
+  CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, sdefault, 1, ticket)) == CUDA_ERROR_INVALID_VALUE);
+  for (std::size_t i = 0; i < ticket.size(); ++i) {
+    auto bad = ticket;
+    bad[i] ^= std::byte{0x80};
+    CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, spool, 1, bad)) == CUDA_ERROR_INVALID_VALUE);
+  }
+  CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, spool, 1, other_ticket)) ==
+        CUDA_ERROR_INVALID_VALUE);  // another pool's pointer: the driver's answer
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto plain_mem = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  REQUIRE(g.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{ctx, plain_mem, kExporter, 0}, &out) == CUDA_SUCCESS);
+  const std::vector<std::byte> ipc_handle = out;
+  CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, spool, 1, ipc_handle)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, ticket)) == CUDA_ERROR_INVALID_HANDLE);
+
+  // Another daemon (another tenant) knows neither the pool nor the pointer.
+  {
+    Daemon d2({}, "-pool");
+    RawGuest stranger(d2.sock);
+    stranger.open(0);
+    const std::uint64_t xctx = primary_ctx(stranger);
+    CHECK(stranger.call(0, Op::kMemPoolImport, pool_import(token, 1)) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(stranger.call(0, Op::kMemPoolCreate, pc, &out) == CUDA_SUCCESS);
+    const auto xpool = RawGuest::as<proto::RepHandle>(out).handle;
+    REQUIRE(stranger.call(0, Op::kMemPoolExport, proto::ReqPoolExport{xpool, 0, kFd, 1}, &out) == CUDA_SUCCESS);
+    REQUIRE(stranger.call(0, Op::kMemPoolImport, pool_import(RawGuest::as<proto::RepShareToken>(out), 1), &out) ==
+            CUDA_SUCCESS);
+    const auto ximported = RawGuest::as<proto::RepHandle>(out).handle;
+    CHECK(stranger.call(0, Op::kMemPoolImportPtr, ptr_import(xctx, ximported, 1, ticket)) ==
+          CUDA_ERROR_INVALID_VALUE);
+  }
+
+  // Another worker imports it: the driver maps it, and it is that guest's memory until it frees it.
+  // One free ends it: none of the refused imports above counted.
+  REQUIRE(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, spool, 1, ticket), &out) == CUDA_SUCCESS);
+  const auto mapped = RawGuest::as<proto::RepRange>(out);
+  CHECK(mapped.size == (1u << 16));
+  proto::ReqCopy sc{};
+  sc.ctx = sctx;
+  sc.bytes = 64;
+  sc.arena_off = sibling.l.arena_off;
+  sc.dst = mapped.base + 64;
+  CHECK(sibling.call(0, Op::kMemcpyHtoDArena, sc) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemFree, proto::ReqPtr{sctx, mapped.base}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(sibling.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{sctx, 0, mapped.base}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(sibling.call(0, Op::kMemPoolPtrFree, proto::ReqPoolPtrFree{sctx, 0, mapped.base, 2, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);  // imported by process 1, not 2
+  CHECK(sibling.call(0, Op::kMemPoolPtrFree, proto::ReqPoolPtrFree{sctx, 0x0400000100000009ull, mapped.base, 1, 1}) ==
+        CUDA_ERROR_INVALID_HANDLE);  // a stream it does not have
+  CHECK(sibling.call(0, Op::kMemPoolPtrFree, proto::ReqPoolPtrFree{sctx, 0, mapped.base, 1, 1}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemcpyHtoDArena, sc) == CUDA_ERROR_INVALID_VALUE);  // freed: not its memory any more
+  CHECK(sibling.call(0, Op::kMemPoolPtrFree, proto::ReqPoolPtrFree{sctx, 0, mapped.base, 1, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);
+
+  // One worker, two guest processes (a VM). The exporting process itself: the driver's answer
+  // (the double imports its own pool); another process: an alias of the pool, and the
+  // allocation itself.
+  REQUIRE(g.call(0, Op::kMemPoolImport, pool_import(token, kExporter), &out) == CUDA_SUCCESS);
+  const auto self = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemPoolImport, pool_import(token, kOtherProc), &out) == CUDA_SUCCESS);
+  const auto alias = RawGuest::as<proto::RepHandle>(out).handle;
+  CHECK(alias != pool);
+  CHECK(g.call(0, Op::kMemAllocAsync, proto::ReqMemAllocAsync{ctx, 0, alias, 4096}) == CUDA_ERROR_INVALID_VALUE);
+  auto set_current = pool_req(ctx, alias, proto::kPoolSetCurrent);
+  CHECK(g.call(0, Op::kMemPool, set_current) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolExport, proto::ReqPoolExport{alias, 0, kFd, kOtherProc}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolImportPtr, ptr_import(ctx, alias, kExporter, ticket)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPoolImportPtr, ptr_import(ctx, alias, kOtherProc, other_ticket)) ==
+        CUDA_ERROR_INVALID_VALUE);  // a pointer of another pool
+  REQUIRE(g.call(0, Op::kMemPoolImportPtr, ptr_import(ctx, self, kExporter, ticket), &out) == CUDA_SUCCESS);
+  const auto own_import = RawGuest::as<proto::RepRange>(out);
+  CHECK(g.call(0, Op::kMemPoolPtrFree, proto::ReqPoolPtrFree{ctx, 0, own_import.base, kExporter, 0}) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kMemPoolImportPtr, ptr_import(ctx, alias, kOtherProc, ticket), &out) == CUDA_SUCCESS);
+  CHECK(RawGuest::as<proto::RepRange>(out).base == ptr);
+  // Its owner frees it: gone from the registry, alive for the importer until its free.
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.bytes = 64;
+  c.arena_off = g.l.arena_off;
+  c.dst = ptr;
+  REQUIRE(g.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{ctx, 0, ptr}) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, spool, 1, ticket)) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{ctx, 0, ptr}) == CUDA_ERROR_INVALID_VALUE);  // freed already
+  CHECK(g.call(0, Op::kMemPoolPtrFree, proto::ReqPoolPtrFree{ctx, 0, ptr, kOtherProc, 0}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // the last import's free freed it
+
+  // A destroyed pool's exported pointers are withdrawn (its allocations stay the owner's).
+  REQUIRE(g.call(0, Op::kMemPoolExport, proto::ReqPoolExport{other, 0, kFd, kExporter}, &out) == CUDA_SUCCESS);
+  REQUIRE(sibling.call(0, Op::kMemPoolImport, pool_import(RawGuest::as<proto::RepShareToken>(out), 1), &out) ==
+          CUDA_SUCCESS);
+  const auto sother = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, sother, 1, other_ticket), &out) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemPoolPtrFree, proto::ReqPoolPtrFree{sctx, 0, RawGuest::as<proto::RepRange>(out).base,
+                                                                   1, 0}) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kMemPool, pool_req(ctx, other, proto::kPoolDestroy)) == CUDA_SUCCESS);
+  CHECK(sibling.call(0, Op::kMemPoolImportPtr, ptr_import(sctx, sother, 1, other_ticket)) == CUDA_ERROR_INVALID_VALUE);
+  c.dst = optr;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{ctx, 0, optr}) == CUDA_SUCCESS);
+  // Destroying the pool leaves the alias a sibling process imported usable, until it goes too.
+  REQUIRE(g.call(0, Op::kMemPool, pool_req(ctx, pool, proto::kPoolDestroy)) == CUDA_SUCCESS);
+  auto get = pool_req(ctx, alias, proto::kPoolGetAttr);
+  get.attr = CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+  CHECK(g.call(0, Op::kMemPool, get) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, alias, proto::kPoolDestroy)) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemPool, get) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemPool, pool_req(ctx, self, proto::kPoolDestroy)) == CUDA_SUCCESS);
+  CHECK(d.alive());
+}
+
+namespace {
 // GraphAddNode's request: deps, then the parameters and their tail.
 std::vector<std::byte> add_node_tail(std::span<const std::uint64_t> deps, const proto::GraphNodeParams& p,
                                      std::span<const std::byte> extra = {}) {

@@ -27,7 +27,7 @@ trap cleanup EXIT
 start_daemon() {
   rm -f "$sock"
   rm -f "$work/other.sock"
-  # A second socket is a second tenant (drv_vmm_share --child-socket).
+  # A second socket is a second tenant (drv_vmm_share and drv_pool_share --child-socket).
   "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 512M --staging-size 4M --channels 16 \
       --guest-socket "$work/other.sock=0" --driver "$driver" >>"$log" 2>&1 &
   daemon_pid=$!
@@ -93,6 +93,10 @@ case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture
   "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
 case_ivcuda "drv_pools: created pools, attributes, access, allocations used by kernels, destroy, refusals" \
   "$lib" -- "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported
+case_ivcuda "drv_pool_share: a pool and a pointer exported to another process of the tenant, imported, written, freed" \
+  "$lib" -- "$bin/drv_pool_share" --ptx "$ptx" --forged
+case_ivcuda "drv_pool_share: another tenant's process cannot import the pool" \
+  "$lib" -- "$bin/drv_pool_share" --child-socket "$work/other.sock"
 case_ivcuda "drv_ipc: memory and an event shared with a child process (another worker), forged handles refused" \
   "$lib" -- "$bin/drv_ipc" --ptx "$ptx" --forged CUDA_ERROR_INVALID_HANDLE
 case_ivcuda "drv_graph_build: graphs built node by node, queried, launched, updated, cloned; forged handles" \

@@ -8,8 +8,8 @@
 //   drv_pools --ptx test_kernels.ptx [--hostile] [--unsupported]
 // --hostile uses a destroyed and a forged pool handle (undefined on the real
 // driver: not for native runs). --unsupported prints what ivcuda answers
-// differently from the driver by design (host and managed pools, pool
-// sharing); see docs/design.md.
+// differently from the driver by design (host and managed pools); see
+// docs/design.md. Sharing pools between processes is drv_pool_share's.
 #include <cstdint>
 
 #include "check.h"
@@ -310,17 +310,6 @@ int main(int argc, char** argv) {
     props = device_props(dev);
     props.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
     std::printf("pools: managed pool: %s\n", check::name(cuMemPoolCreate(&d, &props)));
-    if (c != nullptr) {
-      fd = -1;
-      std::printf("pools: export a POSIX fd pool: %s\n",
-                  check::name(cuMemPoolExportToShareableHandle(&fd, c, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)));
-      CUmemoryPool imp = nullptr;
-      std::printf("pools: import it: %s\n",
-                  check::name(cuMemPoolImportFromShareableHandle(&imp, reinterpret_cast<void*>(std::intptr_t{fd}),
-                                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)));
-    }
-    std::printf("pools: import a pointer into a pool that is not imported: %s\n",
-                check::name(cuMemPoolImportPointer(&x, a, &exp)));
   }
 
   if (c != nullptr) OK(cuMemPoolDestroy(c));
