@@ -107,7 +107,8 @@ CUresult one(CUstream s, CUstreamBatchMemOpType op, CUdeviceptr addr, std::uint6
 CUresult batch(CUstream s, unsigned count, const CUstreamBatchMemOpParams* params, unsigned flags) {
   // "count ... must be less than 256" (the driver's documentation); the
   // host refuses anything above its wire limit too.
-  if (count == 0 || count > proto::kMaxMemOps || params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (count == 0) return CUDA_SUCCESS;  // the driver's answer: nothing to enqueue
+  if (count > proto::kMaxMemOps || params == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::vector<proto::MemOp> ops(count);
   for (unsigned i = 0; i < count; ++i) ops[i] = ivcuda::guest::memop_to_wire(params[i]);
   return post_ops(s, ops.data(), count, flags, false);

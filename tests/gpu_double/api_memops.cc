@@ -119,7 +119,8 @@ CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuin
 // to do in a double that runs every operation to completion in the caller.
 CUresult CUDAAPI cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* params,
                                        unsigned int flags) {
-  if (count == 0 || count > 256 || params == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (count == 0) return CUDA_SUCCESS;  // as the driver: nothing to do
+  if (count > 256 || params == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < count; ++i) {
     const CUstreamBatchMemOpParams& p = params[i];
     CUresult r = CUDA_SUCCESS;

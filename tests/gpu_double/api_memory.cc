@@ -842,6 +842,7 @@ CUresult CUDAAPI cuMemPoolExportToShareableHandle(void* out, CUmemoryPool pool, 
       return CUDA_ERROR_OPERATING_SYSTEM;
     }
     *static_cast<int*>(out) = fd;
+    it->second.exported = true;
     return CUDA_SUCCESS;
   });
 }
@@ -877,7 +878,9 @@ CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* out, CUdeviceptr
     if (a == s.allocations.end() || a->second.pool == 0 || a->second.kind != MemKind::kDevice)
       return CUDA_ERROR_INVALID_VALUE;
     const auto it = s.pools.find(a->second.pool);
-    if (it == s.pools.end() || (it->second.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0)
+    // The H200's driver exports pointers only of a pool exported itself.
+    if (it == s.pools.end() || (it->second.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0 ||
+        !it->second.exported)
       return CUDA_ERROR_INVALID_VALUE;
     if (!make_shareable(a->second)) return CUDA_ERROR_MAP_FAILED;
     struct stat st {};

@@ -84,6 +84,7 @@ struct Pool {
   std::size_t max_size = 0;   // 0: no limit but the device's memory
   std::map<int, CUmemAccess_flags> access;  // other devices' access (none unless set)
   bool imported = false;
+  bool exported = false;    // its handle was exported: only then are its pointers (as the driver)
   int origin_pid = 0;       // imported: the exporting process
   Handle origin_pool = 0;   // imported: the pool there
 };

@@ -979,6 +979,9 @@ TEST_CASE("pool exports import only in their tenant, only as the host issued the
   REQUIRE(ticket.size() == 64);
   REQUIRE(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, ptr, kExporter, 0}, &out) == CUDA_SUCCESS);
   CHECK(out == ticket);  // exported again: the same data
+  // The driver exports pointers only of a pool that was exported itself.
+  CHECK(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, optr, kExporter, 0}) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(g.call(0, Op::kMemPoolExport, proto::ReqPoolExport{other, 0, kFd, kExporter}) == CUDA_SUCCESS);
   REQUIRE(g.call(0, Op::kMemPoolExportPtr, proto::ReqPoolPtr{ctx, optr, kExporter, 0}, &out) == CUDA_SUCCESS);
   const std::vector<std::byte> other_ticket = out;
 

@@ -318,7 +318,13 @@ int main(int argc, char** argv) {
   EXPECT(fd >= 0);
   Message m{};
   OK(cuMemPoolExportPointer(&m.ptr, d));
+  // The driver exports pointers only of a pool that was exported itself.
+  std::printf("parent: export of a pointer of a pool never exported -> %s\n",
+              check::name(cuMemPoolExportPointer(&m.other, o)));
+  int other_fd = -1;
+  OK(cuMemPoolExportToShareableHandle(&other_fd, other, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   OK(cuMemPoolExportPointer(&m.other, o));
+  if (other_fd >= 0) ::close(other_fd);
 
   // In this very process: whatever the driver answers.
   CUmemoryPool self = nullptr;
