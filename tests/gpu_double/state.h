@@ -93,7 +93,8 @@ struct PhysicalMem {
   // cuMemRetainAllocationHandle add one, cuMemRelease drops one; at 0 the handle is dead to
   // the caller), and mappings, which keep the memory alive after the last release.
   unsigned refs = 0;
-  unsigned maps = 0;
+  unsigned maps = 0;  // VA mappings and sparse-array tiles (api_arrays.cc) backed by it
+  unsigned char* view = nullptr;  // a host mapping of the memfd for array tiles, made on first use
 };
 struct VmmMapping {
   std::size_t size = 0;
@@ -326,6 +327,14 @@ CUresult kernel_arg_offsets(State& s, CUfunction f, std::vector<std::size_t>* ou
 // A graph allocation node's memory: device memory of ctx, made when the node is (the
 // double backs it for the context's life; launches do not allocate) (api_memory.cc).
 CUresult graph_mem_alloc(State& s, Handle ctx, std::size_t bytes, CUdeviceptr* out);
+
+// Physical memory behind sparse and deferred-mapping arrays (api_arrays.cc; api_vmm.cc keeps
+// the memory): the caller's live allocation or null, its bytes as the host sees them, and
+// the references array tiles hold (a tile keeps its memory alive, as a VA mapping does).
+PhysicalMem* held_physical(State& s, CUmemGenericAllocationHandle h);
+unsigned char* physical_view(State& s, Handle mem);
+void physical_ref(State& s, Handle mem);
+void physical_unref(State& s, Handle mem);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
 // global): what a device pointer may reach.
