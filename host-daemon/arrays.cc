@@ -131,14 +131,19 @@ CUresult Worker::on_ArrayDestroy(Call& c) {
     MipmapEntry* m = mipmaps_.find(r.array);
     if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+    std::vector<std::uint64_t> levels;
     for (auto& [level, h] : m->levels) {
       arrays_.erase(h);
-      drop_tile_maps(h);
+      levels.push_back(h);
     }
     const CUresult st = cu_.cuMipmappedArrayDestroy(m->real);
     mipmaps_.erase(r.array);
-    // Its tiles went with it (the driver needs no unmap first).
-    drop_tile_maps(r.array);
+    // Its tiles went with it (the driver needs no unmap first). If it did not
+    // go, what it maps stays held for good.
+    if (st == CUDA_SUCCESS) {
+      drop_tile_maps(r.array);
+      for (const auto h : levels) drop_tile_maps(h);
+    }
     return st;
   }
   ArrayEntry* a = arrays_.find(r.array);
