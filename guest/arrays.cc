@@ -295,6 +295,16 @@ CUresult sparse_properties(CUDA_ARRAY_SPARSE_PROPERTIES* out, std::uint64_t hand
   return st;
 }
 
+// An enumerator field as the application stored it: any number, which is
+// not always a valid load of the enum type.
+template <class E>
+std::uint32_t raw(const E& e) {
+  static_assert(sizeof(E) == sizeof(std::uint32_t));
+  std::uint32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 // cuMemMapArrayAsync: the entries with the application's handles (which are
 // the host's) and its device ordinals made the worker's. The host checks the
 // handles and answers for the whole list. A list too long for one record
@@ -308,13 +318,13 @@ CUresult map_arrays(CUarrayMapInfo* list, unsigned count, CUstream s) {
   for (unsigned i = 0; i < count; ++i) {
     const CUarrayMapInfo& m = list[i];
     proto::ArrayMapEntry& w = wire[i];
-    w.resource_type = static_cast<std::uint32_t>(m.resourceType);
-    w.resource = m.resourceType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY ? h(m.resource.mipmap) : h(m.resource.array);
-    w.subresource_type = static_cast<std::uint32_t>(m.subresourceType);
+    w.resource_type = raw(m.resourceType);
+    w.resource = w.resource_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY ? h(m.resource.mipmap) : h(m.resource.array);
+    w.subresource_type = raw(m.subresourceType);
     static_assert(sizeof m.subresource == sizeof w.subresource);
     std::memcpy(w.subresource, &m.subresource, sizeof w.subresource);
-    w.op = static_cast<std::uint32_t>(m.memOperationType);
-    w.mem_handle_type = static_cast<std::uint32_t>(m.memHandleType);
+    w.op = raw(m.memOperationType);
+    w.mem_handle_type = raw(m.memHandleType);
     w.mem_handle = m.memHandle.memHandle;
     w.offset = m.offset;
     w.flags = m.flags;

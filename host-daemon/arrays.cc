@@ -379,11 +379,19 @@ void subtract(const TileBox& a, const TileBox& cut, std::vector<TileBox>* out) {
 
 std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) { return a + b < a ? ~0ull : a + b; }
 
+// An enumerator field set to the guest's number, whichever it is (the driver
+// judges it; a cast could make a value the enum type cannot hold).
+template <class E>
+void set_enum(E* field, std::uint32_t v) {
+  static_assert(sizeof(E) == sizeof v);
+  std::memcpy(field, &v, sizeof v);
+}
+
 }  // namespace
 
 CUresult Worker::map_entry(const ArrayMapEntry& w, CUarrayMapInfo* out, std::vector<TileOp>* ops) {
   *out = CUarrayMapInfo{};
-  out->resourceType = static_cast<CUresourcetype>(w.resource_type);
+  set_enum(&out->resourceType, w.resource_type);
   unsigned flags = 0;
   // A null handle reaches the driver as one (its answer is the driver's);
   // any other must be this guest's.
@@ -410,11 +418,11 @@ CUresult Worker::map_entry(const ArrayMapEntry& w, CUarrayMapInfo* out, std::vec
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     out->memHandle.memHandle = e->real;
   }
-  out->subresourceType = static_cast<CUarraySparseSubresourceType>(w.subresource_type);
+  set_enum(&out->subresourceType, w.subresource_type);
   static_assert(sizeof out->subresource == sizeof w.subresource);
   std::memcpy(&out->subresource, w.subresource, sizeof w.subresource);
-  out->memOperationType = static_cast<CUmemOperationType>(w.op);
-  out->memHandleType = static_cast<CUmemHandleType>(w.mem_handle_type);
+  set_enum(&out->memOperationType, w.op);
+  set_enum(&out->memHandleType, w.mem_handle_type);
   out->offset = w.offset;
   out->flags = w.flags;
   out->reserved[0] = w.reserved[0];

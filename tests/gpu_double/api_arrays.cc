@@ -388,21 +388,31 @@ CUresult back_with(const PhysicalMem* mem, std::size_t offset, const std::vector
   return CUDA_SUCCESS;
 }
 
+// An enumerator field read as an integer: a caller's out-of-range value is not a valid load
+// of the enum.
+template <class E>
+unsigned raw(const E& e) {
+  static_assert(sizeof(E) == sizeof(unsigned));
+  unsigned v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 // What one CUarrayMapInfo changes, checked as the driver documents it (cuda.h).
 CUresult plan_map(State& s, const CUarrayMapInfo& m, int device, std::vector<MapStep>* steps) {
-  if (m.flags != 0 || m.reserved[0] != 0 || m.reserved[1] != 0 || m.memHandleType != CU_MEM_HANDLE_TYPE_GENERIC)
+  const unsigned op = raw(m.memOperationType), type = raw(m.resourceType), sub = raw(m.subresourceType);
+  if (m.flags != 0 || m.reserved[0] != 0 || m.reserved[1] != 0 || raw(m.memHandleType) != CU_MEM_HANDLE_TYPE_GENERIC)
     return CUDA_ERROR_INVALID_VALUE;
-  if (m.memOperationType != CU_MEM_OPERATION_TYPE_MAP && m.memOperationType != CU_MEM_OPERATION_TYPE_UNMAP)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (op != CU_MEM_OPERATION_TYPE_MAP && op != CU_MEM_OPERATION_TYPE_UNMAP) return CUDA_ERROR_INVALID_VALUE;
   // Exactly the stream's device.
   if (m.deviceBitMask != 1u << device) return CUDA_ERROR_INVALID_VALUE;
   ArrayObj* a = nullptr;
   Mipmap* mm = nullptr;
-  if (m.resourceType == CU_RESOURCE_TYPE_ARRAY) {
+  if (type == CU_RESOURCE_TYPE_ARRAY) {
     a = find_array(from_handle(m.resource.array));
     if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (a->mipmap != 0 || a->dense()) return CUDA_ERROR_INVALID_VALUE;
-  } else if (m.resourceType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+  } else if (type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
     auto it = mipmaps().find(from_handle(m.resource.mipmap));
     if (it == mipmaps().end()) return CUDA_ERROR_INVALID_HANDLE;
     mm = &it->second;
@@ -412,7 +422,7 @@ CUresult plan_map(State& s, const CUarrayMapInfo& m, int device, std::vector<Map
   }
   const PhysicalMem* mem = nullptr;
   const Handle h = static_cast<Handle>(m.memHandle.memHandle);
-  if (m.memOperationType == CU_MEM_OPERATION_TYPE_MAP) {
+  if (op == CU_MEM_OPERATION_TYPE_MAP) {
     // Tile pool memory of the stream's device, at a whole tile.
     mem = held_physical(s, m.memHandle.memHandle);
     if (mem == nullptr || (mem->prop.allocFlags.usage & CU_MEM_CREATE_USAGE_TILE_POOL) == 0 ||
@@ -434,7 +444,7 @@ CUresult plan_map(State& s, const CUarrayMapInfo& m, int device, std::vector<Map
     return CUDA_SUCCESS;
   }
   std::vector<TileBacking*> slots;
-  if (m.subresourceType == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL) {
+  if (sub == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL) {
     const auto& l = m.subresource.sparseLevel;
     ArrayObj* lv = a;
     if (mm != nullptr) {
@@ -464,7 +474,7 @@ CUresult plan_map(State& s, const CUarrayMapInfo& m, int device, std::vector<Map
       for (std::size_t ty = first[1]; ty < last[1]; ++ty)
         for (std::size_t tx = first[0]; tx < last[0]; ++tx)
           slots.push_back(&lv->tiles.at((tz * lv->grid[1] + ty) * lv->grid[0] + tx));
-  } else if (m.subresourceType == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL) {
+  } else if (sub == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL) {
     const auto& t = m.subresource.miptail;
     // Only a mipmapped array has a mip tail here; one per layer.
     if (mm == nullptr || mm->miptail_size == 0 || t.layer >= mm->layers) return CUDA_ERROR_INVALID_VALUE;
