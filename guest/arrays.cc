@@ -1,12 +1,16 @@
-// CUDA arrays, mipmapped arrays, texture and surface objects, forwarded (the
-// host side and its rules are host-daemon/arrays.cc).
+// CUDA arrays, mipmapped arrays, texture and surface objects, sparse arrays'
+// properties and tile mappings, forwarded (the host side and its rules are
+// host-daemon/arrays.cc).
 //
 // A CUarray / CUmipmappedArray here is the host's handle; texture and surface
 // objects are the driver's values, which kernels take by value. Every copy
 // that involves an array, and every cuMemcpy3D, travels as one 3D copy
 // (Op::kMemcpy3D): host memory must be in the arena for the host to reach it,
 // so a pageable side is packed into the calling thread's staging area, as
-// many slices (or, for big slices, rows) at a time as fit.
+// many slices (or, for big slices, rows) at a time as fit. cuMemMapArrayAsync
+// is one synchronous request (Op::kMemMapArrays) with the list's entries as
+// the application wrote them, its device bits made the worker's; the host
+// translates and checks the handles, for the whole list at once.
 #include "guest/arrays.h"
 
 #include <cuda.h>
@@ -15,6 +19,8 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "guest/guard.h"
 #include "guest/internal.h"
@@ -26,6 +32,7 @@ using ivcuda::guest::Runtime;
 using ivcuda::proto::Op;
 using ivcuda::guest::internal::h;
 using ivcuda::guest::internal::known_stream;
+using ivcuda::guest::internal::ptsz;
 using ivcuda::guest::internal::runtime;
 namespace proto = ivcuda::proto;
 
@@ -256,19 +263,104 @@ CUresult destroy(std::uint64_t handle, std::uint32_t kind) {
   return rt->call<Op::kArrayDestroy>(r);
 }
 
-CUresult mem_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, std::uint64_t handle, CUdevice dev) {
+CUresult mem_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, std::uint64_t handle, CUdevice dev,
+                          std::uint32_t kind) {
   Runtime* rt = nullptr;
   if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
   if (req == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const int w = rt->to_worker(dev);
   if (w < 0) return CUDA_ERROR_INVALID_DEVICE;
   proto::RepArrayQuery rep{};
-  const CUresult st = query(handle, proto::kArrayQueryMemReq, w, &rep);
+  const CUresult st = query(handle, kind, w, &rep);
   if (st == CUDA_SUCCESS) {
     *req = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
     req->size = rep.size;
     req->alignment = rep.alignment;
   }
+  return st;
+}
+
+CUresult sparse_properties(CUDA_ARRAY_SPARSE_PROPERTIES* out, std::uint64_t handle, std::uint32_t kind) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  proto::RepArrayQuery rep{};
+  const CUresult st = query(handle, kind, 0, &rep);
+  if (st != CUDA_SUCCESS) return st;
+  *out = CUDA_ARRAY_SPARSE_PROPERTIES{};
+  out->tileExtent.width = rep.tile_width;
+  out->tileExtent.height = rep.tile_height;
+  out->tileExtent.depth = rep.tile_depth;
+  out->miptailFirstLevel = rep.miptail_first_level;
+  out->miptailSize = rep.miptail_size;
+  out->flags = rep.sparse_flags;
+  return st;
+}
+
+// An enumerator field as the application stored it: any number, which is
+// not always a valid load of the enum type.
+template <class E>
+std::uint32_t raw(const E& e) {
+  static_assert(sizeof(E) == sizeof(std::uint32_t));
+  std::uint32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+// cuMemMapArrayAsync: the entries with the application's handles (which are
+// the host's) and its device ordinals made the worker's. The host checks the
+// handles and answers for the whole list. A list too long for one record
+// goes through the arena: the calling thread's staging area, or a temporary
+// block of it.
+CUresult map_arrays(CUarrayMapInfo* list, unsigned count, CUstream s) {
+  NEED_RT_CTX();
+  if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+  if ((list == nullptr && count != 0) || count > proto::kMaxArrayMaps) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<proto::ArrayMapEntry> wire(count);
+  for (unsigned i = 0; i < count; ++i) {
+    const CUarrayMapInfo& m = list[i];
+    proto::ArrayMapEntry& w = wire[i];
+    w.resource_type = raw(m.resourceType);
+    w.resource = w.resource_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY ? h(m.resource.mipmap) : h(m.resource.array);
+    w.subresource_type = raw(m.subresourceType);
+    static_assert(sizeof m.subresource == sizeof w.subresource);
+    std::memcpy(w.subresource, &m.subresource, sizeof w.subresource);
+    w.op = raw(m.memOperationType);
+    w.mem_handle_type = raw(m.memHandleType);
+    w.mem_handle = m.memHandle.memHandle;
+    w.offset = m.offset;
+    w.flags = m.flags;
+    w.reserved[0] = m.reserved[0];
+    w.reserved[1] = m.reserved[1];
+    // Device ordinals: the application's bits become the worker's. A bit
+    // naming no device it has is no device at all.
+    for (unsigned bit = 0; bit < 32; ++bit) {
+      if ((m.deviceBitMask >> bit & 1u) == 0) continue;
+      const int wd = rt->to_worker(static_cast<int>(bit));
+      if (wd < 0 || wd >= 32) return CUDA_ERROR_INVALID_VALUE;
+      w.device_mask |= 1u << wd;
+    }
+  }
+  proto::ReqMapArrays r{};
+  r.ctx = ctx;
+  r.stream = h(s);
+  r.count = count;
+  r.flags = list == nullptr ? proto::kMapListNull : 0;
+  const auto bytes = std::as_bytes(std::span(wire));
+  if (bytes.size() <= rt->layout().ring_bytes / 4) return rt->call<Op::kMemMapArrays>(r, bytes);
+  r.flags |= proto::kMapListInArena;
+  if (bytes.size() <= rt->staging_size()) {
+    std::lock_guard staging_lock(ivcuda::guest::staging_mutex_of(rt));
+    r.arena_off = rt->staging_off();
+    std::memcpy(rt->bar() + r.arena_off, bytes.data(), bytes.size());
+    return rt->call<Op::kMemMapArrays>(r);
+  }
+  proto::RepHostAlloc a{};
+  if (const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{bytes.size(), 0, 0}, {}, &a);
+      st != CUDA_SUCCESS)
+    return st;
+  r.arena_off = a.arena_off;
+  std::memcpy(rt->bar() + r.arena_off, bytes.data(), bytes.size());
+  const CUresult st = rt->call<Op::kMemMapArrays>(r);
+  (void)rt->call<Op::kHostFree>(proto::ReqArenaOff{a.arena_off});
   return st;
 }
 
@@ -472,7 +564,11 @@ CUresult cuArray3DGetDescriptor(CUDA_ARRAY3D_DESCRIPTOR* out, CUarray a) {
 }
 
 CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUarray a, CUdevice dev) {
-  return guard([&] { return mem_requirements(req, h(a), dev); });
+  return guard([&] { return mem_requirements(req, h(a), dev, proto::kArrayQueryMemReq); });
+}
+
+CUresult cuArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* out, CUarray a) {
+  return guard([&] { return sparse_properties(out, h(a), proto::kArrayQuerySparse); });
 }
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray* out, const CUDA_ARRAY3D_DESCRIPTOR* d, unsigned int levels) {
@@ -502,7 +598,21 @@ CUresult cuMipmappedArrayGetLevel(CUarray* out, CUmipmappedArray m, unsigned int
 
 CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUmipmappedArray m,
                                                CUdevice dev) {
-  return guard([&] { return mem_requirements(req, h(m), dev); });
+  return guard([&] { return mem_requirements(req, h(m), dev, proto::kArrayQueryMipmapMemReq); });
+}
+
+CUresult cuMipmappedArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* out, CUmipmappedArray m) {
+  return guard([&] { return sparse_properties(out, h(m), proto::kArrayQueryMipmapSparse); });
+}
+
+// ---- sparse array mappings
+CUresult cuMemMapArrayAsync(CUarrayMapInfo* list, unsigned int count, CUstream s) {
+  return guard([&] { return map_arrays(list, count, s); });
+}
+
+// cuda.h declares the _ptsz form only for per-thread-default-stream builds.
+extern "C" CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* list, unsigned int count, CUstream s) {
+  return guard([&] { return map_arrays(list, count, ptsz(s)); });
 }
 
 // ---- copies

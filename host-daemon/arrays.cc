@@ -1,9 +1,14 @@
 // CUDA arrays, mipmapped arrays, copies with them (cuMemcpy3D and everything
-// the guest expresses as one), texture and surface objects. The guest side is
+// the guest expresses as one), texture and surface objects, sparse arrays
+// (their properties and cuMemMapArrayAsync). The guest side is
 // guest/arrays.cc.
 //
 // Arrays and mipmapped arrays are handles of this worker's tables; a mipmap
-// level is an array entry owned by its mipmapped array. Every copy is checked
+// level is an array entry owned by its mipmapped array. A tile mapping names
+// arrays and physical allocations by the guest's handles, translated for the
+// whole list before the driver sees it; the worker keeps the regions each
+// allocation backs and holds a released allocation's last reference until no
+// region maps it (see "sparse arrays" below). Every copy is checked
 // against what the guest owns before the driver sees it: an array side against
 // the array's descriptor (as the driver reported it at creation), a device
 // side against the guest's device ranges, a host side against the arena, each
@@ -66,6 +71,15 @@ bool fits(std::uint64_t at, std::uint64_t len, std::uint64_t count) {
   return ring::range_ok(at, len, count == 0 ? 1 : count);
 }
 
+void sparse_to_wire(const CUDA_ARRAY_SPARSE_PROPERTIES& p, RepArrayQuery* rep) {
+  rep->tile_width = p.tileExtent.width;
+  rep->tile_height = p.tileExtent.height;
+  rep->tile_depth = p.tileExtent.depth;
+  rep->miptail_first_level = p.miptailFirstLevel;
+  rep->miptail_size = p.miptailSize;
+  rep->sparse_flags = p.flags;
+}
+
 }  // namespace
 
 CUresult Worker::on_ArrayCreate(Call& c) {
@@ -83,7 +97,7 @@ CUresult Worker::on_ArrayCreate(Call& c) {
     CUmipmappedArray m = nullptr;
     const CUresult st = cu_.cuMipmappedArrayCreate(&m, &d, r.levels);
     if (st != CUDA_SUCCESS) return st;
-    c.set_reply(RepHandle{mipmaps_.insert(MipmapEntry{m, r.ctx, {}})});
+    c.set_reply(RepHandle{mipmaps_.insert(MipmapEntry{m, r.ctx, {}, r.desc.flags})});
     return CUDA_SUCCESS;
   }
   CUarray a = nullptr;
@@ -102,7 +116,7 @@ CUresult Worker::on_ArrayCreate(Call& c) {
   }
   if (st != CUDA_SUCCESS) return st;
   // The driver's own view of the array is what copies are checked against.
-  ArrayEntry e{a, r.ctx, {}, 0};
+  ArrayEntry e{a, r.ctx, {}, 0, r.kind == kArrayCreate3D ? r.desc.flags : 0u};
   if (cu_.cuArray3DGetDescriptor(&e.desc, a) != CUDA_SUCCESS) {
     cu_.cuArrayDestroy(a);
     return CUDA_ERROR_UNKNOWN;
@@ -117,9 +131,19 @@ CUresult Worker::on_ArrayDestroy(Call& c) {
     MipmapEntry* m = mipmaps_.find(r.array);
     if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
-    for (auto& [level, h] : m->levels) arrays_.erase(h);
+    std::vector<std::uint64_t> levels;
+    for (auto& [level, h] : m->levels) {
+      arrays_.erase(h);
+      levels.push_back(h);
+    }
     const CUresult st = cu_.cuMipmappedArrayDestroy(m->real);
     mipmaps_.erase(r.array);
+    // Its tiles went with it (the driver needs no unmap first). If it did not
+    // go, what it maps stays held for good.
+    if (st == CUDA_SUCCESS) {
+      drop_tile_maps(r.array);
+      for (const auto h : levels) drop_tile_maps(h);
+    }
     return st;
   }
   ArrayEntry* a = arrays_.find(r.array);
@@ -130,28 +154,34 @@ CUresult Worker::on_ArrayDestroy(Call& c) {
   const CUresult st = cu_.cuArrayDestroy(a->real);
   // An array the driver would not destroy (ARRAY_IS_MAPPED, CONTEXT_IS_DESTROYED...) stays
   // usable, as it does there.
-  if (st == CUDA_SUCCESS) arrays_.erase(r.array);
+  if (st == CUDA_SUCCESS) {
+    arrays_.erase(r.array);
+    drop_tile_maps(r.array);
+  }
   return st;
 }
 
 CUresult Worker::on_ArrayQuery(Call& c) {
   const auto r = c.req<ReqArrayQuery>();
   RepArrayQuery rep{};
-  if (r.kind == kArrayQueryMemReq) {
-    if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-    CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
+  // Memory requirements and sparse properties: of the kind of handle the
+  // guest named, as the driver would read it.
+  if (r.kind == kArrayQueryMipmapMemReq || r.kind == kArrayQueryMipmapSparse) {
+    MipmapEntry* m = mipmaps_.find(r.array);
+    if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
     CUresult st;
-    if (MipmapEntry* m = mipmaps_.find(r.array); m != nullptr) {
-      if (st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+    if (r.kind == kArrayQueryMipmapMemReq) {
+      if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+      CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
       st = cu_.cuMipmappedArrayGetMemoryRequirements(&req, m->real, devices_[dev_index(r.device)]);
-    } else if (ArrayEntry* a = arrays_.find(r.array); a != nullptr) {
-      if (st = use_ctx(a->ctx); st != CUDA_SUCCESS) return st;
-      st = cu_.cuArrayGetMemoryRequirements(&req, a->real, devices_[dev_index(r.device)]);
+      rep.size = req.size;
+      rep.alignment = req.alignment;
     } else {
-      return CUDA_ERROR_INVALID_HANDLE;
+      CUDA_ARRAY_SPARSE_PROPERTIES p{};
+      st = cu_.cuMipmappedArrayGetSparseProperties(&p, m->real);
+      sparse_to_wire(p, &rep);
     }
-    rep.size = req.size;
-    rep.alignment = req.alignment;
     c.set_reply(rep);
     return st;
   }
@@ -170,6 +200,16 @@ CUresult Worker::on_ArrayQuery(Call& c) {
     CUDA_ARRAY3D_DESCRIPTOR d{};
     st = cu_.cuArray3DGetDescriptor(&d, a->real);
     rep.desc = to_wire(d);
+  } else if (r.kind == kArrayQueryMemReq) {
+    if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
+    st = cu_.cuArrayGetMemoryRequirements(&req, a->real, devices_[dev_index(r.device)]);
+    rep.size = req.size;
+    rep.alignment = req.alignment;
+  } else if (r.kind == kArrayQuerySparse) {
+    CUDA_ARRAY_SPARSE_PROPERTIES p{};
+    st = cu_.cuArrayGetSparseProperties(&p, a->real);
+    sparse_to_wire(p, &rep);
   } else {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -281,6 +321,294 @@ CUresult Worker::on_Memcpy3D(Call& c) {
     return st == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : st;
   }
   return cu_.cuMemcpy3D(&p);
+}
+
+// ---- sparse arrays: cuMemMapArrayAsync
+//
+// Each entry's array or mipmapped array and physical allocation are the
+// guest's handles, translated here; a list with one the guest does not own
+// is refused whole before the driver sees any of it. The driver judges the
+// rest (tile alignment, levels, layers, the tile pool usage, the device).
+//
+// The worker keeps the regions each allocation backs. CUDA does not promise
+// (for arrays, as it does for cuMemMap) that a mapped tile keeps its memory
+// alive, and freed device memory could reach another process; so a guest's
+// last cuMemRelease of an allocation that arrays still map leaves the
+// driver's reference with the worker, which releases it once the stream has
+// passed the unmap that ended the last region (or at once when the array is
+// destroyed). When the driver refuses a list it may still have applied a part
+// of it: then the maps count as made and the unmaps as not, which keeps a
+// reference too long rather than too short.
+
+namespace {
+
+constexpr std::size_t kMaxTileBoxes = std::size_t{1} << 20;  // regions one worker keeps
+
+bool empty_box(const TileBox& b) {
+  return b.lo[0] >= b.hi[0] || b.lo[1] >= b.hi[1] || b.lo[2] >= b.hi[2];
+}
+
+bool overlap(const TileBox& a, const TileBox& b) {
+  for (int d = 0; d < 3; ++d)
+    if (a.hi[d] <= b.lo[d] || b.hi[d] <= a.lo[d]) return false;
+  return true;
+}
+
+// Appends what of `a` lies outside `cut`: at most six boxes.
+void subtract(const TileBox& a, const TileBox& cut, std::vector<TileBox>* out) {
+  if (!overlap(a, cut)) {
+    out->push_back(a);
+    return;
+  }
+  TileBox rest = a;
+  for (int d = 0; d < 3; ++d) {
+    if (rest.lo[d] < cut.lo[d]) {
+      TileBox piece = rest;
+      piece.hi[d] = cut.lo[d];
+      out->push_back(piece);
+      rest.lo[d] = cut.lo[d];
+    }
+    if (rest.hi[d] > cut.hi[d]) {
+      TileBox piece = rest;
+      piece.lo[d] = cut.hi[d];
+      out->push_back(piece);
+      rest.hi[d] = cut.hi[d];
+    }
+  }
+}
+
+std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) { return a + b < a ? ~0ull : a + b; }
+
+// An enumerator field set to the guest's number, whichever it is (the driver
+// judges it; a cast could make a value the enum type cannot hold).
+template <class E>
+void set_enum(E* field, std::uint32_t v) {
+  static_assert(sizeof(E) == sizeof v);
+  std::memcpy(field, &v, sizeof v);
+}
+
+}  // namespace
+
+CUresult Worker::map_entry(const ArrayMapEntry& w, CUarrayMapInfo* out, std::vector<TileOp>* ops) {
+  *out = CUarrayMapInfo{};
+  set_enum(&out->resourceType, w.resource_type);
+  unsigned flags = 0;
+  // A null handle reaches the driver as one (its answer is the driver's);
+  // any other must be this guest's.
+  if (w.resource_type == CU_RESOURCE_TYPE_ARRAY) {
+    if (w.resource != 0) {
+      ArrayEntry* a = arrays_.find(w.resource);
+      if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      out->resource.array = a->real;
+      flags = a->flags;
+    }
+  } else if (w.resource_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+    if (w.resource != 0) {
+      MipmapEntry* m = mipmaps_.find(w.resource);
+      if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      out->resource.mipmap = m->real;
+      flags = m->flags;
+    }
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (w.op != CU_MEM_OPERATION_TYPE_MAP && w.op != CU_MEM_OPERATION_TYPE_UNMAP) return CUDA_ERROR_INVALID_VALUE;
+  if (w.mem_handle != 0) {
+    MemHandleEntry* e = guest_mem(w.mem_handle);
+    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    out->memHandle.memHandle = e->real;
+  }
+  set_enum(&out->subresourceType, w.subresource_type);
+  static_assert(sizeof out->subresource == sizeof w.subresource);
+  std::memcpy(&out->subresource, w.subresource, sizeof w.subresource);
+  set_enum(&out->memOperationType, w.op);
+  set_enum(&out->memHandleType, w.mem_handle_type);
+  out->offset = w.offset;
+  out->flags = w.flags;
+  out->reserved[0] = w.reserved[0];
+  out->reserved[1] = w.reserved[1];
+  // The devices: bits of the worker's ordinals become bits of the driver's.
+  std::vector<std::uint32_t> devices;
+  for (std::uint32_t bit = 0; bit < 32; ++bit) {
+    if ((w.device_mask >> bit & 1u) == 0) continue;
+    if (!valid_device(static_cast<int>(bit))) return CUDA_ERROR_INVALID_VALUE;
+    const auto real = static_cast<unsigned>(devices_[dev_index(static_cast<int>(bit))]);
+    if (real >= 32) return CUDA_ERROR_INVALID_VALUE;
+    out->deviceBitMask |= 1u << real;
+    devices.push_back(bit);
+  }
+  if (devices.empty()) devices.push_back(kTileAnyDevice);  // the driver refuses it; kept apart if not
+  // What it does to the regions.
+  TileOp op;
+  op.key.resource = w.resource;
+  op.unmap = w.op == CU_MEM_OPERATION_TYPE_UNMAP;
+  op.box.mem = op.unmap ? 0 : w.mem_handle;
+  if ((flags & CUDA_ARRAY3D_DEFERRED_MAPPING) != 0) {
+    // The subresource is ignored: the whole array maps.
+    op.key.part = kTilePartWhole;
+    op.box.hi[0] = op.box.hi[1] = op.box.hi[2] = 1;
+  } else if (w.subresource_type == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL) {
+    const auto& l = out->subresource.sparseLevel;
+    op.key.part = l.level;
+    op.key.layer = l.layer;
+    const std::uint64_t lo[3] = {l.offsetX, l.offsetY, l.offsetZ};
+    const std::uint64_t ext[3] = {l.extentWidth, l.extentHeight, l.extentDepth};
+    for (int d = 0; d < 3; ++d) {
+      op.box.lo[d] = lo[d];
+      op.box.hi[d] = lo[d] + ext[d];
+    }
+  } else if (w.subresource_type == CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL) {
+    const auto& t = out->subresource.miptail;
+    op.key.part = kTilePartMiptail;
+    op.key.layer = t.layer;
+    op.box.lo[0] = t.offset;
+    op.box.hi[0] = sat_add(t.offset, t.size);
+    op.box.hi[1] = op.box.hi[2] = 1;
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (w.resource == 0 || empty_box(op.box)) return CUDA_SUCCESS;  // maps nothing the worker must keep
+  for (const std::uint32_t d : devices) {
+    op.key.device = d;
+    ops->push_back(op);
+  }
+  return CUDA_SUCCESS;
+}
+
+TileMaps Worker::plan_tiles(const std::vector<TileOp>& ops, bool applied) const {
+  TileMaps planned;
+  for (const TileOp& op : ops) {
+    auto [it, fresh] = planned.try_emplace(op.key);
+    if (fresh)
+      if (auto cur = tile_maps_.find(op.key); cur != tile_maps_.end()) it->second = cur->second;
+    auto& boxes = it->second;
+    if (applied) {
+      std::vector<TileBox> rest;
+      rest.reserve(boxes.size());
+      for (const TileBox& b : boxes) subtract(b, op.box, &rest);
+      boxes.swap(rest);
+    }
+    if (!op.unmap && op.box.mem != 0) boxes.push_back(op.box);
+  }
+  return planned;
+}
+
+void Worker::commit_tiles(TileMaps& planned, std::uint64_t ctx, CUstream s) {
+  std::map<std::uint64_t, std::int64_t> delta;  // allocation -> regions gained
+  for (auto& [key, boxes] : planned) {
+    if (auto cur = tile_maps_.find(key); cur != tile_maps_.end()) {
+      for (const TileBox& b : cur->second) --delta[b.mem];
+      tile_boxes_ -= cur->second.size();
+      tile_maps_.erase(cur);
+    }
+    for (const TileBox& b : boxes) ++delta[b.mem];
+    tile_boxes_ += boxes.size();
+    if (!boxes.empty()) tile_maps_.emplace(key, std::move(boxes));
+  }
+  for (const auto& [h, d] : delta) {
+    MemHandleEntry* e = mem_handles_.find(h);
+    if (e == nullptr || d == 0) continue;
+    e->tile_maps = static_cast<std::uint64_t>(static_cast<std::int64_t>(e->tile_maps) + d);
+    if (e->tile_maps == 0 && e->held) release_held(h, ctx, s);
+  }
+}
+
+void Worker::drop_tile_maps(std::uint64_t resource) {
+  std::map<std::uint64_t, std::uint64_t> lost;
+  auto it = tile_maps_.lower_bound(TileKey{resource, 0, 0, 0});
+  while (it != tile_maps_.end() && it->first.resource == resource) {
+    for (const TileBox& b : it->second) ++lost[b.mem];
+    tile_boxes_ -= it->second.size();
+    it = tile_maps_.erase(it);
+  }
+  for (const auto& [h, n] : lost) {
+    MemHandleEntry* e = mem_handles_.find(h);
+    if (e == nullptr) continue;
+    e->tile_maps -= std::min(e->tile_maps, n);
+    if (e->tile_maps == 0 && e->held) release_held(h, 0, nullptr);
+  }
+}
+
+// The driver reference the worker held for `handle`'s regions: released
+// once the work queued on `s` so far has run (an event of the current
+// context, `ctx`, says when), or at once (ctx 0: the array is gone).
+void Worker::release_held(std::uint64_t handle, std::uint64_t ctx, CUstream s) {
+  MemHandleEntry* e = mem_handles_.find(handle);
+  if (e == nullptr || !e->held) return;
+  const CUmemGenericAllocationHandle real = e->real;
+  e->held = false;
+  if (e->refs == 0) mem_handles_.erase(handle);
+  CUevent done = nullptr;
+  if (ctx != 0) {
+    if (cu_.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      done = nullptr;
+    } else if (cu_.cuEventRecord(done, s) != CUDA_SUCCESS) {
+      cu_.cuEventDestroy(done);
+      done = nullptr;
+    }
+    if (done == nullptr) (void)cu_.cuStreamSynchronize(s);  // no event: wait here instead
+  }
+  if (done == nullptr) {
+    cu_.cuMemRelease(real);
+    return;
+  }
+  pending_releases_.push_back(PendingRelease{done, ctx, real});
+}
+
+void Worker::reap_mem_releases() {
+  std::erase_if(pending_releases_, [&](const PendingRelease& p) {
+    if (cu_.cuEventQuery(p.done) == CUDA_ERROR_NOT_READY) return false;
+    cu_.cuEventDestroy(p.done);
+    cu_.cuMemRelease(p.real);
+    return true;
+  });
+}
+
+CUresult Worker::on_MemMapArrays(Call& c) {
+  const auto r = c.req<ReqMapArrays>();
+  reap_mem_releases();
+  if (r.count > kMaxArrayMaps || (r.flags & ~(kMapListInArena | kMapListNull)) != 0 ||
+      ((r.flags & kMapListNull) != 0 && r.count != 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  // The entries, copied before anything reads them (the arena stays writable by the guest).
+  const std::size_t bytes = std::size_t{r.count} * sizeof(ArrayMapEntry);
+  std::vector<ArrayMapEntry> wire(r.count);
+  const auto tail = c.tail<ReqMapArrays>();
+  if ((r.flags & kMapListInArena) != 0) {
+    if (!tail.empty() || !arena_range(r.arena_off, bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes != 0) std::memcpy(wire.data(), arena_ptr(r.arena_off), bytes);
+  } else {
+    if (tail.size() != bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes != 0) std::memcpy(wire.data(), tail.data(), bytes);
+  }
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUstream s;
+  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  // Every entry translated before the driver sees the list.
+  std::vector<CUarrayMapInfo> info(std::max<std::size_t>(r.count, 1));
+  std::vector<TileOp> ops;
+  std::size_t maps = 0;
+  for (std::uint32_t i = 0; i < r.count; ++i)
+    if (CUresult st = map_entry(wire[i], &info[i], &ops); st != CUDA_SUCCESS) return st;
+  for (const TileOp& op : ops) maps += op.unmap ? 0 : 1;
+  TileMaps planned = plan_tiles(ops, true);
+  std::size_t after = tile_boxes_;
+  for (const auto& [key, boxes] : planned) {
+    if (auto cur = tile_maps_.find(key); cur != tile_maps_.end()) after -= cur->second.size();
+    after += boxes.size();
+  }
+  if (after > kMaxTileBoxes || tile_boxes_ + maps > kMaxTileBoxes) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult st =
+      cu_.cuMemMapArrayAsync((r.flags & kMapListNull) != 0 ? nullptr : info.data(), r.count, s);
+  if (st != CUDA_SUCCESS) {
+    if (maps != 0) {
+      TileMaps kept = plan_tiles(ops, false);
+      commit_tiles(kept, r.ctx, s);
+    }
+    return st;
+  }
+  commit_tiles(planned, r.ctx, s);
+  return CUDA_SUCCESS;
 }
 
 // A guest's resource descriptor in the driver's terms: its handles resolved,
@@ -454,6 +782,17 @@ CUresult Worker::on_TexQuery(Call& c) {
 // A context's arrays and objects die with it. `destroy`: the driver's context
 // lives on (a primary context released by the guest), so free them there too.
 void Worker::release_ctx_arrays(std::uint64_t ctx, bool destroy) {
+  // Memory waiting for an event of this context: the context's work is done
+  // (or waited for here), and its events go with it.
+  std::erase_if(pending_releases_, [&](const PendingRelease& p) {
+    if (p.ctx != ctx) return false;
+    if (destroy) {
+      cu_.cuEventSynchronize(p.done);
+      cu_.cuEventDestroy(p.done);
+    }
+    cu_.cuMemRelease(p.real);
+    return true;
+  });
   for (auto it = tex_objects_.begin(); it != tex_objects_.end();) {
     if (it->second.ctx != ctx) {
       ++it;
@@ -468,14 +807,20 @@ void Worker::release_ctx_arrays(std::uint64_t ctx, bool destroy) {
     if (destroy && a.mipmap == 0) cu_.cuArrayDestroy(a.real);
     dead.push_back(h);
   });
-  for (auto h : dead) arrays_.erase(h);
+  for (auto h : dead) {
+    arrays_.erase(h);
+    drop_tile_maps(h);
+  }
   dead.clear();
   mipmaps_.for_each([&](std::uint64_t h, MipmapEntry& m) {
     if (m.ctx != ctx) return;
     if (destroy) cu_.cuMipmappedArrayDestroy(m.real);
     dead.push_back(h);
   });
-  for (auto h : dead) mipmaps_.erase(h);
+  for (auto h : dead) {
+    mipmaps_.erase(h);
+    drop_tile_maps(h);
+  }
 }
 
 }  // namespace ivcuda::host

@@ -52,6 +52,7 @@ namespace ivcuda::host {
   X(cuArrayCreate) X(cuArray3DCreate) X(cuArrayDestroy) X(cuArrayGetDescriptor)              \
   X(cuArray3DGetDescriptor) X(cuArrayGetMemoryRequirements) X(cuMipmappedArrayCreate)        \
   X(cuMipmappedArrayDestroy) X(cuMipmappedArrayGetLevel) X(cuMipmappedArrayGetMemoryRequirements) \
+  X(cuArrayGetSparseProperties) X(cuMipmappedArrayGetSparseProperties) X(cuMemMapArrayAsync)  \
   X(cuMemcpy3D) X(cuMemcpy3DAsync) X(cuTexObjectCreate) X(cuTexObjectDestroy)                 \
   X(cuTexObjectGetResourceDesc) X(cuTexObjectGetTextureDesc) X(cuTexObjectGetResourceViewDesc) \
   X(cuSurfObjectCreate) X(cuSurfObjectDestroy) X(cuSurfObjectGetResourceDesc)                 \

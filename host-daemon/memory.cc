@@ -55,6 +55,7 @@ CUresult Worker::on_MemFree(Call& c) {
 CUresult Worker::on_MemGetInfo(Call& c) {
   const auto r = c.req<ReqCtx>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  reap_mem_releases();  // what sparse arrays no longer map counts as free (arrays.cc)
   size_t f = 0, t = 0;
   const CUresult st = cu_.cuMemGetInfo(&f, &t);
   c.set_reply(RepMemInfo{f, t});

@@ -88,6 +88,7 @@ CUresult Worker::on_MemAddressFree(Call& c) {
 
 CUresult Worker::on_MemCreate(Call& c) {
   const auto r = c.req<ReqMemCreate>();
+  reap_mem_releases();  // memory arrays no longer map goes back first
   CUmemAllocationProp prop;
   if (CUresult st = to_driver_prop(r.prop, &prop); st != CUDA_SUCCESS) return st;
   CUmemGenericAllocationHandle h = 0;
@@ -99,19 +100,27 @@ CUresult Worker::on_MemCreate(Call& c) {
 
 CUresult Worker::on_MemRelease(Call& c) {
   const auto r = c.req<ReqHandle>();
-  MemHandleEntry* e = mem_handles_.find(r.handle);
+  reap_mem_releases();
+  MemHandleEntry* e = guest_mem(r.handle);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // The last reference while sparse arrays map the allocation: the worker
+  // keeps it until they no longer do (arrays.cc).
+  if (e->refs == 1 && e->tile_maps > 0 && !e->held) {
+    e->refs = 0;
+    e->held = true;
+    return CUDA_SUCCESS;
+  }
   // A mapping holds the driver's allocation alive on its own, as CUDA
   // defines it: releasing the handle leaves mapped memory usable.
   const CUresult st = cu_.cuMemRelease(e->real);
-  if (st == CUDA_SUCCESS && --e->refs == 0) mem_handles_.erase(r.handle);
+  if (st == CUDA_SUCCESS && --e->refs == 0 && !e->held) mem_handles_.erase(r.handle);
   return st;
 }
 
 CUresult Worker::on_MemMap(Call& c) {
   const auto r = c.req<ReqMemMap>();
   if (r.size == 0) return CUDA_ERROR_INVALID_VALUE;
-  MemHandleEntry* e = mem_handles_.find(r.handle);
+  MemHandleEntry* e = guest_mem(r.handle);
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   // Inside one reservation of this guest, over no other mapping.
   auto res = reservations_.upper_bound(r.ptr);
@@ -197,7 +206,7 @@ CUresult Worker::on_MemGetAccess(Call& c) {
 
 CUresult Worker::on_MemGetProperties(Call& c) {
   const auto r = c.req<ReqHandle>();
-  MemHandleEntry* e = mem_handles_.find(r.handle);
+  MemHandleEntry* e = guest_mem(r.handle);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUmemAllocationProp prop{};
   const CUresult st = cu_.cuMemGetAllocationPropertiesFromHandle(&prop, e->real);
@@ -222,7 +231,7 @@ CUresult Worker::on_MemGetProperties(Call& c) {
 std::uint64_t Worker::adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size) {
   std::uint64_t found = 0;
   mem_handles_.for_each([&](std::uint64_t h, MemHandleEntry& e) {
-    if (e.real == real && found == 0) {
+    if (e.real == real && found == 0) {  // also one only sparse arrays still map (refs 0)
       ++e.refs;
       found = h;
     }
@@ -252,7 +261,7 @@ CUresult Worker::on_MemRetainHandle(Call& c) {
 // NOT_SUPPORTED when it would hand out something the guest cannot carry.
 CUresult Worker::on_MemExportShareable(Call& c) {
   const auto r = c.req<ReqMemExport>();
-  MemHandleEntry* e = mem_handles_.find(r.handle);
+  MemHandleEntry* e = guest_mem(r.handle);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (r.handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
     // Asked only for its verdict: a handle of another type never leaves.

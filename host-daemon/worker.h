@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <chrono>
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -27,6 +28,27 @@
 #include "ring/wait.h"
 
 namespace ivcuda::host {
+
+// Sparse arrays (arrays.cc): a region of an array the guest mapped onto a
+// physical allocation. Regions are kept per array, mip level (or mip tail,
+// or the whole of a deferred-mapping array), layer and device, as half-open
+// boxes in elements (the mip tail: bytes along x).
+struct TileKey {
+  std::uint64_t resource = 0;  // the guest's array or mipmapped array handle
+  std::uint32_t part = 0;      // mip level, kTilePartMiptail or kTilePartWhole
+  std::uint32_t layer = 0;
+  std::uint32_t device = 0;    // worker ordinal (kTileAnyDevice: none named)
+  auto operator<=>(const TileKey&) const = default;
+};
+inline constexpr std::uint32_t kTilePartMiptail = 0xffffffffu;
+inline constexpr std::uint32_t kTilePartWhole = 0xfffffffeu;
+inline constexpr std::uint32_t kTileAnyDevice = 0xffffffffu;
+struct TileBox {
+  std::uint64_t lo[3] = {0, 0, 0};
+  std::uint64_t hi[3] = {0, 0, 0};
+  std::uint64_t mem = 0;  // the guest's handle of the allocation behind it
+};
+using TileMaps = std::map<TileKey, std::vector<TileBox>>;
 
 struct WorkerConfig {
   std::uint32_t guest_id = 0;
@@ -124,7 +146,17 @@ class Worker {
     // the same handle value back for cuMemRetainAllocationHandle (and an
     // import of memory it knows), and each needs its own cuMemRelease.
     std::uint32_t refs = 1;
+    // Sparse arrays (arrays.cc): regions of arrays mapped onto it, and
+    // whether the worker holds the driver reference the guest gave up with
+    // its last cuMemRelease while regions were mapped (released once none is).
+    std::uint64_t tile_maps = 0;
+    bool held = false;
   };
+  // A handle the guest holds (a released one that arrays still map is not).
+  MemHandleEntry* guest_mem(std::uint64_t h) {
+    MemHandleEntry* e = mem_handles_.find(h);
+    return e != nullptr && e->refs > 0 ? e : nullptr;
+  }
   // The guest's handle for a driver handle the driver just gave one more
   // reference to: the one it has (one more reference), or a new one.
   std::uint64_t adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size);
@@ -166,11 +198,13 @@ class Worker {
     std::uint64_t ctx = 0;
     CUDA_ARRAY3D_DESCRIPTOR desc{};  // as the driver reports it
     std::uint64_t mipmap = 0;        // level of this mipmapped array, or 0
+    unsigned flags = 0;              // CUDA_ARRAY3D_* the guest created it with
   };
   struct MipmapEntry {
     CUmipmappedArray real = nullptr;
     std::uint64_t ctx = 0;
     std::map<unsigned, std::uint64_t> levels;  // level -> array handle handed out
+    unsigned flags = 0;                        // CUDA_ARRAY3D_* it was created with
   };
   struct TexEntry {  // a texture or surface object this guest created
     std::uint64_t ctx = 0;
@@ -257,6 +291,21 @@ class Worker {
                      const void** host, CUdeviceptr* dev, CUarray* array);
   CUresult resource_from_wire(const proto::ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle);
   void release_ctx_arrays(std::uint64_t ctx, bool destroy);
+  // Sparse arrays (arrays.cc): one cuMemMapArrayAsync entry in the driver's
+  // terms and what it does to the regions; the regions after a list;
+  // what a destroyed array mapped; driver references the worker held for
+  // mapped regions, released once the stream passed the unmap.
+  struct TileOp {
+    TileKey key;
+    TileBox box;   // box.mem: the allocation (0: an unmap)
+    bool unmap = false;
+  };
+  CUresult map_entry(const proto::ArrayMapEntry& w, CUarrayMapInfo* out, std::vector<TileOp>* ops);
+  TileMaps plan_tiles(const std::vector<TileOp>& ops, bool applied) const;
+  void commit_tiles(TileMaps& planned, std::uint64_t ctx, CUstream s);
+  void drop_tile_maps(std::uint64_t resource);
+  void release_held(std::uint64_t handle, std::uint64_t ctx, CUstream s);
+  void reap_mem_releases();
   // Memory pools (pools.cc): the handle of a driver pool, made on first
   // sight; a location in the driver's numbering; pools the guest created go
   // when the worker does.
@@ -329,6 +378,14 @@ class Worker {
   HandleTable<MipmapEntry> mipmaps_{proto::HandleKind::kMipmappedArray};
   std::map<std::uint64_t, TexEntry> tex_objects_;  // driver value -> what it is
   std::map<std::uint64_t, std::uint64_t> reservations_;  // cuMemAddressReserve: base -> size
+  TileMaps tile_maps_;          // sparse array regions the guest mapped (arrays.cc)
+  std::size_t tile_boxes_ = 0;  // regions in tile_maps_, bounded
+  struct PendingRelease {       // a held driver reference, released once `done` completed
+    CUevent done = nullptr;
+    std::uint64_t ctx = 0;      // the context `done` belongs to
+    CUmemGenericAllocationHandle real = 0;
+  };
+  std::vector<PendingRelease> pending_releases_;
   // Driver file descriptors shared with the tenant (worker_common.cc): what
   // this worker exported, by the token the guest holds, and its line to the
   // daemon's broker for the exports of the tenant's other workers.

@@ -158,7 +158,8 @@ enum class HandleKind : u8 {
   X(MemPoolImport, ReqPoolImport, RepHandle, 1)                          \
   X(MemPoolExportPtr, ReqPoolPtr, RepIpcHandle, 1)                       \
   X(MemPoolImportPtr, ReqPoolPtrImport, RepRange, 1)                     \
-  X(MemPoolPtrFree, ReqPoolPtrFree, RepNone, 1)
+  X(MemPoolPtrFree, ReqPoolPtrFree, RepNone, 1)                       \
+  X(MemMapArrays, ReqMapArrays, RepNone, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -769,7 +770,10 @@ struct ReqArrayCreate {
 };
 inline constexpr u32 kArrayQuery2D = 0;     // cuArrayGetDescriptor
 inline constexpr u32 kArrayQuery3D = 1;     // cuArray3DGetDescriptor
-inline constexpr u32 kArrayQueryMemReq = 2;  // cu(Mipmapped)ArrayGetMemoryRequirements
+inline constexpr u32 kArrayQueryMemReq = 2;  // cuArrayGetMemoryRequirements
+inline constexpr u32 kArrayQueryMipmapMemReq = 3;  // cuMipmappedArrayGetMemoryRequirements
+inline constexpr u32 kArrayQuerySparse = 4;        // cuArrayGetSparseProperties
+inline constexpr u32 kArrayQueryMipmapSparse = 5;  // cuMipmappedArrayGetSparseProperties
 // ArrayDestroy's kind: which of the two the guest named (a mipmapped array's
 // handle given to cuArrayDestroy is refused, not destroyed).
 inline constexpr u32 kDestroyArray = 0;
@@ -784,12 +788,53 @@ struct RepArrayQuery {
   ArrayDesc desc;
   u64 size;       // memory requirements
   u64 alignment;
+  // CUDA_ARRAY_SPARSE_PROPERTIES
+  u32 tile_width;
+  u32 tile_height;
+  u32 tile_depth;
+  u32 miptail_first_level;
+  u64 miptail_size;
+  u32 sparse_flags;
+  u32 reserved;
 };
 struct ReqMipmapLevel {
   u64 ctx;
   u64 mipmap;
   u32 level;
   u32 reserved;
+};
+
+// cuMemMapArrayAsync: `count` CUarrayMapInfo entries, mapping tiles (or the
+// mip tail, or a deferred-mapping array as a whole) of sparse arrays onto
+// physical allocations, or unmapping them, in stream order. An entry names
+// the guest's handles: `resource` an array or mipmapped array handle,
+// `mem_handle` a MemCreate handle (0 as the application wrote it, e.g. for an
+// unmap); `device_mask` has the worker's ordinals. The subresource union holds
+// only numbers and travels as CUDA lays it out. The entries follow the struct
+// or, when kMapListInArena is set, lie at `arena_off` (a list too long for
+// one record); the worker copies them before it looks at them.
+inline constexpr u32 kMaxArrayMaps = 65536;        // entries in one request
+inline constexpr u32 kMapListInArena = 1u << 0;
+inline constexpr u32 kMapListNull = 1u << 1;       // the application passed no list (count 0)
+struct ArrayMapEntry {
+  u64 resource;
+  u64 mem_handle;
+  u64 offset;            // into the physical allocation
+  u8 subresource[32];    // CUarrayMapInfo::subresource
+  u32 resource_type;     // CUresourcetype: array or mipmapped array
+  u32 subresource_type;  // CUarraySparseSubresourceType
+  u32 op;                // CUmemOperationType
+  u32 mem_handle_type;   // CUmemHandleType
+  u32 device_mask;       // worker ordinals
+  u32 flags;             // as the application wrote them (the driver wants 0)
+  u32 reserved[2];
+};
+struct ReqMapArrays {
+  u64 ctx;
+  u64 stream;
+  u64 arena_off;   // kMapListInArena: where the entries lie
+  u32 count;
+  u32 flags;       // kMapListInArena, kMapListNull
 };
 
 // One side of a 3D copy. type is CUmemorytype: 1 host (arena_off is the
@@ -1172,6 +1217,9 @@ static_assert(sizeof(ReqOccCluster) == 72);
 static_assert(sizeof(ArrayDesc) == 40);
 static_assert(sizeof(ReqArrayCreate) == 56);
 static_assert(sizeof(CopySide) == 72);
+static_assert(sizeof(RepArrayQuery) == 40 + 16 + 32);
+static_assert(sizeof(ArrayMapEntry) == 88);
+static_assert(sizeof(ReqMapArrays) == 32);
 static_assert(sizeof(ReqCopy3D) == 192);
 static_assert(sizeof(ResDesc) == 64);
 static_assert(sizeof(TexDesc) == 64);

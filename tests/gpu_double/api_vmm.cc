@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <new>
 
 #include "state.h"
 
@@ -43,6 +44,7 @@ void maybe_free(State& s, Handle h) {
   if (it == s.physical.end() || it->second.refs != 0 || it->second.maps != 0) return;
   PhysicalMem& m = it->second;
   if (m.accounted != 0) s.used[static_cast<std::size_t>(m.prop.location.id)] -= m.accounted;
+  if (m.view != nullptr) ::munmap(m.view, m.size);
   ::close(m.fd);
   s.physical.erase(it);
 }
@@ -111,6 +113,29 @@ CUresult apply_access(State& s, std::uintptr_t base, const VmmMapping& m) {
 }
 
 }  // namespace
+
+namespace ivcuda::gpu_double {
+
+PhysicalMem* held_physical(State& s, CUmemGenericAllocationHandle h) { return held(s, h); }
+
+unsigned char* physical_view(State& s, Handle mem) {
+  PhysicalMem& m = s.physical.at(mem);
+  if (m.view == nullptr) {
+    void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();  // guarded() answers OUT_OF_MEMORY
+    m.view = static_cast<unsigned char*>(p);
+  }
+  return m.view;
+}
+
+void physical_ref(State& s, Handle mem) { ++s.physical.at(mem).maps; }
+
+void physical_unref(State& s, Handle mem) {
+  --s.physical.at(mem).maps;
+  maybe_free(s, mem);
+}
+
+}  // namespace ivcuda::gpu_double
 
 CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                CUmemAllocationGranularity_flags option) {

@@ -354,7 +354,9 @@ CUresult tex2d_read(KernelEnv& env) {
   std::size_t tw = 0, th = 0, pitch = 0;
   if (t->res.resType == CU_RESOURCE_TYPE_ARRAY) {
     ArrayObj* a = find_array(reinterpret_cast<Handle>(t->res.res.array.hArray));
-    if (a == nullptr || a->desc.Format != CU_AD_FORMAT_FLOAT || a->desc.NumChannels != 1) return CUDA_ERROR_NOT_SUPPORTED;
+    // Sparse and deferred-mapping arrays keep their bytes in tiles (api_arrays.cc): not sampled here.
+    if (a == nullptr || !a->dense() || a->desc.Format != CU_AD_FORMAT_FLOAT || a->desc.NumChannels != 1)
+      return CUDA_ERROR_NOT_SUPPORTED;
     base = a->data.data();
     tw = a->desc.Width;
     th = a->rows();
@@ -406,7 +408,7 @@ CUresult surf2d_write(KernelEnv& env) {
   const TexObj* t = find_object(surf, true);
   if (t == nullptr || t->res.resType != CU_RESOURCE_TYPE_ARRAY) return CUDA_ERROR_ILLEGAL_ADDRESS;
   ArrayObj* a = find_array(reinterpret_cast<Handle>(t->res.res.array.hArray));
-  if (a == nullptr || a->elem != 4) return CUDA_ERROR_NOT_SUPPORTED;
+  if (a == nullptr || !a->dense() || a->elem != 4) return CUDA_ERROR_NOT_SUPPORTED;
   const std::uint64_t nx = w > 0 ? std::min<std::uint64_t>(static_cast<std::uint64_t>(w), env.threads_x()) : 0;
   const std::uint64_t ny = h > 0 ? std::min<std::uint64_t>(static_cast<std::uint64_t>(h), std::uint64_t{env.grid[1]} * env.block[1]) : 0;
   // The default boundary mode traps: a write outside the array faults.

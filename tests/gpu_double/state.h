@@ -102,7 +102,8 @@ struct PhysicalMem {
   // cuMemRetainAllocationHandle add one, cuMemRelease drops one; at 0 the handle is dead to
   // the caller), and mappings, which keep the memory alive after the last release.
   unsigned refs = 0;
-  unsigned maps = 0;
+  unsigned maps = 0;  // VA mappings and sparse-array tiles (api_arrays.cc) backed by it
+  unsigned char* view = nullptr;  // a host mapping of the memfd for array tiles, made on first use
 };
 struct VmmMapping {
   std::size_t size = 0;
@@ -353,6 +354,13 @@ struct SharedMemRef {
   std::uint64_t mapped;  // the memfd's length
 };
 CUresult map_shared(State& s, Handle ctx, const SharedMemRef& ref, MemKind kind, std::uintptr_t* out);
+// Physical memory behind sparse and deferred-mapping arrays (api_arrays.cc; api_vmm.cc keeps
+// the memory): the caller's live allocation or null, its bytes as the host sees them, and
+// the references array tiles hold (a tile keeps its memory alive, as a VA mapping does).
+PhysicalMem* held_physical(State& s, CUmemGenericAllocationHandle h);
+unsigned char* physical_view(State& s, Handle mem);
+void physical_ref(State& s, Handle mem);
+void physical_unref(State& s, Handle mem);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
 // global): what a device pointer may reach.

@@ -28,7 +28,7 @@ bin=$build/tests/bin
 kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
 	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
-	"$bin/drv_arrays" "$bin/drv_pools" "$bin/drv_pool_share" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
+	"$bin/drv_arrays" "$bin/drv_sparse" "$bin/drv_pools" "$bin/drv_pool_share" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
 	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
@@ -47,6 +47,7 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/drv_vmm:/usr/bin/drv_vmm" \
 	--add-bin "$bin/drv_vmm_share:/usr/bin/drv_vmm_share" \
 	--add-bin "$bin/drv_arrays:/usr/bin/drv_arrays" \
+	--add-bin "$bin/drv_sparse:/usr/bin/drv_sparse" \
 	--add-bin "$bin/drv_pools:/usr/bin/drv_pools" \
 	--add-bin "$bin/drv_pool_share:/usr/bin/drv_pool_share" \
 	--add-bin "$bin/drv_capture_modes:/usr/bin/drv_capture_modes" \
@@ -106,6 +107,7 @@ rc=0
 	 drv_vmm --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_vmm_share &&
 	 drv_arrays --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_sparse --forged-handles &&
 	 drv_pools --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_pool_share --ptx /opt/ivcuda/test_kernels.ptx --forged &&
 	 drv_capture_modes &&

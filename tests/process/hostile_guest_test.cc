@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -718,6 +719,200 @@ TEST_CASE("array copies and texture objects outside what the guest created are r
         CUDA_ERROR_INVALID_HANDLE);  // died with its mipmapped array
   CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyArray, 0}) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kMemcpy3D, c) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(d.alive());
+}
+
+TEST_CASE("sparse array maps name only the guest's arrays, memory and devices, and keep mapped memory alive",
+          "[process][hostile]") {
+  Daemon d;
+  RawGuest g(d.sock), other(d.sock);
+  g.open(0);
+  other.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  const std::uint64_t other_ctx = primary_ctx(other);
+  std::vector<std::byte> out;
+  // A sparse 256x256 float array, a plain one, a mipmapped one; tile pools.
+  proto::ReqArrayCreate ac{};
+  ac.ctx = ctx;
+  ac.desc = proto::ArrayDesc{256, 256, 0, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_SPARSE, 0};
+  ac.kind = proto::kArrayCreate3D;
+  REQUIRE(g.call(0, Op::kArrayCreate, ac, &out) == CUDA_SUCCESS);
+  const auto arr = RawGuest::as<proto::RepHandle>(out).handle;
+  ac.kind = proto::kArrayCreateMipmap;
+  ac.levels = 2;
+  REQUIRE(g.call(0, Op::kArrayCreate, ac, &out) == CUDA_SUCCESS);
+  const auto mip = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kArrayQuery, proto::ReqArrayQuery{ctx, arr, proto::kArrayQuerySparse, 0}, &out) ==
+          CUDA_SUCCESS);
+  const auto props = RawGuest::as<proto::RepArrayQuery>(out);
+  REQUIRE((props.tile_width != 0 && props.tile_width <= 128 && props.tile_height != 0 && props.tile_height <= 128));
+  // The kind the guest named: an array's handle is no mipmapped array.
+  CHECK(g.call(0, Op::kArrayQuery, proto::ReqArrayQuery{ctx, arr, proto::kArrayQueryMipmapSparse, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  CHECK(other.call(0, Op::kArrayQuery, proto::ReqArrayQuery{other_ctx, arr, proto::kArrayQuerySparse, 0}) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  proto::MemProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.usage = CU_MEM_CREATE_USAGE_TILE_POOL;
+  REQUIRE(g.call(0, Op::kMemGranularity, proto::ReqMemGranularity{prop, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto gran = static_cast<std::uint64_t>(RawGuest::as<proto::RepValue>(out).value);
+  auto create = [&](RawGuest& who) {
+    REQUIRE(who.call(0, Op::kMemCreate, proto::ReqMemCreate{prop, gran, 0}, &out) == CUDA_SUCCESS);
+    return RawGuest::as<proto::RepHandle>(out).handle;
+  };
+  auto free_mem = [&]() {
+    REQUIRE(g.call(0, Op::kMemGetInfo, proto::ReqCtx{ctx}, &out) == CUDA_SUCCESS);
+    return RawGuest::as<proto::RepMemInfo>(out).free;
+  };
+  const std::uint64_t free_before = free_mem();
+  const auto mem = create(g);
+  // Another guest's handle: its second (its first has the value of this guest's first).
+  const auto theirs_first = create(other);
+  const auto theirs = create(other);
+  REQUIRE(theirs != mem);
+  CHECK(free_mem() == free_before - gran);
+
+  // One entry mapping tile (tx, 0) of `res` onto `m` at `off`.
+  auto entry = [&](std::uint64_t res, std::uint64_t m, std::uint32_t tx, std::uint64_t off = 0) {
+    proto::ArrayMapEntry e{};
+    e.resource = res;
+    e.resource_type = CU_RESOURCE_TYPE_ARRAY;
+    e.mem_handle = m;
+    e.offset = off;
+    e.op = m != 0 ? CU_MEM_OPERATION_TYPE_MAP : CU_MEM_OPERATION_TYPE_UNMAP;
+    e.mem_handle_type = CU_MEM_HANDLE_TYPE_GENERIC;
+    e.device_mask = 1;
+    e.subresource_type = CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL;
+    const std::uint32_t level[8] = {0, 0, tx * props.tile_width, 0, 0, props.tile_width, props.tile_height, 1};
+    std::memcpy(e.subresource, level, sizeof level);
+    return e;
+  };
+  auto map = [&](RawGuest& who, std::uint64_t c, std::vector<proto::ArrayMapEntry> list, std::uint32_t count,
+                 std::uint32_t flags = 0, std::uint64_t stream = 0) {
+    proto::ReqMapArrays r{c, stream, 0, count, flags};
+    return who.call(0, Op::kMemMapArrays, r, nullptr, std::as_bytes(std::span(list)));
+  };
+  // Reads back tile (tx, 0)'s first row: whether the copy went in (pattern) or was dropped (zero).
+  auto tile_row = [&](std::uint32_t tx) {
+    std::vector<float> row(props.tile_width);
+    for (std::size_t i = 0; i < row.size(); ++i) row[i] = 1.0f + static_cast<float>(i);
+    std::memcpy(g.bar.data() + g.l.arena_off, row.data(), row.size() * 4);
+    proto::ReqCopy3D c{};
+    c.ctx = ctx;
+    c.src.type = CU_MEMORYTYPE_HOST;
+    c.src.arena_off = g.l.arena_off;
+    c.src.pitch = row.size() * 4;
+    c.src.height = 1;
+    c.dst.type = CU_MEMORYTYPE_ARRAY;
+    c.dst.array = arr;
+    c.dst.x_bytes = std::uint64_t{tx} * props.tile_width * 4;
+    c.width_bytes = row.size() * 4;
+    c.height = 1;
+    c.depth = 1;
+    REQUIRE(g.call(0, Op::kMemcpy3D, c) == CUDA_SUCCESS);
+    std::swap(c.src, c.dst);
+    c.dst.arena_off = g.l.arena_off + 4096;
+    REQUIRE(g.call(0, Op::kMemcpy3D, c) == CUDA_SUCCESS);
+    std::vector<float> back(row.size());
+    std::memcpy(back.data(), g.bar.data() + g.l.arena_off + 4096, back.size() * 4);
+    return back == row;
+  };
+
+  CHECK(map(g, ctx, {entry(arr, mem, 0)}, 1) == CUDA_SUCCESS);
+  CHECK(tile_row(0));
+  CHECK_FALSE(tile_row(1));  // not mapped: the copy's bytes are dropped
+  // Forged, other-kind and another guest's handles; a list with one of them maps nothing.
+  CHECK(map(g, ctx, {entry(arr ^ 0x100000000ull, mem, 1)}, 1) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(map(g, ctx, {entry(mip, mem, 1)}, 1) == CUDA_ERROR_INVALID_HANDLE);  // a mipmap named as an array
+  CHECK(map(g, ctx, {entry(arr, mem ^ 0x100000000ull, 1)}, 1) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(map(g, ctx, {entry(arr, ctx, 1)}, 1) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(map(g, ctx, {entry(arr, theirs, 1)}, 1) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(map(other, other_ctx, {entry(arr, theirs, 1)}, 1) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(map(other, other_ctx, {entry(arr, 0, 0)}, 1) == CUDA_ERROR_INVALID_HANDLE);  // nor unmap theirs
+  CHECK(map(g, ctx, {entry(arr, mem, 1, 65536), entry(arr ^ 0x100000000ull, mem, 2)}, 2) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  CHECK_FALSE(tile_row(1));
+  CHECK(tile_row(0));  // the unmap of a foreign guest touched nothing
+  // Resource types, operations, subresources and device bits it cannot have.
+  auto bad = entry(arr, mem, 1);
+  bad.resource_type = CU_RESOURCE_TYPE_LINEAR;
+  CHECK(map(g, ctx, {bad}, 1) == CUDA_ERROR_INVALID_VALUE);
+  bad = entry(arr, mem, 1);
+  bad.op = 9;
+  CHECK(map(g, ctx, {bad}, 1) == CUDA_ERROR_INVALID_VALUE);
+  bad = entry(arr, mem, 1);
+  bad.subresource_type = 5;
+  CHECK(map(g, ctx, {bad}, 1) == CUDA_ERROR_INVALID_VALUE);
+  for (const std::uint32_t mask : {1u << 1, 1u << 7, 1u << 31, 3u}) {
+    bad = entry(arr, mem, 1);
+    bad.device_mask = mask;
+    CHECK(map(g, ctx, {bad}, 1) == CUDA_ERROR_INVALID_VALUE);
+  }
+  CHECK_FALSE(tile_row(1));
+  // Counts that do not fit what was sent, flags it does not know, a forged stream.
+  CHECK(map(g, ctx, {entry(arr, mem, 1)}, 2) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 1), entry(arr, mem, 2)}, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 1)}, 0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 1)}, ~0u) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {}, proto::kMaxArrayMaps + 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 1)}, 1, proto::kMapListNull) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 1)}, 1, 1u << 7) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 1)}, 1, 0, 0x0400000100000001ull) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(map(g, ctx, {}, 0, proto::kMapListNull) == CUDA_SUCCESS);  // an empty list, as the driver takes it
+  // Truncated: the request itself, and an entry cut short.
+  proto::ReqMapArrays whole{ctx, 0, 0, 1, 0};
+  CHECK(g.send(0, static_cast<std::uint16_t>(Op::kMemMapArrays), &whole, sizeof whole - 8, true) ==
+        CUDA_ERROR_INVALID_VALUE);
+  const auto one = entry(arr, mem, 1);
+  std::vector<std::byte> cut(sizeof whole + sizeof one - 8);
+  std::memcpy(cut.data(), &whole, sizeof whole);
+  std::memcpy(cut.data() + sizeof whole, &one, sizeof one - 8);
+  CHECK(g.send(0, static_cast<std::uint16_t>(Op::kMemMapArrays), cut.data(), cut.size(), true) ==
+        CUDA_ERROR_INVALID_VALUE);
+  // A list in the arena: inside it only, and not as well as one in the record.
+  const std::uint64_t list_off = g.l.arena_off + 8192;
+  std::memcpy(g.bar.data() + list_off, &one, sizeof one);
+  proto::ReqMapArrays in_arena{ctx, 0, g.l.arena_off + g.l.arena_size - 16, 1, proto::kMapListInArena};
+  CHECK(g.call(0, Op::kMemMapArrays, in_arena) == CUDA_ERROR_INVALID_VALUE);
+  in_arena.arena_off = ~0ull - 8;
+  CHECK(g.call(0, Op::kMemMapArrays, in_arena) == CUDA_ERROR_INVALID_VALUE);
+  in_arena.arena_off = list_off;
+  in_arena.count = proto::kMaxArrayMaps;
+  CHECK(g.call(0, Op::kMemMapArrays, in_arena) == CUDA_ERROR_INVALID_VALUE);  // the arena has no such list
+  in_arena.count = 1;
+  CHECK(g.call(0, Op::kMemMapArrays, in_arena, nullptr, std::as_bytes(std::span(&one, 1))) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kMemMapArrays, in_arena) == CUDA_SUCCESS);
+  CHECK(tile_row(1));
+
+  // Released while mapped: the handle is gone for the guest, the memory is not.
+  CHECK(g.call(0, Op::kMemRelease, proto::ReqHandle{0, mem}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemRelease, proto::ReqHandle{0, mem}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 2)}, 1) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(g.call(0, Op::kMemGetProperties, proto::ReqHandle{0, mem}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(tile_row(0));
+  CHECK(tile_row(1));
+  CHECK(free_mem() == free_before - gran);  // (the other guest's memory is its worker's)
+  // The first tile out: the second still holds it.
+  CHECK(map(g, ctx, {entry(arr, 0, 0)}, 1) == CUDA_SUCCESS);
+  CHECK_FALSE(tile_row(0));
+  CHECK(tile_row(1));
+  CHECK(free_mem() == free_before - gran);
+  // The last one out: it goes.
+  CHECK(map(g, ctx, {entry(arr, 0, 1)}, 1) == CUDA_SUCCESS);
+  CHECK(free_mem() == free_before);
+  // Mapped again, released, then the array destroyed: it goes with the array.
+  const auto mem2 = create(g);
+  CHECK(map(g, ctx, {entry(arr, mem2, 0), entry(arr, mem2, 1, 65536)}, 2) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemRelease, proto::ReqHandle{0, mem2}) == CUDA_SUCCESS);
+  CHECK(free_mem() == free_before - gran);
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyArray, 0}) == CUDA_SUCCESS);
+  CHECK(free_mem() == free_before);
+  CHECK(map(g, ctx, {entry(arr, 0, 0)}, 1) == CUDA_ERROR_INVALID_HANDLE);  // the array is gone too
+  CHECK(other.call(0, Op::kMemRelease, proto::ReqHandle{0, theirs}) == CUDA_SUCCESS);
+  CHECK(other.call(0, Op::kMemRelease, proto::ReqHandle{0, theirs_first}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, mip, proto::kDestroyMipmap, 0}) == CUDA_SUCCESS);
   CHECK(d.alive());
 }
 

@@ -91,6 +91,8 @@ case_ivcuda "drv_memops: stream waits and writes on device and page-locked words
   "$lib" -- "$bin/drv_memops"
 case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \
   "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
+case_ivcuda "drv_sparse: sparse 2D/3D/mipmapped and deferred-mapping arrays, tiles mapped, copied, unmapped; refusals" \
+  "$lib" -- "$bin/drv_sparse" --forged-handles
 case_ivcuda "drv_pools: created pools, attributes, access, allocations used by kernels, destroy, refusals" \
   "$lib" -- "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported
 case_ivcuda "drv_pool_share: a pool and a pointer exported to another process of the tenant, imported, written, freed" \
