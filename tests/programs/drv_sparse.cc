@@ -436,7 +436,8 @@ void refusals(bool forged) {
   };
   refused("map onto a plain array", with([&](CUarrayMapInfo& m) { m.resource.array = plain; }));
   refused("map onto a null array", with([&](CUarrayMapInfo& m) { m.resource.array = nullptr; }));
-  refused("map a null memory handle", with([&](CUarrayMapInfo& m) { m.memHandle.memHandle = 0; }));
+  // The driver crashes on this one (H200, driver 580): through ivcuda only.
+  if (forged) refused("map a null memory handle", with([&](CUarrayMapInfo& m) { m.memHandle.memHandle = 0; }));
   answer("map memory that is not a tile pool", with([&](CUarrayMapInfo& m) { m.memHandle.memHandle = not_tiles; }));
   refused("map at an offset off a tile", with([&](CUarrayMapInfo& m) { m.offset = 4096; }));
   refused("map past the end of the memory", with([&](CUarrayMapInfo& m) { m.offset = 64ull << 30; }));
@@ -496,6 +497,7 @@ void refusals(bool forged) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // what came before a crash stays in the log
   bool forged = false;
   for (int i = 1; i < argc; ++i) forged |= std::strcmp(argv[i], "--forged-handles") == 0;
   OK(cuInit(0));
