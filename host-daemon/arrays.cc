@@ -419,6 +419,9 @@ CUresult Worker::map_entry(const ArrayMapEntry& w, CUarrayMapInfo* out, std::vec
   if (w.mem_handle != 0) {
     MemHandleEntry* e = guest_mem(w.mem_handle);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    // An offset outside the allocation names no memory of it; refused here
+    // rather than trusting the driver with it (it crashes on a null handle).
+    if (w.op == CU_MEM_OPERATION_TYPE_MAP && w.offset >= e->size) return CUDA_ERROR_INVALID_VALUE;
     out->memHandle.memHandle = e->real;
   }
   set_enum(&out->subresourceType, w.subresource_type);
