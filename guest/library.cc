@@ -416,15 +416,20 @@ CUresult cuKernelGetLibrary(CUlibrary* lib, CUkernel k) {
 CUresult cuKernelGetName(const char** name, CUkernel k) {
   return guard([&] {
     if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    Registry& r = registry();
-    std::lock_guard lk(r.mu);
-    auto it = r.kernels.find(h(k));
-    if (it == r.kernels.end()) return CUDA_ERROR_INVALID_HANDLE;
-    if (it->second.name.empty()) {
-      return ivcuda::guest::not_supported("cuKernelGetName: names of enumerated kernels are not known yet");
+    {
+      Registry& r = registry();
+      std::lock_guard lk(r.mu);
+      auto it = r.kernels.find(h(k));
+      if (it == r.kernels.end()) return CUDA_ERROR_INVALID_HANDLE;
+      if (!it->second.name.empty()) {
+        *name = it->second.name.c_str();
+        return CUDA_SUCCESS;
+      }
     }
-    *name = it->second.name.c_str();
-    return CUDA_SUCCESS;
+    // An enumerated kernel: its function's name, from the host.
+    CUfunction f = nullptr;
+    if (const CUresult st = function_here(k, &f); st != CUDA_SUCCESS) return st;
+    return cuFuncGetName(name, f);
   });
 }
 

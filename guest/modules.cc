@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -290,3 +291,62 @@ CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache config) {
         proto::ReqFuncCache{current_ctx(), h(f), static_cast<std::uint32_t>(config), 0});
   });
 }
+
+// ==================================================== a function's name, module, loading state
+
+namespace {
+CUresult func_misc(CUfunction f, std::uint32_t kind, std::int64_t* value, std::vector<std::byte>* extra) {
+  return guard([&] {
+    NEED_RT();
+    f = ivcuda::guest::kernel_function(f);
+    if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    proto::RepValue rep{};
+    const CUresult st = rt->call<Op::kFuncMisc>(proto::ReqFuncMisc{h(f), kind, 0}, {}, &rep, extra);
+    if (st == CUDA_SUCCESS && value != nullptr) *value = rep.value;
+    return st;
+  });
+}
+}  // namespace
+
+// The name stays valid for the process: cuFuncGetName's pointer is the
+// driver's, which outlives the call too.
+CUresult cuFuncGetName(const char** name, CUfunction f) {
+  return guard([&] {
+    if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    static std::mutex mu;
+    static auto* names = new std::map<std::uint64_t, std::string>;  // never destroyed: atexit callers
+    {
+      std::lock_guard lk(mu);
+      if (auto it = names->find(h(f)); it != names->end()) {
+        *name = it->second.c_str();
+        return CUDA_SUCCESS;
+      }
+    }
+    std::int64_t len = 0;
+    std::vector<std::byte> extra;
+    if (const CUresult st = func_misc(f, proto::kFuncName, &len, &extra); st != CUDA_SUCCESS) return st;
+    if (len <= 0 || static_cast<std::size_t>(len) != extra.size()) return CUDA_ERROR_UNKNOWN;
+    std::lock_guard lk(mu);
+    auto [it, fresh] = names->try_emplace(h(f), reinterpret_cast<const char*>(extra.data()), extra.size());
+    *name = it->second.c_str();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult cuFuncGetModule(CUmodule* mod, CUfunction f) {
+  if (mod == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::int64_t v = 0;
+  const CUresult st = func_misc(f, proto::kFuncModule, &v, nullptr);
+  if (st == CUDA_SUCCESS) *mod = reinterpret_cast<CUmodule>(static_cast<std::uintptr_t>(v));
+  return st;
+}
+
+CUresult cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction f) {
+  if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::int64_t v = 0;
+  const CUresult st = func_misc(f, proto::kFuncIsLoaded, &v, nullptr);
+  if (st == CUDA_SUCCESS) *state = static_cast<CUfunctionLoadingState>(v);
+  return st;
+}
+
+CUresult cuFuncLoad(CUfunction f) { return func_misc(f, proto::kFuncLoad, nullptr, nullptr); }

@@ -190,4 +190,37 @@ CUresult Worker::on_ModuleEnumerate(Call& c) {
   return CUDA_SUCCESS;
 }
 
+// cuFuncGetName / cuFuncGetModule / cuFuncIsLoaded / cuFuncLoad. Every
+// function the guest holds was looked up by name in one of its modules, so
+// the name comes from the worker's own books.
+CUresult Worker::on_FuncMisc(Call& c) {
+  const auto r = c.req<ReqFuncMisc>();
+  FuncEntry* f = funcs_.find(r.function);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  ModuleEntry* m = modules_.find(f->module);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  switch (r.kind) {
+    case kFuncName:
+      for (const auto& [name, h] : m->functions) {
+        if (h != r.function) continue;
+        c.set_reply(RepValue{static_cast<std::int64_t>(name.size())});
+        c.append(name.data(), name.size());
+        return CUDA_SUCCESS;
+      }
+      return CUDA_ERROR_INVALID_HANDLE;
+    case kFuncModule: c.set_reply(RepValue{static_cast<std::int64_t>(f->module)}); return CUDA_SUCCESS;
+    case kFuncIsLoaded: {
+      if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+      CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_UNLOADED;
+      const CUresult st = cu_.cuFuncIsLoaded(&state, f->real);
+      c.set_reply(RepValue{static_cast<std::int64_t>(state)});
+      return st;
+    }
+    case kFuncLoad:
+      if (CUresult st = use_ctx(m->ctx); st != CUDA_SUCCESS) return st;
+      return cu_.cuFuncLoad(f->real);
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
 }  // namespace ivcuda::host

@@ -154,6 +154,7 @@ enum class HandleKind : u8 {
   X(StreamMemOps, ReqStreamMemOps, RepNone, 0)                          \
   X(StreamAttr, ReqStreamAttr, RepStreamAttr, 1)                        \
   X(CtxMisc, ReqCtxMisc, RepValue, 1)                                   \
+  X(FuncMisc, ReqFuncMisc, RepValue, 1)                                 \
   X(MemPoolExport, ReqPoolExport, RepShareToken, 1)                      \
   X(MemPoolImport, ReqPoolImport, RepHandle, 1)                          \
   X(MemPoolExportPtr, ReqPoolPtr, RepIpcHandle, 1)                       \
@@ -542,6 +543,17 @@ struct ReqStreamWaitEvent {
   u64 stream;
   u64 event;
   u32 flags;
+  u32 reserved;
+};
+// A function's name (the reply's value is its length, the bytes follow),
+// its module (the value), whether it is loaded, or loading it.
+inline constexpr u32 kFuncName = 0;
+inline constexpr u32 kFuncModule = 1;
+inline constexpr u32 kFuncIsLoaded = 2;
+inline constexpr u32 kFuncLoad = 3;
+struct ReqFuncMisc {
+  u64 function;
+  u32 kind;
   u32 reserved;
 };
 // A context's flags and cache configuration, the persisting-L2
@@ -1246,6 +1258,7 @@ static_assert(sizeof(MemOp) == 24);
 static_assert(sizeof(ReqStreamMemOps) == 32);
 static_assert(sizeof(ReqStreamAttr) == 96);
 static_assert(sizeof(ReqCtxMisc) == 24);
+static_assert(sizeof(ReqFuncMisc) == 16);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

@@ -338,6 +338,24 @@ CUresult CUDAAPI cuFuncGetModule(CUmodule* hmod, CUfunction hfunc) {
   });
 }
 
+// The double loads every function with its module: each is always loaded.
+CUresult CUDAAPI cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction hfunc) {
+  return guarded([&](State& s) -> CUresult {
+    if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    FunctionRef r;
+    if (const CUresult e = lookup_function(s, hfunc, &r); e != CUDA_SUCCESS) return e;
+    *state = CU_FUNCTION_LOADING_STATE_LOADED;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuFuncLoad(CUfunction hfunc) {
+  return guarded([&](State& s) -> CUresult {
+    FunctionRef r;
+    return lookup_function(s, hfunc, &r);
+  });
+}
+
 CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunction hfunc) {
   return guarded([&](State& s) -> CUresult {
     if (pi == nullptr || attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_MAX)

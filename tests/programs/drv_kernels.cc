@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <fstream>
 #include <iterator>
+#include <string>
 
 #include "check.h"
 
@@ -33,6 +34,18 @@ void kernels(CUmodule m) {
   OK(cuModuleGetFunction(&addc, m, "ivc_add_const"));
   CUfunction none;
   EXPECT_RES(CUDA_ERROR_NOT_FOUND, cuModuleGetFunction(&none, m, "no_such_kernel"));
+  // A function's name, module and loading state (cudaFuncGetName, lazy loading).
+  const char* fname = nullptr;
+  OK(cuFuncGetName(&fname, scale));
+  EXPECT(fname != nullptr && std::string(fname) == "ivc_scale_struct");
+  CUmodule fmod = nullptr;
+  OK(cuFuncGetModule(&fmod, add));
+  EXPECT(fmod == m);
+  OK(cuFuncLoad(add));
+  CUfunctionLoadingState loaded = CU_FUNCTION_LOADING_STATE_UNLOADED;
+  OK(cuFuncIsLoaded(&loaded, add));
+  std::printf("function %s: loaded after cuFuncLoad %d\n", fname != nullptr ? fname : "?",
+              loaded == CU_FUNCTION_LOADING_STATE_LOADED);
 
   size_t off = 0, size = 0;
   OK(cuFuncGetParamInfo(scale, 0, &off, &size));

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <string>
+
 #include "check.h"
 
 namespace {
@@ -136,6 +138,14 @@ int main(int argc, char** argv) {
   std::vector<CUkernel> all(count);
   OK(cuLibraryEnumerateKernels(all.data(), count, lib));
   EXPECT(std::find(all.begin(), all.end(), add) != all.end());
+  // Every enumerated kernel has its name.
+  std::vector<std::string> names;
+  for (CUkernel k : all) {
+    const char* kn = nullptr;
+    OK(cuKernelGetName(&kn, k));
+    if (kn != nullptr) names.emplace_back(kn);
+  }
+  EXPECT(names.size() == all.size() && std::find(names.begin(), names.end(), "ivc_vec_add") != names.end());
 
   const int n = 1000;
   std::vector<float> a(n), b(n), c(n);
