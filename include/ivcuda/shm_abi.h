@@ -27,7 +27,9 @@ inline constexpr std::uint32_t kCacheLine = 64;
 inline constexpr std::uint64_t kMagic = 0x0100414455435649ull;
 inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 1: ChannelDesc::staging_done (pipelined pageable copies).
-inline constexpr std::uint16_t kAbiMinor = 1;
+// Minor 2: ChannelDesc::guest_claim and host_lost, Superblock exit notices
+// (a worker per guest process in a VM).
+inline constexpr std::uint16_t kAbiMinor = 2;
 
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
@@ -85,8 +87,19 @@ struct Superblock {
   std::uint64_t host_heartbeat;      // host: bumped by the worker loop (liveness)
   std::uint64_t reserved5[6];        // zero
 
-  std::uint8_t reserved_page[4096 - 4 * kCacheLine];  // zero; room to grow
+  // Lines 4-5: process exits, written by the guest's kernel driver
+  // (uio-driver/): when a process that had the device open exits, the
+  // driver writes its pid (as the process saw it: getpid()) into
+  // exit_pid[exit_count % kExitSlots], bumps exit_count (release) and rings
+  // the host. The host reclaims what that process held. Read by the host
+  // only as a hint about the guest's own processes.
+  std::uint32_t exit_count;          // guest kernel: notices written, free-running
+  std::uint32_t reserved6;           // zero
+  std::uint32_t exit_pid[30];        // guest kernel: ring of exited pids
+
+  std::uint8_t reserved_page[4096 - 6 * kCacheLine];  // zero; room to grow
 };
+inline constexpr std::uint32_t kExitSlots = 30;
 
 // ---------------------------------------------------------------------------
 // Channel descriptors, at channel_table_off: one per channel.
@@ -99,8 +112,10 @@ struct ChannelDesc {
   // the host reads nothing from this line that it acts on except as a hint.
   std::uint32_t guest_state;         // guest: kChanFree / kChanClaimed (CAS)
   std::uint32_t guest_vector;        // guest: doorbell vector the guest waits on
-  std::uint64_t guest_owner;         // guest: opaque owner id (pid << 32 | tid)
-  std::uint64_t reserved0[6];        // zero
+  std::uint64_t guest_owner;         // guest: owner id (pid << 32 | tid); the host
+                                     // gives the channel to that process's worker
+  std::uint64_t guest_claim;         // guest: bumped at every claim (a new owner)
+  std::uint64_t reserved0[5];        // zero
 
   // Line 1: host-written.
   std::uint64_t staging_off;         // host: arena offset of this channel's staging
@@ -111,7 +126,10 @@ struct ChannelDesc {
   // its DMA is done) or read (DtoH: the data is there), failed or not.
   // Free-running; the guest compares differences only.
   std::uint64_t staging_done;
-  std::uint64_t reserved1[5];        // zero
+  // host: nonzero once the worker serving this channel is gone (it died);
+  // the guest stops waiting for replies here (CUDA_ERROR_DEVICE_UNAVAILABLE).
+  std::uint64_t host_lost;
+  std::uint64_t reserved1[4];        // zero
 };
 
 // ---------------------------------------------------------------------------
@@ -185,18 +203,23 @@ IVCUDA_ABI_FIELD(Superblock, host_sleeping, 192, 4);
 IVCUDA_ABI_FIELD(Superblock, reserved4, 196, 4);
 IVCUDA_ABI_FIELD(Superblock, host_heartbeat, 200, 8);
 IVCUDA_ABI_FIELD(Superblock, reserved5, 208, 48);
-IVCUDA_ABI_FIELD(Superblock, reserved_page, 256, 3840);
+IVCUDA_ABI_FIELD(Superblock, exit_count, 256, 4);
+IVCUDA_ABI_FIELD(Superblock, reserved6, 260, 4);
+IVCUDA_ABI_FIELD(Superblock, exit_pid, 264, 120);
+IVCUDA_ABI_FIELD(Superblock, reserved_page, 384, 3712);
 static_assert(sizeof(Superblock) == 4096);
 
 static_assert(std::is_standard_layout_v<ChannelDesc>);
 IVCUDA_ABI_FIELD(ChannelDesc, guest_state, 0, 4);
 IVCUDA_ABI_FIELD(ChannelDesc, guest_vector, 4, 4);
 IVCUDA_ABI_FIELD(ChannelDesc, guest_owner, 8, 8);
-IVCUDA_ABI_FIELD(ChannelDesc, reserved0, 16, 48);
+IVCUDA_ABI_FIELD(ChannelDesc, guest_claim, 16, 8);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved0, 24, 40);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_off, 64, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_size, 72, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_done, 80, 8);
-IVCUDA_ABI_FIELD(ChannelDesc, reserved1, 88, 40);
+IVCUDA_ABI_FIELD(ChannelDesc, host_lost, 88, 8);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved1, 96, 32);
 static_assert(sizeof(ChannelDesc) == 2 * kCacheLine);
 
 static_assert(std::is_standard_layout_v<RingCtl>);
