@@ -2,8 +2,12 @@
 //   bits 56..63 kind, 32..55 generation, 0..31 slot index.
 // A handle is valid only if its kind matches, its slot is live and the
 // generations agree, so a stale or forged handle is refused rather than
-// aliasing another object.
+// aliasing another object. Generations start at a random value per table,
+// so a handle one worker issued is refused by another (a process of a VM
+// that got another process's handle values finds nothing with them).
 #pragma once
+
+#include <sys/random.h>
 
 #include <cstdint>
 #include <optional>
@@ -24,7 +28,9 @@ constexpr proto::HandleKind handle_kind(std::uint64_t h) {
 template <class T>
 class HandleTable {
  public:
-  explicit HandleTable(proto::HandleKind kind) : kind_(kind) {}
+  explicit HandleTable(proto::HandleKind kind) : kind_(kind) {
+    if (::getrandom(&gen_seed_, sizeof gen_seed_, 0) != sizeof gen_seed_) gen_seed_ = 0;
+  }
 
   std::uint64_t insert(T value) {
     std::uint32_t idx;
@@ -34,6 +40,7 @@ class HandleTable {
     } else {
       idx = static_cast<std::uint32_t>(slots_.size());
       slots_.push_back({});
+      slots_.back().gen = (gen_seed_ + idx * 0x9e3779b1u) & 0xffffffu;
     }
     Slot& s = slots_[idx];
     s.gen = (s.gen + 1) & 0xffffffu;
@@ -76,6 +83,7 @@ class HandleTable {
     std::optional<T> value;
   };
   proto::HandleKind kind_;
+  std::uint32_t gen_seed_ = 0;
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_;
   std::size_t live_ = 0;
