@@ -11,7 +11,7 @@ namespace ivcuda::host {
 
 namespace {
 
-enum : std::uint32_t { kDeposit = 1, kFetch = 2 };
+enum : std::uint32_t { kDeposit = 1, kFetch = 2, kNewLine = 3 };
 
 // One message each way; a deposit request and a successful fetch answer
 // carry one fd.
@@ -113,6 +113,17 @@ Result<std::pair<sys::UniqueFd, std::uint64_t>> BrokerClient::fetch(const Broker
   return std::pair<sys::UniqueFd, std::uint64_t>{std::move(ans.second), ans.first.value};
 }
 
+Result<sys::UniqueFd> BrokerClient::new_line() {
+  if (!fd_.valid()) return make_error(ENOTCONN, "fd broker: not connected");
+  Msg m;
+  m.op = kNewLine;
+  IVCUDA_TRY(send_msg(fd_.get(), m, -1, 0));
+  IVCUDA_TRY_ASSIGN(auto ans, recv_msg(fd_.get()));
+  if (ans.first.status != 0) return make_error(static_cast<int>(ans.first.status), "fd broker: no new line");
+  if (!ans.second.valid()) return make_error(EPROTO, "fd broker: answer without an fd");
+  return std::move(ans.second);
+}
+
 Result<sys::UniqueFd> FdBroker::add_worker(std::uint32_t tenant) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
@@ -165,7 +176,19 @@ void FdBroker::serve(int fd) {
   Msg ans;
   ans.op = m.op;
   int give = -1;
-  if (m.op == kDeposit && passed.valid()) {
+  sys::UniqueFd line;  // kNewLine: the new line's far end, sent with the answer
+  if (m.op == kNewLine && !passed.valid()) {
+    // A VM's supervisor asks one line per worker it starts, for the same
+    // tenant. Lines are bounded per tenant: each costs the daemon an fd.
+    if (t.workers >= kMaxLinesPerTenant) {
+      ans.status = EMFILE;
+    } else if (auto far = add_worker(end->second.second); far) {
+      line = std::move(*far);
+      give = line.get();
+    } else {
+      ans.status = static_cast<std::uint32_t>(far.error().code);
+    }
+  } else if (m.op == kDeposit && passed.valid()) {
     if (t.by_token.count(m.token) != 0) {
       ans.status = EEXIST;
     } else if (total_ >= kMaxDeposits && t.order.empty()) {

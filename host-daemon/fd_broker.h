@@ -41,12 +41,17 @@ class BrokerClient {
   BrokerClient() = default;
   explicit BrokerClient(int fd) : fd_(fd) {}
   bool connected() const noexcept { return fd_.valid(); }
+  // Gives up the line (to hand it to a worker that runs in this process).
+  int release() noexcept { return fd_.release(); }
   // Leaves a dup of `fd` with the daemon under `token`, with a value the
   // fetcher gets back (the allocation's size).
   Result<void> deposit(const BrokerToken& token, int fd, std::uint64_t value);
   // A dup of the fd deposited under `token` by a worker of this tenant, and
   // its value. ENOENT: no such deposit.
   Result<std::pair<sys::UniqueFd, std::uint64_t>> fetch(const BrokerToken& token);
+  // A line of its own for another worker of the same tenant (a VM's
+  // supervisor gives one to each process's worker).
+  Result<sys::UniqueFd> new_line();
 
  private:
   sys::UniqueFd fd_;
@@ -57,6 +62,7 @@ class FdBroker {
  public:
   static constexpr std::size_t kMaxDepositsPerTenant = 1024;
   static constexpr std::size_t kMaxDeposits = 8192;
+  static constexpr std::size_t kMaxLinesPerTenant = 4096;
 
   // A socket pair for a new worker of `tenant`: the daemon keeps one end,
   // the returned end is the worker's (to hand to BrokerClient after fork).

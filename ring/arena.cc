@@ -32,6 +32,22 @@ std::optional<std::uint64_t> ArenaAllocator::allocate(std::uint64_t bytes) {
   return std::nullopt;
 }
 
+bool ArenaAllocator::take(std::uint64_t off, std::uint64_t bytes) {
+  if (bytes == 0 || off < base_ || (off - base_) % granule_ != 0) return false;
+  const std::uint64_t need = (bytes + granule_ - 1) / granule_ * granule_;
+  auto it = free_.upper_bound(off);
+  if (it == free_.begin()) return false;
+  --it;
+  const std::uint64_t start = it->first, len = it->second;
+  if (!span_within(off, need, start, len)) return false;
+  free_.erase(it);
+  if (off > start) free_.emplace(start, off - start);
+  if (off + need < start + len) free_.emplace(off + need, start + len - off - need);
+  used_.emplace(off, need);
+  free_bytes_ -= need;
+  return true;
+}
+
 bool ArenaAllocator::free(std::uint64_t off) {
   auto u = used_.find(off);
   if (u == used_.end()) return false;

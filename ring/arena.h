@@ -16,6 +16,9 @@ class ArenaAllocator {
 
   // First fit, granule-aligned. nullopt when nothing fits.
   [[nodiscard]] std::optional<std::uint64_t> allocate(std::uint64_t bytes);
+  // Records [off, off + bytes) (granule-rounded) as allocated, when all of
+  // it is free: for a pool whose space another party hands out.
+  [[nodiscard]] bool take(std::uint64_t off, std::uint64_t bytes);
   // Frees the allocation that starts at off. False if off starts none.
   [[nodiscard]] bool free(std::uint64_t off);
   // The allocation containing [off, off + len), as {start, size}.
