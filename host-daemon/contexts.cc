@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
 
 namespace ivcuda::host {
@@ -17,6 +18,17 @@ CUresult Worker::on_Hello(Call& c) {
     IVLOG_ERROR("guest %u speaks protocol %u, this daemon %u", cfg_.guest_id, r.proto_version,
                 kProtoVersion);
     return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // A VM's worker serves one guest process: a hello from another process on
+  // one of its channels is somebody using a channel that is not theirs.
+  if (cfg_.vm != nullptr) {
+    const std::int32_t mine = cfg_.vm->slot(cfg_.vm_slot).guest_pid.load();
+    if (static_cast<std::int32_t>(r.pid) != mine) {
+      if (errors_logged_++ < 100)
+        IVLOG_WARN("guest %u channel %u: process %u says hello on a channel of process %d; refused", cfg_.guest_id,
+                   c.ch.index, r.pid, mine);
+      return CUDA_ERROR_NOT_PERMITTED;
+    }
   }
   RepHello rep{};
   rep.proto_version = kProtoVersion;
@@ -36,7 +48,12 @@ CUresult Worker::on_Hello(Call& c) {
   return CUDA_SUCCESS;
 }
 
-CUresult Worker::on_Goodbye(Call&) { return CUDA_SUCCESS; }
+// A process lets a channel go (at exit). In a VM the channel returns to the
+// supervisor once this is answered (serve_once).
+CUresult Worker::on_Goodbye(Call& c) {
+  if (cfg_.vm != nullptr) c.ch.detach = true;
+  return CUDA_SUCCESS;
+}
 
 CUresult Worker::on_Flush(Call&) { return CUDA_SUCCESS; }
 

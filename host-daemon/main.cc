@@ -25,6 +25,7 @@
 
 #include "host-daemon/log.h"
 #include "host-daemon/tenant_share.h"
+#include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker.h"
 #include "ring/ivshmem.h"
 #include "ring/layout.h"
@@ -77,6 +78,7 @@ struct Options {
   std::string join;
   std::vector<std::string> guest_sockets;  // SOCKET=GPUS
   std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
+  std::uint32_t vm_spares = 1;
 };
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
@@ -135,14 +137,17 @@ ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, s
   return {};
 }
 
-// The worker: runs in a child process with the guest's resources only.
+// The connection's process: a VM's supervisor with a worker per guest
+// process, or, when the peer is the CUDA program itself, its one worker
+// (host-daemon/vm_supervisor.h).
 int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
                std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd, int broker_fd,
-               ivcuda::host::TenantShare* share) {
+               ivcuda::host::TenantShare* share, pid_t peer_pid) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   keep_only_share(share);
-  ivcuda::host::WorkerConfig cfg;
+  ivcuda::host::SupervisorConfig sc;
+  ivcuda::host::WorkerConfig& cfg = sc.worker;
   cfg.share = share;
   cfg.guest_id = static_cast<std::uint32_t>(g.peer_id);
   cfg.shm_fd = shm_fd;
@@ -155,22 +160,17 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   cfg.devices = gpus;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.broker_fd = broker_fd;
-  auto w = ivcuda::host::Worker::create(std::move(cfg));
-  if (!w) {
-    IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(g.peer_id), w.error().what.c_str());
-    return 2;
-  }
-  g_worker = w->get();
-  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
-  const int rc = (*w)->run();
-  g_worker = nullptr;
-  return rc;
+  sc.peer_pid = peer_pid;
+  sc.spares = o.vm_spares;
+  sc.running = &g_worker;
+  return ivcuda::host::run_supervisor(std::move(sc), &g_stop);
 }
 
 // Creates and formats an ivshmem-plain memory file and forks its worker.
 pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
                          std::uint64_t generation, const std::string& path, std::int64_t id,
-                         const std::vector<int>& listen_fds, ivcuda::host::TenantShare* share) {
+                         const std::vector<int>& listen_fds, ivcuda::host::TenantShare* share,
+                         ivcuda::host::FdBroker& broker) {
   ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
     IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
@@ -184,6 +184,9 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   auto host_efd = ivcuda::sys::make_eventfd(true);
   auto guest_efd = ivcuda::sys::make_eventfd(true);
   if (!host_efd || !guest_efd) return -1;
+  // The file's guest is a tenant of its own; its processes' workers pass
+  // exported allocations through the broker.
+  auto broker_end = broker.add_worker(static_cast<std::uint32_t>(id));
   const pid_t pid = ::fork();
   if (pid != 0) {
     if (pid > 0) IVLOG_INFO("ivshmem-plain guest %lld on %s; worker pid %d", static_cast<long long>(id), path.c_str(),
@@ -191,9 +194,11 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
     return pid;
   }
   for (const int lfd : listen_fds) ::close(lfd);
+  broker.close_in_child();
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   keep_only_share(share);
-  ivcuda::host::WorkerConfig cfg;
+  ivcuda::host::SupervisorConfig sc;
+  ivcuda::host::WorkerConfig& cfg = sc.worker;
   cfg.share = share;
   cfg.guest_id = static_cast<std::uint32_t>(id);
   cfg.shm_fd = fd.get();
@@ -206,14 +211,10 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.poll_only = true;
   cfg.poll_interval = std::chrono::microseconds(o.poll_us);
-  auto w = ivcuda::host::Worker::create(std::move(cfg));
-  if (!w) {
-    IVLOG_ERROR("ivshmem-plain guest %lld: cannot start: %s", static_cast<long long>(id), w.error().what.c_str());
-    ::_exit(2);
-  }
-  g_worker = w->get();
-  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
-  ::_exit((*w)->run());
+  cfg.broker_fd = broker_end ? broker_end->release() : -1;
+  sc.spares = o.vm_spares;
+  sc.running = &g_worker;
+  ::_exit(ivcuda::host::run_supervisor(std::move(sc), &g_stop));
 }
 
 // --join: we are one peer of somebody else's ivshmem-server. Its memory is
@@ -378,6 +379,10 @@ int main(int argc, char** argv) {
                  "objects (CUDA IPC memory and event handles) one tenant may have exported at once")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  app.add_option("--vm-spare-workers", o.vm_spares,
+                 "workers kept started per VM for its next CUDA process (each holds a context per GPU)")
+      ->check(CLI::Range(0u, 8u))
+      ->capture_default_str();
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
@@ -488,7 +493,7 @@ int main(int argc, char** argv) {
     plain_shares.push_back(make_share(o.share_slots));
     if (!plain_shares.back()) return 1;
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
-                                         listen_fds, plain_shares.back().get());
+                                         listen_fds, plain_shares.back().get(), broker);
     if (pid < 0) return 1;
     workers[pid] = Served{id, ::getuid(), plain_shares.back().get()};
   }
@@ -580,7 +585,7 @@ int main(int argc, char** argv) {
         for (const auto& other : listeners) ::close(other.server.listen_fd());
         broker.close_in_child();
         const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get(),
-                                  broker_end ? broker_end->release() : -1, l.share.get());
+                                  broker_end ? broker_end->release() : -1, l.share.get(), cred.pid);
         ::_exit(rc);
       }
       workers[pid] = Served{id, cred.uid, l.share.get()};

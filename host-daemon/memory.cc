@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
 
@@ -231,7 +232,18 @@ CUresult Worker::on_Memcpy2D(Call& c) {
 CUresult Worker::on_HostAlloc(Call& c) {
   const auto r = c.req<ReqHostAlloc>();
   if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  const auto off = pool_.allocate(r.bytes);
+  std::optional<std::uint64_t> off;
+  if (cfg_.vm != nullptr) {
+    // The VM's processes share the pool: the pages come from the VM's
+    // books, and this worker's own map remembers what it holds.
+    off = cfg_.vm->pool_allocate(r.bytes, cfg_.vm_slot);
+    if (off && !pool_.take(*off, r.bytes)) {
+      (void)cfg_.vm->pool_free(*off, r.bytes, cfg_.vm_slot);
+      off.reset();
+    }
+  } else {
+    off = pool_.allocate(r.bytes);
+  }
   if (!off) return CUDA_ERROR_OUT_OF_MEMORY;
   c.set_reply(RepHostAlloc{*off, arena_dev_ + (*off - l_.arena_off)});
   return CUDA_SUCCESS;
@@ -239,7 +251,10 @@ CUresult Worker::on_HostAlloc(Call& c) {
 
 CUresult Worker::on_HostFree(Call& c) {
   const auto r = c.req<ReqArenaOff>();
-  return pool_.free(r.arena_off) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  const auto b = pool_.find(r.arena_off, 1);
+  if (!b || b->off != r.arena_off || !pool_.free(r.arena_off)) return CUDA_ERROR_INVALID_VALUE;
+  if (cfg_.vm != nullptr) (void)cfg_.vm->pool_free(b->off, b->size, cfg_.vm_slot);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace ivcuda::host

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
 
@@ -246,6 +247,19 @@ void Worker::post_error(CUresult st, const char* op) noexcept {
 
 void Worker::attach_channels() {
   auto* sb = ring::superblock(bar_.data());
+  // A VM's per-process worker serves the channels the supervisor gave it,
+  // rescanned only when the owners change.
+  VmShared* vm = cfg_.vm;
+  if (vm != nullptr) {
+    const std::uint32_t v = vm->version().load(std::memory_order_acquire);
+    if (v == vm_version_) return;
+    vm_version_ = v;
+    for (std::uint32_t c = 0; c < l_.channels; ++c)
+      if (channels_[c] && vm->owner(c).load() != cfg_.vm_slot + 1) {
+        IVLOG_DEBUG("guest %u: channel %u is no longer ours", cfg_.guest_id, c);
+        channels_[c].reset();
+      }
+  }
   for (std::uint32_t w = 0; w < abi::kChannelMaskWords; ++w) {
     // The guest sets a bit after making the channel usable; a bogus bit only
     // makes us look at a ring whose contents are validated anyway.
@@ -254,6 +268,7 @@ void Worker::attach_channels() {
       const std::uint32_t c = w * 64 + static_cast<std::uint32_t>(__builtin_ctzll(bits));
       bits &= bits - 1;
       if (c >= l_.channels || channels_[c]) continue;
+      if (vm != nullptr && vm->owner(c).load() != cfg_.vm_slot + 1) continue;
       auto ch = std::make_unique<Channel>();
       ch->index = c;
       const auto desc = ring::copy_out<abi::ChannelDesc>(ring::channel_desc(bar_.data(), l_, c));
@@ -262,8 +277,28 @@ void Worker::attach_channels() {
       ch->req = ring::Consumer(ring::request_ring(bar_.data(), l_, c));
       ch->cpl = ring::Producer(ring::completion_ring(bar_.data(), l_, c), ch->bell.get());
       channels_[c] = std::move(ch);
+      vm_had_channels_ = true;
       IVLOG_DEBUG("guest %u attached channel %u (vector %u)", cfg_.guest_id, c, vec);
     }
+  }
+}
+
+// A VM process said goodbye on `ch` (it exits, or lets the channel go): the
+// answer is out, so the channel goes back to the supervisor, and the worker
+// ends with its process's last channel.
+void Worker::vm_detach(Channel& ch) {
+  const std::uint32_t c = ch.index;
+  ch.req.publish_head();
+  std::uint32_t mine = cfg_.vm_slot + 1;
+  cfg_.vm->owner(c).compare_exchange_strong(mine, 0);
+  cfg_.vm->version().fetch_add(1, std::memory_order_acq_rel);
+  channels_[c].reset();
+  const std::uint64_t one = 1;
+  if (cfg_.vm_notify_fd >= 0) (void)!::write(cfg_.vm_notify_fd, &one, sizeof one);
+  const bool any = std::any_of(channels_.begin(), channels_.end(), [](const auto& p) { return p != nullptr; });
+  if (!any && vm_had_channels_) {
+    IVLOG_INFO("guest %u: the process said goodbye on its last channel", cfg_.guest_id);
+    stop_ = true;
   }
 }
 
@@ -439,6 +474,10 @@ int Worker::serve_once() {
     handle(*best, best_rec);
     best->req.consume();
     ++handled;
+    if (best->detach) {
+      vm_detach(*best);
+      continue;
+    }
     if ((handled & 31) == 0) best->req.publish_head();
   }
   for (auto& chp : channels_)
@@ -473,10 +512,15 @@ void Worker::sleep_until_work() {
     if (!chp || chp->dead) continue;
     if (!chp->req.prepare_sleep()) work = true;  // [F1] inside prepare_sleep
   }
-  std::uint64_t mask_now[abi::kChannelMaskWords];
-  for (std::uint32_t w = 0; w < abi::kChannelMaskWords; ++w) mask_now[w] = ring::load_acquire(sb->active_mask[w]);
-  for (std::uint32_t c = 0; c < l_.channels && !work; ++c)
-    if ((mask_now[c / 64] >> (c % 64) & 1) && !channels_[c]) work = true;  // a new channel
+  if (cfg_.vm != nullptr) {
+    // The supervisor gave us a channel (it also kicks our eventfd).
+    if (cfg_.vm->version().load(std::memory_order_acquire) != vm_version_) work = true;
+  } else {
+    std::uint64_t mask_now[abi::kChannelMaskWords];
+    for (std::uint32_t w = 0; w < abi::kChannelMaskWords; ++w) mask_now[w] = ring::load_acquire(sb->active_mask[w]);
+    for (std::uint32_t c = 0; c < l_.channels && !work; ++c)
+      if ((mask_now[c / 64] >> (c % 64) & 1) && !channels_[c]) work = true;  // a new channel
+  }
   if (!work) {
     if (cfg_.poll_only) {
       ::usleep(static_cast<useconds_t>(cfg_.poll_interval.count()));

@@ -50,6 +50,8 @@ struct TileBox {
 };
 using TileMaps = std::map<TileKey, std::vector<TileBox>>;
 
+class VmShared;
+
 struct WorkerConfig {
   std::uint32_t guest_id = 0;
   int shm_fd = -1;                 // borrowed; the worker maps it
@@ -77,6 +79,14 @@ struct WorkerConfig {
   // between the tenant's workers); -1: none, only this worker's own
   // exports can be imported. Owned by the worker.
   int broker_fd = -1;
+  // A VM's per-process worker (vm_supervisor.h): serves only the channels
+  // the supervisor gives slot `vm_slot`, takes page-locked memory from the
+  // VM's shared pool, and wakes the supervisor through `vm_notify_fd` when
+  // it lets a channel go. Null: the worker serves every channel (one
+  // process, or one guest).
+  VmShared* vm = nullptr;
+  std::uint32_t vm_slot = 0;
+  int vm_notify_fd = -1;
 };
 
 class Worker {
@@ -351,6 +361,11 @@ class Worker {
   ring::Layout l_;
   std::unique_ptr<UringWaiter> waiter_;
   std::vector<std::unique_ptr<Channel>> channels_;
+  // A VM's per-process worker: the owners' version last scanned, and
+  // whether it has served a channel yet (it ends when its last one goes).
+  std::uint32_t vm_version_ = ~0u;
+  bool vm_had_channels_ = false;
+  void vm_detach(Channel& ch);
   std::vector<CUdevice> devices_;  // guest ordinal -> driver device
   CUcontext current_ = nullptr;
   CUcontext arena_ctx_ = nullptr;

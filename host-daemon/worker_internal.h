@@ -22,6 +22,7 @@ struct Worker::Channel {
   ring::Producer cpl;
   std::unique_ptr<ring::EventfdDoorbell> bell;
   bool dead = false;
+  bool detach = false;  // a VM process's goodbye: the channel goes once answered
   // The capture mode of the guest thread on this channel
   // (cuThreadExchangeStreamCaptureMode): the worker's thread takes it on
   // before it serves the channel's requests.
