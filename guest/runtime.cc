@@ -111,6 +111,9 @@ class Channel {
     ring::store_relaxed(d->guest_vector, vector_);
     ring::store_relaxed(d->guest_owner, (std::uint64_t{static_cast<std::uint32_t>(::getpid())} << 32) |
                                             static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+    // A new claim: in a VM the host gives the channel to this process's
+    // worker (the release of the mask bit below publishes both).
+    ring::store_relaxed(d->guest_claim, ring::load_relaxed(d->guest_claim) + 1);
     waiter_ = rt.make_waiter(vector_);
     req_ = ring::Producer(ring::request_ring(bar, l, index), rt.host_bell_.get());
     cpl_ = ring::Consumer(ring::completion_ring(bar, l, index));
@@ -125,12 +128,6 @@ class Channel {
   std::mutex mu;
   // The capture mode the host holds for this channel (guarded by mu).
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-
-  // Waits (boundedly) until the host consumed everything posted here.
-  void drain(std::chrono::milliseconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (!req_.drained() && !req_.corrupt() && std::chrono::steady_clock::now() < until) ::usleep(100);
-  }
 
   CUresult exchange(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
                     void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait) {
@@ -172,7 +169,14 @@ class Channel {
   }
 
  private:
-  bool host_gone() { return rt_.host_gone(); }
+  bool host_gone() {
+    // In a VM each process has a worker of its own, which can die alone.
+    if (ring::load_acquire(ring::channel_desc(rt_.bar(), rt_.layout_, index_)->host_lost) != 0) {
+      rt_.mark_dead("the worker serving this process is gone");
+      return true;
+    }
+    return rt_.host_gone();
+  }
 
   // Calls that wait for the GPU: like the native driver's default scheduling
   // (spin, yielding, while there are cores), a waiting thread keeps polling
@@ -302,7 +306,6 @@ Channel* Runtime::channel() {
       if (std::atomic_ref<std::uint32_t>(d->guest_state)
               .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
         mine = std::make_unique<Channel>(*this, c);
-        all_channels_.push_back(mine.get());
         break;
       }
     }
@@ -322,6 +325,9 @@ Channel* Runtime::channel() {
 CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
                            void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait) {
   if (dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+  // A fork child of a VM process has none of its parent's BAR (MADV_DONTFORK):
+  // CUDA does not carry over a fork either.
+  if (vm_mode_ && ::getpid() != pid_) return CUDA_ERROR_NOT_INITIALIZED;
   Channel* ch = channel();
   if (ch == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lk(ch->mu);
@@ -406,11 +412,11 @@ CUresult Runtime::connect() {
     if (std::atomic_ref<std::uint32_t>(d->guest_state)
             .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
       overflow_ = std::make_unique<Channel>(*this, last);
-      all_channels_.push_back(overflow_.get());
     }
   }
   proto::ReqHello h{};
   h.proto_version = proto::kProtoVersion;
+  pid_ = ::getpid();
   h.pid = static_cast<std::uint32_t>(::getpid());
   h.ppid = static_cast<std::uint32_t>(::getppid());
   st = call<proto::Op::kHello>(h, {}, &hello_);
@@ -422,9 +428,10 @@ CUresult Runtime::connect() {
   map_identity_alias();
   st = apply_visible_devices();
   if (st != CUDA_SUCCESS) return st;
-  if (vm_mode_) std::atexit([] {
-      if (g_runtime != nullptr) g_runtime->release_channels();
-    });
+  // In a VM the channels stay this process's until it has exited: calls
+  // made at exit (cudart's and the libraries' teardown) still need them. The
+  // guest's kernel driver tells the host when the process is gone, and the
+  // host frees the channels then (host-daemon/vm_supervisor.h).
   return CUDA_SUCCESS;
 }
 
@@ -488,9 +495,38 @@ class UioDoorbell final : public ring::Doorbell {
 // Each channel opens its vector's /dev/uioN itself: UIO keeps the event
 // count per open file, so threads sharing a vector do not eat each other's
 // wake-ups.
+// The VM's device files this process holds open, so that a fork child can
+// let go of them (uio_forget_in_child): the guest's kernel driver reports a
+// process's exit to the host when its last device file closes, and a fork
+// child must not keep its parent's open.
+constexpr int kUioFdSlots = 512;
+std::atomic<int> g_uio_fds[kUioFdSlots];
+void uio_fd_track(int fd, bool add) {
+  for (auto& slot : g_uio_fds) {
+    int expect = add ? 0 : fd + 1;
+    if (slot.compare_exchange_strong(expect, add ? fd + 1 : 0)) return;
+  }
+}
+// pthread_atfork child handler (async-signal-safe calls only): the numbers
+// stay taken (by /dev/null), so the owners' later close() closes nothing else.
+void uio_forget_in_child() {
+  const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null < 0) return;
+  for (auto& slot : g_uio_fds)
+    if (const int v = slot.load(); v > 0) ::dup3(null, v - 1, O_CLOEXEC);
+  ::close(null);
+}
+
 class UioWaiter final : public ring::Waiter {
  public:
-  explicit UioWaiter(sys::UniqueFd fd) : fd_(std::move(fd)) {}
+  explicit UioWaiter(sys::UniqueFd fd) : fd_(std::move(fd)) {
+    if (fd_.valid()) uio_fd_track(fd_.get(), true);
+  }
+  ~UioWaiter() override {
+    if (fd_.valid()) uio_fd_track(fd_.get(), false);
+  }
+  UioWaiter(const UioWaiter&) = delete;
+  UioWaiter& operator=(const UioWaiter&) = delete;
   void wait(int timeout_ms) noexcept override {
     if (!sys::wait_readable(fd_.get(), timeout_ms)) return;
     std::uint32_t count;
@@ -525,6 +561,12 @@ CUresult Runtime::connect_uio(const std::string& pci) {
   uio_ = std::move(d).value();
   vm_mode_ = true;
   vectors_ = uio_.vectors.size();
+  // A fork child gets neither the BAR's mappings nor our device files (see
+  // uio_forget_in_child): its parent's exit is then the device's last close.
+  (void)::madvise(uio_.shm.data(), uio_.shm.size(), MADV_DONTFORK);
+  (void)::madvise(uio_.regs.data(), uio_.regs.size(), MADV_DONTFORK);
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, uio_forget_in_child); });
   const CUresult st = attach_bar(uio_.shm.data(), uio_.shm.size());
   if (st != CUDA_SUCCESS) return st;
   const auto* sb = ring::superblock(base_);
@@ -583,21 +625,6 @@ bool Runtime::host_gone() noexcept {
     return true;
   }
   return false;
-}
-
-void Runtime::release_channels() noexcept {
-  auto* sb = ring::superblock(base_);
-  for (Channel* ch : all_channels_) {
-    std::unique_lock lk(ch->mu, std::try_to_lock);
-    if (!lk.owns_lock()) continue;  // a thread is still in a call on it
-    ch->drain(std::chrono::milliseconds(1000));
-    const std::uint32_t c = ch->index();
-    std::atomic_ref<std::uint64_t>(sb->active_mask[c / 64])
-        .fetch_and(~(1ull << (c % 64)), std::memory_order_release);
-    std::atomic_ref<std::uint32_t>(ring::channel_desc(base_, layout_, c)->guest_state)
-        .store(abi::kChanFree, std::memory_order_release);
-  }
-  all_channels_.clear();
 }
 
 const proto::RepDeviceInfo* Runtime::worker_device(int w, CUresult* st) {
@@ -797,6 +824,7 @@ void Runtime::map_identity_alias() noexcept {
     return;
   }
   alias_ = reinterpret_cast<std::byte*>(dev);
+  if (vm_mode_) (void)::madvise(want, layout_.arena_size, MADV_DONTFORK);
 }
 
 bool Runtime::in_bar(std::uintptr_t p, std::uint64_t n) const noexcept {

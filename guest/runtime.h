@@ -134,7 +134,6 @@ class Runtime {
   bool vm_mode() const noexcept { return vm_mode_; }
   // Frees this process's channels for other processes (VM mode: the BAR is
   // shared by every process of the guest). Runs at exit.
-  void release_channels() noexcept;
 
  private:
   friend class Channel;
@@ -167,11 +166,11 @@ class Runtime {
   std::uint64_t last_heartbeat_ = 0;
   std::chrono::steady_clock::time_point heartbeat_seen_{};
   std::mutex heartbeat_mu_;
-  std::vector<Channel*> all_channels_;    // every channel this process claimed
   std::mutex va_mu_;
   std::map<std::uint64_t, unsigned> edge_pages_;  // reserved pages shared by allocations
   ring::Layout layout_;
   proto::RepHello hello_{};
+  pid_t pid_ = 0;  // the process that connected
   CUresult apply_visible_devices();
   const proto::RepDeviceInfo* worker_device(int worker_ordinal, CUresult* st);
   std::mutex dev_mu_;
