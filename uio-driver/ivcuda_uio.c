@@ -21,9 +21,16 @@
  * An ivshmem-plain device has no MSI-X: it gets a single "ivcuda-vec0" with
  * the maps and no interrupt (read() fails with EIO).
  *
- * There is no lock of our own: the driver core serialises probe and remove
- * (device_lock), each vector's event counter is UIO's atomic, and an
- * interrupt handler touches only its own vector's uio_info.
+ * When a process that has one of the nodes open exits, the driver tells the
+ * host (ivcudad reclaims that process's worker at once, however the process
+ * ended, SIGKILL included): it writes the pid into the superblock's ring of
+ * exit notices and rings the host. Only a process that exits counts (its
+ * files are released while it has PF_EXITING set); a thread that closes a
+ * file of a live process does not.
+ *
+ * The driver core serialises probe and remove (device_lock), each vector's
+ * event counter is UIO's atomic, and an interrupt handler touches only its
+ * own vector's uio_info. Exit notices take exit_lock.
  */
 
 #include <linux/device.h>
@@ -31,8 +38,12 @@
 #include <linux/kernel.h>
 #include <linux/module.h>
 #include <linux/overflow.h>
+#include <linux/io.h>
 #include <linux/pci.h>
+#include <linux/sched.h>
+#include <linux/sched/signal.h>
 #include <linux/slab.h>
+#include <linux/spinlock.h>
 #include <linux/uio_driver.h>
 
 #define DRIVER_NAME	"ivcuda_uio"
@@ -41,6 +52,19 @@
 #define IVSHMEM_REGS_BAR	0
 #define IVSHMEM_SHMEM_BAR	2
 #define IVSHMEM_REGS_SIZE	16	/* the registers ivcuda uses */
+#define IVSHMEM_DOORBELL	12	/* BAR0 register: peer << 16 | vector */
+
+/*
+ * The superblock fields exit notices use (include/ivcuda/shm_abi.h, which
+ * asserts these offsets): the host's peer id, and the ring of exited pids.
+ */
+#define IVCUDA_SB_MAGIC		0
+#define IVCUDA_MAGIC		0x0100414455435649ULL	/* "IVCUDA" 0x00 0x01 */
+#define IVCUDA_SB_HOST_PEER_ID	40
+#define IVCUDA_SB_EXIT_COUNT	256
+#define IVCUDA_SB_EXIT_PID	264
+#define IVCUDA_EXIT_SLOTS	30
+#define IVCUDA_HOST_VECTOR	0
 
 /*
  * The doorbell register carries the vector in 16 bits, but nobody needs that
@@ -48,8 +72,11 @@
  */
 #define IVCUDA_MAX_VECTORS	64
 
+struct ivcuda_dev;
+
 struct ivcuda_vec {
 	struct uio_info info;
+	struct ivcuda_dev *idev;
 	char name[16];			/* "ivcuda-vec<k>", also the irq name */
 };
 
@@ -57,8 +84,49 @@ struct ivcuda_dev {
 	struct pci_dev *pdev;
 	unsigned int nr_irqs;		/* MSI-X vectors enabled, 0 on ivshmem-plain */
 	unsigned int nr_uio;		/* UIO devices: max(nr_irqs, 1) */
+	void __iomem *regs;		/* BAR0, for the doorbell */
+	void *sb;			/* BAR2's first page: the superblock */
+	spinlock_t exit_lock;
+	pid_t last_exit;		/* the process last reported (its files */
+	u64 last_exit_start;		/* close one by one), and its start time */
 	struct ivcuda_vec vec[];
 };
+
+/*
+ * A node's file is released for the last time. If that happens because its
+ * process exits, tell the host which process it was (the pid it saw from
+ * getpid(), as the guest library reports it).
+ */
+static int ivcuda_release(struct uio_info *info, struct inode *inode)
+{
+	struct ivcuda_vec *v = container_of(info, struct ivcuda_vec, info);
+	struct ivcuda_dev *idev = v->idev;
+	u64 start = current->group_leader->start_time;
+	unsigned long flags;
+	u32 n, peer;
+
+	if (!(current->flags & PF_EXITING) || !idev->sb)
+		return 0;
+	/* Only memory that ivcudad formatted has a ring of notices. */
+	if (READ_ONCE(*(u64 *)(idev->sb + IVCUDA_SB_MAGIC)) != IVCUDA_MAGIC)
+		return 0;
+	spin_lock_irqsave(&idev->exit_lock, flags);
+	if (idev->last_exit != current->tgid || idev->last_exit_start != start) {
+		idev->last_exit = current->tgid;
+		idev->last_exit_start = start;
+		n = READ_ONCE(*(u32 *)(idev->sb + IVCUDA_SB_EXIT_COUNT));
+		WRITE_ONCE(((u32 *)(idev->sb + IVCUDA_SB_EXIT_PID))[n % IVCUDA_EXIT_SLOTS],
+			   (u32)task_tgid_vnr(current));
+		smp_wmb();	/* the pid before the count that publishes it */
+		WRITE_ONCE(*(u32 *)(idev->sb + IVCUDA_SB_EXIT_COUNT), n + 1);
+		peer = READ_ONCE(*(u32 *)(idev->sb + IVCUDA_SB_HOST_PEER_ID));
+		if (idev->nr_irqs && idev->regs)
+			iowrite32((peer << 16) | IVCUDA_HOST_VECTOR,
+				  idev->regs + IVSHMEM_DOORBELL);
+	}
+	spin_unlock_irqrestore(&idev->exit_lock, flags);
+	return 0;
+}
 
 static irqreturn_t ivcuda_irq(int irq, void *arg)
 {
@@ -100,8 +168,10 @@ static int ivcuda_vec_init(struct ivcuda_dev *idev, unsigned int k)
 	int err;
 
 	snprintf(v->name, sizeof(v->name), "ivcuda-vec%u", k);
+	v->idev = idev;
 	v->info.name = v->name;
 	v->info.version = DRIVER_VERSION;
+	v->info.release = ivcuda_release;
 	ivcuda_fill_maps(pdev, &v->info);
 	v->info.irq = idev->nr_irqs ? UIO_IRQ_CUSTOM : UIO_IRQ_NONE;
 
@@ -195,6 +265,17 @@ static int ivcuda_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	idev->pdev = pdev;
 	idev->nr_irqs = nr_irqs;
 	idev->nr_uio = max(nr_irqs, 1U);
+	spin_lock_init(&idev->exit_lock);
+	/*
+	 * Exit notices need the doorbell and the superblock. Without them the
+	 * device still works; the host then reclaims a process only when it
+	 * says goodbye.
+	 */
+	idev->regs = pci_iomap(pdev, IVSHMEM_REGS_BAR, IVSHMEM_REGS_SIZE);
+	idev->sb = memremap(pci_resource_start(pdev, IVSHMEM_SHMEM_BAR), PAGE_SIZE,
+			    MEMREMAP_WB);
+	if (!idev->regs || !idev->sb)
+		dev_warn(&pdev->dev, "no exit notices (cannot map the registers or the superblock)\n");
 
 	for (k = 0; k < idev->nr_uio; k++) {
 		err = ivcuda_vec_init(idev, k);
@@ -211,6 +292,10 @@ static int ivcuda_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 
 err_vecs:
 	ivcuda_vecs_teardown(idev, k);
+	if (idev->sb)
+		memunmap(idev->sb);
+	if (idev->regs)
+		pci_iounmap(pdev, idev->regs);
 	kfree(idev);
 err_free_vectors:
 	if (nr_irqs)
@@ -235,6 +320,10 @@ static void ivcuda_remove(struct pci_dev *pdev)
 	 * Existing mmap()s of the BARs stay valid until unmapped: that is UIO.
 	 */
 	ivcuda_vecs_teardown(idev, idev->nr_uio);
+	if (idev->sb)
+		memunmap(idev->sb);
+	if (idev->regs)
+		pci_iounmap(pdev, idev->regs);
 	kfree(idev);
 	if (nr_irqs)
 		pci_free_irq_vectors(pdev);
