@@ -34,7 +34,7 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
   const int device = s.contexts.at(ctx).device;
   std::size_t& used = s.used[static_cast<std::size_t>(device)];
   const bool charged = kind == MemKind::kDevice;
-  if (charged && rounded > kTotalMem - used) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (charged && rounded > kTotalMem - std::min(kTotalMem, used + ledger_others(device))) return CUDA_ERROR_OUT_OF_MEMORY;
   // Device memory comes from a range of its own, as a GPU's does: with the
   // heap's addresses, a device pointer could equal a host pointer of the
   // guest process (another address space), which a real device never does.
@@ -70,7 +70,10 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
       std::free(p);
     throw;
   }
-  if (charged) used += rounded;
+  if (charged) {
+    used += rounded;
+    ledger_publish(device, used);
+  }
   *out = p;
   return CUDA_SUCCESS;
 }
@@ -261,7 +264,8 @@ CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     *total = kTotalMem;
-    *free = kTotalMem - s.used[static_cast<std::size_t>(s.contexts.at(ctx).device)];
+    const int device = s.contexts.at(ctx).device;
+    *free = kTotalMem - std::min(kTotalMem, s.used[static_cast<std::size_t>(device)] + ledger_others(device));
     return CUDA_SUCCESS;
   });
 }

@@ -43,7 +43,10 @@ void maybe_free(State& s, Handle h) {
   const auto it = s.physical.find(h);
   if (it == s.physical.end() || it->second.refs != 0 || it->second.maps != 0) return;
   PhysicalMem& m = it->second;
-  if (m.accounted != 0) s.used[static_cast<std::size_t>(m.prop.location.id)] -= m.accounted;
+  if (m.accounted != 0) {
+    s.used[static_cast<std::size_t>(m.prop.location.id)] -= m.accounted;
+    ledger_publish(m.prop.location.id, s.used[static_cast<std::size_t>(m.prop.location.id)]);
+  }
   if (m.view != nullptr) ::munmap(m.view, m.size);
   ::close(m.fd);
   s.physical.erase(it);
@@ -255,6 +258,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
       throw;
     }
     used += size;
+    ledger_publish(prop->location.id, used);
     *handle = h;
     return CUDA_SUCCESS;
   });

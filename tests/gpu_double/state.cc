@@ -1,8 +1,12 @@
 #include "state.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdlib>
 
@@ -28,6 +32,72 @@ void log(const char* fmt, ...) {
   va_end(ap);
 }
 
+namespace {
+struct Ledger {
+  struct Entry {
+    std::atomic<std::int32_t> pid;
+    std::int32_t reserved;
+    std::atomic<std::uint64_t> used[kMaxDevices];
+  };
+  static constexpr int kEntries = 512;
+  Entry e[kEntries];
+};
+
+bool alive(std::int32_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// The ledger, mapped on first use; null when IVCUDA_DOUBLE_LEDGER is unset or unusable.
+Ledger* ledger() {
+  static Ledger* l = []() -> Ledger* {
+    const char* path = std::getenv("IVCUDA_DOUBLE_LEDGER");
+    if (path == nullptr || *path == '\0') return nullptr;
+    const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return nullptr;
+    void* p = nullptr;
+    if (::ftruncate(fd, sizeof(Ledger)) == 0)
+      p = ::mmap(nullptr, sizeof(Ledger), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    return p == MAP_FAILED || p == nullptr ? nullptr : static_cast<Ledger*>(p);
+  }();
+  return l;
+}
+
+// This process's entry: its own, or one taken over from a process that is gone.
+Ledger::Entry* my_entry() {
+  static Ledger::Entry* mine = []() -> Ledger::Entry* {
+    Ledger* l = ledger();
+    if (l == nullptr) return nullptr;
+    const auto me = static_cast<std::int32_t>(::getpid());
+    for (auto& e : l->e) {
+      std::int32_t cur = e.pid.load();
+      if (cur != 0 && alive(cur)) continue;
+      if (e.pid.compare_exchange_strong(cur, me)) {
+        for (auto& u : e.used) u.store(0);
+        return &e;
+      }
+    }
+    return nullptr;
+  }();
+  return mine;
+}
+}  // namespace
+
+std::size_t ledger_others(int device) {
+  Ledger* l = ledger();
+  if (l == nullptr || device < 0 || device >= kMaxDevices) return 0;
+  const auto me = static_cast<std::int32_t>(::getpid());
+  std::size_t sum = 0;
+  for (auto& e : l->e) {
+    const std::int32_t pid = e.pid.load();
+    if (pid != me && alive(pid)) sum += e.used[device].load();
+  }
+  return sum;
+}
+
+void ledger_publish(int device, std::size_t used) {
+  if (device < 0 || device >= kMaxDevices) return;
+  if (Ledger::Entry* e = my_entry()) e->used[device].store(used);
+}
+
 const Allocation* State::find(std::uintptr_t p, std::size_t n) const {
   auto it = allocations.upper_bound(p);
   if (it == allocations.begin()) return nullptr;
@@ -40,7 +110,10 @@ const Allocation* State::find(std::uintptr_t p, std::size_t n) const {
 
 void State::release(std::map<std::uintptr_t, Allocation>::iterator it) {
   Allocation& a = it->second;
-  if (a.accounted != 0) used[static_cast<std::size_t>(a.device)] -= a.accounted;
+  if (a.accounted != 0) {
+    used[static_cast<std::size_t>(a.device)] -= a.accounted;
+    ledger_publish(a.device, used[static_cast<std::size_t>(a.device)]);
+  }
   if (a.mapped != 0)
     ::munmap(a.storage, a.mapped);
   else

@@ -244,6 +244,16 @@ struct Function {
   std::array<int, CU_FUNC_ATTRIBUTE_MAX> settable{};
 };
 
+// IVCUDA_DOUBLE_LEDGER=FILE: the double's processes (one per ivcudad
+// worker) share one "GPU": each publishes its device memory in use in FILE,
+// and cuMemGetInfo's free memory is what every live process leaves, as on a
+// real GPU, where the memory of a process that ends returns at once. Tests
+// see a reclaimed worker in it. Unset: each process has the GPU to itself.
+// The bytes the other live processes hold on `device` (0 without a ledger).
+std::size_t ledger_others(int device);
+// Publishes this process's use of `device` (no-op without a ledger).
+void ledger_publish(int device, std::size_t used);
+
 struct State {
   std::mutex mu;
   bool initialized = false;

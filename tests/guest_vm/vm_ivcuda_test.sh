@@ -2,10 +2,13 @@
 # VM mode end to end: ivcudad (with the GPU test double standing in for the
 # driver) serves a stock QEMU guest through ivshmem-doorbell; inside the
 # guest, the unmodified driver-API test programs run through ivcuda's
-# libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/). drv_ipc and
-# rt_ipc share memory and events between two guest processes, which one
-# worker serves (IPC within a worker: host-daemon/ipc.cc); drv_pool_share
-# shares a pool and its pointer the same way (host-daemon/pools.cc).
+# libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/). Each guest
+# process has a worker of its own (host-daemon/vm_supervisor.h): drv_ipc and
+# rt_ipc share memory and events between two guest processes, drv_pool_share
+# a pool and its pointer; drv_isolation checks that a process that faults
+# leaves the other unharmed, that a SIGKILLed process's memory is back
+# within a second (the double's processes share one "GPU" through
+# IVCUDA_DOUBLE_LEDGER), and that another process's handles are refused.
 #
 # usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
@@ -29,7 +32,7 @@ kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
 	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
 	"$bin/drv_arrays" "$bin/drv_sparse" "$bin/drv_pools" "$bin/drv_pool_share" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
-	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" \
+	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" "$bin/drv_isolation" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
@@ -57,6 +60,7 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/drv_graph_build:/usr/bin/drv_graph_build" \
 	--add-bin "$bin/rt_graphs_static:/usr/bin/rt_graphs_static" \
 	--add-bin "$bin/drv_memops:/usr/bin/drv_memops" \
+	--add-bin "$bin/drv_isolation:/usr/bin/drv_isolation" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
@@ -80,7 +84,7 @@ if [[ $mode == plain ]]; then
 	device=(--shm-file "$shm" --shm-size $((256 << 20)))
 	trap 'cleanup; rm -f "$shm"' EXIT
 fi
-"$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
+IVCUDA_DOUBLE_LEDGER=$tmp/ledger "$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
 	--staging-size 4M --driver "$driver" "${plain[@]}" >"$tmp/ivcudad.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do
@@ -117,9 +121,14 @@ rc=0
 	 drv_graph_build --ptx /opt/ivcuda/test_kernels.ptx --limits &&
 	 rt_graphs_static &&
 	 drv_memops &&
+	 drv_isolation --fault --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_isolation --reclaim --mib 256 &&
+	 drv_isolation --foreign &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
 echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"
+# The host side of the SIGKILL: the kernel's exit notice, then the reclaim.
+grep -E "exited; reclaimed its worker" "$tmp/ivcudad.log" || { echo "FAIL: no reclaim in the daemon's log"; exit 1; }
 # The daemon outlives the VM and serves on.
 kill -0 "$daemon" || { echo "FAIL: ivcudad died"; exit 1; }
 [[ $rc -eq 0 ]] || { echo "FAIL: the guest programs failed (exit $rc)"; exit 1; }

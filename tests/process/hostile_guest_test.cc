@@ -92,8 +92,13 @@ struct RawGuest {
     REQUIRE(c);
     return std::move(c).value();
   }
-  Chan& open(std::uint32_t c) {
+  // Claims channel c as the guest library does, for process `pid` (the
+  // default, this process, is process mode: the peer is the CUDA program).
+  Chan& open(std::uint32_t c, pid_t pid = ::getpid()) {
     auto& ch = chans[c];
+    auto* d = ring::channel_desc(bar.data(), l, c);
+    d->guest_owner = std::uint64_t{static_cast<std::uint32_t>(pid)} << 32;
+    d->guest_claim = d->guest_claim + 1;
     ch.bell = std::make_unique<ring::EventfdDoorbell>(client.peers().at(0)[0].get());
     ch.req = ring::Producer(ring::request_ring(bar.data(), l, c), ch.bell.get());
     ch.cpl = ring::Consumer(ring::completion_ring(bar.data(), l, c));
@@ -1436,7 +1441,9 @@ TEST_CASE("graph requests naming what the guest does not own are refused", "[pro
   uo.kind = proto::kUserObjRelease;
   uo.count = 2;
   CHECK(g.call(0, Op::kUserObject, uo) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(other.call(0, Op::kUserObject, uo) == CUDA_ERROR_INVALID_VALUE);
+  // Another guest's worker knows neither the context nor the object (handle
+  // generations start at random per worker).
+  CHECK(other.call(0, Op::kUserObject, uo) == CUDA_ERROR_INVALID_CONTEXT);
   uo.count = 1;
   CHECK(g.call(0, Op::kUserObject, uo) == CUDA_SUCCESS);
 
@@ -1529,4 +1536,64 @@ TEST_CASE("a stream's access-policy window covers only the guest's own memory", 
   r.kind = proto::kKernelAttrGet;
   r.stream = 0xdead;
   CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_HANDLE);
+}
+
+// Channels of two guest processes of one VM (pids that are not the peer's:
+// a VM) go to two workers. Neither reaches the other's channel or handles,
+// and a process's goodbye on its last channel ends its worker.
+TEST_CASE("a VM's processes get a worker each and reach only their own channels and handles",
+          "[process][hostile]") {
+  Daemon d({"--vm-spare-workers", "0"}, "-vm");
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  const pid_t a = ::getpid() + 100000, b = ::getpid() + 200000;  // the guest's own pids, not the host's
+  g.open(0, a);
+  g.open(1, b);
+  std::vector<std::byte> out;
+  const auto hello = [](pid_t pid) {
+    return proto::ReqHello{proto::kProtoVersion, static_cast<std::uint32_t>(pid), 0, 0, {}};
+  };
+  REQUIRE(g.call(0, Op::kHello, hello(a), &out) == CUDA_SUCCESS);
+  // A hello for process a on b's channel: somebody else's channel.
+  CHECK(g.call(1, Op::kHello, hello(a)) == CUDA_ERROR_NOT_PERMITTED);
+  REQUIRE(g.call(1, Op::kHello, hello(b)) == CUDA_SUCCESS);
+  // Two workers under the connection's supervisor.
+  const auto sup = d.workers();
+  REQUIRE(sup.size() == 1);
+  std::vector<pid_t> workers;
+  {
+    std::ifstream f("/proc/" + std::to_string(sup[0]) + "/task/" + std::to_string(sup[0]) + "/children");
+    for (pid_t p; f >> p;) workers.push_back(p);
+  }
+  CHECK(workers.size() == 2);
+
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx_a = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx_a, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto ptr_a = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  REQUIRE(g.call(0, Op::kStreamCreate, proto::ReqStreamCreate{ctx_a, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto stream_a = RawGuest::as<proto::RepHandle>(out).handle;
+
+  REQUIRE(g.call(1, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx_b = RawGuest::as<proto::RepHandle>(out).handle;
+  // a's context, stream and memory mean nothing on b's channel.
+  CHECK(g.call(1, Op::kMemAlloc, proto::ReqMemAlloc{ctx_a, 4096, 0, 0, 0, 0}) == CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(g.call(1, Op::kStreamSynchronize, proto::ReqHandle{ctx_b, stream_a}) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(g.call(1, Op::kMemGetAddressRange, proto::ReqPtr{ctx_b, ptr_a}) != CUDA_SUCCESS);
+  CHECK(g.call(1, Op::kMemFree, proto::ReqPtr{ctx_b, ptr_a}) != CUDA_SUCCESS);
+  // ...and are still a's.
+  CHECK(g.call(0, Op::kStreamSynchronize, proto::ReqHandle{ctx_a, stream_a}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kMemGetAddressRange, proto::ReqPtr{ctx_a, ptr_a}) == CUDA_SUCCESS);
+
+  // a says goodbye on its only channel: its worker ends; b's serves on.
+  REQUIRE(g.call(0, Op::kGoodbye, proto::ReqCtx{0}) == CUDA_SUCCESS);
+  std::size_t left = 0;
+  for (int i = 0; i < 200; ++i) {
+    left = 0;
+    for (const pid_t w : workers) left += ::kill(w, 0) == 0 ? 1 : 0;
+    if (left == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(left == 1);
+  CHECK(g.call(1, Op::kMemAlloc, proto::ReqMemAlloc{ctx_b, 4096, 0, 0, 0, 0}) == CUDA_SUCCESS);
 }

@@ -28,7 +28,9 @@ start_daemon() {
   rm -f "$sock"
   rm -f "$work/other.sock"
   # A second socket is a second tenant (drv_vmm_share and drv_pool_share --child-socket).
-  "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 512M --staging-size 4M --channels 16 \
+  # The double's processes (one per worker) share one "GPU" through a ledger,
+  # so that drv_isolation sees another process's memory come and go.
+  IVCUDA_DOUBLE_LEDGER=$work/ledger "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 512M --staging-size 4M --channels 16 \
       --guest-socket "$work/other.sock=0" --driver "$driver" >>"$log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.05; done
@@ -89,6 +91,12 @@ case_ivcuda "drv_devices: every device's attributes, bus id both ways, propertie
   "$lib" -- "$bin/drv_devices"
 case_ivcuda "drv_memops: stream waits and writes on device and page-locked words, a batch, bad addresses" \
   "$lib" -- "$bin/drv_memops"
+case_ivcuda "drv_isolation --fault: a process that faults leaves another one's work correct" \
+  "$lib" -- "$bin/drv_isolation" --fault --ptx "$ptx"
+case_ivcuda "drv_isolation --reclaim: a SIGKILLed process's device memory is free within 1 s" \
+  "$lib" -- "$bin/drv_isolation" --reclaim --mib 256
+case_ivcuda "drv_isolation --foreign: another process's pointer and stream are refused" \
+  "$lib" -- "$bin/drv_isolation" --foreign
 case_ivcuda "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects" \
   "$lib" -- "$bin/drv_arrays" --ptx "$ptx" --destroyed-handles
 case_ivcuda "drv_sparse: sparse 2D/3D/mipmapped and deferred-mapping arrays, tiles mapped, copied, unmapped; refusals" \

@@ -1,0 +1,260 @@
+// Processes that share a GPU (natively) or a VM's ivcuda device must not
+// hurt each other, and the memory of a process that dies must come back.
+//   drv_isolation --fault --ptx test_kernels.ptx
+//       starts a child doing checked work, faults its own context meanwhile
+//       (a kernel writing through a wild pointer: the error is sticky here),
+//       and requires the child to finish with correct results;
+//   drv_isolation --reclaim [--mib N]
+//       starts a child that allocates N MiB (default 256) and waits, sees the
+//       memory in use (cuMemGetInfo), SIGKILLs the child mid-run and measures
+//       how long until the memory is free again (at most 1 s), doing checked
+//       work of its own meanwhile;
+//   drv_isolation --foreign
+//       (ivcuda only: natively a foreign handle is a wild pointer) a child
+//       uses this process's device pointer and stream handle: refused.
+// Children are this program again (fork + exec), as CUDA needs.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// Rounds of memset, copies and a read-back with known contents.
+int work(int rounds) {
+  CUdevice d;
+  CUcontext ctx;
+  OK(cuDeviceGet(&d, 0));
+  OK(cuDevicePrimaryCtxRetain(&ctx, d));
+  OK(cuCtxSetCurrent(ctx));
+  constexpr size_t kWords = 1 << 16;
+  CUdeviceptr a = 0, b = 0;
+  OK(cuMemAlloc(&a, kWords * 4));
+  OK(cuMemAlloc(&b, kWords * 4));
+  std::vector<std::uint32_t> host(kWords);
+  int good = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const std::uint32_t v = 0x1000u + static_cast<std::uint32_t>(r);
+    if (cuMemsetD32(a, v, kWords) != CUDA_SUCCESS) break;
+    if (cuMemcpyDtoD(b, a, kWords * 4) != CUDA_SUCCESS) break;
+    if (cuMemcpyDtoH(host.data(), b, kWords * 4) != CUDA_SUCCESS) break;
+    bool same = true;
+    for (const std::uint32_t x : host) same &= x == v;
+    if (!same) break;
+    ++good;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT(good == rounds);
+  std::printf("work: %d of %d rounds correct\n", good, rounds);
+  OK(cuMemFree(a));
+  OK(cuMemFree(b));
+  return check::finish("drv_isolation work");
+}
+
+// Allocates `mib` MiB, says so on fd 1, and waits to be killed.
+int hold(int mib) {
+  CUdevice d;
+  CUcontext ctx;
+  if (cuDeviceGet(&d, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, d) != CUDA_SUCCESS ||
+      cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+    return 2;
+  CUdeviceptr p = 0;
+  if (cuMemAlloc(&p, static_cast<size_t>(mib) << 20) != CUDA_SUCCESS) return 3;
+  if (cuMemsetD8(p, 0x5a, static_cast<size_t>(mib) << 20) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS)
+    return 4;
+  std::printf("holding %d MiB\n", mib);
+  std::fflush(stdout);
+  for (;;) ::pause();
+}
+
+// Uses another process's device pointer and stream: ivcuda's worker for
+// this process has neither.
+int use_foreign(CUdeviceptr p, std::uint64_t stream) {
+  CUdevice d;
+  CUcontext ctx;
+  OK(cuDeviceGet(&d, 0));
+  OK(cuDevicePrimaryCtxRetain(&ctx, d));
+  OK(cuCtxSetCurrent(ctx));
+  std::vector<unsigned char> buf(4096);
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoH(buf.data(), p, buf.size()));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemsetD8(p, 1, buf.size()));
+  auto* s = reinterpret_cast<CUstream>(static_cast<std::uintptr_t>(stream));
+  const CUresult q = cuStreamQuery(s);
+  EXPECT(q == CUDA_ERROR_INVALID_HANDLE || q == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  // Our own work is unaffected.
+  CUdeviceptr mine = 0;
+  OK(cuMemAlloc(&mine, buf.size()));
+  OK(cuMemcpyDtoH(buf.data(), mine, buf.size()));
+  OK(cuMemFree(mine));
+  return check::finish("drv_isolation foreign");
+}
+
+// Starts this program with `args`; its stdout comes back through *out_fd.
+pid_t spawn(const std::vector<std::string>& args, int* out_fd) {
+  int pfd[2];
+  if (::pipe(pfd) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(pfd[1], 1);
+    ::close(pfd[0]);
+    ::close(pfd[1]);
+    std::vector<char*> argv;
+    std::string self = "drv_isolation";
+    argv.push_back(self.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  ::close(pfd[1]);
+  *out_fd = pfd[0];
+  return pid;
+}
+
+std::string read_line(int fd) {
+  std::string s;
+  char c;
+  while (::read(fd, &c, 1) == 1 && c != '\n') s.push_back(c);
+  return s;
+}
+
+std::string read_all(int fd) {
+  std::string s;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) s.append(buf, static_cast<size_t>(n));
+  return s;
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+size_t free_mem() {
+  size_t f = 0, t = 0;
+  return cuMemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* ptx = check::arg(argc, argv, "--ptx");
+  const char* mib_arg = check::arg(argc, argv, "--mib");
+  const int mib = mib_arg != nullptr ? std::atoi(mib_arg) : 256;
+  auto has = [&](const char* f) {
+    for (int i = 1; i < argc; ++i)
+      if (std::strcmp(argv[i], f) == 0) return true;
+    return false;
+  };
+  if (cuInit(0) != CUDA_SUCCESS) {
+    std::printf("drv_isolation: cuInit failed\n");
+    return 1;
+  }
+  if (has("--work")) return work(std::atoi(check::arg(argc, argv, "--work")));
+  if (has("--hold")) return hold(mib);
+  if (has("--use")) {
+    const char* p = check::arg(argc, argv, "--use");
+    const char* s = check::arg(argc, argv, "--stream");
+    return use_foreign(std::strtoull(p, nullptr, 0), std::strtoull(s != nullptr ? s : "0", nullptr, 0));
+  }
+
+  CUdevice d;
+  CUcontext ctx;
+  OK(cuDeviceGet(&d, 0));
+  OK(cuDevicePrimaryCtxRetain(&ctx, d));
+  OK(cuCtxSetCurrent(ctx));
+
+  if (has("--fault")) {
+    if (ptx == nullptr) {
+      std::printf("drv_isolation --fault needs --ptx\n");
+      return 2;
+    }
+    int out = -1;
+    const pid_t child = spawn({"--work", "150"}, &out);
+    EXPECT(child > 0);
+    CUmodule m;
+    CUfunction f;
+    OK(cuModuleLoad(&m, ptx));
+    OK(cuModuleGetFunction(&f, m, "ivc_fault"));
+    CUdeviceptr wild = 0x10;
+    void* args[] = {&wild};
+    OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr));
+    EXPECT_RES(CUDA_ERROR_ILLEGAL_ADDRESS, cuCtxSynchronize());
+    CUdeviceptr after = 0;
+    EXPECT(cuMemAlloc(&after, 4096) != CUDA_SUCCESS);  // sticky in this process
+    std::printf("faulted: this process's context is lost\n");
+    const std::string said = read_all(out);
+    ::close(out);
+    EXPECT(wait_child(child) == 0);
+    EXPECT(said.find("work: 150 of 150 rounds correct") != std::string::npos);
+    std::printf("the other process: %s", said.c_str());
+    return check::finish("drv_isolation");
+  }
+
+  if (has("--reclaim")) {
+    const size_t before = free_mem();
+    int out = -1;
+    const pid_t child = spawn({"--hold", "--mib", std::to_string(mib)}, &out);
+    const std::string line = read_line(out);
+    EXPECT(line == "holding " + std::to_string(mib) + " MiB");
+    const size_t held = free_mem();
+    const size_t want = static_cast<size_t>(mib) << 20;
+    EXPECT(before >= held + want);
+    std::printf("child %d holds %d MiB (free memory down by %zu MiB)\n", static_cast<int>(child), mib,
+                (before - held) >> 20);
+    ::kill(child, SIGKILL);
+    const auto t0 = clock_type::now();
+    (void)wait_child(child);
+    ::close(out);
+    // The memory returns when the GPU side of the child is gone; meanwhile
+    // this process goes on working.
+    size_t now = 0;
+    auto elapsed = std::chrono::milliseconds(0);
+    for (;;) {
+      now = free_mem();
+      elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0);
+      if (now + (want / 4) >= before || elapsed > std::chrono::seconds(5)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT(now + (want / 4) >= before);
+    EXPECT(elapsed <= std::chrono::milliseconds(1000));
+    std::printf("SIGKILLed child's %d MiB free again after %s1 s\n", mib,
+                elapsed <= std::chrono::milliseconds(1000) ? "<= " : "MORE THAN ");
+    std::fprintf(stderr, "drv_isolation: reclaimed in %lld ms\n", static_cast<long long>(elapsed.count()));
+    return work(20) | check::finish("drv_isolation");
+  }
+
+  if (has("--foreign")) {
+    CUdeviceptr p = 0;
+    CUstream s = nullptr;
+    OK(cuMemAlloc(&p, 1 << 20));
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    int out = -1;
+    char pbuf[32], sbuf[32];
+    std::snprintf(pbuf, sizeof pbuf, "0x%llx", static_cast<unsigned long long>(p));
+    std::snprintf(sbuf, sizeof sbuf, "0x%" PRIxPTR, reinterpret_cast<std::uintptr_t>(s));
+    const pid_t child = spawn({"--use", pbuf, "--stream", sbuf}, &out);
+    const std::string said = read_all(out);
+    ::close(out);
+    EXPECT(wait_child(child) == 0);
+    std::printf("%s", said.c_str());
+    OK(cuStreamDestroy(s));
+    OK(cuMemFree(p));
+    return check::finish("drv_isolation");
+  }
+  std::printf("usage: drv_isolation --fault --ptx P | --reclaim [--mib N] | --foreign\n");
+  return 2;
+}
