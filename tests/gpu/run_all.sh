@@ -6,6 +6,8 @@
 #   multi   several GPUs (run_multi_gpu.sh; nvidia-h200-x2)
 #   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)
 #   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases)
+#   kill    1000 process-mode guests SIGKILLed mid-run (run_kill_loop.sh;
+#           IVCUDA_KILLS overrides the count)
 # The device tool returns at most 8 files: the parts' outputs go to $OUT as
 # text, every log into one tarball. Each part's exit status is its verdict;
 # the last line sums them, and the exit status is 0 only if every part passed.
@@ -66,6 +68,14 @@ for p in $parts; do
       part frameworks $?
     else
       part frameworks 1
+    fi ;;
+  kill)
+    if build_gpu ivcudad ivcuda_guest drv_isolation drv_core; then
+      OUT=$work timeout 540 bash tests/gpu/run_kill_loop.sh build/gpu libcuda.so.1 "${IVCUDA_KILLS:-1000}" 8 2>&1 |
+        grep -v " Killed " | tee "$final/kill.txt"
+      part kill "${PIPESTATUS[0]}"
+    else
+      part kill 1
     fi ;;
   bench)
     build=$root/build/gpu

@@ -54,7 +54,7 @@ if [[ ! -f $build/CMakeCache.txt ]]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
     >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed"; }
 fi
-targets="ivcuda-bench ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg drv_vmm drv_vmm_share drv_arrays drv_sparse drv_pools drv_pool_share drv_capture_modes drv_memops drv_ipc drv_graph_build rt_texture rt_ipc rt_graphs rt_nvbench_pattern ivcuda_gpu_double_kernels"
+targets="ivcuda-bench ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg drv_vmm drv_vmm_share drv_arrays drv_sparse drv_pools drv_pool_share drv_capture_modes drv_memops drv_isolation drv_ipc drv_graph_build rt_texture rt_ipc rt_graphs rt_nvbench_pattern ivcuda_gpu_double_kernels"
 # shellcheck disable=SC2086 # one word per target
 cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; die "build failed"; }
@@ -82,6 +82,7 @@ cases=(
   "drv_ipc|--ptx @PTX@|diff"
   "drv_graph_build|--ptx @PTX@|diff"
   "drv_memops||diff"
+  "drv_isolation|--reclaim --mib 1024 --fault --ptx @PTX@|diff"
   "rt_texture_static||diff"
   "rt_ipc_static||diff"
   "rt_graphs_static||diff"

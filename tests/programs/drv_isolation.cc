@@ -1,18 +1,23 @@
 // Processes that share a GPU (natively) or a VM's ivcuda device must not
 // hurt each other, and the memory of a process that dies must come back.
+// Both --reclaim and --fault may be given (in that order, as the fault ends
+// this process's context):
 //   drv_isolation --fault --ptx test_kernels.ptx
 //       starts a child doing checked work, faults its own context meanwhile
 //       (a kernel writing through a wild pointer: the error is sticky here),
 //       and requires the child to finish with correct results;
-//   drv_isolation --reclaim [--mib N]
+//   drv_isolation --reclaim [--mib N] [--report FILE]
 //       starts a child that allocates N MiB (default 256) and waits, sees the
 //       memory in use (cuMemGetInfo), SIGKILLs the child mid-run and measures
 //       how long until the memory is free again (at most 1 s), doing checked
-//       work of its own meanwhile;
+//       work of its own meanwhile; FILE gets the figures (appended);
+//   drv_isolation --used
+//       prints the device memory in use (MiB), for scripts;
 //   drv_isolation --foreign
 //       (ivcuda only: natively a foreign handle is a wild pointer) a child
 //       uses this process's device pointer and stream handle: refused.
-// Children are this program again (fork + exec), as CUDA needs.
+// Children are this program again (fork + exec), as CUDA needs. The output
+// is the same natively and through ivcuda; figures go to --report's file.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -177,6 +182,51 @@ int main(int argc, char** argv) {
   OK(cuDevicePrimaryCtxRetain(&ctx, d));
   OK(cuCtxSetCurrent(ctx));
 
+  if (has("--used")) {  // device memory in use on device 0, MiB (for scripts)
+    size_t f = 0, t = 0;
+    if (cuMemGetInfo(&f, &t) != CUDA_SUCCESS) return 1;
+    std::printf("%zu\n", (t - f) >> 20);
+    return 0;
+  }
+
+  if (has("--reclaim")) {
+    const size_t before = free_mem();
+    int out = -1;
+    const pid_t child = spawn({"--hold", "--mib", std::to_string(mib)}, &out);
+    const std::string line = read_line(out);
+    EXPECT(line == "holding " + std::to_string(mib) + " MiB");
+    const size_t held = free_mem();
+    const size_t want = static_cast<size_t>(mib) << 20;
+    EXPECT(before >= held + want);
+    std::printf("the child holds %d MiB\n", mib);
+    const size_t down = (before - held) >> 20;
+    ::kill(child, SIGKILL);
+    const auto t0 = clock_type::now();
+    (void)wait_child(child);
+    ::close(out);
+    // The memory returns when the GPU side of the child is gone; meanwhile
+    // this process goes on working.
+    size_t now = 0;
+    auto elapsed = std::chrono::milliseconds(0);
+    for (;;) {
+      now = free_mem();
+      elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0);
+      if (now + (want / 4) >= before || elapsed > std::chrono::seconds(5)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT(now + (want / 4) >= before);
+    EXPECT(elapsed <= std::chrono::milliseconds(1000));
+    std::printf("SIGKILLed child's %d MiB free again after %s1 s\n", mib,
+                elapsed <= std::chrono::milliseconds(1000) ? "<= " : "MORE THAN ");
+    if (const char* report = check::arg(argc, argv, "--report"))
+      if (FILE* f = std::fopen(report, "a")) {
+        std::fprintf(f, "free memory down by %zu MiB while the child held %d MiB; back %lld ms after its SIGKILL\n",
+                     down, mib, static_cast<long long>(elapsed.count()));
+        std::fclose(f);
+      }
+    if (work(20) != 0) return 1;
+  }
+
   if (has("--fault")) {
     if (ptx == nullptr) {
       std::printf("drv_isolation --fault needs --ptx\n");
@@ -201,41 +251,9 @@ int main(int argc, char** argv) {
     EXPECT(wait_child(child) == 0);
     EXPECT(said.find("work: 150 of 150 rounds correct") != std::string::npos);
     std::printf("the other process: %s", said.c_str());
-    return check::finish("drv_isolation");
   }
 
-  if (has("--reclaim")) {
-    const size_t before = free_mem();
-    int out = -1;
-    const pid_t child = spawn({"--hold", "--mib", std::to_string(mib)}, &out);
-    const std::string line = read_line(out);
-    EXPECT(line == "holding " + std::to_string(mib) + " MiB");
-    const size_t held = free_mem();
-    const size_t want = static_cast<size_t>(mib) << 20;
-    EXPECT(before >= held + want);
-    std::printf("child %d holds %d MiB (free memory down by %zu MiB)\n", static_cast<int>(child), mib,
-                (before - held) >> 20);
-    ::kill(child, SIGKILL);
-    const auto t0 = clock_type::now();
-    (void)wait_child(child);
-    ::close(out);
-    // The memory returns when the GPU side of the child is gone; meanwhile
-    // this process goes on working.
-    size_t now = 0;
-    auto elapsed = std::chrono::milliseconds(0);
-    for (;;) {
-      now = free_mem();
-      elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0);
-      if (now + (want / 4) >= before || elapsed > std::chrono::seconds(5)) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    EXPECT(now + (want / 4) >= before);
-    EXPECT(elapsed <= std::chrono::milliseconds(1000));
-    std::printf("SIGKILLed child's %d MiB free again after %s1 s\n", mib,
-                elapsed <= std::chrono::milliseconds(1000) ? "<= " : "MORE THAN ");
-    std::fprintf(stderr, "drv_isolation: reclaimed in %lld ms\n", static_cast<long long>(elapsed.count()));
-    return work(20) | check::finish("drv_isolation");
-  }
+  if (has("--reclaim") || has("--fault")) return check::finish("drv_isolation");
 
   if (has("--foreign")) {
     CUdeviceptr p = 0;

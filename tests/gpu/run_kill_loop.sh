@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# SIGKILLs process-mode guests mid-run, N times, P at a time: each holds
+# device memory (drv_isolation --hold) or is still starting when it dies. At
+# the end the GPU's memory must be back at its baseline and ivcudad must still
+# serve (a program run through it afterwards passes).
+#   run_kill_loop.sh BUILD_DIR DRIVER_LIB [N [P]]
+# Memory is read with nvidia-smi when there is one (the GPU machine), else
+# through cuMemGetInfo of a probe process (the GPU test double with
+# IVCUDA_DOUBLE_LEDGER, in CI). Prints one verdict line and the figures.
+set -u
+build=$(cd "$1" && pwd)
+driver=$2
+n=${3:-1000}
+par=${4:-8}
+bin=$build/tests/bin
+work=$(mktemp -d /tmp/ivcuda-kill.XXXXXX)
+sock=$work/ivcudad.sock
+log=$work/ivcudad.log
+daemon=
+cleanup() {
+  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+  cp "$log" "${OUT:-$work}/kill-loop-ivcudad.log" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export IVCUDA_DOUBLE_LEDGER=$work/ledger  # read only by the test double
+
+IVCUDA_LOG_LEVEL= "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 64M --staging-size 2M --channels 8 \
+  --max-guests 256 --max-guests-per-uid 256 --driver "$driver" >"$log" 2>&1 &
+daemon=$!
+for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+[ -S "$sock" ] || { cat "$log"; echo "FAIL kill loop: ivcudad did not start"; exit 1; }
+
+through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib "$@"; }
+used_mib() {  # device memory in use on GPU 0, MiB
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | tr -d ' '
+  else
+    through "$bin/drv_isolation" --used
+  fi
+}
+
+base=$(used_mib)
+peak=$base
+start=$SECONDS
+killed=0 held=0
+while [ $killed -lt "$n" ]; do
+  pids=() outs=()
+  for _ in $(seq "$par"); do
+    [ $((killed + ${#pids[@]})) -ge "$n" ] && break
+    o=$work/out.${#pids[@]}
+    # env execs the program: $! is the guest process itself.
+    env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 64 >"$o" 2>&1 &
+    pids+=($!) outs+=("$o")
+  done
+  # Half die as soon as they hold memory, half at a random moment of their
+  # start (connecting, starting the worker, allocating).
+  for i in "${!pids[@]}"; do
+    if [ $((RANDOM % 2)) -eq 0 ]; then
+      for _ in $(seq 400); do grep -q holding "${outs[$i]}" && break; sleep 0.01; done
+      grep -q holding "${outs[$i]}" && held=$((held + 1))
+    else
+      sleep "0.0$((RANDOM % 10))"
+    fi
+    kill -9 "${pids[$i]}" 2>/dev/null
+  done
+  { wait "${pids[@]}"; } 2>/dev/null
+  killed=$((killed + ${#pids[@]}))
+  if [ $((killed % (par * 16))) -eq 0 ]; then
+    u=$(used_mib); [ "$u" -gt "$peak" ] && peak=$u
+    kill -0 "$daemon" 2>/dev/null || { tail -20 "$log"; echo "FAIL kill loop: ivcudad died after $killed kills"; exit 1; }
+  fi
+done
+loop_s=$((SECONDS - start))
+# The last workers may still be tearing down: give the memory 20 s to return.
+final=$(used_mib)
+for _ in $(seq 200); do
+  final=$(used_mib)
+  [ "$final" -le $((base + 64)) ] && break
+  sleep 0.1
+done
+alive=1; kill -0 "$daemon" 2>/dev/null || alive=0
+after=$(through "$bin/drv_core" 2>&1 | tail -1)
+echo "kill loop: $killed processes SIGKILLed ($held while holding 64 MiB, the rest while starting), $par at a time, in ${loop_s} s"
+echo "kill loop: GPU memory used: baseline $base MiB, highest seen $peak MiB, after $final MiB"
+echo "kill loop: ivcudad alive: $alive; a program through it afterwards: $after"
+echo "kill loop: daemon log: $(grep -c "ended\|went away" "$log") worker ends, $(grep -ci "died of signal" "$log") workers killed by a signal"
+if [ "$alive" -eq 1 ] && [ "$final" -le $((base + 64)) ] && [[ $after == *" 0 failed"* ]]; then
+  echo "PASS kill loop"
+else
+  tail -20 "$log"
+  echo "FAIL kill loop"
+  exit 1
+fi
