@@ -131,6 +131,8 @@ class Supervisor {
 
   int serve_in_process();
   bool wait_for_first_channel(std::uint32_t* first);
+  bool become_vm();
+  void stop_all();
   void loop();
   void wait_for_events();
   void reap();
@@ -174,19 +176,39 @@ int Supervisor::run() {
   bar_ = std::move(*m);
   exit_seen_ = ring::load_acquire(sb()->exit_count);
   std::uint32_t first = 0;
-  if (!wait_for_first_channel(&first)) return 0;
+  if (!wait_for_first_channel(&first)) {
+    stop_all();
+    return 0;
+  }
   const auto owner = ring::load_relaxed(ring::channel_desc(bar_.data(), l_, first)->guest_owner);
-  if (cfg_.peer_pid > 0 && static_cast<pid_t>(owner >> 32) == cfg_.peer_pid) return serve_in_process();
+  if (cfg_.peer_pid > 0 && static_cast<pid_t>(owner >> 32) == cfg_.peer_pid) {
+    // A workers started for a VM that turned out to be one process: they go.
+    for (auto& p : procs_)
+      if (p.pid > 0) ::kill(p.pid, SIGKILL);
+    stop_all();
+    return serve_in_process();
+  }
+  if (!become_vm()) return 2;
+  loop();
+  stop_all();
+  return 0;
+}
+
+bool Supervisor::become_vm() {
+  if (vm_ != nullptr) return true;
   vm_ = VmShared::create(l_);
   auto efd = sys::make_eventfd(true);
   if (vm_ == nullptr || !efd) {
     IVLOG_ERROR("guest %u: cannot set up the per-process workers: %s", guest_id(), std::strerror(errno));
-    return 2;
+    return false;
   }
   notify_ = std::move(*efd);
   IVLOG_INFO("guest %u: a VM; one worker per guest process (%u kept ready)", guest_id(), cfg_.spares);
-  loop();
-  // The VM went away (or we stop): every worker goes with it.
+  return true;
+}
+
+// The VM went away (or we stop): every worker goes with it.
+void Supervisor::stop_all() {
   for (auto& p : procs_)
     if (p.pid > 0) ::kill(p.pid, SIGTERM);
   for (std::uint32_t s = 0; s < procs_.size(); ++s)
@@ -196,7 +218,6 @@ int Supervisor::run() {
       }
       finish_slot(s, status);
     }
-  return 0;
 }
 
 // Process mode: the peer is the CUDA program itself, one process; its
@@ -218,8 +239,16 @@ int Supervisor::serve_in_process() {
   return rc;
 }
 
+// A CUDA program connecting in process mode claims a channel within
+// milliseconds; a VM's connection waits for its first CUDA process. A
+// connection still quiet after kVmAfter is taken for a VM, and its spare
+// workers start, so that the VM's first process finds one ready.
 bool Supervisor::wait_for_first_channel(std::uint32_t* first) {
+  constexpr auto kVmAfter = std::chrono::milliseconds(500);
+  const auto since = clock::now();
   while (*stop_ == 0) {
+    if (vm_ == nullptr && clock::now() - since > kVmAfter && become_vm()) keep_spares();
+    if (vm_ != nullptr) reap();
     for (std::uint32_t c = 0; c < l_.channels; ++c)
       if (ring::load_acquire(sb()->active_mask[c / 64]) >> (c % 64) & 1) {
         *first = c;
@@ -299,6 +328,7 @@ bool Supervisor::start_worker(std::uint32_t s, std::int32_t guest_pid) {
     bar_ = sys::Mapping{};
     WorkerConfig wc = cfg_.worker;
     for (const int fd : wc.host_fds) ::close(fd);
+    if (wc.conn_fd >= 0) ::close(wc.conn_fd);  // the VM's socket is the supervisor's to watch
     wc.host_fds = {kick->get()};
     wc.conn_fd = life_r.get();
     wc.broker_fd = line.valid() ? line.release() : -1;
