@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "host-daemon/log.h"
+#include "host-daemon/sandbox.h"
 #include "host-daemon/tenant_share.h"
 #include "host-daemon/worker.h"
 #include "ring/ivshmem.h"
@@ -77,6 +78,7 @@ struct Options {
   std::string join;
   std::vector<std::string> guest_sockets;  // SOCKET=GPUS
   std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
+  ivcuda::host::sandbox::Config sandbox;  // --sandbox, --user
 };
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
@@ -135,6 +137,33 @@ ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, s
   return {};
 }
 
+// In a freshly forked worker: the sandbox's first step, the driver, contexts
+// and arena (Worker::create), the second step, then serving until the guest
+// leaves. Returns the worker's exit status.
+int start_and_serve(const Options& o, ivcuda::host::WorkerConfig cfg, const char* what, long long id) {
+  namespace sandbox = ivcuda::host::sandbox;
+  sandbox::Applied applied;
+  if (auto s = sandbox::before_driver(o.sandbox, cfg.driver_path, &applied); !s) {
+    IVLOG_ERROR("%s %lld: cannot sandbox the worker: %s", what, id, s.error().what.c_str());
+    return 2;
+  }
+  auto w = ivcuda::host::Worker::create(std::move(cfg));
+  if (!w) {
+    IVLOG_ERROR("%s %lld: cannot start: %s", what, id, w.error().what.c_str());
+    return 2;
+  }
+  if (auto s = sandbox::after_driver(o.sandbox, &applied); !s) {
+    IVLOG_ERROR("%s %lld: cannot sandbox the worker: %s", what, id, s.error().what.c_str());
+    return 2;
+  }
+  sandbox::self_test_if_asked();
+  g_worker = w->get();
+  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
+  const int rc = (*w)->run();
+  g_worker = nullptr;
+  return rc;
+}
+
 // The worker: runs in a child process with the guest's resources only.
 int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
                std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd, int broker_fd,
@@ -155,16 +184,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   cfg.devices = gpus;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.broker_fd = broker_fd;
-  auto w = ivcuda::host::Worker::create(std::move(cfg));
-  if (!w) {
-    IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(g.peer_id), w.error().what.c_str());
-    return 2;
-  }
-  g_worker = w->get();
-  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
-  const int rc = (*w)->run();
-  g_worker = nullptr;
-  return rc;
+  return start_and_serve(o, std::move(cfg), "guest", static_cast<long long>(g.peer_id));
 }
 
 // Creates and formats an ivshmem-plain memory file and forks its worker.
@@ -206,14 +226,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.poll_only = true;
   cfg.poll_interval = std::chrono::microseconds(o.poll_us);
-  auto w = ivcuda::host::Worker::create(std::move(cfg));
-  if (!w) {
-    IVLOG_ERROR("ivshmem-plain guest %lld: cannot start: %s", static_cast<long long>(id), w.error().what.c_str());
-    ::_exit(2);
-  }
-  g_worker = w->get();
-  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
-  ::_exit((*w)->run());
+  ::_exit(start_and_serve(o, std::move(cfg), "ivshmem-plain guest", static_cast<long long>(id)));
 }
 
 // --join: we are one peer of somebody else's ivshmem-server. Its memory is
@@ -293,14 +306,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       cfg.driver_path = o.driver;
       cfg.devices = gpus;
       cfg.spin = std::chrono::microseconds(o.spin_us);
-      auto w = ivcuda::host::Worker::create(std::move(cfg));
-      if (!w) {
-        IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(guest), w.error().what.c_str());
-        ::_exit(2);
-      }
-      g_worker = w->get();
-      if (g_stop != 0) g_worker->stop();
-      ::_exit((*w)->run());
+      ::_exit(start_and_serve(o, std::move(cfg), "guest", static_cast<long long>(guest)));
     }
     IVLOG_INFO("serving guest peer %lld; worker pid %d", static_cast<long long>(guest), static_cast<int>(pid));
     // The worker serves until the guest leaves the server (or we stop).
@@ -378,10 +384,28 @@ int main(int argc, char** argv) {
                  "objects (CUDA IPC memory and event handles) one tenant may have exported at once")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  std::string sandbox_mode = "on";
+  app.add_option("--sandbox", sandbox_mode,
+                 "on: each worker runs with no_new_privs, a seccomp allowlist and Landlock (where the kernel "
+                 "has it) once its driver is open; off: none of it, for debugging only")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--user", o.sandbox.user,
+                 "workers drop to this user once their driver is open (the daemon must run as root; the "
+                 "user needs read-write access to /dev/nvidia*)");
+  bool print_allowlist = false;
+  app.add_flag("--print-syscall-allowlist", print_allowlist,
+               "print the system calls a sandboxed worker may make, with why, and exit");
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (print_allowlist) {
+    for (const auto& s : ivcuda::host::sandbox::allowlist())
+      std::printf("%s\t%s\t%s\n", s.name, ivcuda::host::sandbox::rule_name(s.rule), s.why);
+    return 0;
+  }
+  o.sandbox.enabled = sandbox_mode == "on";
 
   using ivcuda::log::Level;
   ivcuda::log::set_level(o.log_level == "error" ? Level::kError
@@ -394,6 +418,11 @@ int main(int argc, char** argv) {
     rl.rlim_cur = rl.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &rl);
   }
+  if (auto u = ivcuda::host::sandbox::resolve_user(o.sandbox); !u) {
+    IVLOG_ERROR("%s", u.error().what.c_str());
+    return 2;
+  }
+  ivcuda::host::sandbox::apply_to_daemon(o.sandbox);
   std::string err;
   const std::vector<int> gpus = parse_gpus(o.gpus, &err);
   if (!err.empty()) {
