@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "host-daemon/log.h"
+#include "host-daemon/sandbox.h"
 #include "host-daemon/tenant_share.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker.h"
@@ -79,6 +80,7 @@ struct Options {
   std::vector<std::string> guest_sockets;  // SOCKET=GPUS
   std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
   std::uint32_t vm_spares = 1;
+  ivcuda::host::sandbox::Config sandbox;  // --sandbox, --user
 };
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
@@ -137,6 +139,49 @@ ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, s
   return {};
 }
 
+// The sandbox's two steps around each worker's start (host-daemon/sandbox.h):
+// the first in the freshly forked worker before the driver loads, the second
+// once its driver, contexts and arena are ready. Each worker is a process of
+// its own, so one record of what was applied per process is enough.
+void sandbox_hooks(const Options& o, ivcuda::host::SupervisorConfig& sc) {
+  namespace sandbox = ivcuda::host::sandbox;
+  static sandbox::Applied applied;
+  const sandbox::Config* cfg = &o.sandbox;
+  sc.before_start = [cfg](const ivcuda::host::WorkerConfig& wc) {
+    return sandbox::before_driver(*cfg, wc.driver_path, &applied);
+  };
+  sc.after_start = [cfg](ivcuda::host::Worker&) -> ivcuda::Result<void> {
+    IVCUDA_TRY(sandbox::after_driver(*cfg, &applied));
+    sandbox::self_test_if_asked();
+    return {};
+  };
+}
+
+// One worker in this process, sandboxed, serving until its guest leaves
+// (--join: a guest peer of somebody else's server). Returns its exit status.
+int serve_one(const Options& o, ivcuda::host::WorkerConfig cfg, long long id) {
+  ivcuda::host::SupervisorConfig sc;
+  sandbox_hooks(o, sc);
+  if (auto st = sc.before_start(cfg); !st) {
+    IVLOG_ERROR("guest %lld: cannot sandbox the worker: %s", id, st.error().what.c_str());
+    return 2;
+  }
+  auto w = ivcuda::host::Worker::create(std::move(cfg));
+  if (!w) {
+    IVLOG_ERROR("guest %lld: cannot start: %s", id, w.error().what.c_str());
+    return 2;
+  }
+  if (auto st = sc.after_start(**w); !st) {
+    IVLOG_ERROR("guest %lld: cannot sandbox the worker: %s", id, st.error().what.c_str());
+    return 2;
+  }
+  g_worker = w->get();
+  if (g_stop != 0) g_worker->stop();  // a SIGTERM that came while we started
+  const int rc = (*w)->run();
+  g_worker = nullptr;
+  return rc;
+}
+
 // The connection's process: a VM's supervisor with a worker per guest
 // process, or, when the peer is the CUDA program itself, its one worker
 // (host-daemon/vm_supervisor.h).
@@ -163,6 +208,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   sc.peer_pid = peer_pid;
   sc.spares = o.vm_spares;
   sc.running = &g_worker;
+  sandbox_hooks(o, sc);
   return ivcuda::host::run_supervisor(std::move(sc), &g_stop);
 }
 
@@ -214,6 +260,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.broker_fd = broker_end ? broker_end->release() : -1;
   sc.spares = o.vm_spares;
   sc.running = &g_worker;
+  sandbox_hooks(o, sc);
   ::_exit(ivcuda::host::run_supervisor(std::move(sc), &g_stop));
 }
 
@@ -294,14 +341,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       cfg.driver_path = o.driver;
       cfg.devices = gpus;
       cfg.spin = std::chrono::microseconds(o.spin_us);
-      auto w = ivcuda::host::Worker::create(std::move(cfg));
-      if (!w) {
-        IVLOG_ERROR("guest %lld: cannot start: %s", static_cast<long long>(guest), w.error().what.c_str());
-        ::_exit(2);
-      }
-      g_worker = w->get();
-      if (g_stop != 0) g_worker->stop();
-      ::_exit((*w)->run());
+      ::_exit(serve_one(o, std::move(cfg), static_cast<long long>(guest)));
     }
     IVLOG_INFO("serving guest peer %lld; worker pid %d", static_cast<long long>(guest), static_cast<int>(pid));
     // The worker serves until the guest leaves the server (or we stop).
@@ -383,10 +423,28 @@ int main(int argc, char** argv) {
                  "workers kept started per VM for its next CUDA process (each holds a context per GPU)")
       ->check(CLI::Range(0u, 8u))
       ->capture_default_str();
+  std::string sandbox_mode = "on";
+  app.add_option("--sandbox", sandbox_mode,
+                 "on: each worker runs with no_new_privs, a seccomp allowlist and Landlock (where the kernel "
+                 "has it) once its driver is open; off: none of it, for debugging only")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--user", o.sandbox.user,
+                 "workers drop to this user once their driver is open (the daemon must run as root; the "
+                 "user needs read-write access to /dev/nvidia*)");
+  bool print_allowlist = false;
+  app.add_flag("--print-syscall-allowlist", print_allowlist,
+               "print the system calls a sandboxed worker may make, with why, and exit");
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (print_allowlist) {
+    for (const auto& s : ivcuda::host::sandbox::allowlist())
+      std::printf("%s\t%s\t%s\n", s.name, ivcuda::host::sandbox::rule_name(s.rule), s.why);
+    return 0;
+  }
+  o.sandbox.enabled = sandbox_mode == "on";
 
   using ivcuda::log::Level;
   ivcuda::log::set_level(o.log_level == "error" ? Level::kError
@@ -399,6 +457,11 @@ int main(int argc, char** argv) {
     rl.rlim_cur = rl.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &rl);
   }
+  if (auto u = ivcuda::host::sandbox::resolve_user(o.sandbox); !u) {
+    IVLOG_ERROR("%s", u.error().what.c_str());
+    return 2;
+  }
+  ivcuda::host::sandbox::apply_to_daemon(o.sandbox);
   std::string err;
   const std::vector<int> gpus = parse_gpus(o.gpus, &err);
   if (!err.empty()) {

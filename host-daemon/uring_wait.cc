@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 namespace ivcuda::host {
 
@@ -14,7 +15,31 @@ constexpr std::uint64_t kTagPoll = 2;
 
 Result<std::unique_ptr<UringWaiter>> UringWaiter::create(int doorbell_fd, int conn_fd) {
   std::unique_ptr<UringWaiter> w(new UringWaiter());
-  const int r = io_uring_queue_init(8, &w->ring_, 0);
+  // The ring may do only what the waiter does: read a doorbell, poll the
+  // connection, time out. A filter of system calls cannot see the operations
+  // a ring performs, so without this a subverted worker could open sockets or
+  // files through it (docs/security.md, "Sandbox"). Kernels before 5.10 have
+  // no restrictions: a plain ring then.
+  io_uring_params params{};
+  params.flags = IORING_SETUP_R_DISABLED;
+  int r = io_uring_queue_init_params(8, &w->ring_, &params);
+  if (r == 0) {
+    io_uring_restriction res[3]{};
+    const std::uint8_t ops[] = {IORING_OP_READ, IORING_OP_POLL_ADD, IORING_OP_TIMEOUT};
+    for (std::size_t i = 0; i < std::size(ops); ++i) {
+      res[i].opcode = IORING_RESTRICTION_SQE_OP;
+      res[i].sqe_op = ops[i];
+    }
+    r = io_uring_register_restrictions(&w->ring_, res, std::size(res));
+    if (r == 0) r = io_uring_enable_rings(&w->ring_);
+    if (r < 0) {
+      io_uring_queue_exit(&w->ring_);
+      return make_error(-r, std::string("restricting the io_uring: ") + std::strerror(-r));
+    }
+    w->restricted_ = true;
+  } else if (r == -EINVAL) {
+    r = io_uring_queue_init(8, &w->ring_, 0);
+  }
   if (r < 0) return make_error(-r, std::string("io_uring_queue_init: ") + std::strerror(-r));
   w->ring_ok_ = true;
   w->doorbell_fd_ = doorbell_fd;

@@ -26,6 +26,9 @@ class UringWaiter {
   // Blocks up to timeout_ms (0: only reap what is ready). Returns kDoorbell
   // and/or kHangup bits for what happened.
   unsigned wait(int timeout_ms) noexcept;
+  // Whether the ring is limited to the waiter's operations (read, poll,
+  // timeout); false on kernels without io_uring restrictions.
+  bool restricted() const noexcept { return restricted_; }
 
  private:
   UringWaiter() = default;
@@ -34,6 +37,7 @@ class UringWaiter {
 
   io_uring ring_{};
   bool ring_ok_ = false;
+  bool restricted_ = false;
   int doorbell_fd_ = -1;
   int conn_fd_ = -1;
   std::uint64_t buf_ = 0;

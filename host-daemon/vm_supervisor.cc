@@ -226,12 +226,21 @@ int Supervisor::serve_in_process() {
   bar_ = sys::Mapping{};
   WorkerConfig wc = std::move(cfg_.worker);
   if (broker_.connected()) wc.broker_fd = broker_.release();
+  if (cfg_.before_start)
+    if (auto st = cfg_.before_start(wc); !st) {
+      IVLOG_ERROR("guest %u: cannot sandbox the worker: %s", guest_id(), st.error().what.c_str());
+      return 2;
+    }
   auto w = Worker::create(std::move(wc));
   if (!w) {
     IVLOG_ERROR("guest %u: cannot start: %s", guest_id(), w.error().what.c_str());
     return 2;
   }
-  if (cfg_.after_worker_start != nullptr) cfg_.after_worker_start(**w);
+  if (cfg_.after_start)
+    if (auto st = cfg_.after_start(**w); !st) {
+      IVLOG_ERROR("guest %u: cannot sandbox the worker: %s", guest_id(), st.error().what.c_str());
+      return 2;
+    }
   if (cfg_.running != nullptr) *cfg_.running = w->get();
   if (*stop_ != 0) (*w)->stop();  // a SIGTERM that came while we started
   const int rc = (*w)->run();
@@ -335,12 +344,21 @@ bool Supervisor::start_worker(std::uint32_t s, std::int32_t guest_pid) {
     wc.vm = vm_;
     wc.vm_slot = s;
     wc.vm_notify_fd = notify_.get();
+    if (cfg_.before_start)
+      if (auto st = cfg_.before_start(wc); !st) {
+        IVLOG_ERROR("guest %u: cannot sandbox a worker: %s", guest_id(), st.error().what.c_str());
+        ::_exit(2);
+      }
     auto w = Worker::create(std::move(wc));
     if (!w) {
       IVLOG_ERROR("guest %u: a worker cannot start: %s", guest_id(), w.error().what.c_str());
       ::_exit(2);
     }
-    if (cfg_.after_worker_start != nullptr) cfg_.after_worker_start(**w);
+    if (cfg_.after_start)
+      if (auto st = cfg_.after_start(**w); !st) {
+        IVLOG_ERROR("guest %u: cannot sandbox a worker: %s", guest_id(), st.error().what.c_str());
+        ::_exit(2);
+      }
     if (cfg_.running != nullptr) *cfg_.running = w->get();
     slot.ready.store(1);
     if (*stop_ != 0) (*w)->stop();

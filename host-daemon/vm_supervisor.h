@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,9 +89,12 @@ struct SupervisorConfig {
   WorkerConfig worker;        // the connection's fds, layout, driver; as for one worker
   pid_t peer_pid = -1;        // the connecting process (SO_PEERCRED); -1: never process mode
   std::uint32_t spares = 1;   // workers kept started ahead of the next guest process
-  // Called in each worker process after Worker::create succeeded and before
-  // it serves (the sandbox goes here).
-  void (*after_worker_start)(Worker&) = nullptr;
+  // Called in each worker process: right after fork, before the driver is
+  // loaded (still one thread), and after Worker::create succeeded, before it
+  // serves. The sandbox's two steps go here (host-daemon/sandbox.h). An error
+  // ends the worker.
+  std::function<Result<void>(const WorkerConfig&)> before_start;
+  std::function<Result<void>(Worker&)> after_start;
   // Where a worker running in this process is published, for the SIGTERM
   // handler (it calls stop()).
   Worker** running = nullptr;

@@ -5,7 +5,7 @@
 #   tools/install-deps.sh          build + test dependencies, VM tests included
 #   tools/install-deps.sh --build  only what building the daemon and library needs
 set -euo pipefail
-build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libboost-dev catch2 libcli11-dev)
+build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libseccomp-dev libboost-dev catch2 libcli11-dev)
 vm=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static kmod cpio xz-utils zstd)
 # The GPU test double reads compressed fatbins (cuBLAS's, cuFFT's) with these, loaded at run time.
 testlibs=(libzstd1 liblz4-1)

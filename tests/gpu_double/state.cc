@@ -1,7 +1,6 @@
 #include "state.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,9 +32,13 @@ void log(const char* fmt, ...) {
 }
 
 namespace {
+// The ledger file: one entry per process. An entry belongs to the process
+// holding a write lock on its byte (an open-file-description lock: the kernel
+// drops it when the process ends, however it ends), so liveness needs no
+// signals or /proc (which a sandboxed worker may not use).
 struct Ledger {
   struct Entry {
-    std::atomic<std::int32_t> pid;
+    std::int32_t pid;
     std::int32_t reserved;
     std::atomic<std::uint64_t> used[kMaxDevices];
   };
@@ -43,7 +46,18 @@ struct Ledger {
   Entry e[kEntries];
 };
 
-bool alive(std::int32_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+int g_ledger_fd = -1;
+
+bool lock_byte(int i, bool take) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = i;
+  fl.l_len = 1;
+  if (take) return ::fcntl(g_ledger_fd, F_OFD_SETLK, &fl) == 0;
+  if (::fcntl(g_ledger_fd, F_OFD_GETLK, &fl) != 0) return false;
+  return fl.l_type != F_UNLCK;  // true: another process holds entry i
+}
 
 // The ledger, mapped on first use; null when IVCUDA_DOUBLE_LEDGER is unset or unusable.
 Ledger* ledger() {
@@ -55,27 +69,29 @@ Ledger* ledger() {
     void* p = nullptr;
     if (::ftruncate(fd, sizeof(Ledger)) == 0)
       p = ::mmap(nullptr, sizeof(Ledger), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    return p == MAP_FAILED || p == nullptr ? nullptr : static_cast<Ledger*>(p);
+    if (p == MAP_FAILED || p == nullptr) {
+      ::close(fd);
+      return nullptr;
+    }
+    g_ledger_fd = fd;  // kept open: it holds this process's entry lock
+    return static_cast<Ledger*>(p);
   }();
   return l;
 }
 
-// This process's entry: its own, or one taken over from a process that is gone.
-Ledger::Entry* my_entry() {
-  static Ledger::Entry* mine = []() -> Ledger::Entry* {
+// This process's entry: the first whose lock it gets (free, or left by a
+// process that ended).
+int my_index() {
+  static int mine = []() -> int {
     Ledger* l = ledger();
-    if (l == nullptr) return nullptr;
-    const auto me = static_cast<std::int32_t>(::getpid());
-    for (auto& e : l->e) {
-      std::int32_t cur = e.pid.load();
-      if (cur != 0 && alive(cur)) continue;
-      if (e.pid.compare_exchange_strong(cur, me)) {
-        for (auto& u : e.used) u.store(0);
-        return &e;
+    if (l == nullptr) return -1;
+    for (int i = 0; i < Ledger::kEntries; ++i)
+      if (lock_byte(i, true)) {
+        l->e[i].pid = static_cast<std::int32_t>(::getpid());
+        for (auto& u : l->e[i].used) u.store(0);
+        return i;
       }
-    }
-    return nullptr;
+    return -1;
   }();
   return mine;
 }
@@ -84,18 +100,16 @@ Ledger::Entry* my_entry() {
 std::size_t ledger_others(int device) {
   Ledger* l = ledger();
   if (l == nullptr || device < 0 || device >= kMaxDevices) return 0;
-  const auto me = static_cast<std::int32_t>(::getpid());
+  const int me = my_index();
   std::size_t sum = 0;
-  for (auto& e : l->e) {
-    const std::int32_t pid = e.pid.load();
-    if (pid != me && alive(pid)) sum += e.used[device].load();
-  }
+  for (int i = 0; i < Ledger::kEntries; ++i)
+    if (i != me && lock_byte(i, false)) sum += l->e[i].used[device].load();
   return sum;
 }
 
 void ledger_publish(int device, std::size_t used) {
   if (device < 0 || device >= kMaxDevices) return;
-  if (Ledger::Entry* e = my_entry()) e->used[device].store(used);
+  if (const int i = my_index(); i >= 0) ledger()->e[i].used[device].store(used);
 }
 
 const Allocation* State::find(std::uintptr_t p, std::size_t n) const {

@@ -1,0 +1,499 @@
+#include "host-daemon/sandbox.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "host-daemon/log.h"
+
+namespace ivcuda::host::sandbox {
+
+// ------------------------------------------------------------- the allowlist
+//
+// Every system call a sandboxed worker may make, once: what the worker itself
+// does while serving (ring polling, io_uring waits, the fd broker, memfds for
+// DOT text and pool probes, device printf's pipe) and what a CUDA user-space
+// driver does after its start (ioctls on its device files, memory mappings,
+// threads, futexes, clocks, NUMA queries, the lazy load of its PTX compiler).
+// Found by tracing the worker under the GPU test double (all process-mode
+// test programs) and listed generously for the real driver where a refusal
+// would only cost a guest an error; tests/gpu/trace_worker_syscalls.sh
+// traces the real driver and prints what this table lacks. Anything else
+// answers EPERM (docs/security.md says why not a kill).
+constexpr Syscall kAllow[] = {
+    // memory
+    {"brk", Rule::kAny, "malloc's heap"},
+    {"mmap", Rule::kAny, "the driver maps its device files and memory; malloc, thread stacks"},
+    {"munmap", Rule::kAny, "the reverse"},
+    {"mprotect", Rule::kAny, "thread stack guards; libraries the driver loads late (its PTX compiler)"},
+    {"mremap", Rule::kAny, "realloc of large blocks"},
+    {"madvise", Rule::kAny, "the C library returns freed memory and stacks"},
+    {"mincore", Rule::kAny, "the driver probes residency"},
+    {"msync", Rule::kAny, "flushing shared mappings"},
+    {"mlock", Rule::kAny, "page-locking (bounded by RLIMIT_MEMLOCK)"},
+    {"munlock", Rule::kAny, "the reverse"},
+    {"get_mempolicy", Rule::kAny, "the driver asks which NUMA node memory is on"},
+    {"set_mempolicy", Rule::kAny, "the driver places its allocations near the GPU"},
+    {"mbind", Rule::kAny, "same, per range"},
+    {"membarrier", Rule::kAny, "process-wide memory barriers some runtimes use"},
+    {"memfd_create", Rule::kAny, "DOT text and pool probes (worker), IPC memory (the GPU test double)"},
+    // threads and waiting
+    {"clone", Rule::kThreadsOnly, "the driver's threads (CLONE_THREAD only: never a new process)"},
+    {"clone3", Rule::kEnosys, "its flags are out of a filter's reach: ENOSYS makes the C library use clone"},
+    {"futex", Rule::kAny, "locks and condition variables"},
+    {"set_robust_list", Rule::kAny, "every new thread"},
+    {"rseq", Rule::kAny, "every new thread (glibc 2.35+)"},
+    {"exit", Rule::kAny, "a thread ends"},
+    {"exit_group", Rule::kAny, "the worker ends"},
+    {"sched_yield", Rule::kAny, "spinning waits (the worker's parked synchronise, the driver)"},
+    {"sched_getaffinity", Rule::kAny, "CPU counts"},
+    {"sched_setaffinity", Rule::kAny, "the driver places its threads (within the worker's cpuset)"},
+    {"sched_getparam", Rule::kAny, "thread attributes"},
+    {"sched_getscheduler", Rule::kAny, "thread attributes"},
+    {"sched_get_priority_min", Rule::kAny, "thread attributes"},
+    {"sched_get_priority_max", Rule::kAny, "thread attributes"},
+    {"getpriority", Rule::kAny, "thread attributes"},
+    {"nanosleep", Rule::kAny, "sleeps"},
+    {"clock_nanosleep", Rule::kAny, "sleeps (usleep: ivshmem-plain polling, parked waits)"},
+    {"clock_gettime", Rule::kAny, "time, where the vDSO does not answer"},
+    {"clock_getres", Rule::kAny, "time"},
+    {"gettimeofday", Rule::kAny, "time"},
+    {"time", Rule::kAny, "time"},
+    {"timerfd_create", Rule::kAny, "the driver's timed waits"},
+    {"timerfd_settime", Rule::kAny, "same"},
+    {"timerfd_gettime", Rule::kAny, "same"},
+    {"poll", Rule::kAny, "waits on descriptors"},
+    {"ppoll", Rule::kAny, "same"},
+    {"select", Rule::kAny, "same"},
+    {"pselect6", Rule::kAny, "same"},
+    {"epoll_create1", Rule::kAny, "the driver's event loops"},
+    {"epoll_ctl", Rule::kAny, "same"},
+    {"epoll_wait", Rule::kAny, "same"},
+    {"epoll_pwait", Rule::kAny, "same"},
+    {"eventfd2", Rule::kAny, "the driver's wake-ups"},
+    {"io_uring_enter", Rule::kAny, "the worker's sleep (a ring restricted to read, poll and timeout)"},
+    // signals
+    {"rt_sigaction", Rule::kAny, "handlers"},
+    {"rt_sigprocmask", Rule::kAny, "masks (every thread start)"},
+    {"rt_sigreturn", Rule::kAny, "return from a handler"},
+    {"sigaltstack", Rule::kAny, "handler stacks"},
+    {"restart_syscall", Rule::kAny, "an interrupted sleep resumes"},
+    {"tgkill", Rule::kOwnProcess, "raise() and abort(), to this process's own threads only"},
+    // descriptors the worker holds
+    {"read", Rule::kAny, "doorbells, device printf's pipe, files the driver opened"},
+    {"write", Rule::kAny, "log lines (stderr), doorbells"},
+    {"readv", Rule::kAny, "same"},
+    {"writev", Rule::kAny, "same"},
+    {"pread64", Rule::kAny, "DOT text from its memfd"},
+    {"pwrite64", Rule::kAny, "the GPU test double fills IPC memfds"},
+    {"lseek", Rule::kAny, "file offsets"},
+    {"close", Rule::kAny, "descriptors"},
+    {"dup", Rule::kAny, "descriptors"},
+    {"dup3", Rule::kAny, "descriptors"},
+    {"pipe2", Rule::kAny, "the driver's internal pipes"},
+    {"fcntl", Rule::kAny, "descriptor flags"},
+    {"ftruncate", Rule::kAny, "sizing memfds"},
+    {"fstat", Rule::kAny, "sizes and types of descriptors"},
+    {"newfstatat", Rule::kAny, "same (fstat's form in glibc), and paths Landlock lets it see"},
+    {"statx", Rule::kAny, "same"},
+    {"getdents64", Rule::kAny, "listing a directory Landlock allows (/proc/self/fd, /dev)"},
+    {"ioctl", Rule::kAny, "the driver's requests to its device files (Landlock decides which files open)"},
+    {"sendmsg", Rule::kAny, "the fd broker's line (SCM_RIGHTS) - an existing socket; none can be made"},
+    {"recvmsg", Rule::kAny, "same"},
+    {"sendto", Rule::kAny, "send() on existing sockets"},
+    {"recvfrom", Rule::kAny, "recv() on existing sockets"},
+    {"shutdown", Rule::kAny, "existing sockets"},
+    {"getsockopt", Rule::kAny, "existing sockets"},
+    {"getsockname", Rule::kAny, "existing sockets"},
+    {"getpeername", Rule::kAny, "existing sockets"},
+    // paths: Landlock limits where (libraries, /dev/nvidia*, /proc/self, /sys)
+    {"openat", Rule::kAny, "the driver's device files, /proc and /sys entries, late libraries"},
+    {"open", Rule::kAny, "the same, from code built against old C libraries"},
+    {"faccessat", Rule::kAny, "existence checks (also the trace mark)"},
+    {"faccessat2", Rule::kAny, "same"},
+    {"access", Rule::kAny, "same"},
+    {"readlink", Rule::kAny, "/proc/self/exe and friends"},
+    {"readlinkat", Rule::kAny, "same"},
+    {"getcwd", Rule::kAny, "path resolution"},
+    // who and where
+    {"getpid", Rule::kAny, "this process"},
+    {"gettid", Rule::kAny, "this thread"},
+    {"getppid", Rule::kAny, "the daemon"},
+    {"getuid", Rule::kAny, "identity"},
+    {"geteuid", Rule::kAny, "identity"},
+    {"getgid", Rule::kAny, "identity"},
+    {"getegid", Rule::kAny, "identity"},
+    {"getresuid", Rule::kAny, "identity"},
+    {"getresgid", Rule::kAny, "identity"},
+    {"getgroups", Rule::kAny, "identity"},
+    {"uname", Rule::kAny, "the kernel's version"},
+    {"sysinfo", Rule::kAny, "memory sizes"},
+    {"getrlimit", Rule::kAny, "limits"},
+    {"prlimit64", Rule::kReadLimits, "limits, read only"},
+    {"getrusage", Rule::kAny, "CPU time"},
+    {"times", Rule::kAny, "CPU time"},
+    {"getrandom", Rule::kAny, "IPC tokens, random mapping addresses"},
+    {"getcpu", Rule::kAny, "where a thread runs"},
+    {"prctl", Rule::kPrctlSome, "thread names, timer slack (Worker::run), a few queries"},
+};
+
+// prctl options a sandboxed worker may use (Rule::kPrctlSome).
+constexpr int kPrSetVma = 0x53564d41;  // PR_SET_VMA (Linux 5.17; newer headers)
+constexpr int kPrctlAllowed[] = {PR_SET_NAME,         PR_GET_NAME,     PR_SET_TIMERSLACK, PR_GET_TIMERSLACK,
+                                 PR_GET_DUMPABLE,     PR_GET_SECCOMP,  PR_GET_NO_NEW_PRIVS, PR_GET_PDEATHSIG,
+                                 PR_GET_CHILD_SUBREAPER, kPrSetVma};
+
+std::span<const Syscall> allowlist() { return kAllow; }
+
+const char* rule_name(Rule r) noexcept {
+  switch (r) {
+    case Rule::kAny: return "any";
+    case Rule::kThreadsOnly: return "CLONE_THREAD only";
+    case Rule::kOwnProcess: return "own threads only";
+    case Rule::kReadLimits: return "read only";
+    case Rule::kPrctlSome: return "listed options only";
+    case Rule::kEnosys: return "ENOSYS";
+  }
+  return "?";
+}
+
+namespace {
+
+// ------------------------------------------------------------------ Landlock
+// Constants of the kernel ABI, spelled here so that the build does not depend
+// on how new the machine's linux/landlock.h is (Debian 12's knows ABI 2).
+constexpr std::uint64_t kFsExecute = 1ull << 0, kFsWriteFile = 1ull << 1, kFsReadFile = 1ull << 2,
+                        kFsReadDir = 1ull << 3, kFsRefer = 1ull << 13, kFsTruncate = 1ull << 14;
+constexpr std::uint64_t kFsAllV1 = (1ull << 13) - 1;  // execute .. make_sym
+constexpr std::uint64_t kFsFileRights = kFsExecute | kFsWriteFile | kFsReadFile | kFsTruncate;
+constexpr std::uint64_t kNetBindTcp = 1ull << 0, kNetConnectTcp = 1ull << 1;            // ABI 4
+constexpr std::uint64_t kScopeAbstractUnix = 1ull << 0, kScopeSignal = 1ull << 1;       // ABI 6
+constexpr unsigned kCreateRulesetVersion = 1u << 0;
+constexpr int kRulePathBeneath = 1;
+
+struct RulesetAttr {
+  std::uint64_t handled_access_fs;
+  std::uint64_t handled_access_net;
+  std::uint64_t scoped;
+};
+struct __attribute__((packed)) PathBeneathAttr {
+  std::uint64_t allowed_access;
+  std::int32_t parent_fd;
+};
+
+long ll_create_ruleset(const RulesetAttr* attr, std::size_t size, unsigned flags) {
+  return ::syscall(__NR_landlock_create_ruleset, attr, size, flags);
+}
+
+std::string errno_name(int e) {
+  switch (e) {
+    case 0: return "allowed";
+    case EPERM: return "EPERM";
+    case EACCES: return "EACCES";
+    case ENOSYS: return "ENOSYS";
+    default: return std::strerror(e);
+  }
+}
+
+bool is_gpu_double(const std::string& driver_path, void* handle) {
+  std::string file = driver_path;
+  Dl_info info{};
+  if (void* sym = handle != nullptr ? ::dlsym(handle, "cuInit") : nullptr;
+      sym != nullptr && ::dladdr(sym, &info) != 0 && info.dli_fname != nullptr)
+    file = info.dli_fname;
+  return file.find("ivcuda-gpu-double") != std::string::npos;
+}
+
+// Directories of every file mapped into the worker now: its own libraries and
+// the driver's, wherever they were found (LD_LIBRARY_PATH, a build tree,
+// /usr/local/nvidia/lib64). The driver loads more from its own directory later.
+std::set<std::string> mapped_dirs() {
+  std::set<std::string> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos || line.find(" (deleted)") != std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const auto last = path.rfind('/');
+    if (last > 0) out.insert(path.substr(0, last));
+  }
+  return out;
+}
+
+struct PathRule {
+  std::string path;
+  std::uint64_t access;
+};
+
+std::vector<PathRule> landlock_rules() {
+  constexpr std::uint64_t kRX = kFsExecute | kFsReadFile | kFsReadDir;
+  constexpr std::uint64_t kR = kFsReadFile | kFsReadDir;
+  constexpr std::uint64_t kRW = kFsReadFile | kFsWriteFile | kFsReadDir;
+  std::vector<PathRule> r;
+  // Libraries: the system's, the ones mapped now, and LD_LIBRARY_PATH's.
+  for (const char* p : {"/usr", "/lib", "/lib64"}) r.push_back({p, kRX});
+  for (const auto& d : mapped_dirs()) r.push_back({d, kRX});
+  if (const char* llp = std::getenv("LD_LIBRARY_PATH"); llp != nullptr) {
+    std::string s = llp;
+    for (std::size_t at = 0; at <= s.size();) {
+      const auto colon = std::min(s.find(':', at), s.size());
+      if (colon > at) r.push_back({s.substr(at, colon - at), kRX});
+      at = colon + 1;
+    }
+  }
+  r.push_back({"/etc/ld.so.cache", kR});
+  // What the driver reads about itself, the machine and this process. Only
+  // this process's /proc entry: other processes' (the daemon's, other
+  // guests' workers') stay closed, and Landlock refuses ptrace-like access
+  // across domains too.
+  for (const char* p : {"/proc/self", "/proc/driver", "/proc/devices", "/proc/modules", "/proc/cpuinfo",
+                        "/proc/meminfo", "/proc/stat", "/proc/sys/vm", "/proc/sys/kernel", "/sys"})
+    r.push_back({p, kR});
+  // Devices: the driver's, read-write; a few harmless ones.
+  if (DIR* dev = ::opendir("/dev"); dev != nullptr) {
+    while (const dirent* e = ::readdir(dev))
+      if (std::strncmp(e->d_name, "nvidia", 6) == 0) r.push_back({std::string("/dev/") + e->d_name, kRW});
+    ::closedir(dev);
+  }
+  r.push_back({"/dev/null", kFsReadFile | kFsWriteFile | kFsTruncate});
+  for (const char* p : {"/dev/zero", "/dev/urandom", "/dev/random"}) r.push_back({p, kFsReadFile});
+  return r;
+}
+
+Result<int> apply_landlock(std::string* note) {
+  const long abi = ll_create_ruleset(nullptr, 0, kCreateRulesetVersion);
+  if (abi < 0) {
+    *note = errno == ENOSYS ? "the kernel has no Landlock"
+            : errno == EOPNOTSUPP ? "Landlock is disabled in this kernel (boot lsm=)"
+                                  : std::string("landlock_create_ruleset: ") + std::strerror(errno);
+    return 0;
+  }
+  RulesetAttr attr{};
+  attr.handled_access_fs = kFsAllV1 | (abi >= 2 ? kFsRefer : 0) | (abi >= 3 ? kFsTruncate : 0);
+  std::size_t size = sizeof attr.handled_access_fs;
+  if (abi >= 4) {
+    attr.handled_access_net = kNetBindTcp | kNetConnectTcp;  // no rule: no TCP at all
+    size = offsetof(RulesetAttr, scoped);
+  }
+  if (abi >= 6) {
+    attr.scoped = kScopeAbstractUnix | kScopeSignal;  // nothing outside the worker
+    size = sizeof attr;
+  }
+  const int rs = static_cast<int>(ll_create_ruleset(&attr, size, 0));
+  if (rs < 0) return make_error(errno, std::string("landlock_create_ruleset: ") + std::strerror(errno));
+  for (const auto& rule : landlock_rules()) {
+    const int fd = ::open(rule.path.c_str(), O_PATH | O_CLOEXEC);
+    if (fd < 0) continue;  // not on this machine
+    struct stat st {};
+    PathBeneathAttr pb{};
+    pb.allowed_access = rule.access & attr.handled_access_fs;
+    if (::fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) pb.allowed_access &= kFsFileRights;
+    pb.parent_fd = fd;
+    if (::syscall(__NR_landlock_add_rule, rs, kRulePathBeneath, &pb, 0) != 0)
+      IVLOG_WARN("sandbox: Landlock rule for %s: %s", rule.path.c_str(), std::strerror(errno));
+    else
+      IVLOG_DEBUG("sandbox: landlock rule %s access 0x%llx", rule.path.c_str(),
+                  static_cast<unsigned long long>(pb.allowed_access));
+    ::close(fd);
+  }
+  const long r = ::syscall(__NR_landlock_restrict_self, rs, 0);
+  const int e = errno;
+  ::close(rs);
+  if (r != 0) return make_error(e, std::string("landlock_restrict_self: ") + std::strerror(e));
+  return static_cast<int>(abi);
+}
+
+// ------------------------------------------------------------------- seccomp
+
+Result<std::size_t> apply_seccomp() {
+  scmp_filter_ctx ctx = ::seccomp_init(SCMP_ACT_ERRNO(EPERM));
+  if (ctx == nullptr) return make_error(ENOMEM, "seccomp_init failed");
+  struct Release {
+    scmp_filter_ctx c;
+    ~Release() { ::seccomp_release(c); }
+  } release{ctx};
+  // Every thread the driver started gets the filter too (and no_new_privs).
+  if (int rc = ::seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1); rc != 0)
+    return make_error(-rc, std::string("seccomp TSYNC: ") + std::strerror(-rc));
+  std::size_t n = 0;
+  const auto self = static_cast<scmp_datum_t>(::getpid());
+  for (const Syscall& s : kAllow) {
+    const int nr = ::seccomp_syscall_resolve_name(s.name);
+    if (nr == __NR_SCMP_ERROR) {
+      IVLOG_DEBUG("sandbox: %s is no system call here", s.name);
+      continue;
+    }
+    int rc = 0;
+    switch (s.rule) {
+      case Rule::kAny: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0); break;
+      case Rule::kThreadsOnly:
+        rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
+        break;
+      case Rule::kOwnProcess: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, SCMP_A0(SCMP_CMP_EQ, self)); break;
+      case Rule::kReadLimits: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, SCMP_A2(SCMP_CMP_EQ, 0)); break;
+      case Rule::kPrctlSome:
+        for (const int opt : kPrctlAllowed)
+          if (rc == 0)
+            rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1,
+                                    SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt)));
+        break;
+      case Rule::kEnosys: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0); break;
+    }
+    if (rc != 0) return make_error(-rc, std::string("seccomp rule for ") + s.name + ": " + std::strerror(-rc));
+    if (s.rule != Rule::kEnosys) ++n;
+  }
+  if (int rc = ::seccomp_load(ctx); rc != 0)
+    return make_error(-rc, std::string("seccomp_load: ") + std::strerror(-rc));
+  return n;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr const char* kSanitizerNote =
+    "a sanitizer build (its runtime forks a symbolizer, reads /proc and traces threads at exit)";
+#else
+constexpr const char* kSanitizerNote = nullptr;
+#endif
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------- steps
+
+Result<void> resolve_user(Config& c) {
+  if (c.user.empty()) return {};
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  const int rc = ::getpwnam_r(c.user.c_str(), &pw, buf.data(), buf.size(), &found);
+  if (found == nullptr)
+    return make_error(rc != 0 ? rc : ENOENT, "--user " + c.user + ": " + (rc != 0 ? std::strerror(rc) : "no such user"));
+  c.uid = pw.pw_uid;
+  c.gid = pw.pw_gid;
+  if (::geteuid() != 0 && c.uid != ::geteuid())
+    return make_error(EPERM, "--user " + c.user + ": the daemon runs as uid " + std::to_string(::geteuid()) +
+                                 ", only root can make workers another user");
+  return {};
+}
+
+void apply_to_daemon(const Config& c) {
+  if (!c.enabled) {
+    IVLOG_WARN("SANDBOX OFF (--sandbox off): workers keep every privilege of the daemon and may make any "
+               "system call; use this only to debug");
+    return;
+  }
+  // Nothing the daemon runs may gain privileges (it executes nothing itself;
+  // its workers inherit this). It keeps root, when started as root, to make
+  // workers drop to --user: docs/security.md, "Sandbox".
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    IVLOG_WARN("sandbox: no_new_privs on the daemon: %s", std::strerror(errno));
+}
+
+Result<void> before_driver(const Config& c, const std::string& driver_path, Applied* a) {
+  trace_mark("worker-start");
+  if (!c.enabled) return {};
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    return make_error(errno, std::string("no_new_privs: ") + std::strerror(errno));
+  a->no_new_privs = true;
+  // Loaded (not started) now, so that its directory and its dependencies'
+  // are known; Worker::create's dlopen finds it loaded.
+  void* handle = ::dlopen(driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (is_gpu_double(driver_path, handle) && !env_is("IVCUDA_SANDBOX_LANDLOCK_WITH_DOUBLE", "1")) {
+    // The double imports another worker's IPC memory through
+    // /proc/<pid>/fd/<n>; Landlock refuses that across domains (a real
+    // driver shares through its kernel module instead).
+    a->landlock_note = "the GPU test double (its IPC reads other workers' /proc/<pid>/fd)";
+    return {};
+  }
+  IVCUDA_TRY_ASSIGN(a->landlock_abi, apply_landlock(&a->landlock_note));
+  return {};
+}
+
+Result<void> after_driver(const Config& c, Applied* a) {
+  trace_mark("sandbox");
+  if (!c.enabled) {
+    IVLOG_WARN("sandbox OFF: no seccomp, no Landlock, no_new_privs not set, uid %u",
+               static_cast<unsigned>(::getuid()));
+    return {};
+  }
+  if (!c.user.empty()) {
+    const gid_t groups[] = {c.gid};
+    if (::setgroups(1, groups) != 0 || ::setgid(c.gid) != 0 || ::setuid(c.uid) != 0)
+      return make_error(errno, "dropping to --user " + c.user + ": " + std::strerror(errno));
+    uid_t ru, eu, su;
+    gid_t rg, eg, sg;
+    if (::getresuid(&ru, &eu, &su) != 0 || ::getresgid(&rg, &eg, &sg) != 0 || ru != c.uid || eu != c.uid ||
+        su != c.uid || rg != c.gid || eg != c.gid || sg != c.gid || (c.uid != 0 && ::setuid(0) == 0))
+      return make_error(EPERM, "dropping to --user " + c.user + " did not take");
+    // A change of credentials clears the parent-death signal: set it again.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  }
+  if (kSanitizerNote != nullptr) {
+    a->seccomp_note = kSanitizerNote;
+  } else {
+    IVCUDA_TRY_ASSIGN(a->allowed_syscalls, apply_seccomp());
+    a->seccomp = true;
+  }
+  const std::string ll = a->landlock_abi > 0 ? "yes (ABI " + std::to_string(a->landlock_abi) + ")"
+                                             : "no (" + a->landlock_note + ")";
+  const std::string sc = a->seccomp ? "yes (" + std::to_string(a->allowed_syscalls) +
+                                          " system calls allowed, others EPERM)"
+                                    : "no (" + a->seccomp_note + ")";
+  IVLOG_INFO("sandbox: no_new_privs %s, landlock %s, seccomp %s, uid %u gid %u", a->no_new_privs ? "yes" : "no",
+             ll.c_str(), sc.c_str(), static_cast<unsigned>(::getuid()), static_cast<unsigned>(::getgid()));
+  return {};
+}
+
+void self_test_if_asked() {
+  if (!env_is("IVCUDA_SANDBOX_SELFTEST", "1")) return;
+  auto result = [](long r) { return errno_name(r < 0 ? errno : 0); };
+  errno = 0;
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const std::string sock = result(s);
+  if (s >= 0) ::close(s);
+  char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
+  char* const envp[] = {nullptr};
+  const std::string exec = result(::syscall(SYS_execve, "/bin/true", argv, envp));
+  const long f = ::syscall(SYS_fork);
+  if (f == 0) ::_exit(0);
+  if (f > 0) ::waitpid(static_cast<pid_t>(f), nullptr, 0);
+  const std::string fork = result(f);
+  const std::string kill = result(::kill(::getppid(), 0));
+  const int fd = ::open("/etc/hostname", O_RDONLY | O_CLOEXEC);
+  const std::string open = result(fd);
+  if (fd >= 0) ::close(fd);
+  IVLOG_INFO("sandbox self-test: socket(AF_INET) -> %s, execve -> %s, fork -> %s, kill(daemon) -> %s, "
+             "open /etc/hostname -> %s",
+             sock.c_str(), exec.c_str(), fork.c_str(), kill.c_str(), open.c_str());
+}
+
+void trace_mark(const char* what) {
+  if (!env_is("IVCUDA_SANDBOX_TRACE_MARK", "1")) return;
+  const std::string path = std::string("/ivcuda-sandbox-point/") + what;
+  (void)::syscall(SYS_faccessat, AT_FDCWD, path.c_str(), F_OK);
+}
+
+}  // namespace ivcuda::host::sandbox

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Which system calls does a worker make with the real NVIDIA driver after the
+# sandbox point (docs/security.md, "Sandbox")? Runs ivcudad with --sandbox off
+# under strace, marks (IVCUDA_SANDBOX_TRACE_MARK=1) each worker's start and
+# the point where the sandbox would close, runs a representative set of the
+# GPU suite's programs through it, and prints every call made after that
+# point against the allowlist (MISSING lines: calls the allowlist lacks), the
+# files the workers opened, and which of those no Landlock rule covers.
+# Then it starts a sandboxed daemon once (one program) to show its log line.
+#   bash tests/gpu/trace_worker_syscalls.sh      (from the repository root, after
+#                                                 tests/gpu/run_gpu_suite.sh built build/gpu)
+# Needs strace: the system's, or Debian's strace and libunwind8 .debs in .deps/
+# (tests/gpu/fetch-deps.sh downloads them), unpacked here into /tmp.
+# Writes worker-trace.txt, worker-syscalls.txt and the daemons' logs to $OUT.
+# Elsewhere (against the GPU test double): IVCUDA_TRACE_BUILD=build/default
+# IVCUDA_TRACE_DRIVER=.../libivcuda-gpu-double.so IVCUDA_TRACE_NO_BUILD=1.
+set -u
+root=$(pwd)
+out=${OUT:-$root/out}
+mkdir -p "$out"
+build=$(cd "${IVCUDA_TRACE_BUILD:-$root/build/gpu}" 2>/dev/null && pwd || echo "$root/build/gpu")
+driver=${IVCUDA_TRACE_DRIVER:-libcuda.so.1}
+deps=/tmp/ivcuda-deps
+
+strace=$(command -v strace || true)
+if [ -z "$strace" ]; then
+  st=/tmp/ivcuda-strace
+  rm -rf "$st" && mkdir -p "$st"
+  for f in "$root"/.deps/strace_*.deb "$root"/.deps/libunwind8_*.deb; do
+    [ -f "$f" ] || { echo "no strace here and no $f in .deps/ (tests/gpu/fetch-deps.sh)"; exit 1; }
+    dpkg -x "$f" "$st"
+  done
+  # strace's own libraries only: -E LD_LIBRARY_PATH below keeps them from the daemon.
+  strace_run() { LD_LIBRARY_PATH=$st/usr/lib/x86_64-linux-gnu "$st/usr/bin/strace" -E LD_LIBRARY_PATH "$@"; }
+else
+  strace_run() { "$strace" "$@"; }
+fi
+strace_run -V | head -1 || exit 1
+
+if [ -n "${IVCUDA_TRACE_NO_BUILD:-}" ]; then
+  :
+elif [ ! -x "$build/host-daemon/ivcudad" ]; then
+  echo "== building (build/gpu is not there: tests/gpu/run_gpu_suite.sh builds it)"
+  rm -rf "$deps" && mkdir -p "$deps"
+  for f in "$root"/.deps/*.deb; do dpkg -x "$f" "$deps"; done
+  export PKG_CONFIG_SYSROOT_DIR=$deps PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
+  export CPLUS_INCLUDE_PATH=$deps/usr/include LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
+    >"$out/trace-configure.log" 2>&1 || { tail -30 "$out/trace-configure.log"; exit 1; }
+fi
+targets="ivcudad ivcuda_guest ivcuda_gpu_double_kernels drv_core drv_kernels drv_graphs drv_hostfunc drv_vmm_share
+  drv_pools drv_pool_share drv_ipc drv_graph_build drv_errors drv_arrays drv_memops drv_library rt_basic rt_ipc lib_cublas"
+# shellcheck disable=SC2086 # one word per target
+[ -n "${IVCUDA_TRACE_NO_BUILD:-}" ] || cmake --build "$build" -j "$(nproc)" --target $targets >"$out/trace-build.log" 2>&1 ||
+  { grep -E "error|Error" "$out/trace-build.log" | head -30; exit 1; }
+
+bin=$build/tests/bin
+ptx=$build/tests/gpu_double/test_kernels.ptx
+fatbin=$build/tests/gpu_double/test_kernels.fatbin
+sock=/tmp/ivcuda-trace.sock
+programs=(
+  "$bin/drv_core"
+  "$bin/drv_kernels --ptx $ptx --fatbin $fatbin"
+  "$bin/drv_library --fatbin $fatbin --ptx $ptx"
+  "$bin/drv_graphs --ptx $ptx"
+  "$bin/drv_hostfunc --ptx $ptx"
+  "$bin/drv_vmm_share"
+  "$bin/drv_pools --ptx $ptx"
+  "$bin/drv_pool_share --ptx $ptx"
+  "$bin/drv_ipc --ptx $ptx"
+  "$bin/drv_graph_build --ptx $ptx"
+  "$bin/drv_errors --ptx $ptx --fault"
+  "$bin/drv_arrays --ptx $ptx"
+  "$bin/drv_memops"
+  "$bin/rt_basic_static"
+  "$bin/rt_ipc_static"
+  "$bin/lib_cublas"
+)
+run_programs() {  # LOG: runs every program through the daemon at $sock
+  local p rc
+  for p in "${programs[@]}"; do
+    [ -x "${p%% *}" ] || { echo "  not built: ${p%% *}"; continue; }
+    # shellcheck disable=SC2086 # the entry is a command line
+    IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 600 $p >"$out/trace-prog.out" 2>&1
+    rc=$?
+    echo "  rc=$rc  ${p#"$bin"/}"
+    [ $rc -eq 0 ] || tail -5 "$out/trace-prog.out"
+  done
+}
+
+echo "== tracing ivcudad --sandbox off (the workers' calls after the sandbox point)"
+rm -f "$sock"
+IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" \
+  "$build/host-daemon/ivcudad" --sandbox off --socket "$sock" --shm-size 2G --driver "$driver" \
+  >"$out/ivcudad-trace.log" 2>&1 &
+daemon=$!
+for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+run_programs
+kill "$daemon"; wait "$daemon" 2>/dev/null
+
+echo "== one sandboxed worker (its Landlock rules, its log line)"
+rm -f "$sock"
+IVCUDA_SANDBOX_SELFTEST=1 "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 2G --driver "$driver" \
+  --log-level debug >"$out/ivcudad-sandboxed.log" 2>&1 &
+daemon=$!
+for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+programs=("$bin/drv_core" "$bin/drv_kernels --ptx $ptx --fatbin $fatbin")
+run_programs
+kill "$daemon"; wait "$daemon" 2>/dev/null
+grep -E "sandbox|cannot" "$out/ivcudad-sandboxed.log" | grep -v "landlock rule" | sort -u | sed 's/^/  /'
+
+echo "== the workers' system calls after the sandbox point, against the allowlist"
+"$build/host-daemon/ivcudad" --print-syscall-allowlist >"$out/allowlist.txt"
+python3 "$root/tests/gpu/worker_syscalls.py" "$out/worker-trace.txt" "$out/allowlist.txt" \
+  "$out/ivcudad-sandboxed.log" >"$out/worker-syscalls.txt"
+rc=$?
+cat "$out/worker-syscalls.txt"
+exit $rc

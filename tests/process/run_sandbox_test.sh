@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Sandboxed workers (docs/security.md, "Sandbox"): a running worker shows
+# "Seccomp: 2" and "NoNewPrivs: 1" on every thread, refuses what the sandbox
+# forbids (the self-test hook, IVCUDA_SANDBOX_SELFTEST=1 in the daemon's
+# environment, which no guest reaches) and keeps serving; Landlock (asked for
+# with the GPU test double by IVCUDA_SANDBOX_LANDLOCK_WITH_DOUBLE=1) refuses
+# files outside its rules while module loads and DOT text still work;
+# --sandbox off applies nothing and says so; --user drops the worker.
+#
+#   run_sandbox_test.sh BUILD_DIR DRIVER_LIB
+set -u
+build=$(cd "$1" && pwd)
+driver=$2
+bin=$build/tests/bin
+ptx=$build/tests/gpu_double/test_kernels.ptx
+fatbin=$build/tests/gpu_double/test_kernels.fatbin
+work=$(mktemp -d /tmp/ivcuda-sandbox.XXXXXX)
+sock=$work/ivcudad.sock
+log=$work/ivcudad.log
+daemon_pid=
+# shellcheck source=../lib/verdicts.sh
+. "$(dirname "$0")/../lib/verdicts.sh"
+expect_cases 10
+
+stop_daemon() {
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  daemon_pid=
+}
+cleanup() { stop_daemon; rm -rf "$work"; }
+trap cleanup EXIT
+
+start_daemon() {  # extra ivcudad options; the environment passes through
+  stop_daemon
+  rm -f "$sock"
+  : >"$log"
+  "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 256M --staging-size 4M --channels 8 \
+      --driver "$driver" "$@" >>"$log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.05; done
+  echo "ivcudad did not start:"; cat "$log"; exit 1
+}
+run_guest() {  # PROGRAM ARGS...: through ivcuda, output in $work/out
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$@" >"$work/out" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && cat "$work/out"
+  return $rc
+}
+# Starts a guest that spins until killed; sets $guest (its shell job) and
+# $worker (its worker's pid, from the daemon's log) once it said "ready".
+start_spinner() {
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$bin/drv_errors" --spin-forever \
+    >"$work/spin" 2>&1 &
+  guest=$!
+  worker=
+  for _ in $(seq 200); do grep -q '^ready' "$work/spin" && break; sleep 0.05; done
+  worker=$(grep -o "worker pid [0-9]*" "$log" | tail -1 | awk '{print $3}')
+  grep -q '^ready' "$work/spin" && [ -n "$worker" ] && [ -d "/proc/$worker" ]
+}
+stop_spinner() { kill "$guest" 2>/dev/null; wait "$guest" 2>/dev/null; }
+field() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
+sanitized=
+case "${IVCUDA_SANITIZE:-}" in *address* | *thread*) sanitized=1 ;; esac
+
+# --- the default: sandbox on
+IVCUDA_SANDBOX_SELFTEST=1 start_daemon
+ok=0
+start_spinner || { ok=1; echo "the spinning guest did not start:"; cat "$work/spin" "$log"; }
+nnp=$(field "$worker" NoNewPrivs) sc=$(field "$worker" Seccomp)
+want_sc=2; [ -n "$sanitized" ] && want_sc=0
+[ "$nnp" = 1 ] && [ "$sc" = "$want_sc" ] || { ok=1; echo "worker $worker: NoNewPrivs '$nnp', Seccomp '$sc'"; }
+threads=0 bad=0
+for t in /proc/"$worker"/task/*; do
+  threads=$((threads + 1))
+  [ "$(awk '$1 == "Seccomp:" {print $2}' "$t/status")" = "$want_sc" ] || bad=$((bad + 1))
+done
+[ $bad -eq 0 ] || { ok=1; echo "$bad of $threads threads lack the filter"; }
+if [ -n "$sanitized" ]; then
+  grep -q "seccomp no (a sanitizer build" "$log" || { ok=1; echo "no log line saying seccomp is off here"; }
+  verdict "a running worker shows NoNewPrivs: 1 ($IVCUDA_SANITIZE build: Seccomp: 0 by design, logged)" $ok
+else
+  verdict "a running worker shows Seccomp: 2 and NoNewPrivs: 1 on all its $threads threads" $ok
+fi
+
+grep -Eq "sandbox: no_new_privs yes, landlock (yes|no \(.*\)), seccomp (yes \([0-9]+ system calls allowed|no)" "$log"
+rc=$?; [ $rc -ne 0 ] && grep sandbox "$log"
+# Every name of the table is a system call here (a misspelt one would be skipped): all but
+# clone3, which answers ENOSYS, are allowed.
+listed=$("$build/host-daemon/ivcudad" --print-syscall-allowlist | grep -vc "	ENOSYS	")
+if [ -z "$sanitized" ] && ! grep -q "seccomp yes ($listed system calls allowed" "$log"; then
+  rc=1; echo "the table lists $listed allowed calls, the worker installed: $(grep -o 'seccomp yes ([0-9]*' "$log")"
+fi
+verdict "the worker logs one line of what its sandbox applied (all $listed listed calls installed)" $rc
+
+if [ -n "$sanitized" ]; then
+  grep -q "sandbox self-test: .*kill(daemon)" "$log"
+  verdict "the self-test hook ran ($IVCUDA_SANITIZE build: no seccomp, so nothing to refuse)" $?
+else
+  grep -q "sandbox self-test: socket(AF_INET) -> EPERM, execve -> EPERM, fork -> EPERM, kill(daemon) -> EPERM" "$log"
+  rc=$?; [ $rc -ne 0 ] && grep "self-test" "$log"
+  verdict "forbidden calls from the test-only hook (socket, execve, fork, kill) answer EPERM" $rc
+fi
+
+ok=0
+kill -0 "$guest" 2>/dev/null || { ok=1; echo "the spinning guest died"; }
+run_guest "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin" || ok=1
+run_guest "$bin/drv_graph_build" --ptx "$ptx" || ok=1
+stop_spinner
+verdict "sandboxed workers keep serving: PTX JIT, fatbins, launches, graphs and DOT text" $ok
+
+# --- Landlock, where the kernel has it, with one worker at a time
+IVCUDA_SANDBOX_SELFTEST=1 IVCUDA_SANDBOX_LANDLOCK_WITH_DOUBLE=1 start_daemon
+run_guest "$bin/drv_core" >/dev/null
+if grep -q "landlock no (the kernel has no Landlock\|landlock no (Landlock is disabled" "$log"; then
+  not_run "Landlock refuses files outside its rules" "$(grep -o 'landlock no ([^)]*)' "$log" | head -1)"
+  not_run "Landlock: module loads, graphs and DOT text still work" "no Landlock in this kernel"
+else
+  grep -q "landlock yes (ABI [0-9]*)" "$log" && grep -q "open /etc/hostname -> EACCES" "$log"
+  rc=$?; [ $rc -ne 0 ] && grep sandbox "$log"
+  verdict "Landlock refuses files outside its rules (open /etc/hostname -> EACCES)" $rc
+  ok=0
+  run_guest "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin" || ok=1
+  run_guest "$bin/drv_graph_build" --ptx "$ptx" || ok=1
+  run_guest "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported || ok=1
+  verdict "Landlock: module loads, graphs and DOT text, pools still work" $ok
+fi
+
+# --- --sandbox off: nothing applied, said loudly
+start_daemon --sandbox off
+ok=0
+start_spinner || { ok=1; echo "the spinning guest did not start:"; cat "$work/spin" "$log"; }
+[ "$(field "$worker" Seccomp)" = 0 ] && [ "$(field "$worker" NoNewPrivs)" = 0 ] ||
+  { ok=1; echo "worker $worker: $(grep -E 'Seccomp|NoNewPrivs' "/proc/$worker/status")"; }
+stop_spinner
+grep -q "SANDBOX OFF" "$log" && grep -q "sandbox OFF: no seccomp" "$log" || { ok=1; grep -i sandbox "$log"; }
+verdict "--sandbox off: the worker has no filter and no no_new_privs, and the log says so" $ok
+
+# --- --user: the worker drops to an unprivileged user once its driver is open
+if [ "$(id -u)" -ne 0 ]; then
+  not_run "--user nobody: the worker runs as nobody and serves" "the daemon must be root to drop workers"
+else
+  start_daemon --user nobody
+  ok=0
+  start_spinner || { ok=1; echo "the spinning guest did not start:"; cat "$work/spin" "$log"; }
+  uid=$(awk '$1 == "Uid:" {print $2 $3 $4 $5}' "/proc/$worker/status")
+  want=$(id -u nobody)
+  [ "$uid" = "$want$want$want$want" ] || { ok=1; echo "worker $worker: Uid $uid, wanted $want (real, effective, saved, fs)"; }
+  stop_spinner
+  run_guest "$bin/drv_core" || ok=1
+  verdict "--user nobody: the worker runs as nobody (uid $want) and serves" $ok
+fi
+stop_daemon
+timeout 10 "$build/host-daemon/ivcudad" --socket "$sock" --driver "$driver" --user no-such-user-here >"$log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q -- "--user no-such-user-here: no such user" "$log" && [ ! -S "$sock" ]
+verdict "--user with an unknown name stops the daemon before it listens" $?
+
+# --- the allowlist is printed and keeps out what it must
+"$build/host-daemon/ivcudad" --print-syscall-allowlist >"$work/allow"
+ok=0
+for forbidden in execve execveat fork vfork socket socketpair connect bind listen accept accept4 ptrace \
+    process_vm_readv process_vm_writev kill mount umount2 setuid setgid setgroups bpf perf_event_open \
+    kexec_load io_uring_setup io_uring_register unshare setns chroot pivot_root; do
+  grep -q "^$forbidden	" "$work/allow" && { ok=1; echo "$forbidden is allowed"; }
+done
+n=$(wc -l <"$work/allow")
+[ "$n" -gt 50 ] || ok=1
+verdict "--print-syscall-allowlist lists $n calls, none that makes processes, sockets, mounts or ids" $ok
+
+finish
