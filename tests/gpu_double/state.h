@@ -380,7 +380,8 @@ void log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // IVCUDA_GPU_DOUBLE_FUZZ=1: a fuzzer drives the double (tests/fuzz). Nothing
 // will ever satisfy a wait on guest memory there and every input must finish
 // at once, so waits give up at their first check, spins do not sleep, and
-// nothing is logged (a fuzzer's inputs would flood stderr).
+// nothing is logged (a fuzzer's inputs would flood stderr). cuInit, which
+// the harness's worker calls once per input, clears sticky faults.
 bool fuzzing();
 
 // Runs an API body under the state lock, after the cuInit check; nothing escapes.
