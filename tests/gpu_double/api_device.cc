@@ -393,7 +393,7 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = kTotalMem;
+    *bytes = total_mem();
     return CUDA_SUCCESS;
   });
 }
