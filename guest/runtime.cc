@@ -2,6 +2,7 @@
 
 #include "guest/call_stats.h"
 #include "guest/graphs.h"
+#include "guest/reply.h"
 #include "guest/unsupported.h"
 
 #include <fcntl.h>
@@ -85,19 +86,6 @@ CtxStack& ctx_stack() noexcept {
 }
 
 // ------------------------------------------------------------------ channel
-
-// A reply flagged kReplyConsole ends with device printf output and its u32
-// length: write it where the program's own printf goes (stdio's stdout, so
-// that the order matches a native run) and return the payload without it.
-static std::span<const std::byte> write_console(std::span<const std::byte> payload) noexcept {
-  std::uint32_t n = 0;
-  if (payload.size() < sizeof n) return payload;
-  std::memcpy(&n, payload.data() + payload.size() - sizeof n, sizeof n);
-  if (n > payload.size() - sizeof n) return payload.first(payload.size() - sizeof n);
-  const std::size_t body = payload.size() - sizeof n - n;
-  std::fwrite(payload.data() + body, 1, n, stdout);
-  return payload.first(body);
-}
 
 // One claimed channel: the thread's private end of a request ring and a
 // completion ring. Shared only as an overflow channel, under its mutex.
@@ -196,7 +184,6 @@ class Channel {
 
   CUresult await(std::uint32_t seq, void* rep, std::size_t rep_size, std::vector<std::byte>* extra,
                  bool long_wait) {
-    ring::Record rec;
     ring::SpinPolicy pol;
     pol.spin = long_wait ? std::max(sync_spin(), std::chrono::microseconds(100)) : std::chrono::microseconds(100);
     pol.yield = long_wait;
@@ -209,34 +196,22 @@ class Channel {
       bool got = false;
       CUresult result = CUDA_SUCCESS;
       auto ready = [&]() -> bool {
-        for (;;) {
-          const auto rs = cpl_.poll(&rec);
-          if (rs == ring::RingStatus::kEmpty) return false;
-          if (rs == ring::RingStatus::kCorrupt) {
+        std::span<const std::byte> console;
+        switch (take_reply(cpl_, seq, rep, rep_size, extra, &result, &console)) {
+          case ReplyTake::kEmpty:
+            return false;
+          case ReplyTake::kCorrupt:
             rt_.mark_dead("completion ring is corrupt");
             result = CUDA_ERROR_DEVICE_UNAVAILABLE;
             return true;
-          }
-          if (rec.hdr.seq != seq) {  // a reply for a thread that died: drop it
-            cpl_.consume();
-            continue;
-          }
-          result = static_cast<CUresult>(rec.hdr.status);
-          if ((rec.hdr.flags & proto::kReplyConsole) != 0) rec.payload = write_console(rec.payload);
-          if (rep != nullptr) {
-            std::memset(rep, 0, rep_size);
-            std::memcpy(rep, rec.payload.data(), std::min(rep_size, rec.payload.size()));
-          }
-          if (extra != nullptr) {
-            extra->clear();
-            if (rec.payload.size() > rep_size)
-              extra->assign(rec.payload.begin() + static_cast<std::ptrdiff_t>(rep_size), rec.payload.end());
-          }
-          cpl_.consume();
-          cpl_.publish_head();
-          got = true;
-          return true;
+          case ReplyTake::kGot:
+            // Device printf output goes where the program's own printf goes
+            // (stdio's stdout), so that the order matches a native run.
+            if (!console.empty()) std::fwrite(console.data(), 1, console.size(), stdout);
+            got = true;
+            return true;
         }
+        return false;
       };
       bool gone = false;
       ring::spin_then_block(

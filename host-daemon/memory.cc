@@ -45,9 +45,10 @@ CUresult Worker::on_MemFree(Call& c) {
   if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult st = use_ctx(it->second.ctx); st != CUDA_SUCCESS) return st;
   // Both hooks withdraw what was exported; either may keep it for a sibling
-  // process (freed at the last IPC close or pool-import free).
-  const bool now = ipc_on_free(r.dptr) & pool_on_free(r.dptr, it->second.size);
-  if (!now) return CUDA_SUCCESS;
+  // process (freed at the last IPC close or pool-import free). Both run.
+  const bool ipc_done = ipc_on_free(r.dptr);
+  const bool pool_done = pool_on_free(r.dptr, it->second.size);
+  if (!ipc_done || !pool_done) return CUDA_SUCCESS;
   const CUresult st = cu_.cuMemFree(r.dptr);
   if (st == CUDA_SUCCESS) ranges_.erase(it);
   return st;

@@ -15,10 +15,18 @@ CUresult Worker::on_PeerQuery(Call& c) {
   if (!valid_device(r.device) || !valid_device(r.peer)) return CUDA_ERROR_INVALID_DEVICE;
   const CUdevice a = devices_[dev_index(r.device)];
   const CUdevice b = devices_[dev_index(r.peer)];
+  // A value outside CUdevice_P2PAttribute cannot be made one (an enum
+  // without a fixed type holds only its enumerators' range): refused here,
+  // as the driver refuses an attribute it does not know (found by
+  // tests/fuzz/worker_fuzz).
+  const std::uint32_t attr = r.attrib - 1;
+  if (r.attrib != 0 && (attr < static_cast<std::uint32_t>(CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK) ||
+                        attr > static_cast<std::uint32_t>(CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED)))
+    return CUDA_ERROR_INVALID_VALUE;
   int v = 0;
   const CUresult st =
       r.attrib == 0 ? cu_.cuDeviceCanAccessPeer(&v, a, b)
-                    : cu_.cuDeviceGetP2PAttribute(&v, static_cast<CUdevice_P2PAttribute>(r.attrib - 1), a, b);
+                    : cu_.cuDeviceGetP2PAttribute(&v, static_cast<CUdevice_P2PAttribute>(attr), a, b);
   if (st != CUDA_SUCCESS) return st;
   c.set_reply(RepValue{v});
   return CUDA_SUCCESS;

@@ -279,9 +279,10 @@ CUresult Worker::on_MemFreeAsync(Call& c) {
   auto it = ranges_.find(r.dptr);
   if (it == ranges_.end() || it->second.kind != RangeKind::kAlloc) return CUDA_ERROR_INVALID_VALUE;
   // Both hooks withdraw what was exported; either may keep it for a sibling
-  // process (freed at the last IPC close or pool-import free).
-  const bool now = ipc_on_free(r.dptr) & pool_on_free(r.dptr, it->second.size);
-  if (!now) return CUDA_SUCCESS;
+  // process (freed at the last IPC close or pool-import free). Both run.
+  const bool ipc_done = ipc_on_free(r.dptr);
+  const bool pool_done = pool_on_free(r.dptr, it->second.size);
+  if (!ipc_done || !pool_done) return CUDA_SUCCESS;
   const CUresult st = cu_.cuMemFreeAsync(r.dptr, s);
   // Work queued before the free may still use the memory; nothing the guest
   // sends from now on may.

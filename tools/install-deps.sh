@@ -6,11 +6,14 @@
 #   tools/install-deps.sh --build  only what building the daemon and library needs
 set -euo pipefail
 build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libseccomp-dev libboost-dev catch2 libcli11-dev)
+# The fuzz preset's harnesses: libFuzzer comes with clang (Debian 12: clang 14; its runtimes,
+# libFuzzer's included, are libclang-rt-14-dev).
+fuzz=(clang libclang-rt-14-dev)
 vm=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static kmod cpio xz-utils zstd)
 # The GPU test double reads compressed fatbins (cuBLAS's, cuFFT's) with these, loaded at run time.
 testlibs=(libzstd1 liblz4-1)
 pkgs=("${build[@]}")
-[ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}" "${testlibs[@]}")
+[ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}" "${testlibs[@]}" "${fuzz[@]}")
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#pkgs[@]} packages present"; exit 0; fi

@@ -4,7 +4,9 @@
 #  - default: all tests, the VM tests under QEMU and the process-mode tests
 #    against the GPU test double included;
 #  - asan (AddressSanitizer + UBSan): all tests but the VM ones;
-#  - tsan (ThreadSanitizer): the ring and transport tests.
+#  - tsan (ThreadSanitizer): the ring and transport tests;
+#  - fuzz (clang, libFuzzer + ASan + UBSan): each harness of tests/fuzz replays
+#    its corpus and fuzzes a fixed time (IVCUDA_FUZZ_SECONDS, 30 s each).
 # Nothing is skipped quietly: a test group whose tools are missing fails the
 # configure, a test that exits "skipped" fails the run, and every preset must
 # register exactly the tests in tests/expected-tests.tsv. A developer on a
@@ -38,21 +40,27 @@ run_tests() {
   fi
 }
 
-for preset in default asan tsan; do
+for preset in default asan tsan fuzz; do
   echo "=== configure + build: $preset"
   # stdout holds only status lines; a dropped test group is an error (or,
   # with IVCUDA_ALLOW_SKIPS, a warning) on stderr.
   cmake --preset "$preset" -DIVCUDA_ALLOW_SKIPS=$skips >/dev/null
   if [ "$preset" = tsan ]; then
     cmake --build --preset tsan -j "$jobs" --target ivcuda_ring_tests
+  elif [ "$preset" = fuzz ]; then
+    cmake -B build/fuzz -DIVCUDA_FUZZ_SECONDS="${IVCUDA_FUZZ_SECONDS:-30}" >/dev/null
+    cmake --build --preset fuzz -j "$jobs" --target ivcuda_fuzzers
   else
     cmake --build --preset "$preset" -j "$jobs"
   fi
 done
 echo "=== registered tests"
-check_tests default
-check_tests asan --exclude-labels vm
+check_tests default --exclude-labels fuzz
+check_tests asan --exclude-labels vm,fuzz
 check_tests tsan --labels ring,transport
+check_tests fuzz --labels fuzz
+echo "=== tests: fuzz (each harness a fixed time)"
+run_tests fuzz -L "^fuzz$" -j "$jobs"
 echo "=== tests: tsan (ring, transport)"
 run_tests tsan -L "^(ring|transport)$" -j "$jobs"
 echo "=== tests: asan"

@@ -124,7 +124,7 @@ CUresult make_array(State& s, Handle ctx, const CUDA_ARRAY3D_DESCRIPTOR& d, Hand
     return CUDA_SUCCESS;
   }
   const std::size_t bytes = a.row_bytes() * a.rows() * (d.Depth == 0 ? 1 : d.Depth);
-  if (bytes > kTotalMem) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (bytes > total_mem()) return CUDA_ERROR_OUT_OF_MEMORY;
   a.data.assign(bytes, 0);
   const Handle h = s.new_handle();
   arrays()[h] = std::move(a);

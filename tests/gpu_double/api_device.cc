@@ -333,6 +333,11 @@ CUresult CUDAAPI cuInit(unsigned int Flags) {
             s.primary.push_back(h);
           }
           s.initialized = true;
+        } else if (fuzzing()) {
+          // The fuzz harness starts a worker per input, each standing for a
+          // worker process of its own: a sticky fault (which on a GPU only a
+          // new process recovers from) must not outlive the input that made it.
+          s.fault.assign(static_cast<std::size_t>(s.device_count), CUDA_SUCCESS);
         }
         return s.device_count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
       },
@@ -388,7 +393,7 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
     if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = kTotalMem;
+    *bytes = total_mem();
     return CUDA_SUCCESS;
   });
 }

@@ -34,7 +34,7 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
   const int device = s.contexts.at(ctx).device;
   std::size_t& used = s.used[static_cast<std::size_t>(device)];
   const bool charged = kind == MemKind::kDevice;
-  if (charged && rounded > kTotalMem - std::min(kTotalMem, used + ledger_others(device))) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (charged && rounded > total_mem() - std::min(total_mem(), used + ledger_others(device))) return CUDA_ERROR_OUT_OF_MEMORY;
   // Device memory comes from a range of its own, as a GPU's does: with the
   // heap's addresses, a device pointer could equal a host pointer of the
   // guest process (another address space), which a real device never does.
@@ -263,9 +263,9 @@ CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
     if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
-    *total = kTotalMem;
+    *total = total_mem();
     const int device = s.contexts.at(ctx).device;
-    *free = kTotalMem - std::min(kTotalMem, s.used[static_cast<std::size_t>(device)] + ledger_others(device));
+    *free = total_mem() - std::min(total_mem(), s.used[static_cast<std::size_t>(device)] + ledger_others(device));
     return CUDA_SUCCESS;
   });
 }
@@ -486,6 +486,9 @@ template <class T>
 CUresult memset_2d(CUdeviceptr dst, std::size_t pitch, T value, std::size_t width, std::size_t height,
                    const CUstream* stream) {
   if (height > 1 && pitch < width * sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
+  // Nothing to set: the context and stream checks once, not once per row of
+  // a height that may be 2^64 - 1 (found by tests/fuzz/worker_fuzz).
+  if (width == 0 || height == 0) return memset_n(dst, value, 0, stream);
   for (std::size_t y = 0; y < height; ++y)
     if (const CUresult r = memset_n(dst + y * pitch, value, width, stream); r != CUDA_SUCCESS) return r;
   return CUDA_SUCCESS;

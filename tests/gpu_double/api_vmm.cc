@@ -236,7 +236,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
       return CUDA_ERROR_INVALID_VALUE;
     if ((types & CU_MEM_HANDLE_TYPE_FABRIC) != 0) return CUDA_ERROR_NOT_PERMITTED;
     std::size_t& used = s.used[static_cast<std::size_t>(prop->location.id)];
-    if (size > kTotalMem - used) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (size > total_mem() - used) return CUDA_ERROR_OUT_OF_MEMORY;
     const int fd = ::memfd_create("ivcuda-gpu-double-vmm", MFD_CLOEXEC);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {

@@ -129,7 +129,7 @@ CUresult add_const(KernelEnv& env) {
 CUresult spin_ns(KernelEnv& env) {
   std::uint64_t ns = 0;
   if (!env.param(0, &ns)) return mismatch(env);
-  std::this_thread::sleep_for(std::chrono::nanoseconds(std::min(ns, kMaxSpinNs)));
+  if (!fuzzing()) std::this_thread::sleep_for(std::chrono::nanoseconds(std::min(ns, kMaxSpinNs)));
   return CUDA_SUCCESS;
 }
 
@@ -282,7 +282,7 @@ CUresult wait_flag(KernelEnv& env) {
   // Capped like spins: a test that forgets the flag must not hang the double.
   constexpr std::uint64_t kMaxWaitNs = 30'000'000'000;
   const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::nanoseconds(std::min(timeout_ns, kMaxWaitNs));
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(fuzzing() ? 0 : std::min(timeout_ns, kMaxWaitNs));
   unsigned v = 0;
   while ((v = f.load(std::memory_order_acquire)) == 0) {
     if (std::chrono::steady_clock::now() >= deadline) {

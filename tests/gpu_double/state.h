@@ -29,6 +29,7 @@ namespace ivcuda::gpu_double {
 inline constexpr char kDeviceName[] = "ivcuda GPU test double";
 inline constexpr int kDriverVersion = 13000;
 inline constexpr std::size_t kTotalMem = std::size_t{4} << 30;
+inline constexpr std::size_t kFuzzTotalMem = std::size_t{64} << 20;
 inline constexpr std::size_t kDeviceAllocAlign = 256;
 inline constexpr std::size_t kHostAllocAlign = 4096;
 inline constexpr std::size_t kPitchAlign = 512;
@@ -386,6 +387,16 @@ Handle from_handle(T* p) {
 }
 
 void log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// IVCUDA_GPU_DOUBLE_FUZZ=1: a fuzzer drives the double (tests/fuzz). Nothing
+// will ever satisfy a wait on guest memory there and every input must finish
+// at once, so waits give up at their first check, spins do not sleep, and
+// nothing is logged (a fuzzer's inputs would flood stderr). cuInit, which
+// the harness's worker calls once per input, clears sticky faults. A device
+// has 64 MiB (total_mem()): work on memory is done by the CPU here, and an
+// input must not spend seconds on a memset of gigabytes.
+bool fuzzing();
+inline std::size_t total_mem() { return fuzzing() ? kFuzzTotalMem : kTotalMem; }
 
 // Runs an API body under the state lock, after the cuInit check; nothing escapes.
 template <class F>

@@ -182,6 +182,9 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
   SECTION("devices, contexts and handles it does not own") {
     CHECK(g.call(0, Op::kDeviceInfo, proto::ReqDevice{-1, 0}) == CUDA_ERROR_INVALID_DEVICE);
     CHECK(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{64, 0}) == CUDA_ERROR_INVALID_DEVICE);
+    // A P2P attribute outside the driver's enum (found by tests/fuzz/worker_fuzz).
+    CHECK(g.call(0, Op::kPeerQuery, proto::ReqPeerQuery{0, 0, 5644, 0}) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(g.call(0, Op::kPeerQuery, proto::ReqPeerQuery{0, 0, 0xffffffffu, 0}) == CUDA_ERROR_INVALID_VALUE);
     CHECK(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{0x0100000100000007ull, 64, 0, 0, 0, 0}) ==
           CUDA_ERROR_INVALID_CONTEXT);
     REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);

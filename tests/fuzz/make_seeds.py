@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz harnesses (tests/fuzz/corpus/<harness>/seed-*).
+
+Seeds are small valid inputs in each harness's input format (see the comment at the top of
+each harness): the fuzzer starts from requests the worker accepts, greetings a client
+completes and replies a guest takes, and mutates from there. Run after changing a format or
+the op table; the files are committed. Regression inputs (regress-*) are not touched.
+
+usage: make_seeds.py [CORPUS_DIR]
+"""
+import os
+import re
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+
+
+def op_numbers():
+    """Op name -> number, in IVCUDA_OPS order from 1 (include/ivcuda/proto.h)."""
+    text = open(os.path.join(ROOT, "include", "ivcuda", "proto.h")).read()
+    table = text[text.index("#define IVCUDA_OPS(X)"):]
+    table = table[:table.index("\n\n")]
+    names = re.findall(r"^\s*X\((\w+),", table, re.M)
+    return {n: i + 1 for i, n in enumerate(names)}
+
+
+OP = op_numbers()
+
+# worker_fuzz's layout (1 MiB, 4 channels, 16 KiB rings, 64 KiB staging), as
+# ring/layout.cc plans it: the arena starts after the superblock, the channel
+# table and four channels' rings, page-aligned.
+PAGE = 4096
+def round_up(v, a): return (v + a - 1) // a * a
+RINGS_OFF = round_up(4096 + 128 * 4, PAGE)
+STRIDE = round_up(2 * (128 + 16 * 1024), PAGE)
+ARENA_OFF = round_up(RINGS_OFF + 4 * STRIDE, PAGE)
+
+
+def subst(newest_index, add=0):
+    """A payload word worker_fuzz replaces with a value a reply carried."""
+    return (0xF0CC00 << 40) | (newest_index << 32) | add
+
+
+def rec(op, payload=b"", ch=0, reply=True, serve=True):
+    tag = 0 | (0x04 if reply else 0) | (0x08 if serve else 0)
+    return struct.pack("<BBHH", tag, ch, OP[op], len(payload)) + payload
+
+
+def raw_rec(op_number, payload=b"", ch=0, reply=True):
+    return struct.pack("<BBHH", 0x0C if reply else 0x08, ch, op_number, len(payload)) + payload
+
+
+def arena(off, data):
+    return struct.pack("<BIH", 1, off, len(data)) + data
+
+
+def poke(ch, field, value):
+    return struct.pack("<BBBI", 2, ch, field, value)
+
+
+SERVE = b"\x03"
+HELLO = rec("Hello", struct.pack("<IIIIQ", 1, 1, 0, 0, 0))
+# Primary context of device 0; its handle is then the newest value.
+RETAIN = rec("PrimaryRetain", struct.pack("<iI", 0, 0))
+
+PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry ivc_fill_u32(
+\t.param .u64 ivc_fill_u32_param_0,
+\t.param .u32 ivc_fill_u32_param_1,
+\t.param .u64 ivc_fill_u32_param_2
+)
+{
+\tret;
+}
+"""
+
+
+def worker_seeds():
+    s = {}
+    s["hello"] = HELLO
+    s["devices"] = HELLO + rec("DeviceInfo", struct.pack("<iI", 0, 0)) + rec("DeviceInfo", struct.pack("<iI", 1, 0))
+    # ctx = newest after RETAIN; after MemAlloc the pointer is newest, ctx next.
+    s["alloc_copy"] = (HELLO + RETAIN
+                       + rec("MemAlloc", struct.pack("<QQQQII", subst(0), 4096, 0, 0, 0, 0))
+                       + rec("MemcpyHtoDInline", struct.pack("<QQQQQQII", subst(1), 0, subst(0), 0, 16, 0, 0, 0)
+                             + bytes(range(16)), reply=False, serve=False)
+                       + rec("MemcpyDtoHArena", struct.pack("<QQQQQQII", subst(1), 0, 0, subst(0), 16, ARENA_OFF, 0, 0),
+                             reply=False, serve=False)
+                       + rec("Memset", struct.pack("<QQQQQQIIII", subst(1), 0, subst(0), 0, 64, 1, 7, 1, 0, 0),
+                             reply=False, serve=False)
+                       + rec("MemcpyDtoD", struct.pack("<QQQQQQII", subst(1), 0, subst(0, 1024), subst(0), 64, 0, 0, 0),
+                             reply=False, serve=False)
+                       + rec("CtxSynchronize", struct.pack("<Q", subst(1)))
+                       + rec("MemGetAddressRange", struct.pack("<QQ", subst(1), subst(0, 8)))
+                       + rec("MemFree", struct.pack("<QQ", subst(3), subst(2))))
+    s["host_alloc"] = (HELLO + RETAIN + rec("HostAlloc", struct.pack("<QII", 8192, 0, 0))
+                       + rec("HostFree", struct.pack("<Q", subst(1))))
+    s["stream_event"] = (HELLO + RETAIN
+                         + rec("StreamCreate", struct.pack("<QIi", subst(0), 1, 0))
+                         + rec("EventCreate", struct.pack("<QII", subst(1), 0, 0))
+                         + rec("EventRecord", struct.pack("<QQQ", subst(2), subst(0), subst(1)), reply=False)
+                         + rec("StreamSynchronize", struct.pack("<QQ", subst(2), subst(1)))
+                         + rec("EventSynchronize", struct.pack("<QQ", subst(2), subst(0)))
+                         + rec("EventQuery", struct.pack("<QQ", subst(2), subst(0)))
+                         + rec("EventDestroy", struct.pack("<QQ", subst(2), subst(0)))
+                         + rec("StreamDestroy", struct.pack("<QQ", subst(2), subst(1))))
+    name = b"ivc_fill_u32"
+    # Newest values: ctx; then the pointer; the module; then the function's
+    # reply: function, counts, two parameter slots.
+    s["module_launch"] = (HELLO + RETAIN + arena(0, PTX)
+                          + rec("MemAlloc", struct.pack("<QQQQII", subst(0), 4096, 0, 0, 0, 0))
+                          + rec("ModuleLoad", struct.pack("<QQQII", subst(1), len(PTX), ARENA_OFF, 0, 0))
+                          + rec("ModuleGetFunction", struct.pack("<QQII", subst(2), subst(0), len(name), 0) + name)
+                          + rec("Launch", struct.pack("<QQQ3I3III", subst(6), subst(3), 0, 1, 1, 1, 1, 1, 1, 0, 24)
+                                + struct.pack("<QIIQ", subst(5), 5, 0, 16), reply=False)
+                          + rec("CtxSynchronize", struct.pack("<Q", subst(6)))
+                          + rec("ModuleUnload", struct.pack("<QQ", subst(6), subst(4))))
+    s["two_channels"] = (HELLO + RETAIN
+                         + rec("MemGetInfo", struct.pack("<Q", subst(0)), ch=1, serve=False)
+                         + rec("CtxSynchronize", struct.pack("<Q", subst(0)), ch=2, serve=False) + SERVE)
+    # What no guest library sends: unknown and truncated ops, a stray pad, a
+    # request ring index moved backwards.
+    s["hostile"] = (HELLO + raw_rec(0, b"") + raw_rec(999, b"abcd") + raw_rec(OP["MemAlloc"], b"\x01\x02\x03\x04")
+                    + raw_rec(0xFFFF, b"") + SERVE + poke(1, 0, 0xFFFFFFF0) + rec("Hello", b"", ch=1))
+    return s
+
+
+def msg(value, fd_kind=0, page=False):
+    """One ivshmem_fuzz message: eight value bytes, an fd of fd_kind attached."""
+    return struct.pack("<B", fd_kind | (0x20 if page else 0)) + struct.pack("<q", value)
+
+
+def ivshmem_seeds():
+    s = {}
+    # The greeting ivcudad sends a guest with one vector: version 0, own id 3,
+    # the memory, the host peer's eventfd, then our own.
+    greet1 = msg(0) + msg(3) + msg(-1, 2, page=True) + msg(0, 1) + msg(3, 1)
+    s["greeting"] = b"\x00" + bytes([1, 2, 0]) + greet1 + b"\xff" + bytes([0, 0, 0xff, 0])
+    # Two vectors, another peer joining and leaving after the greeting.
+    greet2 = msg(0) + msg(5) + msg(-1, 2, page=True) + msg(0, 1) + msg(0, 1) + msg(5, 1) + msg(5, 1)
+    s["peers"] = b"\x00" + bytes([2, 1, 0]) + greet2 + msg(7, 1) + msg(7, 1) + msg(7) + b"\xff"
+    # vectors learned from the memory (0 asked for).
+    s["learned"] = b"\x00" + bytes([0, 3, 1]) + msg(0) + msg(1) + msg(-1, 2, page=True) + msg(1, 1)
+    # The fd broker: deposit on line 0, fetch on line 1, fetch of nothing.
+    dep = struct.pack("<BBBQ", 0 | (1 << 1), 1, 0x11, 4096)
+    fetch = struct.pack("<BBBQ", 1, 2, 0x11, 0)
+    miss = struct.pack("<BBBQ", 1, 2, 0x22, 0)
+    s["broker"] = b"\x01" + dep + fetch + miss
+    return s
+
+
+def reply_seeds():
+    s = {}
+    # A completion ring of 16 cells with two replies: one for seq 7 (a
+    # thread that died), then seq 8 with 24 payload bytes and console text.
+    def record(op, flags, seq, status, payload):
+        h = struct.pack("<IHHIi", len(payload), op, flags, seq, status)
+        body = h + payload
+        return body + b"\0" * ((-len(body)) % 64)
+    console = b"hi\n"
+    r1 = record(OP["MemAlloc"], 0, 7, 0, struct.pack("<QQ", 0x1000, 0))
+    r2 = record(OP["MemAlloc"], 1 << 8, 8, 0, struct.pack("<QQQ", 0x2000, 0, 5) + console + struct.pack("<I", len(console)))
+    data = r1 + r2
+    cells = len(data) // 64
+    s["replies"] = struct.pack("<BBIIIHB", 0, 2, 0, cells, 8, 16, 1) + data
+    # A pad to the end of the ring, then a reply from cell 0.
+    pad = struct.pack("<IHHIi", 64 * 2 - 16, 0xFFFF, 0, 0, 0) + b"\0" * (64 * 2 - 16)
+    s["pad"] = struct.pack("<BBIIIHB", 0, 0, 2, 4 + 1, 9, 8, 0) + record(1, 0, 9, 0, b"\1" * 8) + b"\0" * 64 + pad
+    # A superblock as format_bar writes it for a 256 KiB BAR: one channel of
+    # 1 KiB rings, 4 KiB of staging.
+    shm, ring_bytes = 256 * 1024, 1024
+    rings_off = round_up(4096 + 128, PAGE)
+    stride = round_up(2 * (128 + ring_bytes), PAGE)
+    arena_off = round_up(rings_off + stride, PAGE)
+    sb = bytearray(4096)
+    struct.pack_into("<8sHHIQQQIII", sb, 0, b"IVCUDA\0\1", 1, 1, 64, 3, shm, 1, 0, 1, 1)
+    struct.pack_into("<QIIQQQQQ", sb, 64, 4096, 1, ring_bytes, rings_off, stride, arena_off,
+                     (shm - arena_off) // PAGE * PAGE, 4096)
+    s["superblock"] = b"\x01" + struct.pack("<I", shm) + bytes(sb)
+    s["producer"] = b"\x02\x02" + b"".join(struct.pack("<HI", n, h) for n, h in
+                                            [(16, 0), (100, 0), (40, 1), (200, 4), (8, 8), (8, 2)])
+    return s
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
+    for harness, seeds in (("worker_fuzz", worker_seeds()), ("ivshmem_fuzz", ivshmem_seeds()),
+                           ("reply_fuzz", reply_seeds())):
+        d = os.path.join(out, harness)
+        os.makedirs(d, exist_ok=True)
+        for f in os.listdir(d):
+            if f.startswith("seed-"):
+                os.remove(os.path.join(d, f))
+        for name, data in seeds.items():
+            with open(os.path.join(d, "seed-" + name), "wb") as f:
+                f.write(data)
+        print(f"make_seeds: {len(seeds)} seeds in {os.path.relpath(d)}")
+
+
+if __name__ == "__main__":
+    main()
