@@ -178,6 +178,18 @@ const char* rule_name(Rule r) noexcept {
 
 namespace {
 
+// One argument comparison (libseccomp's SCMP_A* macros are C compound
+// literals, which C++ compilers reject under -Wpedantic).
+scmp_arg_cmp arg_cmp(unsigned arg, scmp_compare op, scmp_datum_t a, scmp_datum_t b = 0) {
+  scmp_arg_cmp c{};
+  c.arg = arg;
+  c.op = op;
+  c.datum_a = a;
+  c.datum_b = b;
+  return c;
+}
+
+
 // ------------------------------------------------------------------ Landlock
 // Constants of the kernel ABI, spelled here so that the build does not depend
 // on how new the machine's linux/landlock.h is (Debian 12's knows ABI 2).
@@ -347,15 +359,15 @@ Result<std::size_t> apply_seccomp() {
     switch (s.rule) {
       case Rule::kAny: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0); break;
       case Rule::kThreadsOnly:
-        rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
+        rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, arg_cmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
         break;
-      case Rule::kOwnProcess: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, SCMP_A0(SCMP_CMP_EQ, self)); break;
-      case Rule::kReadLimits: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, SCMP_A2(SCMP_CMP_EQ, 0)); break;
+      case Rule::kOwnProcess: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(self))); break;
+      case Rule::kReadLimits: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, arg_cmp(2, SCMP_CMP_EQ, 0)); break;
       case Rule::kPrctlSome:
         for (const int opt : kPrctlAllowed)
           if (rc == 0)
             rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1,
-                                    SCMP_A0(SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt)));
+                                    arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt)));
         break;
       case Rule::kEnosys: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0); break;
     }
