@@ -127,6 +127,8 @@ constexpr Syscall kAllow[] = {
     {"getpeername", Rule::kAny, "existing sockets"},
     // paths: Landlock limits where (libraries, /dev/nvidia*, /proc/self, /sys)
     {"openat", Rule::kAny, "the driver's device files, /proc and /sys entries, late libraries"},
+    {"unlinkat", Rule::kAny, "the driver removes its interprocess-event files in /dev/shm (Landlock: only there)"},
+    {"unlink", Rule::kAny, "the same, through the older call"},
     {"open", Rule::kAny, "the same, from code built against old C libraries"},
     {"faccessat", Rule::kAny, "existence checks (also the trace mark)"},
     {"faccessat2", Rule::kAny, "same"},
@@ -194,7 +196,8 @@ scmp_arg_cmp arg_cmp(unsigned arg, scmp_compare op, scmp_datum_t a, scmp_datum_t
 // Constants of the kernel ABI, spelled here so that the build does not depend
 // on how new the machine's linux/landlock.h is (Debian 12's knows ABI 2).
 constexpr std::uint64_t kFsExecute = 1ull << 0, kFsWriteFile = 1ull << 1, kFsReadFile = 1ull << 2,
-                        kFsReadDir = 1ull << 3, kFsRefer = 1ull << 13, kFsTruncate = 1ull << 14;
+                        kFsReadDir = 1ull << 3, kFsRemoveFile = 1ull << 5, kFsMakeReg = 1ull << 8,
+                        kFsRefer = 1ull << 13, kFsTruncate = 1ull << 14;
 constexpr std::uint64_t kFsAllV1 = (1ull << 13) - 1;  // execute .. make_sym
 constexpr std::uint64_t kFsFileRights = kFsExecute | kFsWriteFile | kFsReadFile | kFsTruncate;
 constexpr std::uint64_t kNetBindTcp = 1ull << 0, kNetConnectTcp = 1ull << 1;            // ABI 4
@@ -281,6 +284,14 @@ std::vector<PathRule> landlock_rules() {
   for (const char* p : {"/proc/self", "/proc/driver", "/proc/devices", "/proc/modules", "/proc/cpuinfo",
                         "/proc/meminfo", "/proc/stat", "/proc/sys/vm", "/proc/sys/kernel", "/sys"})
     r.push_back({p, kR});
+  // The driver names its threads (pthread_setname_np writes
+  // /proc/self/task/TID/comm) and fails cuInit with
+  // CUDA_ERROR_OPERATING_SYSTEM when it cannot (driver 580 on the H200).
+  r.push_back({"/proc/self/task", kR | kFsWriteFile | kFsTruncate});
+  // Interprocess events (CU_EVENT_INTERPROCESS): the driver creates, opens
+  // and removes /dev/shm/cuda.shm.* files, in the exporting and the importing
+  // process. /dev/shm is the host's: see docs/security.md for what that opens.
+  r.push_back({"/dev/shm", kR | kFsWriteFile | kFsTruncate | kFsMakeReg | kFsRemoveFile});
   // Devices: the driver's, read-write; a few harmless ones.
   if (DIR* dev = ::opendir("/dev"); dev != nullptr) {
     while (const dirent* e = ::readdir(dev))

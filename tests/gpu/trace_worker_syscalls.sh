@@ -76,6 +76,9 @@ programs=(
   "$bin/rt_ipc_static"
   "$bin/lib_cublas"
 )
+# IVCUDA_TRACE_QUICK=1: three programs only (a short device lease).
+[ "${IVCUDA_TRACE_QUICK:-}" = 1 ] && programs=("${programs[0]}" "${programs[1]}" "$bin/rt_basic_static")
+shm=${IVCUDA_TRACE_SHM:-2G}
 run_programs() {  # LOG: runs every program through the daemon at $sock
   local p rc
   for p in "${programs[@]}"; do
@@ -88,26 +91,28 @@ run_programs() {  # LOG: runs every program through the daemon at $sock
   done
 }
 
+echo "== one sandboxed worker (its Landlock rules, its log line)"
+rm -f "$sock"
+IVCUDA_SANDBOX_SELFTEST=1 "$build/host-daemon/ivcudad" --socket "$sock" --shm-size "$shm" --driver "$driver" \
+  --log-level debug >"$out/ivcudad-sandboxed.log" 2>&1 &
+daemon=$!
+for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+saved=("${programs[@]}")
+programs=("$bin/drv_core" "$bin/drv_kernels --ptx $ptx --fatbin $fatbin")
+run_programs
+programs=("${saved[@]}")
+kill "$daemon"; wait "$daemon" 2>/dev/null
+grep -E "sandbox|cannot" "$out/ivcudad-sandboxed.log" | grep -v "landlock rule" | sort -u | sed 's/^/  /'
+
 echo "== tracing ivcudad --sandbox off (the workers' calls after the sandbox point)"
 rm -f "$sock"
 IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" \
-  "$build/host-daemon/ivcudad" --sandbox off --socket "$sock" --shm-size 2G --driver "$driver" \
+  "$build/host-daemon/ivcudad" --sandbox off --socket "$sock" --shm-size "$shm" --driver "$driver" \
   >"$out/ivcudad-trace.log" 2>&1 &
 daemon=$!
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
 run_programs
 kill "$daemon"; wait "$daemon" 2>/dev/null
-
-echo "== one sandboxed worker (its Landlock rules, its log line)"
-rm -f "$sock"
-IVCUDA_SANDBOX_SELFTEST=1 "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 2G --driver "$driver" \
-  --log-level debug >"$out/ivcudad-sandboxed.log" 2>&1 &
-daemon=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
-programs=("$bin/drv_core" "$bin/drv_kernels --ptx $ptx --fatbin $fatbin")
-run_programs
-kill "$daemon"; wait "$daemon" 2>/dev/null
-grep -E "sandbox|cannot" "$out/ivcudad-sandboxed.log" | grep -v "landlock rule" | sort -u | sed 's/^/  /'
 
 echo "== the workers' system calls after the sandbox point, against the allowlist"
 "$build/host-daemon/ivcudad" --print-syscall-allowlist >"$out/allowlist.txt"
