@@ -281,6 +281,7 @@ Channel* Runtime::channel() {
       if (std::atomic_ref<std::uint32_t>(d->guest_state)
               .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
         mine = std::make_unique<Channel>(*this, c);
+        all_channels_.push_back(mine.get());
         break;
       }
     }
@@ -387,6 +388,7 @@ CUresult Runtime::connect() {
     if (std::atomic_ref<std::uint32_t>(d->guest_state)
             .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
       overflow_ = std::make_unique<Channel>(*this, last);
+      all_channels_.push_back(overflow_.get());
     }
   }
   proto::ReqHello h{};

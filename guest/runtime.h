@@ -169,6 +169,10 @@ class Runtime {
   std::mutex va_mu_;
   std::map<std::uint64_t, unsigned> edge_pages_;  // reserved pages shared by allocations
   ring::Layout layout_;
+  // Every channel this process claimed. Channels live as long as the process
+  // (threads hand theirs back to the pool); this keeps them reachable when a
+  // failed connect leaves the runtime behind.
+  std::vector<Channel*> all_channels_;
   proto::RepHello hello_{};
   pid_t pid_ = 0;  // the process that connected
   CUresult apply_visible_devices();

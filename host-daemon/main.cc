@@ -152,7 +152,7 @@ void sandbox_hooks(const Options& o, ivcuda::host::SupervisorConfig& sc) {
   };
   sc.after_start = [cfg](ivcuda::host::Worker&) -> ivcuda::Result<void> {
     IVCUDA_TRY(sandbox::after_driver(*cfg, &applied));
-    sandbox::self_test_if_asked();
+    sandbox::self_test_if_asked(applied);
     return {};
   };
 }
@@ -537,6 +537,12 @@ int main(int argc, char** argv) {
     std::int64_t id = 0;
     uid_t uid = 0;  // the connecting process's (SO_PEERCRED); plain files: the daemon's
     ivcuda::host::TenantShare* share = nullptr;  // its tenant's registry
+    // A copy of the guest's connection: when the worker has ended, the
+    // daemon hangs up on the guest itself. A worker that died may leave its
+    // own reference behind for a while (its io_uring's armed poll is torn
+    // down asynchronously), and a process-mode guest learns of the end only
+    // from the hang-up.
+    std::shared_ptr<ivcuda::sys::UniqueFd> conn;
   };
   std::map<pid_t, Served> workers;  // pid -> guest
   auto guests_of = [&](uid_t uid) {
@@ -558,7 +564,7 @@ int main(int argc, char** argv) {
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
                                          listen_fds, plain_shares.back().get(), broker);
     if (pid < 0) return 1;
-    workers[pid] = Served{id, ::getuid(), plain_shares.back().get()};
+    workers[pid] = Served{id, ::getuid(), plain_shares.back().get(), nullptr};
   }
   while (g_stop == 0) {
     // Reap workers: a guest that went away, or a worker that failed.
@@ -577,6 +583,7 @@ int main(int argc, char** argv) {
         // say so itself). A registry whose lock is held too long is left.
         if (it->second.share != nullptr && it->second.share->withdraw_owner(pid, 1000) < 0)
           IVLOG_WARN("guest %lld: its tenant's registry stayed locked; its exports stay listed", id);
+        if (it->second.conn && it->second.conn->valid()) ::shutdown(it->second.conn->get(), SHUT_RDWR);
         workers.erase(it);
       }
     }
@@ -647,11 +654,14 @@ int main(int argc, char** argv) {
       if (pid == 0) {
         for (const auto& other : listeners) ::close(other.server.listen_fd());
         broker.close_in_child();
+        for (auto& [other_pid, other] : workers)  // other guests' connections are not this one's
+          if (other.conn) other.conn->reset();
         const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get(),
                                   broker_end ? broker_end->release() : -1, l.share.get(), cred.pid);
         ::_exit(rc);
       }
-      workers[pid] = Served{id, cred.uid, l.share.get()};
+      workers[pid] = Served{id, cred.uid, l.share.get(),
+                            std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0))};
       IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
                  l.path.c_str(), static_cast<int>(pid));
     }

@@ -75,7 +75,7 @@ const char* rule_name(Rule r) noexcept;
 // IVCUDA_SANDBOX_SELFTEST=1 in the daemon's environment (which no guest
 // reaches): right after step 2 the worker tries what the sandbox forbids and
 // logs each answer ("sandbox self-test: socket(AF_INET) -> EPERM ...").
-void self_test_if_asked();
+void self_test_if_asked(const Applied& a);
 
 // IVCUDA_SANDBOX_TRACE_MARK=1 (tests/gpu/trace_worker_syscalls.sh): the worker
 // makes a distinctive, harmless system call at each point, which strace shows:

@@ -88,7 +88,6 @@ Result<void> Worker::init() {
   if (cfg_.host_fds.empty() || cfg_.guest_fds.empty())
     return make_error(EINVAL, "worker needs at least one doorbell vector each way");
   IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
-  IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.conn_fd));
   // Start-up costs, for the log: what a guest waits for before its hello.
   using clock = std::chrono::steady_clock;
   const auto ms_since = [](clock::time_point t) {
@@ -139,6 +138,11 @@ Result<void> Worker::init() {
   if (st != CUDA_SUCCESS) return make_error(st, std::string("arena device pointer: ") + err_name(st));
   arena_dev_ = d;
   const long long reg_ms = ms_since(t_reg);
+  // The ring last: it holds the guest's connection through its armed poll,
+  // and a ring torn down with the process may keep that reference for a
+  // while, so a worker that fails to start has none (the guest then sees the
+  // hang-up at once).
+  IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.conn_fd));
   channels_.resize(l_.channels);
   if (cfg_.forward_stdout) start_console();
   IVLOG_INFO("serving guest %u: %zu GPU(s), %u channels, arena %llu MiB at device 0x%llx "

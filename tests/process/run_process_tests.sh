@@ -247,6 +247,26 @@ kill -0 "$daemon_pid" 2>/dev/null || ok=1
 through_ivcuda "$bin/drv_core" >"$work/out" 2>&1 || ok=1
 verdict "guest killed mid-call: worker reclaimed, daemon serves on" $ok
 
+# The reverse: a worker killed under a running guest (a crash of the worker).
+# The guest's next call fails at once with CUDA_ERROR_DEVICE_UNAVAILABLE: the
+# daemon hangs up on the guest when it reaps the worker, whatever the dead
+# worker's io_uring still holds.
+rm -f "$work/pid"
+through_ivcuda "$bin/drv_errors" --spin-forever >"$work/out" 2>&1 & victim=$!
+ok=1
+for _ in $(seq 200); do grep -q '^ready' "$work/out" && { ok=0; break; }; sleep 0.05; done
+guest_pid=$(cat "$work/pid" 2>/dev/null)
+worker=$(grep "process $guest_pid says hello" "$log" | tail -1 | grep -o "worker g[0-9]*" | head -1)
+wpid=$(grep -E "guest ${worker#worker g} \(uid [0-9]+\) connected" "$log" | tail -1 | grep -o "worker pid [0-9]*" | awk '{print $3}')
+[ -n "$wpid" ] && kill -9 "$wpid" || { ok=1; echo "no worker found for process $guest_pid"; }
+ended=1
+for _ in $(seq 100); do kill -0 "$guest_pid" 2>/dev/null || { ended=0; break; }; sleep 0.02; done
+wait $victim 2>/dev/null
+[ $ended -eq 0 ] || { ok=1; echo "the guest did not notice within 2 s"; kill -9 "$guest_pid" 2>/dev/null; }
+grep -q "CUDA_ERROR_DEVICE_UNAVAILABLE" "$work/out" || { ok=1; echo "the guest did not report CUDA_ERROR_DEVICE_UNAVAILABLE:"; cat "$work/out"; }
+through_ivcuda "$bin/drv_core" >"$work/out" 2>&1 || ok=1
+verdict "worker killed under a running guest: the guest's calls fail at once, the daemon serves on" $ok
+
 # No driver at all: cuInit fails cleanly with NO_DEVICE, no hang.
 IVCUDA_SOCKET=$work/nobody.sock LD_LIBRARY_PATH=$build/lib timeout 30 "$bin/drv_errors" --expect-no-device \
   >"$work/out" 2>&1; rc=$?
