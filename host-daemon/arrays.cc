@@ -90,7 +90,7 @@ CUresult Worker::on_ArrayCreate(Call& c) {
   d.Width = r.desc.width;
   d.Height = r.desc.height;
   d.Depth = r.desc.depth;
-  d.Format = static_cast<CUarray_format>(r.desc.format);
+  if (!wire_enum(r.desc.format, &d.Format)) return CUDA_ERROR_INVALID_VALUE;
   d.NumChannels = r.desc.channels;
   d.Flags = r.desc.flags;
   if (r.kind == kArrayCreateMipmap) {
@@ -642,7 +642,7 @@ CUresult Worker::resource_from_wire(const ResDesc& w, CUDA_RESOURCE_DESC* out, s
     case CU_RESOURCE_TYPE_LINEAR:
       if (w.size_bytes == 0 || !owns_device(w.dptr, w.size_bytes)) return CUDA_ERROR_INVALID_VALUE;
       out->res.linear.devPtr = w.dptr;
-      out->res.linear.format = static_cast<CUarray_format>(w.format);
+      if (!wire_enum(w.format, &out->res.linear.format)) return CUDA_ERROR_INVALID_VALUE;
       out->res.linear.numChannels = w.channels;
       out->res.linear.sizeInBytes = w.size_bytes;
       return CUDA_SUCCESS;

@@ -16,6 +16,17 @@ void abandon_host_nodes() noexcept;
 
 // A channel as the worker sees it. Indices and records are private copies;
 // the guest-written ChannelDesc is read once at attach.
+// A guest's number as a CUDA enum. CUDA's enums end in a *_MAX = 0x7fffffff
+// member, so their range is [0, 0x7fffffff]: a number above it cast to the
+// enum is undefined behaviour (found by tests/fuzz); the driver itself
+// answers unknown values inside the range.
+template <class E>
+bool wire_enum(std::uint32_t v, E* out) {
+  if (v > 0x7fffffffu) return false;
+  *out = static_cast<E>(v);
+  return true;
+}
+
 struct Worker::Channel {
   std::uint32_t index = 0;
   ring::Consumer req;
