@@ -237,7 +237,11 @@ CUresult Worker::on_CtxMisc(Call& c) {
       c.set_reply(RepValue{static_cast<std::int64_t>(v)});
       return st;
     }
-    case kCtxSetCacheConfig: return cu_.cuCtxSetCacheConfig(static_cast<CUfunc_cache>(r.value));
+    case kCtxSetCacheConfig: {
+      CUfunc_cache v;
+      if (!wire_enum(r.value, &v)) return CUDA_ERROR_INVALID_VALUE;
+      return cu_.cuCtxSetCacheConfig(v);
+    }
     case kCtxResetPersistingL2: return cu_.cuCtxResetPersistingL2Cache();
     case kCtxRecordEvent:
     case kCtxWaitEvent: {

@@ -583,7 +583,7 @@ CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* out, const CUDA_ARRAY3
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     if (out == nullptr || d == nullptr || levels == 0) return CUDA_ERROR_INVALID_VALUE;
     const std::size_t largest = std::max({d->Width, d->Height, d->Depth});
-    if (levels > 1 && (largest >> (levels - 1)) == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (levels > 1 && (levels - 1 >= 64 || (largest >> (levels - 1)) == 0)) return CUDA_ERROR_INVALID_VALUE;
     const Handle m = s.new_handle();
     Mipmap mm;
     mm.ctx = ctx;
