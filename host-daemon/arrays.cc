@@ -621,7 +621,7 @@ CUresult Worker::on_MemMapArrays(Call& c) {
 // its device memory checked to be the guest's over the whole extent.
 CUresult Worker::resource_from_wire(const ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle) {
   *out = CUDA_RESOURCE_DESC{};
-  out->resType = static_cast<CUresourcetype>(w.type);
+  if (!wire_enum(w.type, &out->resType)) return CUDA_ERROR_INVALID_VALUE;
   out->flags = w.flags;
   *handle = 0;
   switch (w.type) {
@@ -654,7 +654,7 @@ CUresult Worker::resource_from_wire(const ResDesc& w, CUDA_RESOURCE_DESC* out, s
           !owns_device(w.dptr, extent))
         return CUDA_ERROR_INVALID_VALUE;
       out->res.pitch2D.devPtr = w.dptr;
-      out->res.pitch2D.format = static_cast<CUarray_format>(w.format);
+      if (!wire_enum(w.format, &out->res.pitch2D.format)) return CUDA_ERROR_INVALID_VALUE;
       out->res.pitch2D.numChannels = w.channels;
       out->res.pitch2D.width = w.width;
       out->res.pitch2D.height = w.height;
@@ -681,17 +681,18 @@ CUresult Worker::on_TexCreate(Call& c) {
     obj = s;
   } else {
     CUDA_TEXTURE_DESC t{};
-    for (int i = 0; i < 3; ++i) t.addressMode[i] = static_cast<CUaddress_mode>(r.tex.address[i]);
-    t.filterMode = static_cast<CUfilter_mode>(r.tex.filter);
+    for (int i = 0; i < 3; ++i)
+      if (!wire_enum(r.tex.address[i], &t.addressMode[i])) return CUDA_ERROR_INVALID_VALUE;
+    if (!wire_enum(r.tex.filter, &t.filterMode) || !wire_enum(r.tex.mipmap_filter, &t.mipmapFilterMode))
+      return CUDA_ERROR_INVALID_VALUE;
     t.flags = r.tex.flags;
     t.maxAnisotropy = r.tex.max_anisotropy;
-    t.mipmapFilterMode = static_cast<CUfilter_mode>(r.tex.mipmap_filter);
     t.mipmapLevelBias = r.tex.mipmap_bias;
     t.minMipmapLevelClamp = r.tex.min_mipmap_clamp;
     t.maxMipmapLevelClamp = r.tex.max_mipmap_clamp;
     for (int i = 0; i < 4; ++i) t.borderColor[i] = r.tex.border[i];
     CUDA_RESOURCE_VIEW_DESC v{};
-    v.format = static_cast<CUresourceViewFormat>(r.view.format);
+    if (!wire_enum(r.view.format, &v.format)) return CUDA_ERROR_INVALID_VALUE;
     v.width = r.view.width;
     v.height = r.view.height;
     v.depth = r.view.depth;

@@ -205,7 +205,9 @@ CUresult Worker::on_CtxGetLimit(Call& c) {
   const auto r = c.req<ReqLimit>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   size_t v = 0;
-  const CUresult st = cu_.cuCtxGetLimit(&v, static_cast<CUlimit>(r.limit));
+  CUlimit limit;
+  if (!wire_enum(r.limit, &limit)) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = cu_.cuCtxGetLimit(&v, limit);
   c.set_reply(RepValue{static_cast<std::int64_t>(v)});
   return st;
 }
@@ -213,7 +215,9 @@ CUresult Worker::on_CtxGetLimit(Call& c) {
 CUresult Worker::on_CtxSetLimit(Call& c) {
   const auto r = c.req<ReqLimit>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  return cu_.cuCtxSetLimit(static_cast<CUlimit>(r.limit), r.value);
+  CUlimit limit;
+  if (!wire_enum(r.limit, &limit)) return CUDA_ERROR_INVALID_VALUE;
+  return cu_.cuCtxSetLimit(limit, r.value);
 }
 
 // Context flags and configuration, the persisting-L2 reset, and events of

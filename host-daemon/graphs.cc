@@ -72,10 +72,8 @@ bool copy_extent(const CopyEnd& e, std::uint64_t width, std::uint64_t height, st
 // illegal calls (synchronising a capturing stream does exactly that).
 CUresult Worker::on_CaptureMode(Call& c) {
   const auto r = c.req<ReqCaptureMode>();
-  if (r.mode != CU_STREAM_CAPTURE_MODE_GLOBAL && r.mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      r.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(r.mode, &c.ch.capture_mode))
     return CUDA_ERROR_INVALID_VALUE;
-  c.ch.capture_mode = static_cast<CUstreamCaptureMode>(r.mode);
   return CUDA_SUCCESS;
 }
 
@@ -93,11 +91,12 @@ CUresult Worker::refuse_in_capture(CUstream s) {
 CUresult Worker::on_StreamBeginCapture(Call& c) {
   const auto r = c.req<ReqCapture>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode mode;
+  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(r.mode, &mode)) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
-  const CUresult st = cu_.cuStreamBeginCapture(s, static_cast<CUstreamCaptureMode>(r.mode));
-  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, static_cast<CUstreamCaptureMode>(r.mode)};
+  const CUresult st = cu_.cuStreamBeginCapture(s, mode);
+  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, mode};
   return st;
 }
 
@@ -200,7 +199,8 @@ CUresult Worker::capture_nodes(std::span<const std::byte> tail, std::uint32_t co
 CUresult Worker::on_CaptureToGraph(Call& c) {
   const auto r = c.req<ReqCaptureToGraph>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
-  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode mode;
+  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(r.mode, &mode)) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
   GraphEntry* g = graphs_.find(r.graph);
@@ -210,9 +210,9 @@ CUresult Worker::on_CaptureToGraph(Call& c) {
   if (CUresult st = capture_nodes(c.tail<ReqCaptureToGraph>(), r.count, &deps, &data); st != CUDA_SUCCESS) return st;
   const CUresult st = cu_.cuStreamBeginCaptureToGraph(s, g->real, deps.empty() ? nullptr : deps.data(),
                                                       data.empty() ? nullptr : data.data(), deps.size(),
-                                                      static_cast<CUstreamCaptureMode>(r.mode));
+                                                      mode);
   // The same bookkeeping as cuStreamBeginCapture (capture modes per guest thread).
-  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, static_cast<CUstreamCaptureMode>(r.mode)};
+  if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, mode};
   return st;
 }
 
@@ -466,7 +466,8 @@ CUresult Worker::on_GraphKernelAttr(Call& c) {
   if (!plain_kernel_attr(r.attr.id)) return CUDA_ERROR_NOT_SUPPORTED;
   CUkernelNodeAttrValue v{};
   static_assert(sizeof r.attr.value <= sizeof v);
-  const auto id = static_cast<CUkernelNodeAttrID>(r.attr.id);
+  CUkernelNodeAttrID id;
+  if (!wire_enum(r.attr.id, &id)) return CUDA_ERROR_INVALID_VALUE;
   if (r.kind == kKernelAttrSet) {
     std::memcpy(&v, r.attr.value, sizeof r.attr.value);
     return cu_.cuGraphKernelNodeSetAttribute(n->real, id, &v);
@@ -705,7 +706,7 @@ CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> 
     MemAccess x;
     std::memcpy(&x, tail.data() + sizeof m + i * sizeof x, sizeof x);
     desc[i] = CUmemAccessDesc{};
-    desc[i].flags = static_cast<CUmemAccess_flags>(x.flags);
+    if (!wire_enum(x.flags, &desc[i].flags)) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult st = to_driver_location(x.loc_type, x.loc_id, &desc[i].location); st != CUDA_SUCCESS) return st;
   }
   a.accessDescs = m.access_count != 0 ? desc : nullptr;
@@ -726,7 +727,7 @@ CUresult Worker::add_conditional_node(GraphEntry& g, std::span<const CUgraphNode
   CUgraphNodeParams np{};
   np.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
   np.conditional.handle = p.handle;
-  np.conditional.type = static_cast<CUgraphConditionalNodeType>(p.value);
+  if (!wire_enum(p.value, &np.conditional.type)) return CUDA_ERROR_INVALID_VALUE;
   np.conditional.size = p.elem_size;
   np.conditional.phGraph_out = bodies->data();
   np.conditional.ctx = current_;
@@ -1106,8 +1107,8 @@ CUresult Worker::on_GraphQuery(Call& c) {
       if (r.handle > 0x7fffffffu || !valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
       const CUdevice d = devices_[dev_index(dev)];
       if (r.flags == 2) return cu_.cuDeviceGraphMemTrim(d);
-      const auto attr = static_cast<CUgraphMem_attribute>(r.other);
-      if (r.other > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) return CUDA_ERROR_INVALID_VALUE;
+      CUgraphMem_attribute attr;
+      if (r.other > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH || !wire_enum(r.other, &attr)) return CUDA_ERROR_INVALID_VALUE;
       cuuint64_t v = r.capacity;
       if (r.flags == 1) return cu_.cuDeviceSetGraphMemAttribute(d, attr, &v);
       if (r.flags != 0) return CUDA_ERROR_INVALID_VALUE;

@@ -28,7 +28,7 @@ CUresult Worker::on_LaunchEx(Call& c) {
     LaunchAttr a;
     std::memcpy(&a, tail.data() + i * sizeof(LaunchAttr), sizeof a);
     CUlaunchAttribute& out = attrs[i];
-    out.id = static_cast<CUlaunchAttributeID>(a.id);
+    if (!wire_enum(a.id, &out.id)) return CUDA_ERROR_INVALID_VALUE;
     // Only attributes whose values are plain numbers: anything naming an
     // object (events, access-policy windows) would need translating.
     switch (a.id) {
@@ -38,7 +38,7 @@ CUresult Worker::on_LaunchEx(Call& c) {
         out.value.clusterDim.z = a.value[2];
         break;
       case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-        out.value.clusterSchedulingPolicyPreference = static_cast<CUclusterSchedulingPolicy>(a.value[0]);
+        if (!wire_enum(a.value[0], &out.value.clusterSchedulingPolicyPreference)) return CUDA_ERROR_INVALID_VALUE;
         break;
       case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: out.value.cooperative = static_cast<int>(a.value[0]); break;
       case CU_LAUNCH_ATTRIBUTE_PRIORITY: out.value.priority = static_cast<int>(a.value[0]); break;
@@ -46,7 +46,7 @@ CUresult Worker::on_LaunchEx(Call& c) {
         out.value.programmaticStreamSerializationAllowed = static_cast<int>(a.value[0]);
         break;
       case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-        out.value.memSyncDomain = static_cast<CUlaunchMemSyncDomain>(a.value[0]);
+        if (!wire_enum(a.value[0], &out.value.memSyncDomain)) return CUDA_ERROR_INVALID_VALUE;
         break;
       case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
         out.value.memSyncDomainMap.default_ = static_cast<unsigned char>(a.value[0]);
@@ -159,7 +159,8 @@ CUresult Worker::on_OccupancyCluster(Call& c) {
   }
   if (r.policy != 0) {
     attrs[cfg.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-    attrs[cfg.numAttrs].value.clusterSchedulingPolicyPreference = static_cast<CUclusterSchedulingPolicy>(r.policy);
+    if (!wire_enum(r.policy, &attrs[cfg.numAttrs].value.clusterSchedulingPolicyPreference))
+      return CUDA_ERROR_INVALID_VALUE;
     ++cfg.numAttrs;
   }
   int n = 0;
@@ -175,12 +176,18 @@ CUresult Worker::on_TensorMapEncodeTiled(Call& c) {
   // The descriptor is plain data the guest gets back: the driver validates
   // the layout; only the array bounds are ours to check.
   if (r.rank == 0 || r.rank > kTensorMaxRank) return CUDA_ERROR_INVALID_VALUE;
+  CUtensorMapDataType type;
+  CUtensorMapInterleave interleave;
+  CUtensorMapSwizzle swizzle;
+  CUtensorMapL2promotion l2;
+  CUtensorMapFloatOOBfill fill;
+  if (!wire_enum(r.data_type, &type) || !wire_enum(r.interleave, &interleave) || !wire_enum(r.swizzle, &swizzle) ||
+      !wire_enum(r.l2_promotion, &l2) || !wire_enum(r.oob_fill, &fill))
+    return CUDA_ERROR_INVALID_VALUE;
   CUtensorMap map{};
-  const CUresult st = cu_.cuTensorMapEncodeTiled(
-      &map, static_cast<CUtensorMapDataType>(r.data_type), r.rank, reinterpret_cast<void*>(r.global_address),
-      r.global_dim, r.global_strides, r.box_dim, r.element_strides, static_cast<CUtensorMapInterleave>(r.interleave),
-      static_cast<CUtensorMapSwizzle>(r.swizzle), static_cast<CUtensorMapL2promotion>(r.l2_promotion),
-      static_cast<CUtensorMapFloatOOBfill>(r.oob_fill));
+  const CUresult st = cu_.cuTensorMapEncodeTiled(&map, type, r.rank, reinterpret_cast<void*>(r.global_address),
+                                                 r.global_dim, r.global_strides, r.box_dim, r.element_strides,
+                                                 interleave, swizzle, l2, fill);
   if (st != CUDA_SUCCESS) return st;
   RepTensorMap rep{};
   static_assert(sizeof map == sizeof rep);

@@ -37,12 +37,12 @@ CUresult Worker::memops_from_wire(std::span<const MemOp> ops, std::vector<CUstre
       // A 32-bit operation's value is the low half of the union (x86-64).
       const cuuint64_t v = word_bytes(m.operation) == 4 ? static_cast<cuuint32_t>(m.value) : m.value;
       if (is_wait(m.operation)) {
-        p.waitValue.operation = static_cast<CUstreamBatchMemOpType>(m.operation);
+        if (!wire_enum(m.operation, &p.waitValue.operation)) return CUDA_ERROR_INVALID_VALUE;
         p.waitValue.address = m.address;
         p.waitValue.value64 = v;
         p.waitValue.flags = m.flags;
       } else {
-        p.writeValue.operation = static_cast<CUstreamBatchMemOpType>(m.operation);
+        if (!wire_enum(m.operation, &p.writeValue.operation)) return CUDA_ERROR_INVALID_VALUE;
         p.writeValue.address = m.address;
         p.writeValue.value64 = v;
         p.writeValue.flags = m.flags;

@@ -149,7 +149,9 @@ CUresult Worker::on_FuncSetAttribute(Call& c) {
   FuncEntry* f = funcs_.find(r.function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult st = use_ctx(modules_.find(f->module)->ctx); st != CUDA_SUCCESS) return st;
-  return cu_.cuFuncSetAttribute(f->real, static_cast<CUfunction_attribute>(r.attrib), r.value);
+  CUfunction_attribute attrib;
+  if (!wire_enum(r.attrib, &attrib)) return CUDA_ERROR_INVALID_VALUE;
+  return cu_.cuFuncSetAttribute(f->real, attrib, r.value);
 }
 
 CUresult Worker::on_FuncSetCacheConfig(Call& c) {
@@ -157,7 +159,9 @@ CUresult Worker::on_FuncSetCacheConfig(Call& c) {
   FuncEntry* f = funcs_.find(r.function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult st = use_ctx(modules_.find(f->module)->ctx); st != CUDA_SUCCESS) return st;
-  return cu_.cuFuncSetCacheConfig(f->real, static_cast<CUfunc_cache>(r.config));
+  CUfunc_cache config;
+  if (!wire_enum(r.config, &config)) return CUDA_ERROR_INVALID_VALUE;
+  return cu_.cuFuncSetCacheConfig(f->real, config);
 }
 
 CUresult Worker::on_ModuleEnumerate(Call& c) {

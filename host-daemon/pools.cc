@@ -62,7 +62,7 @@ std::uint64_t Worker::pool_handle(CUmemoryPool real, int device) {
 // becomes an ordinal the driver has no device for, so that the driver answers
 // a bad ordinal as it answers one on bare metal.
 CUresult Worker::pool_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) {
-  out->type = static_cast<CUmemLocationType>(type);
+  if (!wire_enum(type, &out->type)) return CUDA_ERROR_INVALID_VALUE;
   out->id = id;
   if (type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_SUCCESS;
   if (valid_device(id)) {
@@ -140,8 +140,8 @@ CUresult Worker::on_MemPoolCreate(Call& c) {
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   CUmemPoolProps props{};
-  props.allocType = static_cast<CUmemAllocationType>(r.alloc_type);
-  props.handleTypes = static_cast<CUmemAllocationHandleType>(r.handle_types);
+  if (!wire_enum(r.alloc_type, &props.allocType) || !wire_enum(r.handle_types, &props.handleTypes))
+    return CUDA_ERROR_INVALID_VALUE;
   if (CUresult st = pool_location(r.loc_type, r.loc_id, &props.location); st != CUDA_SUCCESS) return st;
   props.maxSize = r.max_size;
   props.usage = r.usage;
@@ -167,7 +167,7 @@ CUresult Worker::on_MemPoolSetAccess(Call& c) {
     MemAccess a;
     std::memcpy(&a, tail.data() + i * sizeof a, sizeof a);
     if (CUresult st = pool_location(a.loc_type, a.loc_id, &desc[i].location); st != CUDA_SUCCESS) return st;
-    desc[i].flags = static_cast<CUmemAccess_flags>(a.flags);
+    if (!wire_enum(a.flags, &desc[i].flags)) return CUDA_ERROR_INVALID_VALUE;
   }
   return cu_.cuMemPoolSetAccess(p->real, r.count != 0 ? desc : nullptr, r.count);
 }
@@ -205,7 +205,8 @@ CUresult Worker::on_MemPool(Call& c) {
       break;
     case kPoolSetAttr:
     case kPoolGetAttr: {
-      const auto attr = static_cast<CUmemPool_attribute>(r.attr);
+      CUmemPool_attribute attr;
+      if (!wire_enum(r.attr, &attr)) return CUDA_ERROR_INVALID_VALUE;
       // The value's type depends on the attribute: the first three are ints.
       const bool is_int = attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
                           attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
@@ -305,8 +306,9 @@ CUresult Worker::on_MemPoolExport(Call& c) {
   if (p->alias) return CUDA_ERROR_INVALID_VALUE;
   if (r.handle_type != kFd) {
     alignas(8) unsigned char scratch[64] = {};
-    const CUresult st = cu_.cuMemPoolExportToShareableHandle(
-        scratch, p->real, static_cast<CUmemAllocationHandleType>(r.handle_type), r.flags);
+    CUmemAllocationHandleType type;
+    if (!wire_enum(r.handle_type, &type)) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult st = cu_.cuMemPoolExportToShareableHandle(scratch, p->real, type, r.flags);
     return st != CUDA_SUCCESS ? st : CUDA_ERROR_NOT_SUPPORTED;
   }
   int fd = -1;

@@ -109,7 +109,8 @@ CUresult Worker::on_StreamAttr(Call& c) {
   if (!stream_attr(r.attr)) return CUDA_ERROR_INVALID_VALUE;
   CUstreamAttrValue v{};
   static_assert(sizeof v == sizeof r.value);
-  const auto id = static_cast<CUstreamAttrID>(r.attr);
+  CUstreamAttrID id;
+  if (!wire_enum(r.attr, &id)) return CUDA_ERROR_INVALID_VALUE;
   if (r.kind == kKernelAttrSet) {
     std::memcpy(&v, r.value, sizeof v);
     // A window over memory that is not the guest's would steer the L2 for

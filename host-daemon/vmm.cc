@@ -32,8 +32,7 @@ bool location_ok(std::uint32_t type) {
 }  // namespace
 
 CUresult Worker::to_driver_location(std::uint32_t type, std::int32_t id, CUmemLocation* out) const {
-  if (!location_ok(type)) return CUDA_ERROR_INVALID_VALUE;
-  out->type = static_cast<CUmemLocationType>(type);
+  if (!location_ok(type) || !wire_enum(type, &out->type)) return CUDA_ERROR_INVALID_VALUE;
   out->id = id;
   if (type == CU_MEM_LOCATION_TYPE_DEVICE) {
     if (!valid_device(id)) return CUDA_ERROR_INVALID_DEVICE;
@@ -44,8 +43,8 @@ CUresult Worker::to_driver_location(std::uint32_t type, std::int32_t id, CUmemLo
 
 CUresult Worker::to_driver_prop(const MemProp& p, CUmemAllocationProp* out) const {
   *out = CUmemAllocationProp{};
-  out->type = static_cast<CUmemAllocationType>(p.type);
-  out->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(p.handle_types);
+  if (!wire_enum(p.type, &out->type) || !wire_enum(p.handle_types, &out->requestedHandleTypes))
+    return CUDA_ERROR_INVALID_VALUE;
   if (CUresult st = to_driver_location(p.loc_type, p.loc_id, &out->location); st != CUDA_SUCCESS) return st;
   out->allocFlags.compressionType = p.compression;
   out->allocFlags.gpuDirectRDMACapable = p.rdma;
@@ -188,7 +187,7 @@ CUresult Worker::on_MemSetAccess(Call& c) {
     MemAccess a;
     std::memcpy(&a, tail.data() + i * sizeof a, sizeof a);
     if (CUresult st = to_driver_location(a.loc_type, a.loc_id, &desc[i].location); st != CUDA_SUCCESS) return st;
-    desc[i].flags = static_cast<CUmemAccess_flags>(a.flags);
+    if (!wire_enum(a.flags, &desc[i].flags)) return CUDA_ERROR_INVALID_VALUE;
   }
   return cu_.cuMemSetAccess(r.ptr, r.size, desc, r.count);
 }
@@ -266,9 +265,9 @@ CUresult Worker::on_MemExportShareable(Call& c) {
   if (r.handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
     // Asked only for its verdict: a handle of another type never leaves.
     alignas(8) unsigned char scratch[64] = {};
-    const CUresult st = cu_.cuMemExportToShareableHandle(scratch, e->real,
-                                                         static_cast<CUmemAllocationHandleType>(r.handle_type),
-                                                         r.flags);
+    CUmemAllocationHandleType type;
+    if (!wire_enum(r.handle_type, &type)) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult st = cu_.cuMemExportToShareableHandle(scratch, e->real, type, r.flags);
     return st != CUDA_SUCCESS ? st : CUDA_ERROR_NOT_SUPPORTED;
   }
   int fd = -1;

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda_enum_ranges.h"
 #include "host-daemon/worker.h"
 
 namespace ivcuda::host {
@@ -16,13 +17,15 @@ void abandon_host_nodes() noexcept;
 
 // A channel as the worker sees it. Indices and records are private copies;
 // the guest-written ChannelDesc is read once at attach.
-// A guest's number as a CUDA enum. CUDA's enums end in a *_MAX = 0x7fffffff
-// member, so their range is [0, 0x7fffffff]: a number above it cast to the
-// enum is undefined behaviour (found by tests/fuzz); the driver itself
-// answers unknown values inside the range.
+// A guest's number as a CUDA enum, or false. An enum's range is the values of
+// the smallest bit-field that holds its enumerators ([dcl.enum]; CUfunc_cache's
+// is 0..3, CUarray_format's 0..0x7fffffff for its *_MAX member): a cast
+// outside it is undefined behaviour (found by tests/fuzz). The ranges are
+// generated from cuda.h (tools/gen_enum_ranges.py); inside one the driver
+// itself answers values it does not know.
 template <class E>
-bool wire_enum(std::uint32_t v, E* out) {
-  if (v > 0x7fffffffu) return false;
+bool wire_enum(std::uint64_t v, E* out) {
+  if (v > EnumRange<E>::limit) return false;
   *out = static_cast<E>(v);
   return true;
 }

@@ -189,6 +189,18 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
           CUDA_ERROR_INVALID_CONTEXT);
     REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
     const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+    // Numbers outside a CUDA enum's range (the bit-field of its enumerators)
+    // are refused before they become the enum: CUlimit's range is 0..15,
+    // CUfunc_cache's 0..3, CUstreamCaptureMode's 0..3.
+    for (std::int32_t limit : {16, -1, 0x7fffffff})
+      CHECK(g.call(0, Op::kCtxGetLimit, proto::ReqLimit{ctx, 0, limit, 0}) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(g.call(0, Op::kCtxSetLimit, proto::ReqLimit{ctx, 1, 16, 0}) == CUDA_ERROR_INVALID_VALUE);
+    for (std::uint32_t config : {4u, 0x7fffffffu, 0x80000000u})
+      CHECK(g.call(0, Op::kCtxMisc, proto::ReqCtxMisc{ctx, 0, proto::kCtxSetCacheConfig, config}) ==
+            CUDA_ERROR_INVALID_VALUE);
+    CHECK(g.call(0, Op::kCaptureMode, proto::ReqCaptureMode{4, 0}) == CUDA_ERROR_INVALID_VALUE);
+    // inside the range the driver answers, as on bare metal
+    CHECK(g.call(0, Op::kCtxMisc, proto::ReqCtxMisc{ctx, 0, proto::kCtxSetCacheConfig, 1}) == CUDA_SUCCESS);
     // a stream handle of the right kind but a slot that was never handed out
     CHECK(g.call(0, Op::kStreamDestroy, proto::ReqHandle{ctx, 0x0400000100000009ull}) == CUDA_ERROR_INVALID_HANDLE);
     // a context handle passed where a stream handle belongs
