@@ -301,4 +301,23 @@ CUresult Worker::on_MemImportShareable(Call& c) {
   return CUDA_SUCCESS;
 }
 
+void Worker::release_vmm() noexcept {
+  // The driver's VMM calls want a context; the worker's own primary serves.
+  if (arena_ctx_ != nullptr) (void)cu_.cuCtxSetCurrent(arena_ctx_);
+  for (const auto& [addr, m] : mappings_) (void)cu_.cuMemUnmap(addr, m.size);
+  for (const auto& [addr, m] : mappings_) ranges_.erase(addr);
+  mappings_.clear();
+  // References kept for sparse arrays (their events die with the contexts).
+  for (const PendingRelease& p : pending_releases_) (void)cu_.cuMemRelease(p.real);
+  pending_releases_.clear();
+  std::vector<std::uint64_t> handles;
+  mem_handles_.for_each([&](std::uint64_t h, MemHandleEntry& e) {
+    for (std::uint32_t i = 0; i < e.refs + (e.held ? 1u : 0u); ++i) (void)cu_.cuMemRelease(e.real);
+    handles.push_back(h);
+  });
+  for (std::uint64_t h : handles) mem_handles_.erase(h);
+  for (const auto& [base, size] : reservations_) (void)cu_.cuMemAddressFree(base, size);
+  reservations_.clear();
+}
+
 }  // namespace ivcuda::host

@@ -217,6 +217,7 @@ void Worker::cleanup() noexcept {
   if (cu_.handle == nullptr) return;
   abandon_host_nodes();  // graphs.cc: a host node waiting for the gone guest gives up
   destroy_created_pools();
+  release_vmm();
   // Contexts the guest created die with everything in them; primaries are
   // released as often as the guest retained them. Process exit would free
   // all of it too - this keeps the driver's books straight while we live.

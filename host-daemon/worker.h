@@ -322,6 +322,9 @@ class Worker {
   std::uint64_t pool_handle(CUmemoryPool real, int device);
   CUresult pool_location(std::uint32_t type, std::int32_t id, CUmemLocation* out);
   void destroy_created_pools() noexcept;
+  // Virtual memory the guest still holds (mappings, physical allocations,
+  // reserved address ranges), which belongs to no context: given back at the end.
+  void release_vmm() noexcept;
   // Pool sharing (pools.cc): destroying a guest handle (the driver's pool
   // goes with its last handle); what the driver says to an fd that is no
   // exported pool; a pool the driver destroyed leaves the registry and the

@@ -121,6 +121,15 @@ def worker_seeds():
                                 + struct.pack("<QIIQ", subst(5), 5, 0, 16), reply=False)
                           + rec("CtxSynchronize", struct.pack("<Q", subst(6)))
                           + rec("ModuleUnload", struct.pack("<QQ", subst(6), subst(4))))
+    # Virtual memory left mapped at the end: the worker must give it back.
+    # Newest values after the reservation: its size, its base, the handle.
+    mib2 = 2 << 20
+    s["vmm_left_mapped"] = (HELLO + RETAIN
+                            + rec("MemCreate", struct.pack("<IIiIBBHIQQ", 1, 1, 0, 0, 0, 0, 0, 0, mib2, 0))
+                            + rec("MemAddressReserve", struct.pack("<QQQQ", mib2, 0, 0, 0))
+                            + rec("MemMap", struct.pack("<QQQQQ", subst(1), mib2, 0, subst(2), 0))
+                            + rec("MemSetAccess", struct.pack("<QQII", subst(1), mib2, 1, 0)
+                                  + struct.pack("<IiII", 1, 0, 3, 0)))
     s["two_channels"] = (HELLO + RETAIN
                          + rec("MemGetInfo", struct.pack("<Q", subst(0)), ch=1, serve=False)
                          + rec("CtxSynchronize", struct.pack("<Q", subst(0)), ch=2, serve=False) + SERVE)

@@ -26,8 +26,11 @@
 // numbered the same way each time. Only the double's own state outlives a
 // worker, as a driver's would outlive a process that leaked (objects not
 // tied to a context, such as VMM allocations). The shared memory is small
-// (1 MiB, 4 channels of 16 KiB rings) to keep clearing it cheap.
+// (1 MiB, 4 channels of 16 KiB rings) to keep clearing it cheap. After each
+// input the double's device memory must be free again: what a worker leaves
+// behind when it ends (virtual memory, pools) it must give back itself.
 #include <cuda.h>
+#include <dlfcn.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +107,40 @@ Env& env() {
   return *e;
 }
 
+// Aborts (a finding) when the ended worker left device memory allocated in
+// the double. A device whose kernel faulted answers nothing: not checked.
+void check_nothing_left(const Env& e) {
+  struct Api {
+    decltype(&cuDevicePrimaryCtxRetain) retain;
+    decltype(&cuDevicePrimaryCtxRelease_v2) release;
+    decltype(&cuCtxSetCurrent) set_current;
+    decltype(&cuMemGetInfo_v2) info;
+  };
+  static const Api api = [&] {
+    void* lib = ::dlopen(e.driver.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) std::abort();
+    Api a{};
+    a.retain = reinterpret_cast<decltype(a.retain)>(::dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    a.release = reinterpret_cast<decltype(a.release)>(::dlsym(lib, "cuDevicePrimaryCtxRelease_v2"));
+    a.set_current = reinterpret_cast<decltype(a.set_current)>(::dlsym(lib, "cuCtxSetCurrent"));
+    a.info = reinterpret_cast<decltype(a.info)>(::dlsym(lib, "cuMemGetInfo_v2"));
+    if (a.retain == nullptr || a.release == nullptr || a.set_current == nullptr || a.info == nullptr) std::abort();
+    return a;
+  }();
+  for (CUdevice d = 0; d < 2; ++d) {
+    CUcontext c = nullptr;
+    if (api.retain(&c, d) != CUDA_SUCCESS) continue;
+    std::size_t free = 0, total = 0;
+    const bool known = api.set_current(c) == CUDA_SUCCESS && api.info(&free, &total) == CUDA_SUCCESS;
+    (void)api.set_current(nullptr);
+    (void)api.release(d);
+    if (known && free != total) {
+      std::fprintf(stderr, "worker_fuzz: the worker left %zu bytes of device %d allocated\n", total - free, d);
+      std::abort();
+    }
+  }
+}
+
 class Input {
  public:
   Input(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
@@ -164,6 +201,9 @@ struct Session {
       if (!g.open) continue;
       ring::Record rec;
       while (g.cpl.poll(&rec) == ring::RingStatus::kOk) {
+        // IVCUDA_FUZZ_TRACE=1: each reply's op and status, for writing seeds.
+        static const bool trace = std::getenv("IVCUDA_FUZZ_TRACE") != nullptr;
+        if (trace) std::fprintf(stderr, "worker_fuzz: reply op %u status %d\n", rec.hdr.op, rec.hdr.status);
         for (std::size_t i = 0; i + 8 <= rec.payload.size() && i < 32; i += 8) {
           std::uint64_t v;
           std::memcpy(&v, rec.payload.data() + i, 8);
@@ -289,5 +329,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   (void)sys::eventfd_drain(e.host_efd.get());
   (void)sys::eventfd_drain(e.guest_efd.get());
+  w->reset();
+  check_nothing_left(e);
   return 0;
 }
