@@ -205,16 +205,19 @@ int main(int argc, char** argv) {
     (void)wait_child(child);
     ::close(out);
     // The memory returns when the GPU side of the child is gone; meanwhile
-    // this process goes on working.
+    // this process goes on working. Measured against what was free while the
+    // child held it: a worker the host starts meanwhile (a spare for the
+    // VM's next process) takes a context's worth (about 440 MiB on an H200),
+    // so half the child's memory coming back is the verdict.
     size_t now = 0;
     auto elapsed = std::chrono::milliseconds(0);
     for (;;) {
       now = free_mem();
       elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0);
-      if (now + (want / 4) >= before || elapsed > std::chrono::seconds(5)) break;
+      if (now >= held + want / 2 || elapsed > std::chrono::seconds(5)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    EXPECT(now + (want / 4) >= before);
+    EXPECT(now >= held + want / 2);
     EXPECT(elapsed <= std::chrono::milliseconds(1000));
     std::printf("SIGKILLed child's %d MiB free again after %s1 s\n", mib,
                 elapsed <= std::chrono::milliseconds(1000) ? "<= " : "MORE THAN ");
