@@ -82,6 +82,35 @@ void sparse_to_wire(const CUDA_ARRAY_SPARSE_PROPERTIES& p, RepArrayQuery* rep) {
 
 }  // namespace
 
+namespace {
+// What an array's elements take, for the quota: every level of a mipmapped
+// array (`levels`), each layer of a layered one; the driver's own layout adds
+// little beyond it. Sparse and deferred-mapping arrays take none (their memory
+// is mapped onto them from cuMemCreate allocations, charged there).
+// Saturates instead of overflowing (the driver refuses such an array anyway).
+std::uint64_t array_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels) {
+  if ((d.Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) != 0) return 0;
+  const std::uint64_t elem = element_bytes(d.Format, d.NumChannels);
+  const bool layered = (d.Flags & CUDA_ARRAY3D_LAYERED) != 0;
+  std::uint64_t w = std::max<std::uint64_t>(d.Width, 1), h = std::max<std::uint64_t>(d.Height, 1);
+  std::uint64_t z = std::max<std::uint64_t>(d.Depth, 1);
+  const std::uint64_t layers = layered ? z : 1;
+  if (layered) z = 1;
+  constexpr std::uint64_t kHuge = std::uint64_t{1} << 62;
+  std::uint64_t total = 0;
+  for (unsigned l = 0; l < std::max(levels, 1u) && total < kHuge; ++l) {
+    std::uint64_t n = std::max<std::uint64_t>(elem, 1);
+    for (std::uint64_t f : {w, h, z, layers})
+      if (__builtin_mul_overflow(n, f, &n)) return kHuge;
+    if (__builtin_add_overflow(total, n, &total)) return kHuge;
+    w = std::max<std::uint64_t>(w / 2, 1);
+    h = std::max<std::uint64_t>(h / 2, 1);
+    z = std::max<std::uint64_t>(z / 2, 1);
+  }
+  return std::min(total, kHuge);
+}
+}  // namespace
+
 CUresult Worker::on_ArrayCreate(Call& c) {
   const auto r = c.req<ReqArrayCreate>();
   CtxEntry* ctx = nullptr;
@@ -93,11 +122,16 @@ CUresult Worker::on_ArrayCreate(Call& c) {
   if (!wire_enum(r.desc.format, &d.Format)) return CUDA_ERROR_INVALID_VALUE;
   d.NumChannels = r.desc.channels;
   d.Flags = r.desc.flags;
+  // A 2D array has no depth, whatever the request says.
+  CUDA_ARRAY3D_DESCRIPTOR sized = d;
+  if (r.kind == kArrayCreate2D) sized.Depth = 0, sized.Flags = 0;
+  Charge charge = quota_.take(array_bytes(sized, r.kind == kArrayCreateMipmap ? r.levels : 1));
+  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   if (r.kind == kArrayCreateMipmap) {
     CUmipmappedArray m = nullptr;
     const CUresult st = cu_.cuMipmappedArrayCreate(&m, &d, r.levels);
     if (st != CUDA_SUCCESS) return st;
-    c.set_reply(RepHandle{mipmaps_.insert(MipmapEntry{m, r.ctx, {}, r.desc.flags})});
+    c.set_reply(RepHandle{mipmaps_.insert(MipmapEntry{m, r.ctx, {}, r.desc.flags, std::move(charge)})});
     return CUDA_SUCCESS;
   }
   CUarray a = nullptr;
@@ -116,12 +150,12 @@ CUresult Worker::on_ArrayCreate(Call& c) {
   }
   if (st != CUDA_SUCCESS) return st;
   // The driver's own view of the array is what copies are checked against.
-  ArrayEntry e{a, r.ctx, {}, 0, r.kind == kArrayCreate3D ? r.desc.flags : 0u};
+  ArrayEntry e{a, r.ctx, {}, 0, r.kind == kArrayCreate3D ? r.desc.flags : 0u, std::move(charge)};
   if (cu_.cuArray3DGetDescriptor(&e.desc, a) != CUDA_SUCCESS) {
     cu_.cuArrayDestroy(a);
     return CUDA_ERROR_UNKNOWN;
   }
-  c.set_reply(RepHandle{arrays_.insert(e)});
+  c.set_reply(RepHandle{arrays_.insert(std::move(e))});
   return CUDA_SUCCESS;
 }
 
@@ -231,7 +265,7 @@ CUresult Worker::on_MipmapLevel(Call& c) {
   if (st != CUDA_SUCCESS) return st;
   ArrayEntry e{a, m->ctx, {}, r.mipmap};
   if (st = cu_.cuArray3DGetDescriptor(&e.desc, a); st != CUDA_SUCCESS) return st;
-  const std::uint64_t h = arrays_.insert(e);
+  const std::uint64_t h = arrays_.insert(std::move(e));  // its memory is the mipmap's charge
   m->levels[r.level] = h;
   c.set_reply(RepHandle{h});
   return CUDA_SUCCESS;

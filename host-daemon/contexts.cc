@@ -71,6 +71,7 @@ CUresult Worker::on_DeviceInfo(Call& c) {
   size_t total = 0;
   if ((st = cu_.cuDeviceTotalMem(&total, d)) != CUDA_SUCCESS) return st;
   rep.total_mem = total;
+  if (quota_.limit() != 0) rep.total_mem = std::min<std::uint64_t>(total, quota_.limit());  // the tenant's view
   for (int a = 1; a < static_cast<int>(kAttrSlots) && a < CU_DEVICE_ATTRIBUTE_MAX; ++a) {
     int v = 0;
     if (cu_.cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(a), d) == CUDA_SUCCESS) {

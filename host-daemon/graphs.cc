@@ -712,10 +712,14 @@ CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> 
   a.accessDescs = m.access_count != 0 ? desc : nullptr;
   a.accessDescCount = m.access_count;
   a.bytesize = p.width;
+  // Graph memory counts from the node's creation while the node lives: the
+  // driver allocates it at launches, and may keep it between them.
+  Charge charge = quota_.take(a.bytesize);
+  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult st =
       cu_.cuGraphAddMemAllocNode(out, g.real, deps.empty() ? nullptr : deps.data(), deps.size(), &a);
   if (st != CUDA_SUCCESS) return st;
-  ranges_[a.dptr] = DevRange{a.bytesize, g.ctx, RangeKind::kGraphMem};
+  ranges_[a.dptr] = DevRange{a.bytesize, g.ctx, RangeKind::kGraphMem, 0, std::move(charge)};
   *dptr = a.dptr;
   return CUDA_SUCCESS;
 }

@@ -80,8 +80,18 @@ struct Options {
   std::vector<std::string> guest_sockets;  // SOCKET=GPUS
   std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
   std::uint32_t vm_spares = 1;
+  std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
   ivcuda::host::sandbox::Config sandbox;  // --sandbox, --user
 };
+
+// A --guest-socket entry: SOCKET=GPUS[:mem-limit=SIZE]. The socket's path
+// holds no ':'. Returns false with *err set.
+struct SocketSpec {
+  std::string path;
+  std::vector<int> gpus;
+  std::uint64_t mem_limit = 0;
+};
+bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, SocketSpec* out, std::string* err);
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
   std::vector<int> out;
@@ -98,6 +108,44 @@ std::vector<int> parse_gpus(const std::string& s, std::string* err) {
     out.push_back(static_cast<int>(v));
   }
   return out;
+}
+
+bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, SocketSpec* out, std::string* err) {
+  std::vector<std::string> parts;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ':')) parts.push_back(item);
+  const std::string head = parts.empty() ? std::string() : parts[0];
+  const auto eq = head.rfind('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == head.size()) {
+    *err = "no SOCKET=GPUS";
+    return false;
+  }
+  out->path = head.substr(0, eq);
+  out->gpus = parse_gpus(head.substr(eq + 1), err);
+  if (!err->empty()) return false;
+  out->mem_limit = default_limit;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    const auto kv = parts[i].find('=');
+    const std::string key = parts[i].substr(0, kv);
+    std::string value = kv == std::string::npos ? std::string() : parts[i].substr(kv + 1);
+    if (key != "mem-limit" || value.empty()) {
+      *err = "unknown setting '" + parts[i] + "'";
+      return false;
+    }
+    // CLI11's size parser, as for --mem-limit: 20G, 512M, 1073741824.
+    try {
+      if (const std::string bad = CLI::AsSizeValue(false)(value); !bad.empty()) {
+        *err = "mem-limit: " + bad;
+        return false;
+      }
+      out->mem_limit = std::stoull(value);
+    } catch (const std::exception& e) {
+      *err = std::string("mem-limit: ") + e.what();
+      return false;
+    }
+  }
+  return true;
 }
 
 std::uint64_t new_generation() {
@@ -185,9 +233,9 @@ int serve_one(const Options& o, ivcuda::host::WorkerConfig cfg, long long id) {
 // The connection's process: a VM's supervisor with a worker per guest
 // process, or, when the peer is the CUDA program itself, its one worker
 // (host-daemon/vm_supervisor.h).
-int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
-               std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g, int shm_fd, int broker_fd,
-               ivcuda::host::TenantShare* share, pid_t peer_pid) {
+int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem_limit,
+               const ivcuda::ring::Layout& layout, std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g,
+               int shm_fd, int broker_fd, ivcuda::host::TenantShare* share, pid_t peer_pid) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   keep_only_share(share);
@@ -203,6 +251,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::rin
   cfg.conn_fd = g.conn.get();
   cfg.driver_path = o.driver;
   cfg.devices = gpus;
+  cfg.mem_limit = mem_limit;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.broker_fd = broker_fd;
   sc.peer_pid = peer_pid;
@@ -254,6 +303,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.guest_fds.push_back(guest_efd->get());  // in ivshmem-plain
   cfg.driver_path = o.driver;
   cfg.devices = gpus;
+  cfg.mem_limit = o.mem_limit;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.poll_only = true;
   cfg.poll_interval = std::chrono::microseconds(o.poll_us);
@@ -340,6 +390,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       for (const auto& fd : client->peers().at(guest)) cfg.guest_fds.push_back(fd.get());
       cfg.driver_path = o.driver;
       cfg.devices = gpus;
+      cfg.mem_limit = o.mem_limit;
       cfg.spin = std::chrono::microseconds(o.spin_us);
       ::_exit(serve_one(o, std::move(cfg), static_cast<long long>(guest)));
     }
@@ -412,9 +463,15 @@ int main(int argc, char** argv) {
                  "join an existing ivshmem-server at this socket as its host peer, instead of listening; "
                  "it serves one guest at a time (all peers of such a server share one memory)");
   app.add_option("--guest-socket", o.guest_sockets,
-                 "SOCKET=GPUS: one more socket, whose guests get only these host GPUs (e.g. "
-                 "/run/ivcuda/vm2.sock=1); repeatable. One socket per VM gives each VM its own GPUs")
+                 "SOCKET=GPUS[:mem-limit=SIZE]: one more socket, whose guests get only these host GPUs "
+                 "(e.g. /run/ivcuda/vm2.sock=1:mem-limit=20G); repeatable. One socket per VM gives each "
+                 "VM its own GPUs and quota")
       ->take_all();
+  app.add_option("--mem-limit", o.mem_limit,
+                 "device memory each guest may hold, e.g. 20G (0: no limit); a VM's processes share it, "
+                 "and cuMemGetInfo/cuDeviceTotalMem show it as the total")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles) one tenant may have exported at once")
       ->check(CLI::Range(1, 1 << 20))
@@ -494,11 +551,12 @@ int main(int argc, char** argv) {
   struct Listener {
     std::string path;
     std::vector<int> gpus;
+    std::uint64_t mem_limit;
     ivcuda::ivshmem::IvshmemServer server;
     std::unique_ptr<ivcuda::host::TenantShare> share;  // this tenant's shared objects
   };
   std::vector<Listener> listeners;
-  auto add_listener = [&](const std::string& path, std::vector<int> grant) {
+  auto add_listener = [&](const std::string& path, std::vector<int> grant, std::uint64_t mem_limit) {
     auto server = ivcuda::ivshmem::IvshmemServer::listen(path, o.vectors);
     if (!server) {
       IVLOG_ERROR("cannot listen on %s: %s", path.c_str(), server.error().what.c_str());
@@ -506,22 +564,24 @@ int main(int argc, char** argv) {
     }
     auto share = make_share(o.share_slots);
     if (!share) return false;
-    listeners.push_back(Listener{path, std::move(grant), std::move(*server), std::move(share)});
+    listeners.push_back(Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share)});
     return true;
   };
-  if (!add_listener(o.socket, gpus)) return 1;
+  if (!add_listener(o.socket, gpus, o.mem_limit)) return 1;
   for (const auto& spec : o.guest_sockets) {
-    const auto eq = spec.rfind('=');
+    SocketSpec ss;
     std::string gerr;
-    const std::vector<int> grant = eq == std::string::npos ? std::vector<int>{} : parse_gpus(spec.substr(eq + 1), &gerr);
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size() || !gerr.empty()) {
-      IVLOG_ERROR("--guest-socket %s: expected SOCKET=GPUS, e.g. /run/ivcuda/vm2.sock=1%s%s", spec.c_str(),
-                  gerr.empty() ? "" : ": ", gerr.c_str());
+    if (!parse_socket_spec(spec, o.mem_limit, &ss, &gerr)) {
+      IVLOG_ERROR("--guest-socket %s: %s; expected SOCKET=GPUS[:mem-limit=SIZE], e.g. "
+                  "/run/ivcuda/vm2.sock=1:mem-limit=20G", spec.c_str(), gerr.c_str());
       return 2;
     }
-    if (!add_listener(spec.substr(0, eq), grant)) return 1;
-    IVLOG_INFO("listening on %s for guests granted GPU(s) %s", spec.substr(0, eq).c_str(),
-               spec.substr(eq + 1).c_str());
+    if (!add_listener(ss.path, ss.gpus, ss.mem_limit)) return 1;
+    std::string grant;
+    for (const int g : ss.gpus) grant += (grant.empty() ? "" : ",") + std::to_string(g);
+    const std::string quota = ss.mem_limit == 0 ? "no limit" : std::to_string(ss.mem_limit >> 20) + " MiB per guest";
+    IVLOG_INFO("listening on %s for guests granted GPU(s) %s, device memory: %s", ss.path.c_str(),
+               grant.empty() ? "all" : grant.c_str(), quota.c_str());
   }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -656,7 +716,7 @@ int main(int argc, char** argv) {
         broker.close_in_child();
         for (auto& [other_pid, other] : workers)  // other guests' connections are not this one's
           if (other.conn) other.conn->reset();
-        const int rc = run_worker(o, l.gpus, *layout, generation, *conn, shm->get(),
+        const int rc = run_worker(o, l.gpus, l.mem_limit, *layout, generation, *conn, shm->get(),
                                   broker_end ? broker_end->release() : -1, l.share.get(), cred.pid);
         ::_exit(rc);
       }

@@ -20,18 +20,29 @@ CUresult Worker::on_MemAlloc(Call& c) {
   CUdeviceptr d = 0;
   CUresult st;
   std::uint64_t size;
+  Charge charge;
   if (r.elem_size == 0) {
     if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    // Charged before the driver sees it: past the quota, nothing is allocated.
+    if (!(charge = quota_.take(r.bytes))) return CUDA_ERROR_OUT_OF_MEMORY;
     st = cu_.cuMemAlloc(&d, r.bytes);
     size = r.bytes;
   } else {
+    // A pitch allocation: its rows at least, then the padding the driver chose.
+    std::uint64_t rows = 0;
+    if (!mul_ok(r.width, r.height, &rows)) return CUDA_ERROR_INVALID_VALUE;
+    if (!(charge = quota_.take(rows))) return CUDA_ERROR_OUT_OF_MEMORY;
     size_t pitch = 0;
     st = cu_.cuMemAllocPitch(&d, &pitch, r.width, r.height, r.elem_size);
     rep.pitch = pitch;
     if (st == CUDA_SUCCESS && !mul_ok(pitch, r.height, &size)) return CUDA_ERROR_INVALID_VALUE;
+    if (st == CUDA_SUCCESS && size > rows && !charge.grow(size - rows)) {
+      cu_.cuMemFree(d);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   }
   if (st != CUDA_SUCCESS) return st;
-  ranges_[d] = DevRange{size, r.ctx, RangeKind::kAlloc};
+  ranges_[d] = DevRange{size, r.ctx, RangeKind::kAlloc, 0, std::move(charge)};
   IVLOG_DEBUG("guest %u: allocated 0x%llx + %llu", cfg_.guest_id, static_cast<unsigned long long>(d),
               static_cast<unsigned long long>(size));
   rep.dptr = d;
@@ -60,7 +71,12 @@ CUresult Worker::on_MemGetInfo(Call& c) {
   reap_mem_releases();  // what sparse arrays no longer map counts as free (arrays.cc)
   size_t f = 0, t = 0;
   const CUresult st = cu_.cuMemGetInfo(&f, &t);
-  c.set_reply(RepMemInfo{f, t});
+  // Under a quota the tenant's view: the quota as the total, what is left of
+  // it as free (never more than the device has), so that frameworks that size
+  // themselves from these figures stay inside it.
+  std::uint64_t total = t, free = f;
+  if (st == CUDA_SUCCESS) quota_.view(&total, &free);
+  c.set_reply(RepMemInfo{free, total});
   return st;
 }
 

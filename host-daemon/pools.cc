@@ -255,6 +255,8 @@ CUresult Worker::on_MemAllocAsync(Call& c) {
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
   CUdeviceptr d = 0;
   CUresult st;
+  Charge charge = quota_.take(r.bytes);
+  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   if (r.pool != 0) {
     PoolEntry* p = pools_.find(r.pool);
     // An imported pool hands out nothing: the driver refuses one, and an
@@ -267,7 +269,7 @@ CUresult Worker::on_MemAllocAsync(Call& c) {
   if (st != CUDA_SUCCESS) return st;
   // The guest's memory like any allocation: device-pointer checks accept it,
   // cuMemFree may free it and it is freed when the guest goes away.
-  ranges_[d] = DevRange{r.bytes, r.ctx, RangeKind::kAlloc, r.pool};
+  ranges_[d] = DevRange{r.bytes, r.ctx, RangeKind::kAlloc, r.pool, std::move(charge)};
   c.set_reply(RepMemAlloc{d, 0});
   return CUDA_SUCCESS;
 }

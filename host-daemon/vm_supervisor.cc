@@ -95,6 +95,42 @@ std::uint64_t VmShared::pool_release_all(std::uint32_t s) {
   return freed;
 }
 
+// Under the pool's mutex, so that two workers charging at once cannot both
+// pass the limit; the counters are atomics so that readers need no lock.
+bool VmShared::mem_charge(std::uint32_t s, std::uint64_t bytes, std::uint64_t limit) noexcept {
+  if (s >= kMaxSlots || !lock()) return false;
+  bool ok = true;
+  if (limit != 0) {
+    std::uint64_t used = 0;
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i) used += slot(i).mem.load(std::memory_order_relaxed);
+    ok = bytes <= limit && used <= limit - bytes;
+  }
+  if (ok) slot(s).mem.fetch_add(bytes, std::memory_order_relaxed);
+  unlock();
+  return ok;
+}
+
+void VmShared::mem_uncharge(std::uint32_t s, std::uint64_t bytes) noexcept {
+  if (s >= kMaxSlots || !lock()) return;
+  std::atomic<std::uint64_t>& m = slot(s).mem;
+  m.store(m.load(std::memory_order_relaxed) - std::min(bytes, m.load(std::memory_order_relaxed)),
+          std::memory_order_relaxed);
+  unlock();
+}
+
+std::uint64_t VmShared::mem_used() noexcept {
+  std::uint64_t used = 0;
+  for (std::uint32_t i = 0; i < kMaxSlots; ++i) used += slot(i).mem.load(std::memory_order_relaxed);
+  return used;
+}
+
+std::uint64_t VmShared::mem_release_all(std::uint32_t s) noexcept {
+  if (s >= kMaxSlots || !lock()) return 0;
+  const std::uint64_t bytes = slot(s).mem.exchange(0, std::memory_order_relaxed);
+  unlock();
+  return bytes;
+}
+
 // ------------------------------------------------------------------ supervisor
 
 namespace {
@@ -426,12 +462,16 @@ void Supervisor::finish_slot(std::uint32_t s, int status) {
     else ring::store_release(ring::channel_desc(bar_.data(), l_, c)->host_lost, std::uint64_t{1});
   }
   const std::uint64_t pinned = vm_->pool_release_all(s);
+  // The worker's process is gone, and with it every byte of device memory it
+  // held: what was charged for them returns to the VM's quota.
+  const std::uint64_t charged = vm_->mem_release_all(s);
   if (cfg_.worker.share != nullptr) (void)cfg_.worker.share->withdraw_owner(p.pid, 1000);
   if (p.reclaim_guest) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - p.killed).count();
     IVLOG_INFO("guest %u: process %d exited; reclaimed its worker pid %d in %lld ms (%u channel(s), %llu KiB "
-               "page-locked)", guest_id(), guest_pid, static_cast<int>(p.pid), static_cast<long long>(ms), channels,
-               static_cast<unsigned long long>(pinned >> 10));
+               "page-locked, %llu KiB of device memory)", guest_id(), guest_pid, static_cast<int>(p.pid),
+               static_cast<long long>(ms), channels, static_cast<unsigned long long>(pinned >> 10),
+               static_cast<unsigned long long>(charged >> 10));
   } else if (WIFSIGNALED(status)) {
     IVLOG_WARN("guest %u: the worker of process %d (pid %d) died of signal %d; that process's calls fail, the "
                "VM's other processes are unaffected", guest_id(), guest_pid, static_cast<int>(p.pid),

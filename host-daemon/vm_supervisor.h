@@ -44,6 +44,7 @@ class VmShared {
     std::atomic<std::int32_t> worker_pid;  // the worker process (0: slot free)
     std::atomic<std::uint32_t> ready;      // worker: 1 once it serves (driver and arena ready)
     std::atomic<std::uint32_t> reserved;
+    std::atomic<std::uint64_t> mem;        // device memory charged to the VM's quota (quota.h)
   };
 
   // Maps and initialises the memory for layout l; nullptr on failure (errno).
@@ -64,6 +65,14 @@ class VmShared {
   bool pool_free(std::uint64_t off, std::uint64_t bytes, std::uint32_t s);
   // Frees everything slot s holds; returns the bytes.
   std::uint64_t pool_release_all(std::uint32_t s);
+
+  // The VM's device-memory quota (quota.h): slot s's charge grows by `bytes`
+  // unless the VM's total would pass `limit` (0: no limit).
+  bool mem_charge(std::uint32_t s, std::uint64_t bytes, std::uint64_t limit) noexcept;
+  void mem_uncharge(std::uint32_t s, std::uint64_t bytes) noexcept;
+  std::uint64_t mem_used() noexcept;
+  // A reaped worker's charge returns to the VM; returns the bytes.
+  std::uint64_t mem_release_all(std::uint32_t s) noexcept;
 
  private:
   struct Header {

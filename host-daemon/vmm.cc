@@ -90,10 +90,14 @@ CUresult Worker::on_MemCreate(Call& c) {
   reap_mem_releases();  // memory arrays no longer map goes back first
   CUmemAllocationProp prop;
   if (CUresult st = to_driver_prop(r.prop, &prop); st != CUDA_SUCCESS) return st;
+  Charge charge = quota_.take(r.size);
+  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   CUmemGenericAllocationHandle h = 0;
   const CUresult st = cu_.cuMemCreate(&h, r.size, &prop, r.flags);
   if (st != CUDA_SUCCESS) return st;
-  c.set_reply(RepHandle{mem_handles_.insert(MemHandleEntry{h, r.size})});
+  MemHandleEntry e{h, r.size};
+  e.charge = std::make_shared<Charge>(std::move(charge));
+  c.set_reply(RepHandle{mem_handles_.insert(std::move(e))});
   return CUDA_SUCCESS;
 }
 
@@ -135,7 +139,7 @@ CUresult Worker::on_MemMap(Call& c) {
   }
   const CUresult st = cu_.cuMemMap(r.ptr, r.size, r.offset, e->real, r.flags);
   if (st != CUDA_SUCCESS) return st;
-  mappings_[r.ptr] = MappingEntry{r.size, r.handle};
+  mappings_[r.ptr] = MappingEntry{r.size, r.handle, e->charge};
   ranges_[r.ptr] = DevRange{r.size, 0, RangeKind::kMapped};
   return CUDA_SUCCESS;
 }

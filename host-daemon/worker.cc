@@ -88,6 +88,7 @@ Result<void> Worker::init() {
   if (cfg_.host_fds.empty() || cfg_.guest_fds.empty())
     return make_error(EINVAL, "worker needs at least one doorbell vector each way");
   IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
+  quota_.configure(cfg_.mem_limit, cfg_.vm, cfg_.vm_slot);
   // Start-up costs, for the log: what a guest waits for before its hello.
   using clock = std::chrono::steady_clock;
   const auto ms_since = [](clock::time_point t) {

@@ -18,6 +18,7 @@
 #include "host-daemon/driver_api.h"
 #include "host-daemon/fd_broker.h"
 #include "host-daemon/handles.h"
+#include "host-daemon/quota.h"
 #include "host-daemon/tenant_share.h"
 #include "host-daemon/uring_wait.h"
 #include "ivcuda/proto.h"
@@ -87,6 +88,9 @@ struct WorkerConfig {
   VmShared* vm = nullptr;
   std::uint32_t vm_slot = 0;
   int vm_notify_fd = -1;
+  // The guest's device-memory quota in bytes (--mem-limit; 0: none). In a VM
+  // it is the VM's, shared by its processes' workers (quota.h).
+  std::uint64_t mem_limit = 0;
 };
 
 class Worker {
@@ -161,6 +165,7 @@ class Worker {
     // its last cuMemRelease while regions were mapped (released once none is).
     std::uint64_t tile_maps = 0;
     bool held = false;
+    std::shared_ptr<Charge> charge{};  // created here: its size against the quota (mappings share it)
   };
   // A handle the guest holds (a released one that arrays still map is not).
   MemHandleEntry* guest_mem(std::uint64_t h) {
@@ -173,6 +178,9 @@ class Worker {
   struct MappingEntry {    // one cuMemMap of (part of) an allocation
     std::uint64_t size = 0;
     std::uint64_t handle = 0;  // the guest's handle it was mapped with
+    // The allocation's quota charge: a mapping keeps the memory alive after
+    // the handle's release, and with it the charge.
+    std::shared_ptr<Charge> charge{};
   };
   struct GraphEntry {
     CUgraph real = nullptr;
@@ -209,12 +217,14 @@ class Worker {
     CUDA_ARRAY3D_DESCRIPTOR desc{};  // as the driver reports it
     std::uint64_t mipmap = 0;        // level of this mipmapped array, or 0
     unsigned flags = 0;              // CUDA_ARRAY3D_* the guest created it with
+    Charge charge{};                 // its memory against the quota (none for sparse arrays)
   };
   struct MipmapEntry {
     CUmipmappedArray real = nullptr;
     std::uint64_t ctx = 0;
     std::map<unsigned, std::uint64_t> levels;  // level -> array handle handed out
     unsigned flags = 0;                        // CUDA_ARRAY3D_* it was created with
+    Charge charge{};                           // all its levels against the quota
   };
   struct TexEntry {  // a texture or surface object this guest created
     std::uint64_t ctx = 0;
@@ -233,6 +243,7 @@ class Worker {
     std::uint64_t ctx = 0;
     RangeKind kind = RangeKind::kAlloc;
     std::uint64_t pool = 0;  // stream-ordered allocations from a created pool, pool imports: its handle
+    Charge charge{};         // allocations and graph memory: their bytes against the quota
   };
 
   explicit Worker(WorkerConfig cfg);
@@ -359,6 +370,8 @@ class Worker {
 
 
   WorkerConfig cfg_;
+  // Before every record that holds a Charge, so that it outlives them.
+  MemQuota quota_;
   DriverApi cu_{};
   sys::Mapping bar_;
   ring::Layout l_;

@@ -8,7 +8,9 @@
 # a pool and its pointer; drv_isolation checks that a process that faults
 # leaves the other unharmed, that a SIGKILLed process's memory is back
 # within a second (the double's processes share one "GPU" through
-# IVCUDA_DOUBLE_LEDGER), and that another process's handles are refused.
+# IVCUDA_DOUBLE_LEDGER), and that another process's handles are refused;
+# drv_quota that the VM's processes share its quota (--mem-limit 2G), and
+# that a SIGKILLed process's memory returns to it.
 #
 # usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
@@ -32,7 +34,7 @@ kernels=$build/tests/gpu_double
 for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors" "$bin/rt_basic_static" \
 	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
 	"$bin/drv_arrays" "$bin/drv_sparse" "$bin/drv_pools" "$bin/drv_pool_share" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
-	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" "$bin/drv_isolation" \
+	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" "$bin/drv_isolation" "$bin/drv_quota" \
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
@@ -61,6 +63,7 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/rt_graphs_static:/usr/bin/rt_graphs_static" \
 	--add-bin "$bin/drv_memops:/usr/bin/drv_memops" \
 	--add-bin "$bin/drv_isolation:/usr/bin/drv_isolation" \
+	--add-bin "$bin/drv_quota:/usr/bin/drv_quota" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
@@ -85,7 +88,7 @@ if [[ $mode == plain ]]; then
 	trap 'cleanup; rm -f "$shm"' EXIT
 fi
 IVCUDA_DOUBLE_LEDGER=$tmp/ledger "$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
-	--staging-size 4M --driver "$driver" "${plain[@]}" >"$tmp/ivcudad.log" 2>&1 &
+	--staging-size 4M --mem-limit 2G --driver "$driver" "${plain[@]}" >"$tmp/ivcudad.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do
 	[[ -S $sock ]] && break
@@ -124,6 +127,11 @@ rc=0
 	 drv_isolation --fault --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_isolation --reclaim --mib 256 &&
 	 drv_isolation --foreign &&
+	 { drv_quota --hold-mib 300 >/tmp/hold & } &&
+	 until grep -q holding /tmp/hold; do sleep 1; done &&
+	 drv_quota --quota-mib 2048 --others-mib 300 &&
+	 kill -9 %1 && wait &&
+	 drv_quota --quota-mib 2048 &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
 echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Device-memory quotas (ivcudad --mem-limit, --guest-socket ...:mem-limit=),
+# process mode against the GPU test double: each socket's guests see their
+# quota as the device's total and are refused past it on every path that
+# makes device memory (tests/programs/drv_quota.cc); each process-mode guest
+# has its own; malformed socket settings are refused with a clear message.
+#   run_quota_test.sh BUILD_DIR DRIVER_LIB
+set -u
+build=$(cd "$1" && pwd)
+driver=$2
+bin=$build/tests/bin
+work=$(mktemp -d /tmp/ivcuda-quota.XXXXXX)
+sock=$work/a.sock
+sock_b=$work/b.sock
+log=$work/ivcudad.log
+daemon_pid=
+holder=
+# shellcheck source=../lib/verdicts.sh
+. "$(dirname "$0")/../lib/verdicts.sh"
+expect_cases 6
+
+cleanup() {
+  [ -n "$holder" ] && kill "$holder" 2>/dev/null
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 128M --staging-size 4M --channels 8 \
+  --driver "$driver" --mem-limit 256M --guest-socket "$sock_b=0:mem-limit=128M" >"$log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 100); do [ -S "$sock" ] && [ -S "$sock_b" ] && break; sleep 0.05; done
+run_guest() {  # SOCKET PROGRAM ARGS...
+  local s=$1
+  shift
+  IVCUDA_SOCKET=$s LD_LIBRARY_PATH=$build/lib timeout 120 "$@" >"$work/out" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && cat "$work/out"
+  return $rc
+}
+
+run_guest "$sock" "$bin/drv_quota" --quota-mib 256
+verdict "--mem-limit 256M: the guest's total is 256 MiB, refused past it on every path" $?
+run_guest "$sock_b" "$bin/drv_quota" --quota-mib 128
+verdict "--guest-socket ...:mem-limit=128M: that socket's guests get 128 MiB" $?
+
+# A process-mode guest is a guest of its own: another one's memory is not in its books.
+IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$bin/drv_quota" --hold-mib 200 >"$work/hold" 2>&1 &
+holder=$!
+for _ in $(seq 200); do grep -q '^holding' "$work/hold" && break; sleep 0.05; done
+grep -q '^holding 200 MiB' "$work/hold" && run_guest "$sock" "$bin/drv_quota" --quota-mib 256
+verdict "a guest holding 200 MiB does not shrink another guest's quota" $?
+kill "$holder" 2>/dev/null
+wait "$holder" 2>/dev/null
+holder=
+
+grep -q "listening on $sock_b for guests granted GPU(s) 0, device memory: 128 MiB per guest" "$log"
+verdict "the daemon's log names each socket's quota" $?
+kill "$daemon_pid" 2>/dev/null
+wait "$daemon_pid" 2>/dev/null
+daemon_pid=
+
+# Malformed settings: the daemon refuses to start, naming the problem.
+bad() {  # SPEC PATTERN
+  timeout 20 "$build/host-daemon/ivcudad" --socket "$work/c.sock" --driver "$driver" --guest-socket "$1" \
+    >"$work/bad" 2>&1
+  local rc=$?
+  [ "$rc" -eq 2 ] && grep -q "$2" "$work/bad" || { echo "exit $rc:"; cat "$work/bad"; return 1; }
+}
+bad "$work/d.sock=0:mem-limit=lots" "mem-limit"
+verdict "a mem-limit that is not a size is refused" $?
+bad "$work/d.sock=0:colour=red" "unknown setting 'colour=red'"
+verdict "an unknown socket setting is refused" $?
+finish
