@@ -122,6 +122,8 @@ CUresult Worker::on_ArrayCreate(Call& c) {
   if (!wire_enum(r.desc.format, &d.Format)) return CUDA_ERROR_INVALID_VALUE;
   d.NumChannels = r.desc.channels;
   d.Flags = r.desc.flags;
+  if (full(arrays_, cfg_.limits.arrays, "array") || full(mipmaps_, cfg_.limits.arrays, "mipmapped array"))
+    return CUDA_ERROR_OUT_OF_MEMORY;
   // A 2D array has no depth, whatever the request says.
   CUDA_ARRAY3D_DESCRIPTOR sized = d;
   if (r.kind == kArrayCreate2D) sized.Depth = 0, sized.Flags = 0;

@@ -173,6 +173,7 @@ CUresult Worker::on_PrimarySetFlags(Call& c) {
 CUresult Worker::on_CtxCreate(Call& c) {
   const auto r = c.req<ReqDeviceFlags>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+  if (full(ctxs_, cfg_.limits.contexts, "context")) return CUDA_ERROR_OUT_OF_MEMORY;
   CUcontext real = nullptr;
   const CUresult st = cu_.cuCtxCreate(&real, nullptr, r.flags, devices_[dev_index(r.device)]);
   if (st != CUDA_SUCCESS) return st;

@@ -10,6 +10,7 @@ using namespace detail;
 CUresult Worker::on_EventCreate(Call& c) {
   const auto r = c.req<ReqEventCreate>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (full(events_, cfg_.limits.events, "event")) return CUDA_ERROR_OUT_OF_MEMORY;
   CUevent e = nullptr;
   const CUresult st = cu_.cuEventCreate(&e, r.flags);
   if (st != CUDA_SUCCESS) return st;

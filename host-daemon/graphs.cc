@@ -105,6 +105,9 @@ CUresult Worker::on_StreamEndCapture(Call& c) {
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.handle, &s); st != CUDA_SUCCESS) return st;
+  // A capture ends in a graph, which the guest then holds. Past the limit
+  // the capture still ends (the stream must not stay capturing).
+  const bool over = full(graphs_, cfg_.limits.graphs, "graph");
   CUgraph g = nullptr;
   const CUresult st = cu_.cuStreamEndCapture(s, &g);
   // Ended, or never begun: either way no capture is under way on it now.
@@ -121,6 +124,10 @@ CUresult Worker::on_StreamEndCapture(Call& c) {
     graphs_.for_each([&](std::uint64_t h, GraphEntry& e) {
       if (e.real == g) rep.handle = h;
     });
+    if (rep.handle == 0 && over) {
+      cu_.cuGraphDestroy(g);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (rep.handle == 0) rep.handle = graphs_.insert(GraphEntry{g, r.ctx, 0});
   }
   // The driver destroyed the graph of a failed capture.
@@ -232,6 +239,7 @@ CUresult Worker::on_GraphCreate(Call& c) {
   const auto r = c.req<ReqGraphCreate>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   if (r.flags > 0xffffffffu) return CUDA_ERROR_INVALID_VALUE;
+  if (full(graphs_, cfg_.limits.graphs, "graph")) return CUDA_ERROR_OUT_OF_MEMORY;
   CUgraph g = nullptr;
   const CUresult st = cu_.cuGraphCreate(&g, static_cast<unsigned>(r.flags));
   if (st != CUDA_SUCCESS) return st;
@@ -255,6 +263,7 @@ CUresult Worker::on_GraphInstantiate(Call& c) {
   GraphEntry* g = graphs_.find(r.graph);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult st = use_ctx(r.ctx != 0 ? r.ctx : g->ctx); st != CUDA_SUCCESS) return st;
+  if (full(execs_, cfg_.limits.graph_execs, "executable graph")) return CUDA_ERROR_OUT_OF_MEMORY;
   CUgraphExec e = nullptr;
   const CUresult st = cu_.cuGraphInstantiate(&e, g->real, r.flags);
   if (st != CUDA_SUCCESS) return st;
@@ -391,6 +400,7 @@ CUresult Worker::on_UserObject(Call& c) {
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   if (r.kind == kUserObjCreate) {
     if (r.count == 0 || r.flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) return CUDA_ERROR_INVALID_VALUE;
+    if (full(user_objs_, cfg_.limits.user_objects, "user object")) return CUDA_ERROR_OUT_OF_MEMORY;
     // The same pair bookkeeping as host nodes: one slot per pair, for the worker's life.
     GraphNodeParams p{};
     p.dst = r.off;
@@ -649,6 +659,9 @@ CUresult Worker::on_GraphAddNode(Call& c) {
   GraphEntry* g = graphs_.find(r.graph);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult st = use_ctx(g->ctx); st != CUDA_SUCCESS) return st;
+  // A node may bring graphs with it (child and conditional bodies).
+  if (full(nodes_, cfg_.limits.graph_nodes, "graph node") || full(graphs_, cfg_.limits.graphs, "graph"))
+    return CUDA_ERROR_OUT_OF_MEMORY;
   if (r.ndeps > kMaxListed || tail.size() < r.ndeps * sizeof(std::uint64_t) + sizeof(GraphNodeParams))
     return CUDA_ERROR_INVALID_VALUE;
   std::vector<CUgraphNode> deps(r.ndeps);
@@ -1046,6 +1059,7 @@ CUresult Worker::on_GraphQuery(Call& c) {
       GraphEntry* g = graphs_.find(r.handle);
       if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
       if (CUresult st = use_ctx(g->ctx); st != CUDA_SUCCESS) return st;
+      if (full(graphs_, cfg_.limits.graphs, "graph")) return CUDA_ERROR_OUT_OF_MEMORY;
       CUgraph clone = nullptr;
       const CUresult st = cu_.cuGraphClone(&clone, g->real);
       if (st != CUDA_SUCCESS) return st;

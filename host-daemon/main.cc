@@ -81,8 +81,39 @@ struct Options {
   std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
   std::uint32_t vm_spares = 1;
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
+  ivcuda::host::ObjectLimits limits;     // --object-limits
   ivcuda::host::sandbox::Config sandbox;  // --sandbox, --user
 };
+
+// --object-limits KIND=N[,KIND=N...]: how many objects of a kind one guest
+// process may hold at once (host-daemon/worker.h, ObjectLimits).
+std::string parse_object_limits(const std::string& spec, ivcuda::host::ObjectLimits* out) {
+  using L = ivcuda::host::ObjectLimits;
+  static const std::pair<const char*, std::uint32_t L::*> kKinds[] = {
+      {"contexts", &L::contexts},       {"streams", &L::streams},         {"events", &L::events},
+      {"modules", &L::modules},         {"graphs", &L::graphs},           {"graph-nodes", &L::graph_nodes},
+      {"graph-execs", &L::graph_execs}, {"arrays", &L::arrays},           {"pools", &L::pools},
+      {"mem-handles", &L::mem_handles}, {"user-objects", &L::user_objects}};
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    auto kind = std::find_if(std::begin(kKinds), std::end(kKinds), [&](const auto& k) { return key == k.first; });
+    if (kind == std::end(kKinds)) {
+      std::string known;
+      for (const auto& k : kKinds) known += std::string(known.empty() ? "" : ", ") + k.first;
+      return "unknown kind '" + key + "' (kinds: " + known + ")";
+    }
+    char* end = nullptr;
+    const std::string value = eq == std::string::npos ? std::string() : item.substr(eq + 1);
+    const unsigned long n = std::strtoul(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || n == 0 || n > 0xffffffffu)
+      return "'" + item + "': expected " + key + "=N with N from 1 to 4294967295";
+    out->*(kind->second) = static_cast<std::uint32_t>(n);
+  }
+  return {};
+}
 
 // A --guest-socket entry: SOCKET=GPUS[:mem-limit=SIZE]. The socket's path
 // holds no ':'. Returns false with *err set.
@@ -252,6 +283,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem
   cfg.driver_path = o.driver;
   cfg.devices = gpus;
   cfg.mem_limit = mem_limit;
+  cfg.limits = o.limits;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.broker_fd = broker_fd;
   sc.peer_pid = peer_pid;
@@ -304,6 +336,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.driver_path = o.driver;
   cfg.devices = gpus;
   cfg.mem_limit = o.mem_limit;
+  cfg.limits = o.limits;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.poll_only = true;
   cfg.poll_interval = std::chrono::microseconds(o.poll_us);
@@ -391,6 +424,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       cfg.driver_path = o.driver;
       cfg.devices = gpus;
       cfg.mem_limit = o.mem_limit;
+      cfg.limits = o.limits;
       cfg.spin = std::chrono::microseconds(o.spin_us);
       ::_exit(serve_one(o, std::move(cfg), static_cast<long long>(guest)));
     }
@@ -432,6 +466,15 @@ int main(int argc, char** argv) {
   app.add_option("--shm-size", o.shm_size, "shared memory per guest, e.g. 512M, 2G")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--object-limits",
+         [&](const std::string& v) {
+           if (const std::string bad = parse_object_limits(v, &o.limits); !bad.empty())
+             throw CLI::ValidationError("--object-limits", bad);
+         },
+         "objects one guest process may hold at once, e.g. streams=1000,events=50000 (kinds: contexts, "
+         "streams, events, modules, graphs, graph-nodes, graph-execs, arrays, pools, mem-handles, "
+         "user-objects; defaults in docs/operating.md)");
   app.add_option("--gpus", o.gpus, "host GPU indices guests may use, e.g. 0,2 (default: all)");
   app.add_option("--vectors", o.vectors, "doorbell vectors per peer (QEMU's ivshmem vectors= must match)")
       ->check(CLI::Range(1, 64))
@@ -730,6 +773,12 @@ int main(int argc, char** argv) {
   }
   IVLOG_INFO("stopping: %zu worker(s)", workers.size());
   for (auto& [pid, id] : workers) ::kill(pid, SIGTERM);
-  for (auto& [pid, id] : workers) ::waitpid(pid, nullptr, 0);
+  for (auto& [pid, id] : workers) {
+    ::waitpid(pid, nullptr, 0);
+    // As when a worker is reaped: a dead worker's io_uring may keep the
+    // connection open for a while, and the guest must learn now that its
+    // host is gone.
+    if (id.conn && id.conn->valid()) ::shutdown(id.conn->get(), SHUT_RDWR);
+  }
   return 0;
 }

@@ -19,6 +19,7 @@ CUresult Worker::on_ModuleLoad(Call& c) {
   CtxEntry* ctx = nullptr;
   if (CUresult st = use_ctx(r.ctx, &ctx); st != CUDA_SUCCESS) return st;
   if (r.bytes == 0 || !arena_range(r.arena_off, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (full(modules_, cfg_.limits.modules, "module")) return CUDA_ERROR_OUT_OF_MEMORY;
   // Copy the image out before the driver parses it: the guest could change
   // it under the parser otherwise. The NUL keeps a PTX image terminated.
   std::vector<char> image(r.bytes + 1);

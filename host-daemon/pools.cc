@@ -145,6 +145,7 @@ CUresult Worker::on_MemPoolCreate(Call& c) {
   if (CUresult st = pool_location(r.loc_type, r.loc_id, &props.location); st != CUDA_SUCCESS) return st;
   props.maxSize = r.max_size;
   props.usage = r.usage;
+  if (full(pools_, cfg_.limits.pools, "memory pool")) return CUDA_ERROR_OUT_OF_MEMORY;
   CUmemoryPool real = nullptr;
   const CUresult st = cu_.cuMemPoolCreate(&real, &props);
   if (st != CUDA_SUCCESS) return st;

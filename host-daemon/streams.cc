@@ -9,6 +9,7 @@ using namespace detail;
 CUresult Worker::on_StreamCreate(Call& c) {
   const auto r = c.req<ReqStreamCreate>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (full(streams_, cfg_.limits.streams, "stream")) return CUDA_ERROR_OUT_OF_MEMORY;
   CUstream s = nullptr;
   const CUresult st = cu_.cuStreamCreateWithPriority(&s, r.flags, r.priority);
   if (st != CUDA_SUCCESS) return st;

@@ -90,6 +90,7 @@ CUresult Worker::on_MemCreate(Call& c) {
   reap_mem_releases();  // memory arrays no longer map goes back first
   CUmemAllocationProp prop;
   if (CUresult st = to_driver_prop(r.prop, &prop); st != CUDA_SUCCESS) return st;
+  if (full(mem_handles_, cfg_.limits.mem_handles, "memory handle")) return CUDA_ERROR_OUT_OF_MEMORY;
   Charge charge = quota_.take(r.size);
   if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   CUmemGenericAllocationHandle h = 0;

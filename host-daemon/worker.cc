@@ -241,6 +241,11 @@ void Worker::cleanup() noexcept {
   cu_.handle = nullptr;  // the library stays loaded until exit
 }
 
+void Worker::log_limit(const char* what, std::uint32_t limit) noexcept {
+  if (errors_logged_++ < 100)
+    IVLOG_WARN("guest %u: %s limit reached (%u at once, --object-limits); refused", cfg_.guest_id, what, limit);
+}
+
 void Worker::post_error(CUresult st, const char* op) noexcept {
   if (st == CUDA_SUCCESS) return;
   if (pending_ == CUDA_SUCCESS) pending_ = st;

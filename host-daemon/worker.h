@@ -53,6 +53,24 @@ using TileMaps = std::map<TileKey, std::vector<TileBox>>;
 
 class VmShared;
 
+// How many objects of each kind one worker (a guest process) may hold at once,
+// so that no guest exhausts its worker's memory or the driver's (--object-limits).
+// Generous: far above what frameworks make (PyTorch's caching allocator keeps
+// thousands of events).
+struct ObjectLimits {
+  std::uint32_t contexts = 256;
+  std::uint32_t streams = 16384;
+  std::uint32_t events = 262144;
+  std::uint32_t modules = 16384;
+  std::uint32_t graphs = 65536;
+  std::uint32_t graph_nodes = 1u << 20;
+  std::uint32_t graph_execs = 65536;
+  std::uint32_t arrays = 65536;
+  std::uint32_t pools = 1024;
+  std::uint32_t mem_handles = 262144;
+  std::uint32_t user_objects = 65536;
+};
+
 struct WorkerConfig {
   std::uint32_t guest_id = 0;
   int shm_fd = -1;                 // borrowed; the worker maps it
@@ -91,6 +109,7 @@ struct WorkerConfig {
   // The guest's device-memory quota in bytes (--mem-limit; 0: none). In a VM
   // it is the VM's, shared by its processes' workers (quota.h).
   std::uint64_t mem_limit = 0;
+  ObjectLimits limits;
 };
 
 class Worker {
@@ -448,6 +467,15 @@ class Worker {
   };
   std::map<CUstream, CaptureEntry> captures_;
   CUstreamCaptureMode effective_capture_mode(const Channel& ch) const;
+  // True (logged, rate-limited) when `table` holds `limit` objects already:
+  // the call then answers CUDA_ERROR_OUT_OF_MEMORY before the driver sees it.
+  template <class T>
+  bool full(const HandleTable<T>& table, std::uint32_t limit, const char* what) noexcept {
+    if (table.size() < limit) return false;
+    log_limit(what, limit);
+    return true;
+  }
+  void log_limit(const char* what, std::uint32_t limit) noexcept;
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
   // When the current wait for a parked synchronise began (zero: none).

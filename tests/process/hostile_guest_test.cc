@@ -1612,3 +1612,51 @@ TEST_CASE("a VM's processes get a worker each and reach only their own channels 
   CHECK(left == 1);
   CHECK(g.call(1, Op::kMemAlloc, proto::ReqMemAlloc{ctx_b, 4096, 0, 0, 0, 0}) == CUDA_SUCCESS);
 }
+
+TEST_CASE("a guest process holds at most --object-limits objects of each kind", "[process][hostile]") {
+  Daemon d({"--object-limits", "streams=3,events=2,graphs=2"});
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  std::vector<std::uint64_t> streams;
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(g.call(0, Op::kStreamCreate, proto::ReqStreamCreate{ctx, 0, 0}, &out) == CUDA_SUCCESS);
+    streams.push_back(RawGuest::as<proto::RepHandle>(out).handle);
+  }
+  CHECK(g.call(0, Op::kStreamCreate, proto::ReqStreamCreate{ctx, 0, 0}, &out) == CUDA_ERROR_OUT_OF_MEMORY);
+  // One destroyed, one more fits.
+  REQUIRE(g.call(0, Op::kStreamDestroy, proto::ReqHandle{ctx, streams.back()}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kStreamCreate, proto::ReqStreamCreate{ctx, 0, 0}, &out) == CUDA_SUCCESS);
+  for (int i = 0; i < 2; ++i)
+    CHECK(g.call(0, Op::kEventCreate, proto::ReqEventCreate{ctx, CU_EVENT_DISABLE_TIMING, 0}, &out) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kEventCreate, proto::ReqEventCreate{ctx, CU_EVENT_DISABLE_TIMING, 0}, &out) ==
+        CUDA_ERROR_OUT_OF_MEMORY);
+  for (int i = 0; i < 2; ++i)
+    CHECK(g.call(0, Op::kGraphCreate, proto::ReqGraphCreate{ctx, 0, 0}, &out) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kGraphCreate, proto::ReqGraphCreate{ctx, 0, 0}, &out) == CUDA_ERROR_OUT_OF_MEMORY);
+  // Nothing else is disturbed: the guest's context keeps working.
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kCtxSynchronize, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
+  CHECK(d.alive());
+}
+
+TEST_CASE("ivcudad refuses malformed --object-limits, naming the kinds", "[process]") {
+  for (const char* bad : {"streams", "streams=0", "streams=-1", "colours=3", "streams=3,events=x"}) {
+    const std::string cmd = std::string(IVCUDAD_PATH) + " --socket /tmp/ivcuda-limits-" + std::to_string(::getpid()) +
+                            ".sock --object-limits '" + bad + "' 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::string text;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) text += buf;
+    const int status = ::pclose(p);
+    INFO(bad << ": " << text);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) != 0);
+    CHECK(text.find("--object-limits") != std::string::npos);
+  }
+}
