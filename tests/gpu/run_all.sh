@@ -6,6 +6,7 @@
 #   multi   several GPUs (run_multi_gpu.sh; nvidia-h200-x2)
 #   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)
 #   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases)
+#   quota   PyTorch and JAX guests at once under 20 GiB quotas (run_quota_on_gpu.sh)
 #   kill    1000 process-mode guests SIGKILLed mid-run (run_kill_loop.sh;
 #           IVCUDA_KILLS overrides the count)
 # The device tool returns at most 8 files: the parts' outputs go to $OUT as
@@ -68,6 +69,13 @@ for p in $parts; do
       part frameworks $?
     else
       part frameworks 1
+    fi ;;
+  quota)
+    if build_gpu ivcudad ivcuda_guest; then
+      OUT=$work timeout 400 bash tests/gpu/run_quota_on_gpu.sh build/gpu 2>&1 | tee "$final/quota.txt"
+      part quota "${PIPESTATUS[0]}"
+    else
+      part quota 1
     fi ;;
   kill)
     if build_gpu ivcudad ivcuda_guest drv_isolation drv_core; then
