@@ -16,6 +16,7 @@
 // own values, because kernels receive them by value and the GPU interprets
 // them; the worker records the ones this guest created and refuses to destroy
 // or query any other value (docs/security.md).
+#include <algorithm>
 #include <cstring>
 
 #include "host-daemon/log.h"
@@ -98,7 +99,9 @@ std::uint64_t array_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels) {
   if (layered) z = 1;
   constexpr std::uint64_t kHuge = std::uint64_t{1} << 62;
   std::uint64_t total = 0;
-  for (unsigned l = 0; l < std::max(levels, 1u) && total < kHuge; ++l) {
+  // Past 64 levels every extent is 1 (and the driver refuses such an array):
+  // the guest's level count bounds nothing here (found by tests/fuzz: 2^32 levels).
+  for (unsigned l = 0; l < std::clamp(levels, 1u, 64u) && total < kHuge; ++l) {
     std::uint64_t n = std::max<std::uint64_t>(elem, 1);
     for (std::uint64_t f : {w, h, z, layers})
       if (__builtin_mul_overflow(n, f, &n)) return kHuge;
