@@ -3,7 +3,8 @@
 # process mode against the GPU test double: each socket's guests see their
 # quota as the device's total and are refused past it on every path that
 # makes device memory (tests/programs/drv_quota.cc); each process-mode guest
-# has its own; malformed socket settings are refused with a clear message.
+# has its own; the settings work from a config file; malformed socket
+# settings are refused with a clear message.
 #   run_quota_test.sh BUILD_DIR DRIVER_LIB
 set -u
 build=$(cd "$1" && pwd)
@@ -26,8 +27,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 128M --staging-size 4M --channels 8 \
-  --driver "$driver" --mem-limit 256M --guest-socket "$sock_b=0:mem-limit=128M" >"$log" 2>&1 &
+# As an operator would write it: a config file (docs/operating.md).
+cat >"$work/ivcudad.toml" <<CONF
+socket = "$sock"
+shm-size = "128M"
+staging-size = "4M"
+channels = 8
+mem-limit = "256M"
+object-limits = "streams=1000,events=50000"
+guest-socket = ["$sock_b=0:mem-limit=128M"]
+CONF
+"$build/host-daemon/ivcudad" --config "$work/ivcudad.toml" --driver "$driver" >"$log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && [ -S "$sock_b" ] && break; sleep 0.05; done
 run_guest() {  # SOCKET PROGRAM ARGS...
@@ -40,9 +50,9 @@ run_guest() {  # SOCKET PROGRAM ARGS...
 }
 
 run_guest "$sock" "$bin/drv_quota" --quota-mib 256
-verdict "--mem-limit 256M: the guest's total is 256 MiB, refused past it on every path" $?
+verdict "mem-limit 256M (config file): the guest's total is 256 MiB, refused past it on every path" $?
 run_guest "$sock_b" "$bin/drv_quota" --quota-mib 128
-verdict "--guest-socket ...:mem-limit=128M: that socket's guests get 128 MiB" $?
+verdict "guest-socket ...:mem-limit=128M (config file): that socket's guests get 128 MiB" $?
 
 # A process-mode guest is a guest of its own: another one's memory is not in its books.
 IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$bin/drv_quota" --hold-mib 200 >"$work/hold" 2>&1 &
