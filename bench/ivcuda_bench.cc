@@ -6,7 +6,8 @@
 // The parent runs every workload twice in child processes: once against the
 // driver the system provides (or --native-lib), once with ivcuda's
 // libcuda.so.1 first on the library path and IVCUDA_SOCKET set. It prints,
-// per figure, native, ivcuda and their ratio, and writes the same as JSON.
+// per figure, native, ivcuda and their ratio, and writes the same as JSON
+// (nlohmann-json; options through CLI11).
 // The children use the Driver API only and link the toolkit's libcuda stub,
 // so the binary is the same in both runs. --png draws the JSON with
 // bench/plot.py (python3, standard library only).
@@ -17,12 +18,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -440,24 +445,18 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
 int main(int argc, char** argv) {
   std::string ptx, lib, sock, json, png, native_lib, child, gate;
   bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--ptx") ptx = next();
-    else if (a == "--ivcuda-lib") lib = next();
-    else if (a == "--socket") sock = next();
-    else if (a == "--json") json = next();
-    else if (a == "--native-lib") native_lib = next();
-    else if (a == "--png") png = next();
-    else if (a == "--child") child = next();
-    else if (a == "--gate") gate = next();
-    else if (a == "--quick") quick = true;
-    else {
-      std::fprintf(stderr, "usage: ivcuda-bench --ptx FILE --ivcuda-lib DIR --socket PATH [--quick] [--json FILE] "
-                           "[--png FILE] [--native-lib DIR]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"ivcuda-bench: each workload natively and through ivcuda in the same run"};
+  app.add_option("--ptx", ptx, "the test kernels' PTX (build/tests/gpu_double/test_kernels.ptx)");
+  app.add_option("--ivcuda-lib", lib, "directory holding ivcuda's libcuda.so.1");
+  app.add_option("--socket", sock, "ivcudad's socket");
+  app.add_flag("--quick", quick, "fewer sizes and repetitions (a smoke run)");
+  app.add_option("--json", json, "also write the figures as JSON here");
+  app.add_option("--png", png, "also draw the JSON as a PNG here (bench/plot.py)");
+  app.add_option("--native-lib", native_lib, "directory of the native libcuda.so.1 (default: the system's)");
+  // The parent starts itself as each workload's child with these.
+  app.add_option("--child", child)->group("");
+  app.add_option("--gate", gate)->group("");
+  CLI11_PARSE(app, argc, argv);
   if (!child.empty()) {
     StartGate g;
     if (std::sscanf(gate.c_str(), "%d,%d", &g.ready_fd, &g.go_fd) != 2) g = StartGate{};
@@ -501,29 +500,19 @@ int main(int argc, char** argv) {
     derived.push_back({std::string("sleep.") + d + "us.overhead", o});
   }
   if (!json.empty()) {
-    FILE* f = std::fopen(json.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "ivcuda-bench: cannot write %s: %s\n", json.c_str(), std::strerror(errno));
-      return 1;
-    }
-    std::fprintf(f, "{\n  \"quick\": %s,\n  \"figures\": [\n", quick ? "true" : "false");
-    bool first = true;
+    nlohmann::json doc{{"quick", quick}, {"figures", nlohmann::json::array()}, {"derived", nlohmann::json::array()}};
     for (const auto& [k, v] : nat) {
       const auto it = ivr.find(k);
       if (it == ivr.end()) continue;
-      std::fprintf(f, "%s    {\"name\": \"%s\", \"unit\": \"%s\", \"native\": %.6g, \"ivcuda\": %.6g}",
-                   first ? "" : ",\n", k.c_str(), v.first.c_str(), v.second, it->second.second);
-      first = false;
+      doc["figures"].push_back({{"name", k}, {"unit", v.first}, {"native", v.second}, {"ivcuda", it->second.second}});
     }
-    std::fprintf(f, "\n  ],\n  \"derived\": [\n");
-    first = true;
-    for (const auto& [k, v] : derived) {
-      std::fprintf(f, "%s    {\"name\": \"%s\", \"unit\": \"us\", \"value\": %.6g}", first ? "" : ",\n",
-                   k.c_str(), v);
-      first = false;
+    for (const auto& [k, v] : derived) doc["derived"].push_back({{"name", k}, {"unit", "us"}, {"value", v}});
+    std::ofstream f(json);
+    f << doc.dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "ivcuda-bench: cannot write %s: %s\n", json.c_str(), std::strerror(errno));
+      return 1;
     }
-    std::fprintf(f, "\n  ]\n}\n");
-    std::fclose(f);
   }
   if (!png.empty()) {
     // IVCUDA_BENCH_PLOT overrides where the script lives (a moved tree).
