@@ -10,7 +10,7 @@
 // (nlohmann-json; options through CLI11).
 // The children use the Driver API only and link the toolkit's libcuda stub,
 // so the binary is the same in both runs. --png draws the JSON with
-// bench/plot.py (python3, standard library only).
+// bench/plot.py (matplotlib; the python3 that has it, found at configure time).
 //
 // Page-locked sizes up to 1 GiB need an ivcudad arena of more than that
 // (--shm-size 4G); a smaller one drops the sizes that do not fit.
@@ -517,7 +517,7 @@ int main(int argc, char** argv) {
   if (!png.empty()) {
     // IVCUDA_BENCH_PLOT overrides where the script lives (a moved tree).
     const char* script = std::getenv("IVCUDA_BENCH_PLOT");
-    const std::string cmd = std::string("python3 '") + (script != nullptr ? script : IVCUDA_BENCH_PLOT) + "' '" +
+    const std::string cmd = std::string(IVCUDA_BENCH_PYTHON) + " '" + (script != nullptr ? script : IVCUDA_BENCH_PLOT) + "' '" +
                             json + "' '" + png + "'";
     if (std::system(cmd.c_str()) != 0) {
       std::fprintf(stderr, "ivcuda-bench: plotting failed: %s\n", cmd.c_str());

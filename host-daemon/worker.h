@@ -110,6 +110,11 @@ struct WorkerConfig {
   // it is the VM's, shared by its processes' workers (quota.h).
   std::uint64_t mem_limit = 0;
   ObjectLimits limits;
+  // The BAR is mapped at a random address (docs/security.md, "Addresses the
+  // guest learns"). Only tests/fuzz turns it off: in one process that makes
+  // millions of workers, every new address under ASan grows the page tables
+  // of its shadow memory until the kernel's OOM killer ends the run.
+  bool random_bar_address = true;
 };
 
 class Worker {

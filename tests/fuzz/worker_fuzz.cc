@@ -303,6 +303,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.guest_fds = {e.guest_efd.get()};
   cfg.driver_path = e.driver;
   cfg.forward_stdout = false;  // stdout stays the fuzzer's
+  cfg.random_bar_address = false;  // see WorkerConfig: ASan's shadow page tables
   auto w = host::Worker::create(std::move(cfg));
   if (!w) {
     std::fprintf(stderr, "worker_fuzz: Worker::create: %s\n", w.error().what.c_str());

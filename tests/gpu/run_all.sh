@@ -100,7 +100,9 @@ for p in $parts; do
         --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/bench.json" 2>&1 | tee "$final/bench.txt"
       rc=$?
       kill $daemon; wait $daemon 2>/dev/null
-      if [ $rc -eq 0 ] && [ -f "$root/bench/plot.py" ] && [ -s "$final/bench.json" ]; then
+      # The plot needs matplotlib, which this machine's python3 may lack: then
+      # draw it where the JSON lands (python3 bench/plot.py bench.json bench.png).
+      if [ $rc -eq 0 ] && [ -s "$final/bench.json" ] && python3 -c "import matplotlib" 2>/dev/null; then
         python3 "$root/bench/plot.py" "$final/bench.json" "$final/bench.png" || rc=1
       fi
     fi
