@@ -41,26 +41,20 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
   void* p = nullptr;
   std::size_t mapped = 0;
   if (kind == MemKind::kDevice) {
-    // Next fit in a window of its own that wraps around, so that a long run
-    // (the fuzz harness: millions of processes' worth of allocations in one)
-    // reuses addresses: ever new ones grew the page tables of ASan's shadow
-    // without bound.
+    // A hint that moves on and wraps around in a window of its own, so that
+    // a long run (the fuzz harness: millions of processes' worth of
+    // allocations in one) reuses addresses: ever new ones grew the page
+    // tables of ASan's shadow without bound. Only a hint (not
+    // MAP_FIXED_NOREPLACE): TSan drops hints outside its application ranges,
+    // and a fixed mapping at 0 would follow.
     constexpr std::uintptr_t kBase = 0x3f0000000000, kWindow = std::uintptr_t{256} << 30;
     static std::uintptr_t next_hint = kBase;
+    if (next_hint + rounded > kBase + kWindow) next_hint = kBase;
     mapped = rounded;
-    p = MAP_FAILED;
-    for (int tries = 0; p == MAP_FAILED && tries < 64 && rounded < kWindow; ++tries) {
-      if (next_hint + rounded > kBase + kWindow) next_hint = kBase;
-      p = ::mmap(reinterpret_cast<void*>(next_hint), rounded, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-      if (p != MAP_FAILED && p != reinterpret_cast<void*>(next_hint)) {  // a kernel without NOREPLACE
-        ::munmap(p, rounded);
-        p = MAP_FAILED;
-      }
-      // The next candidate: past this one and a 2 MiB gap, 2 MiB-aligned (a
-      // fixed mapping's address must be page-aligned).
-      next_hint = (next_hint + rounded + (4u << 20) - 1) & ~std::uintptr_t{(2u << 20) - 1};
-    }
+    p = ::mmap(reinterpret_cast<void*>(next_hint), rounded, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // The next hint: past this one and a 2 MiB gap, 2 MiB-aligned.
+    next_hint = (next_hint + rounded + (4u << 20) - 1) & ~std::uintptr_t{(2u << 20) - 1};
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     p = std::aligned_alloc(align, rounded);
