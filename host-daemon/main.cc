@@ -14,6 +14,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <grp.h>
+#include <sys/stat.h>
+#ifdef IVCUDA_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -82,6 +87,8 @@ struct Options {
   std::uint32_t vm_spares = 1;
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
   ivcuda::host::ObjectLimits limits;     // --object-limits
+  std::string socket_group;              // --socket-group: who may connect (QEMU's user)
+  std::string socket_mode;               // --socket-mode, octal
   ivcuda::host::sandbox::Config sandbox;  // --sandbox, --user
 };
 
@@ -510,6 +517,15 @@ int main(int argc, char** argv) {
                  "(e.g. /run/ivcuda/vm2.sock=1:mem-limit=20G); repeatable. One socket per VM gives each "
                  "VM its own GPUs and quota")
       ->take_all();
+  app.add_option("--socket-group", o.socket_group,
+                 "group given the sockets, so that its members (QEMU's user) may connect; with it the "
+                 "sockets' mode is 0660 unless --socket-mode says otherwise");
+  app.add_option("--socket-mode", o.socket_mode, "the sockets' permission bits, octal, e.g. 0660")
+      ->check([](const std::string& v) {
+        char* end = nullptr;
+        const unsigned long m = std::strtoul(v.c_str(), &end, 8);
+        return v.empty() || *end != '\0' || m > 0777 ? std::string("an octal mode from 0 to 0777") : std::string();
+      });
   app.add_option("--mem-limit", o.mem_limit,
                  "device memory each guest may hold, e.g. 20G (0: no limit); a VM's processes share it, "
                  "and cuMemGetInfo/cuDeviceTotalMem show it as the total")
@@ -607,6 +623,24 @@ int main(int argc, char** argv) {
     }
     auto share = make_share(o.share_slots);
     if (!share) return false;
+    // Who may connect: the listening socket's group and mode (QEMU runs as
+    // its own user; a systemd unit's UMask keeps the socket closed until then).
+    if (!o.socket_group.empty() || !o.socket_mode.empty()) {
+      gid_t gid = static_cast<gid_t>(-1);
+      if (!o.socket_group.empty()) {
+        const group* g = ::getgrnam(o.socket_group.c_str());
+        if (g == nullptr) {
+          IVLOG_ERROR("--socket-group %s: no such group", o.socket_group.c_str());
+          return false;
+        }
+        gid = g->gr_gid;
+      }
+      const mode_t mode = o.socket_mode.empty() ? 0660 : static_cast<mode_t>(std::stoul(o.socket_mode, nullptr, 8));
+      if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0 || ::chmod(path.c_str(), mode) != 0) {
+        IVLOG_ERROR("%s: cannot set its group and mode: %s", path.c_str(), std::strerror(errno));
+        return false;
+      }
+    }
     listeners.push_back(Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share)});
     return true;
   };
@@ -669,6 +703,10 @@ int main(int argc, char** argv) {
     if (pid < 0) return 1;
     workers[pid] = Served{id, ::getuid(), plain_shares.back().get(), nullptr};
   }
+#ifdef IVCUDA_HAVE_SYSTEMD
+  // Under systemd (Type=notify): ready once every socket accepts guests.
+  (void)sd_notifyf(0, "READY=1\nSTATUS=serving on %zu socket(s)", listeners.size());
+#endif
   while (g_stop == 0) {
     // Reap workers: a guest that went away, or a worker that failed.
     for (;;) {
@@ -772,6 +810,9 @@ int main(int argc, char** argv) {
     // guest's connection closes with it.
   }
   IVLOG_INFO("stopping: %zu worker(s)", workers.size());
+#ifdef IVCUDA_HAVE_SYSTEMD
+  (void)sd_notify(0, "STOPPING=1");
+#endif
   for (auto& [pid, id] : workers) ::kill(pid, SIGTERM);
   for (auto& [pid, id] : workers) {
     ::waitpid(pid, nullptr, 0);
