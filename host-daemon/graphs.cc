@@ -314,7 +314,12 @@ CUresult Worker::on_GraphDestroy(Call& c) {
 std::uint64_t Worker::node_handle(CUgraphNode real, std::uint64_t graph) {
   if (real == nullptr) return 0;
   if (auto it = node_of_.find(real); it != node_of_.end()) return it->second;
-  const std::uint64_t h = nodes_.insert(NodeEntry{real, graph});
+  NodeEntry e{real, graph};
+  if (auto c = node_charges_.find(real); c != node_charges_.end()) {
+    e.charge = std::move(c->second);
+    node_charges_.erase(c);
+  }
+  const std::uint64_t h = nodes_.insert(std::move(e));
   node_of_[real] = h;
   return h;
 }
@@ -725,14 +730,16 @@ CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> 
   a.accessDescs = m.access_count != 0 ? desc : nullptr;
   a.accessDescCount = m.access_count;
   a.bytesize = p.width;
-  // Graph memory counts from the node's creation while the node lives: the
-  // driver allocates it at launches, and may keep it between them.
+  // Graph memory counts while its allocation node lives (the driver
+  // allocates it at launches, and may keep it between them); the node's
+  // record holds the charge (node_handle), the range only the address.
   Charge charge = quota_.take(a.bytesize);
   if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult st =
       cu_.cuGraphAddMemAllocNode(out, g.real, deps.empty() ? nullptr : deps.data(), deps.size(), &a);
   if (st != CUDA_SUCCESS) return st;
-  ranges_[a.dptr] = DevRange{a.bytesize, g.ctx, RangeKind::kGraphMem, 0, std::move(charge)};
+  node_charges_[*out] = std::move(charge);
+  ranges_[a.dptr] = DevRange{a.bytesize, g.ctx, RangeKind::kGraphMem};
   *dptr = a.dptr;
   return CUDA_SUCCESS;
 }

@@ -228,6 +228,7 @@ class Worker {
   struct NodeEntry {
     CUgraphNode real = nullptr;
     std::uint64_t graph = 0;  // the graph handle it belongs to
+    Charge charge{};          // a memory allocation node: its size against the quota while it lives
   };
   struct ExecEntry {
     CUgraphExec real = nullptr;
@@ -425,6 +426,8 @@ class Worker {
   HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
   HandleTable<UserObjEntry> user_objs_{proto::HandleKind::kUserObject};
   std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
+  // Allocation nodes' charges between the driver's add and the node's handle (node_handle).
+  std::map<CUgraphNode, Charge> node_charges_;
   std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
   // Graphs a capture made, given a handle before the capture ended
   // (CaptureGraphInfo): stream -> graph handle. A failed end destroys them.

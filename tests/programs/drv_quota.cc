@@ -116,7 +116,13 @@ int main(int argc, char** argv) {
   mp.bytesize = left + kMiB;
   CUgraphNode node;
   EXPECT_RES(CUDA_ERROR_OUT_OF_MEMORY, cuGraphAddMemAllocNode(&node, g, nullptr, 0, &mp));
+  // An allocation node inside the quota counts while it lives: destroying
+  // its graph gives the memory back.
+  mp.bytesize = 2 * kMiB;
+  OK(cuGraphAddMemAllocNode(&node, g, nullptr, 0, &mp));
+  EXPECT(free_now() == left - 2 * kMiB);
   OK(cuGraphDestroy(g));
+  EXPECT(free_now() == left);
 
   // Inside what is left, each works and counts.
   OK(cuMemAllocAsync(&b, 2 * kMiB, s));
