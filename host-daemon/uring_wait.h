@@ -42,6 +42,7 @@ class UringWaiter {
   int conn_fd_ = -1;
   std::uint64_t buf_ = 0;
   bool hung_up_ = false;
+  unsigned armed_ = 0;  // requests submitted and not yet completed
 };
 
 }  // namespace ivcuda::host
