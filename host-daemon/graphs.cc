@@ -314,12 +314,7 @@ CUresult Worker::on_GraphDestroy(Call& c) {
 std::uint64_t Worker::node_handle(CUgraphNode real, std::uint64_t graph) {
   if (real == nullptr) return 0;
   if (auto it = node_of_.find(real); it != node_of_.end()) return it->second;
-  NodeEntry e{real, graph};
-  if (auto c = node_charges_.find(real); c != node_charges_.end()) {
-    e.charge = std::move(c->second);
-    node_charges_.erase(c);
-  }
-  const std::uint64_t h = nodes_.insert(std::move(e));
+  const std::uint64_t h = nodes_.insert(NodeEntry{real, graph});
   node_of_[real] = h;
   return h;
 }
@@ -682,13 +677,15 @@ CUresult Worker::on_GraphAddNode(Call& c) {
   std::memcpy(&p, tail.data(), sizeof p);
   CUgraphNode node = nullptr;
   CUdeviceptr dptr = 0;
+  Charge charge;  // an allocation node's memory against the quota
   std::vector<CUgraph> bodies;
   const CUresult st = p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC
-                          ? add_mem_alloc_node(*g, deps, p, tail.subspan(sizeof p), &node, &dptr)
+                          ? add_mem_alloc_node(*g, deps, p, tail.subspan(sizeof p), &node, &dptr, &charge)
                       : p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL ? add_conditional_node(*g, deps, p, &node, &bodies)
                                                                  : add_node(*g, deps, p, tail.subspan(sizeof p), &node);
   if (st != CUDA_SUCCESS) return st;
   const std::uint64_t nh = node_handle(node, r.graph);
+  if (charge) nodes_.find(nh)->charge = std::move(charge);  // given back with the node
   const std::uint64_t ctx = g->ctx;
   c.set_reply(RepHandle{nh});
   if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) c.append(&dptr, sizeof dptr);
@@ -705,7 +702,8 @@ CUresult Worker::on_GraphAddNode(Call& c) {
 // (kernels and copies of the graph use it), as a stream-ordered allocation's
 // is; the driver keeps the same address for the graph's whole life.
 CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> deps, const GraphNodeParams& p,
-                                    std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr) {
+                                    std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr,
+                                    Charge* charge) {
   if (tail.size() < sizeof(MemAllocNode)) return CUDA_ERROR_INVALID_VALUE;
   MemAllocNode m;
   std::memcpy(&m, tail.data(), sizeof m);
@@ -731,14 +729,14 @@ CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> 
   a.accessDescCount = m.access_count;
   a.bytesize = p.width;
   // Graph memory counts while its allocation node lives (the driver
-  // allocates it at launches, and may keep it between them); the node's
-  // record holds the charge (node_handle), the range only the address.
-  Charge charge = quota_.take(a.bytesize);
-  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
+  // allocates it at launches, and may keep it between them): the caller puts
+  // the charge in the node's record; the range holds only the address.
+  Charge taken = quota_.take(a.bytesize);
+  if (!taken) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult st =
       cu_.cuGraphAddMemAllocNode(out, g.real, deps.empty() ? nullptr : deps.data(), deps.size(), &a);
   if (st != CUDA_SUCCESS) return st;
-  node_charges_[*out] = std::move(charge);
+  *charge = std::move(taken);
   ranges_[a.dptr] = DevRange{a.bytesize, g.ctx, RangeKind::kGraphMem};
   *dptr = a.dptr;
   return CUDA_SUCCESS;

@@ -323,7 +323,7 @@ class Worker {
   CUresult capture_nodes(std::span<const std::byte> tail, std::uint32_t count, std::vector<CUgraphNode>* nodes,
                          std::vector<CUgraphEdgeData>* data);
   CUresult add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
-                              std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr);
+                              std::span<const std::byte> tail, CUgraphNode* out, CUdeviceptr* dptr, Charge* charge);
   CUresult add_conditional_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
                                 CUgraphNode* out, std::vector<CUgraph>* bodies);
   CUresult host_node_params(const proto::GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out);
@@ -426,8 +426,6 @@ class Worker {
   HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
   HandleTable<UserObjEntry> user_objs_{proto::HandleKind::kUserObject};
   std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
-  // Allocation nodes' charges between the driver's add and the node's handle (node_handle).
-  std::map<CUgraphNode, Charge> node_charges_;
   std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
   // Graphs a capture made, given a handle before the capture ended
   // (CaptureGraphInfo): stream -> graph handle. A failed end destroys them.
