@@ -23,13 +23,22 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <vector>
 
+#include "host-daemon/board.h"
+#include "host-daemon/control.h"
 #include "host-daemon/log.h"
+#ifdef IVCUDA_HAVE_METRICS
+#include "host-daemon/metrics.h"
+#endif
 #include "host-daemon/sandbox.h"
+#include "host-daemon/status.h"
 #include "host-daemon/tenant_share.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker.h"
@@ -39,6 +48,8 @@
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
+volatile sig_atomic_t g_reload = 0;  // SIGHUP: read the configuration again
+constexpr std::size_t kNoListener = static_cast<std::size_t>(-1);
 // --join: other peers of the ivshmem-server whose eventfds we keep.
 constexpr std::size_t kJoinMaxPeers = 8;
 ivcuda::host::Worker* g_worker = nullptr;
@@ -60,6 +71,8 @@ std::unique_ptr<ivcuda::host::TenantShare> make_share(std::uint32_t slots) {
   g_shares.push_back(s->get());
   return std::move(*s);
 }
+
+void on_hangup(int) { g_reload = 1; }
 
 void on_signal(int) {
   g_stop = 1;
@@ -90,6 +103,12 @@ struct Options {
   std::string socket_group;              // --socket-group: who may connect (QEMU's user)
   std::string socket_mode;               // --socket-mode, octal
   ivcuda::host::sandbox::Config sandbox;  // --sandbox, --user
+  std::string sandbox_mode = "on";
+  bool print_allowlist = false;
+  std::string control_socket = "/run/ivcuda/control.sock";  // ivcudactl's; "" or "none": off
+  bool control_socket_given = false;     // on the command line or in the config file
+  std::string control_group;             // --control-group: who besides root may use it
+  std::string metrics_listen;            // --metrics-listen ADDR:PORT; "": off
 };
 
 // --object-limits KIND=N[,KIND=N...]: how many objects of a kind one guest
@@ -273,7 +292,8 @@ int serve_one(const Options& o, ivcuda::host::WorkerConfig cfg, long long id) {
 // (host-daemon/vm_supervisor.h).
 int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem_limit,
                const ivcuda::ring::Layout& layout, std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g,
-               int shm_fd, int broker_fd, ivcuda::host::TenantShare* share, pid_t peer_pid) {
+               int shm_fd, int broker_fd, ivcuda::host::TenantShare* share, pid_t peer_pid,
+               ivcuda::host::GuestStats* stats) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   keep_only_share(share);
@@ -291,6 +311,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem
   cfg.devices = gpus;
   cfg.mem_limit = mem_limit;
   cfg.limits = o.limits;
+  cfg.stats = stats;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.broker_fd = broker_fd;
   sc.peer_pid = peer_pid;
@@ -303,8 +324,8 @@ int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem
 // Creates and formats an ivshmem-plain memory file and forks its worker.
 pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
                          std::uint64_t generation, const std::string& path, std::int64_t id,
-                         const std::vector<int>& listen_fds, ivcuda::host::TenantShare* share,
-                         ivcuda::host::FdBroker& broker) {
+                         ivcuda::host::GuestStats* stats, ivcuda::host::TenantShare* share,
+                         ivcuda::host::FdBroker& broker, const std::function<void()>& forget_in_child) {
   ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
     IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
@@ -327,8 +348,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
                             static_cast<int>(pid));
     return pid;
   }
-  for (const int lfd : listen_fds) ::close(lfd);
-  broker.close_in_child();
+  forget_in_child();
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   keep_only_share(share);
   ivcuda::host::SupervisorConfig sc;
@@ -344,6 +364,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.devices = gpus;
   cfg.mem_limit = o.mem_limit;
   cfg.limits = o.limits;
+  cfg.stats = stats;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.poll_only = true;
   cfg.poll_interval = std::chrono::microseconds(o.poll_us);
@@ -462,11 +483,9 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o;
-  CLI::App app{"ivcudad - serves CUDA to QEMU guests and local processes over ivshmem"};
+// The command line and config file. A function, so that a reload reads
+// them again into a fresh Options the same way.
+void define_options(CLI::App& app, Options& o) {
   app.set_config("--config", "", "read options from an INI/TOML file (keys = long option names)");
   app.add_option("--socket", o.socket, "UNIX socket to listen on (QEMU: -chardev socket,path=...)")
       ->capture_default_str();
@@ -539,8 +558,7 @@ int main(int argc, char** argv) {
                  "workers kept started per VM for its next CUDA process (each holds a context per GPU)")
       ->check(CLI::Range(0u, 8u))
       ->capture_default_str();
-  std::string sandbox_mode = "on";
-  app.add_option("--sandbox", sandbox_mode,
+  app.add_option("--sandbox", o.sandbox_mode,
                  "on: each worker runs with no_new_privs, a seccomp allowlist and Landlock (where the kernel "
                  "has it) once its driver is open; off: none of it, for debugging only")
       ->check(CLI::IsMember({"on", "off"}))
@@ -548,19 +566,35 @@ int main(int argc, char** argv) {
   app.add_option("--user", o.sandbox.user,
                  "workers drop to this user once their driver is open (the daemon must run as root; the "
                  "user needs read-write access to /dev/nvidia*)");
-  bool print_allowlist = false;
-  app.add_flag("--print-syscall-allowlist", print_allowlist,
+  app.add_flag("--print-syscall-allowlist", o.print_allowlist,
                "print the system calls a sandboxed worker may make, with why, and exit");
   app.add_option("--log-level", o.log_level, "error, warn, info or debug")
       ->check(CLI::IsMember({"error", "warn", "info", "debug"}))
       ->capture_default_str();
+  app.add_option("--control-socket", o.control_socket,
+                 "the operator's socket (ivcudactl status, evict, reload); only root, the daemon's user and "
+                 "--control-group may use it; \"none\": no control socket")
+      ->capture_default_str();
+  app.add_option("--control-group", o.control_group,
+                 "group whose members may use the control socket (its mode becomes 0660)");
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. 127.0.0.1:9400 (DCGM-style names)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"ivcudad - serves CUDA to QEMU guests and local processes over ivshmem"};
+  define_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  if (print_allowlist) {
+  if (o.print_allowlist) {
     for (const auto& s : ivcuda::host::sandbox::allowlist())
       std::printf("%s\t%s\t%s\n", s.name, ivcuda::host::sandbox::rule_name(s.rule), s.why);
     return 0;
   }
-  o.sandbox.enabled = sandbox_mode == "on";
+  o.sandbox.enabled = o.sandbox_mode == "on";
+  o.control_socket_given = app.get_option("--control-socket")->count() > 0;
 
   using ivcuda::log::Level;
   ivcuda::log::set_level(o.log_level == "error" ? Level::kError
@@ -664,15 +698,30 @@ int main(int argc, char** argv) {
   sa.sa_handler = on_signal;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction sh {};
+  sh.sa_handler = on_hangup;
+  ::sigaction(SIGHUP, &sh, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   const std::uint64_t generation = new_generation();
   IVLOG_INFO("listening on %s (%zu vectors, %llu MiB per guest, driver %s, generation %016llx)",
              o.socket.c_str(), o.vectors, static_cast<unsigned long long>(o.shm_size >> 20), o.driver.c_str(),
              static_cast<unsigned long long>(generation));
 
+  using ivcuda::host::GuestBoard;
+  using ivcuda::host::GuestMode;
+  using ivcuda::host::GuestStats;
+  using nlohmann::json;
+  using clk = std::chrono::steady_clock;
+  const auto daemon_started = clk::now();
+  std::uint64_t refused = 0;  // connections turned away (limits)
+
   struct Served {
     std::int64_t id = 0;
-    uid_t uid = 0;  // the connecting process's (SO_PEERCRED); plain files: the daemon's
+    uid_t uid = 0;        // the connecting process's (SO_PEERCRED); plain files: the daemon's
+    pid_t peer_pid = 0;   // the connecting process; 0 for plain files
+    std::string socket;   // the listener's path, or the ivshmem-plain file
+    std::vector<int> gpus;
+    std::size_t listener = kNoListener;  // index into listeners; kNoListener: a plain file
     ivcuda::host::TenantShare* share = nullptr;  // its tenant's registry
     // A copy of the guest's connection: when the worker has ended, the
     // daemon hangs up on the guest itself. A worker that died may leave its
@@ -680,28 +729,222 @@ int main(int argc, char** argv) {
     // down asynchronously), and a process-mode guest learns of the end only
     // from the hang-up.
     std::shared_ptr<ivcuda::sys::UniqueFd> conn;
+    std::unique_ptr<GuestBoard> board;  // what its workers report (board.h)
+    clk::time_point started = clk::now();
+    clk::time_point evict_deadline{};   // evicting: its process is killed after this
+    // The last sampling window, for calls/s and copy bytes/s.
+    clk::time_point sample_at = clk::now();
+    std::uint64_t sample_calls = 0, sample_bytes = 0;
+    double calls_per_s = 0, bytes_per_s = 0;
   };
   std::map<pid_t, Served> workers;  // pid -> guest
   auto guests_of = [&](uid_t uid) {
     return static_cast<unsigned>(std::count_if(workers.begin(), workers.end(),
                                                [&](const auto& w) { return w.second.uid == uid; }));
   };
-  // ivshmem-plain guests: a memory file each, formatted here, served by a
-  // worker that polls. Their ids start above every peer id.
-  std::vector<int> listen_fds;
-  for (const auto& l : listeners) listen_fds.push_back(l.server.listen_fd());
-  std::vector<std::unique_ptr<ivcuda::host::TenantShare>> plain_shares;  // one tenant per file
+  // Guest numbers are the daemon's, across its sockets (each socket's
+  // ivshmem server would count from 1): logs, status and evict use them.
+  std::int64_t last_id = 0;
+  auto next_guest_id = [&] {
+    for (std::int64_t tries = 0; tries < ivcuda::ivshmem::kMaxPeerId; ++tries) {
+      last_id = last_id >= ivcuda::ivshmem::kMaxPeerId ? 1 : last_id + 1;
+      if (std::none_of(workers.begin(), workers.end(), [&](const auto& w) { return w.second.id == last_id; }))
+        break;
+    }
+    return last_id;
+  };
+
+  // The operator's side: the control socket and the metrics endpoint.
+  std::optional<ivcuda::host::ControlServer> control;
+  if (!o.control_socket.empty() && o.control_socket != "none") {
+    auto c = ivcuda::host::ControlServer::listen(o.control_socket, o.control_group);
+    if (c) {
+      control = std::move(*c);
+      IVLOG_INFO("control socket %s (ivcudactl)", o.control_socket.c_str());
+    } else if (o.control_socket_given) {
+      IVLOG_ERROR("control socket: %s", c.error().what.c_str());
+      return 1;
+    } else {
+      // The default place (/run/ivcuda, which the service unit makes) is not
+      // there, or another daemon has it: serve without; --control-socket says where.
+      IVLOG_WARN("no control socket (ivcudactl will not reach this daemon): %s; --control-socket PATH sets one",
+                 c.error().what.c_str());
+    }
+  }
+  auto snapshot = [&] {
+    ivcuda::host::DaemonStatus st;
+    st.version = IVCUDA_VERSION;
+    st.pid = ::getpid();
+    st.uptime_s = std::chrono::duration<double>(clk::now() - daemon_started).count();
+    st.guests_refused = refused;
+    for (const auto& [pid, w] : workers) {
+      ivcuda::host::GuestStatus g;
+      const GuestStats& b = w.board->stats();
+      g.id = w.id;
+      g.socket = w.socket;
+      g.mode = ivcuda::host::mode_name(static_cast<GuestMode>(b.mode.load(std::memory_order_relaxed)));
+      g.pid = pid;
+      g.peer_pid = w.peer_pid;
+      g.uid = w.uid;
+      g.gpus = w.gpus;
+      g.processes = b.processes.load(std::memory_order_relaxed);
+      g.mem_used = b.mem_used.load(std::memory_order_relaxed);
+      g.mem_limit = b.mem_limit.load(std::memory_order_relaxed);
+      g.calls = b.calls.load(std::memory_order_relaxed);
+      g.copy_bytes = b.copy_bytes.load(std::memory_order_relaxed);
+      g.errors = b.errors.load(std::memory_order_relaxed);
+      const bool evict = b.evict.load(std::memory_order_relaxed) != 0;
+      const bool done = b.evicted.load(std::memory_order_acquire) != 0 && g.mem_used == 0;
+      g.state = !evict ? "serving" : done ? "evicted" : "evicting";
+      g.calls_per_s = w.calls_per_s;
+      g.copy_bytes_per_s = w.bytes_per_s;
+      g.uptime_s = std::chrono::duration<double>(clk::now() - w.started).count();
+      g.last_error = b.read_last_error(&g.last_error_time_ns);
+      st.guests.push_back(std::move(g));
+    }
+    return st;
+  };
+#ifdef IVCUDA_HAVE_METRICS
+  std::unique_ptr<ivcuda::host::MetricsServer> metrics;
+  if (!o.metrics_listen.empty()) {
+    auto m = ivcuda::host::MetricsServer::start(o.metrics_listen,
+                                                [&] { return ivcuda::host::prometheus_text(snapshot()); });
+    if (!m) {
+      IVLOG_ERROR("%s", m.error().what.c_str());
+      return 1;
+    }
+    metrics = std::move(*m);
+    IVLOG_INFO("metrics at http://%s/metrics (port %d)", o.metrics_listen.c_str(), metrics->port());
+  }
+#else
+  struct NoMetrics {
+    int fd() const { return -1; }
+    void run() {}
+    void close_in_child() {}
+  };
+  std::unique_ptr<NoMetrics> metrics;
+  if (!o.metrics_listen.empty()) {
+    IVLOG_ERROR("--metrics-listen: this ivcudad is built without the metrics endpoint (IVCUDA_METRICS=OFF)");
+    return 2;
+  }
+#endif
+
+  // ivcudactl reload, or SIGHUP: the command line and config file are read
+  // again; quotas change for the guests connected now and to come, object
+  // limits for workers started from now on. Sockets and GPUs stay as they
+  // are (a restart changes those).
+  auto reload = [&]() -> json {
+    Options fresh;
+    CLI::App again{"ivcudad"};
+    define_options(again, fresh);
+    try {
+      again.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return {{"ok", false}, {"error", std::string("the configuration does not parse: ") + e.what()}};
+    }
+    std::map<std::string, std::uint64_t> limits{{fresh.socket, fresh.mem_limit}};
+    for (const auto& spec : fresh.guest_sockets) {
+      SocketSpec ss;
+      std::string why;
+      if (!parse_socket_spec(spec, fresh.mem_limit, &ss, &why))
+        return {{"ok", false}, {"error", "--guest-socket " + spec + ": " + why}};
+      limits[ss.path] = ss.mem_limit;
+    }
+    json changed = json::array();
+    for (std::size_t li = 0; li < listeners.size(); ++li) {
+      Listener& l = listeners[li];
+      const auto it = limits.find(l.path);
+      if (it == limits.end() || it->second == l.mem_limit) continue;
+      changed.push_back(l.path + ": mem-limit " + ivcuda::host::human_bytes(l.mem_limit) + " -> " +
+                        ivcuda::host::human_bytes(it->second));
+      l.mem_limit = it->second;
+      for (auto& [pid, w] : workers)
+        if (w.listener == li) w.board->stats().mem_limit.store(l.mem_limit, std::memory_order_relaxed);
+    }
+    if (fresh.mem_limit != o.mem_limit) {
+      for (auto& [pid, w] : workers)  // ivshmem-plain guests take the default quota
+        if (w.listener == kNoListener) w.board->stats().mem_limit.store(fresh.mem_limit, std::memory_order_relaxed);
+      o.mem_limit = fresh.mem_limit;
+    }
+    if (std::memcmp(&fresh.limits, &o.limits, sizeof o.limits) != 0) {
+      o.limits = fresh.limits;
+      changed.push_back("object limits (for workers started from now on)");
+    }
+    json ignored = json::array();
+    for (const auto& [path, limit] : limits)
+      if (std::none_of(listeners.begin(), listeners.end(), [&](const Listener& l) { return l.path == path; }))
+        ignored.push_back(path + ": a new socket (takes a restart)");
+    IVLOG_INFO("reloaded the configuration: %zu change(s)", changed.size());
+    return {{"ok", true}, {"changed", changed}, {"ignored", ignored}};
+  };
+  auto handle_control = [&](const json& req) -> json {
+    const std::string cmd = req.value("cmd", "");
+    if (cmd == "status") return {{"ok", true}, {"status", ivcuda::host::to_json(snapshot())}};
+    if (cmd == "reload") return reload();
+    if (cmd == "evict") {
+      if (!req.contains("guest") || !req["guest"].is_number_integer())
+        return {{"ok", false}, {"error", "evict needs a guest number (see ivcudactl status)"}};
+      const auto id = req["guest"].get<std::int64_t>();
+      auto it = std::find_if(workers.begin(), workers.end(), [&](const auto& w) { return w.second.id == id; });
+      if (it == workers.end())
+        return {{"ok", false}, {"error", "no guest " + std::to_string(id) + " (see ivcudactl status)"}};
+      GuestStats& b = it->second.board->stats();
+      if (b.evict.exchange(1, std::memory_order_acq_rel) == 0) {
+        // Its workers see the flag within 100 ms (an idle worker's longest
+        // sleep) and release everything; a worker that does not is killed.
+        it->second.evict_deadline = clk::now() + std::chrono::seconds(5);
+        IVLOG_WARN("guest %lld: evicted by the operator", static_cast<long long>(id));
+      }
+      return {{"ok", true}, {"state", "evicting"}};
+    }
+    return {{"ok", false}, {"error", "unknown command '" + cmd + "' (status, evict, reload)"}};
+  };
+
   // Exported allocations travel between the workers of one listener (one
   // tenant) through here.
   ivcuda::host::FdBroker broker;
+  // What a forked guest process must not keep of the daemon's: the other
+  // listeners, the operator's sockets, other guests' connections and boards.
+  auto forget_in_child = [&](const GuestBoard* mine) {
+    for (const auto& other : listeners) ::close(other.server.listen_fd());
+    broker.close_in_child();
+    if (control) control->close_in_child();
+    if (metrics) metrics->close_in_child();
+    for (auto& [other_pid, other] : workers) {
+      if (other.conn) other.conn->reset();  // other guests' connections are not this one's
+      if (other.board.get() != mine) other.board->unmap_in_child();
+    }
+  };
+  auto new_board = [&](std::uint64_t mem_limit) {
+    auto b = GuestBoard::create();
+    if (b) b->stats().mem_limit.store(mem_limit, std::memory_order_relaxed);
+    return b;
+  };
+
+  // ivshmem-plain guests: a memory file each, formatted here, served by a
+  // worker that polls. Their ids start above every peer id.
+  std::vector<std::unique_ptr<ivcuda::host::TenantShare>> plain_shares;  // one tenant per file
   for (std::size_t i = 0; i < o.plain_files.size(); ++i) {
     const std::int64_t id = 0x10000 + static_cast<std::int64_t>(i);
     plain_shares.push_back(make_share(o.share_slots));
     if (!plain_shares.back()) return 1;
-    const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id,
-                                         listen_fds, plain_shares.back().get(), broker);
+    auto board = new_board(o.mem_limit);
+    if (!board) {
+      IVLOG_ERROR("ivshmem-plain file %s: no status board: %s", o.plain_files[i].c_str(), std::strerror(errno));
+      return 1;
+    }
+    GuestBoard* mine = board.get();
+    const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id, &board->stats(),
+                                         plain_shares.back().get(), broker, [&] { forget_in_child(mine); });
     if (pid < 0) return 1;
-    workers[pid] = Served{id, ::getuid(), plain_shares.back().get(), nullptr};
+    Served s;
+    s.id = id;
+    s.uid = ::getuid();
+    s.socket = o.plain_files[i];
+    s.gpus = gpus;
+    s.share = plain_shares.back().get();
+    s.board = std::move(board);
+    workers[pid] = std::move(s);
   }
 #ifdef IVCUDA_HAVE_SYSTEMD
   // Under systemd (Type=notify): ready once every socket accepts guests.
@@ -728,11 +971,49 @@ int main(int argc, char** argv) {
         workers.erase(it);
       }
     }
+    if (g_reload != 0) {
+      g_reload = 0;
+      const json r = reload();
+      if (!r.value("ok", false)) IVLOG_ERROR("SIGHUP: %s", r.value("error", std::string()).c_str());
+    }
+    // Rates over about a second, and evictions that do not finish.
+    const auto now = clk::now();
+    for (auto& [pid, w] : workers) {
+      const GuestStats& b = w.board->stats();
+      if (const double dt = std::chrono::duration<double>(now - w.sample_at).count(); dt >= 1.0) {
+        const std::uint64_t calls = b.calls.load(std::memory_order_relaxed);
+        const std::uint64_t bytes = b.copy_bytes.load(std::memory_order_relaxed);
+        w.calls_per_s = static_cast<double>(calls - w.sample_calls) / dt;
+        w.bytes_per_s = static_cast<double>(bytes - w.sample_bytes) / dt;
+        w.sample_calls = calls;
+        w.sample_bytes = bytes;
+        w.sample_at = now;
+      }
+      if (w.evict_deadline == clk::time_point{}) continue;
+      if (b.evicted.load(std::memory_order_acquire) != 0 && b.mem_used.load(std::memory_order_relaxed) == 0) {
+        IVLOG_INFO("guest %lld: evicted; it holds nothing on the GPU", static_cast<long long>(w.id));
+        w.evict_deadline = {};
+      } else if (now > w.evict_deadline) {
+        IVLOG_WARN("guest %lld: its workers did not release within 5 s of the eviction; killing them",
+                   static_cast<long long>(w.id));
+        ::kill(pid, SIGKILL);
+        w.evict_deadline = {};
+      }
+    }
     std::vector<pollfd> pfds;
     for (const auto& l : listeners) pfds.push_back(pollfd{l.server.listen_fd(), POLLIN, 0});
+    const std::size_t control_at = pfds.size();
+    if (control) pfds.push_back(pollfd{control->fd(), POLLIN, 0});
+    const std::size_t metrics_at = pfds.size();
+    if (metrics) pfds.push_back(pollfd{metrics->fd(), POLLIN, 0});
+    const std::size_t broker_at = pfds.size();
     for (const int fd : broker.fds()) pfds.push_back(pollfd{fd, POLLIN, 0});
-    if (::poll(pfds.data(), pfds.size(), 200) <= 0) continue;
-    for (std::size_t i = listeners.size(); i < pfds.size(); ++i)
+    const int ready = ::poll(pfds.data(), pfds.size(), 200);
+    if (metrics) metrics->run();  // also times out idle scrapers
+    if (ready <= 0) continue;
+    if (control && (pfds[control_at].revents & POLLIN) != 0) control->serve(handle_control);
+    (void)metrics_at;
+    for (std::size_t i = broker_at; i < pfds.size(); ++i)
       if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker.serve(pfds[i].fd);
     for (std::size_t li = 0; li < listeners.size(); ++li) {
       if ((pfds[li].revents & POLLIN) == 0) continue;
@@ -745,6 +1026,7 @@ int main(int argc, char** argv) {
       }
       if (workers.size() >= o.max_guests) {
         IVLOG_WARN("refusing a guest: %u guests already served", o.max_guests);
+        ++refused;
         continue;  // closing the connection tells the peer
       }
       // Every guest pins --shm-size of RAM before it proves anything: one
@@ -758,8 +1040,10 @@ int main(int argc, char** argv) {
       if (o.max_guests_per_uid != 0 && guests_of(cred.uid) >= o.max_guests_per_uid) {
         IVLOG_WARN("refusing a guest of uid %u (pid %d): it has %u guests already (--max-guests-per-uid)",
                    static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), o.max_guests_per_uid);
+        ++refused;
         continue;
       }
+      pending->peer_id = next_guest_id();
       // Each guest gets memory of its own: nobody else can map it.
       auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
       if (!shm) {
@@ -777,6 +1061,11 @@ int main(int argc, char** argv) {
                                        static_cast<std::uint32_t>(o.vectors),
                                        ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
       }
+      auto board = new_board(l.mem_limit);
+      if (!board) {
+        IVLOG_ERROR("guest %lld: no status board: %s", static_cast<long long>(pending->peer_id), std::strerror(errno));
+        continue;
+      }
       const long long id = pending->peer_id;
       auto conn = l.server.greet(std::move(*pending), shm->get());
       if (!conn) {
@@ -793,16 +1082,23 @@ int main(int argc, char** argv) {
         continue;
       }
       if (pid == 0) {
-        for (const auto& other : listeners) ::close(other.server.listen_fd());
-        broker.close_in_child();
-        for (auto& [other_pid, other] : workers)  // other guests' connections are not this one's
-          if (other.conn) other.conn->reset();
+        forget_in_child(board.get());
         const int rc = run_worker(o, l.gpus, l.mem_limit, *layout, generation, *conn, shm->get(),
-                                  broker_end ? broker_end->release() : -1, l.share.get(), cred.pid);
+                                  broker_end ? broker_end->release() : -1, l.share.get(), cred.pid,
+                                  &board->stats());
         ::_exit(rc);
       }
-      workers[pid] = Served{id, cred.uid, l.share.get(),
-                            std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0))};
+      Served s;
+      s.id = id;
+      s.uid = cred.uid;
+      s.peer_pid = cred.pid;
+      s.socket = l.path;
+      s.gpus = l.gpus;
+      s.listener = li;
+      s.share = l.share.get();
+      s.conn = std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0));
+      s.board = std::move(board);
+      workers[pid] = std::move(s);
       IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
                  l.path.c_str(), static_cast<int>(pid));
     }
@@ -821,5 +1117,6 @@ int main(int argc, char** argv) {
     // host is gone.
     if (id.conn && id.conn->valid()) ::shutdown(id.conn->get(), SHUT_RDWR);
   }
+  if (control) ::unlink(control->path().c_str());
   return 0;
 }

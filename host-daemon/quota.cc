@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "host-daemon/board.h"
 #include "host-daemon/vm_supervisor.h"
 
 namespace ivcuda::host {
@@ -19,10 +20,22 @@ void Charge::release() noexcept {
   bytes_ = 0;
 }
 
-void MemQuota::configure(std::uint64_t limit, VmShared* vm, std::uint32_t slot) noexcept {
+void MemQuota::configure(std::uint64_t limit, VmShared* vm, std::uint32_t slot, GuestStats* board) noexcept {
   limit_ = limit;
   vm_ = vm;
   slot_ = slot;
+  board_ = board;
+}
+
+std::uint64_t MemQuota::limit() const noexcept {
+  return board_ != nullptr ? board_->mem_limit.load(std::memory_order_relaxed) : limit_;
+}
+
+void MemQuota::close() noexcept {
+  if (closed_) return;
+  closed_ = true;
+  const std::uint64_t held = vm_ != nullptr ? vm_->mem_release_all(slot_) : own_.exchange(0, std::memory_order_relaxed);
+  if (board_ != nullptr) board_->mem_used.fetch_sub(held, std::memory_order_relaxed);
 }
 
 Charge MemQuota::take(std::uint64_t bytes) noexcept {
@@ -31,19 +44,27 @@ Charge MemQuota::take(std::uint64_t bytes) noexcept {
 }
 
 bool MemQuota::add(std::uint64_t bytes) noexcept {
-  if (vm_ != nullptr) return vm_->mem_charge(slot_, bytes, limit_);
-  std::uint64_t cur = own_.load(std::memory_order_relaxed);
-  do {
-    if (limit_ != 0 && (bytes > limit_ || cur > limit_ - bytes)) return false;
-  } while (!own_.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  if (closed_) return false;
+  const std::uint64_t lim = limit();
+  if (vm_ != nullptr) {
+    if (!vm_->mem_charge(slot_, bytes, lim)) return false;
+  } else {
+    std::uint64_t cur = own_.load(std::memory_order_relaxed);
+    do {
+      if (lim != 0 && (bytes > lim || cur > lim - bytes)) return false;
+    } while (!own_.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  }
+  if (board_ != nullptr) board_->mem_used.fetch_add(bytes, std::memory_order_relaxed);
   return true;
 }
 
 void MemQuota::sub(std::uint64_t bytes) noexcept {
+  if (closed_) return;
   if (vm_ != nullptr)
-    vm_->mem_uncharge(slot_, bytes);
+    bytes = vm_->mem_uncharge(slot_, bytes);
   else
     own_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (board_ != nullptr) board_->mem_used.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 std::uint64_t MemQuota::used() const noexcept {
@@ -51,10 +72,11 @@ std::uint64_t MemQuota::used() const noexcept {
 }
 
 void MemQuota::view(std::uint64_t* total, std::uint64_t* free) const noexcept {
-  if (limit_ == 0) return;
+  const std::uint64_t lim = limit();
+  if (lim == 0) return;
   const std::uint64_t used_now = used();
-  const std::uint64_t left = used_now >= limit_ ? 0 : limit_ - used_now;
-  *total = std::min(*total, limit_);
+  const std::uint64_t left = used_now >= lim ? 0 : lim - used_now;
+  *total = std::min(*total, lim);
   *free = std::min(*free, left);
 }
 

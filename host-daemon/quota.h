@@ -18,6 +18,7 @@ namespace ivcuda::host {
 
 class VmShared;
 class MemQuota;
+struct GuestStats;
 
 // Bytes charged to a quota while this object lives. Move-only.
 class Charge {
@@ -58,13 +59,20 @@ class MemQuota {
 
   // limit 0: no limit (charges are still counted). vm: the VM's books, where
   // this worker is slot `slot`; null: the books are this object's own.
-  void configure(std::uint64_t limit, VmShared* vm, std::uint32_t slot) noexcept;
+  // board: the guest's status board (board.h), where the guest's total is
+  // mirrored and whose limit, when there is one, is the limit (the daemon
+  // changes it on `ivcudactl reload`); null: `limit` stays.
+  void configure(std::uint64_t limit, VmShared* vm, std::uint32_t slot, GuestStats* board = nullptr) noexcept;
 
   // `bytes` charged to the guest, or an empty Charge when that would pass the limit.
   [[nodiscard]] Charge take(std::uint64_t bytes) noexcept;
   // What the guest holds now (all of a VM's processes), and its limit (0: none).
   std::uint64_t used() const noexcept;
-  std::uint64_t limit() const noexcept { return limit_; }
+  std::uint64_t limit() const noexcept;
+  // The guest was evicted: what this worker holds goes back at once, nothing
+  // more is granted, and the charges its records still hold are forgotten
+  // (releasing them changes nothing).
+  void close() noexcept;
   // The tenant's view of a device whose memory is (total, free): the quota
   // as its total, and what is left of it, never more than the device has free.
   void view(std::uint64_t* total, std::uint64_t* free) const noexcept;
@@ -75,6 +83,8 @@ class MemQuota {
   void sub(std::uint64_t bytes) noexcept;
 
   std::uint64_t limit_ = 0;
+  GuestStats* board_ = nullptr;
+  bool closed_ = false;
   VmShared* vm_ = nullptr;
   std::uint32_t slot_ = 0;
   std::atomic<std::uint64_t> own_{0};

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <new>
 
+#include "host-daemon/board.h"
 #include "host-daemon/log.h"
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"
@@ -110,12 +111,13 @@ bool VmShared::mem_charge(std::uint32_t s, std::uint64_t bytes, std::uint64_t li
   return ok;
 }
 
-void VmShared::mem_uncharge(std::uint32_t s, std::uint64_t bytes) noexcept {
-  if (s >= kMaxSlots || !lock()) return;
+std::uint64_t VmShared::mem_uncharge(std::uint32_t s, std::uint64_t bytes) noexcept {
+  if (s >= kMaxSlots || !lock()) return 0;
   std::atomic<std::uint64_t>& m = slot(s).mem;
-  m.store(m.load(std::memory_order_relaxed) - std::min(bytes, m.load(std::memory_order_relaxed)),
-          std::memory_order_relaxed);
+  const std::uint64_t off = std::min(bytes, m.load(std::memory_order_relaxed));
+  m.store(m.load(std::memory_order_relaxed) - off, std::memory_order_relaxed);
   unlock();
+  return off;
 }
 
 std::uint64_t VmShared::mem_used() noexcept {
@@ -239,6 +241,9 @@ bool Supervisor::become_vm() {
     return false;
   }
   notify_ = std::move(*efd);
+  if (GuestStats* b = cfg_.worker.stats)
+    b->mode.store(static_cast<std::uint32_t>(cfg_.worker.poll_only ? GuestMode::kPlain : GuestMode::kVm),
+                  std::memory_order_relaxed);
   IVLOG_INFO("guest %u: a VM; one worker per guest process (%u kept ready)", guest_id(), cfg_.spares);
   return true;
 }
@@ -261,6 +266,10 @@ void Supervisor::stop_all() {
 int Supervisor::serve_in_process() {
   bar_ = sys::Mapping{};
   WorkerConfig wc = std::move(cfg_.worker);
+  if (wc.stats != nullptr) {
+    wc.stats->mode.store(static_cast<std::uint32_t>(GuestMode::kProcess), std::memory_order_relaxed);
+    wc.stats->processes.store(1, std::memory_order_relaxed);
+  }
   if (broker_.connected()) wc.broker_fd = broker_.release();
   if (cfg_.before_start)
     if (auto st = cfg_.before_start(wc); !st) {
@@ -331,6 +340,12 @@ void Supervisor::loop() {
     scan_channels();
     relay_doorbells();
     keep_spares();
+    if (GuestStats* b = cfg_.worker.stats) {
+      std::uint32_t n = 0;
+      for (std::uint32_t s = 0; s < procs_.size(); ++s)
+        if (procs_[s].pid > 0 && vm_->slot(s).guest_pid.load() != 0) ++n;
+      b->processes.store(n, std::memory_order_relaxed);
+    }
     wait_for_events();
   }
 }
@@ -465,6 +480,7 @@ void Supervisor::finish_slot(std::uint32_t s, int status) {
   // The worker's process is gone, and with it every byte of device memory it
   // held: what was charged for them returns to the VM's quota.
   const std::uint64_t charged = vm_->mem_release_all(s);
+  if (cfg_.worker.stats != nullptr) cfg_.worker.stats->mem_used.fetch_sub(charged, std::memory_order_relaxed);
   if (cfg_.worker.share != nullptr) (void)cfg_.worker.share->withdraw_owner(p.pid, 1000);
   if (p.reclaim_guest) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - p.killed).count();

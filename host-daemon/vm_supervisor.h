@@ -69,7 +69,8 @@ class VmShared {
   // The VM's device-memory quota (quota.h): slot s's charge grows by `bytes`
   // unless the VM's total would pass `limit` (0: no limit).
   bool mem_charge(std::uint32_t s, std::uint64_t bytes, std::uint64_t limit) noexcept;
-  void mem_uncharge(std::uint32_t s, std::uint64_t bytes) noexcept;
+  // Returns the bytes taken off (never more than slot s holds).
+  std::uint64_t mem_uncharge(std::uint32_t s, std::uint64_t bytes) noexcept;
   std::uint64_t mem_used() noexcept;
   // A reaped worker's charge returns to the VM; returns the bytes.
   std::uint64_t mem_release_all(std::uint32_t s) noexcept;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "host-daemon/board.h"
 #include "host-daemon/log.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
@@ -88,7 +89,7 @@ Result<void> Worker::init() {
   if (cfg_.host_fds.empty() || cfg_.guest_fds.empty())
     return make_error(EINVAL, "worker needs at least one doorbell vector each way");
   IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
-  quota_.configure(cfg_.mem_limit, cfg_.vm, cfg_.vm_slot);
+  quota_.configure(cfg_.mem_limit, cfg_.vm, cfg_.vm_slot, cfg_.stats);
   // Start-up costs, for the log: what a guest waits for before its hello.
   using clock = std::chrono::steady_clock;
   const auto ms_since = [](clock::time_point t) {
@@ -368,6 +369,17 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     st = CUDA_ERROR_INVALID_VALUE;
     if (errors_logged_++ < 100)
       IVLOG_WARN("guest %u channel %u: unknown op %u refused", cfg_.guest_id, ch.index, op);
+  } else if (evicted_ && op != static_cast<std::uint16_t>(proto::Op::kGoodbye) &&
+             op != static_cast<std::uint16_t>(proto::Op::kFlush)) {
+    // Evicted: nothing reaches the driver. A staged chunk's counter still
+    // moves, or the guest would wait on it forever.
+    st = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    const bool arena = op == static_cast<std::uint16_t>(proto::Op::kMemcpyHtoDArena) ||
+                       op == static_cast<std::uint16_t>(proto::Op::kMemcpyDtoHArena);
+    if (arena && rec.payload.size() >= sizeof(proto::ReqCopy)) {
+      const auto r = call.req<proto::ReqCopy>();
+      if (ring::in_staging(l_, ch.index, r.arena_off, r.bytes)) ring::bump_staging_done(bar_.data(), l_, ch.index);
+    }
   } else if (rec.payload.size() < kReqSize[op]) {
     st = CUDA_ERROR_INVALID_VALUE;
     if (errors_logged_++ < 100)
@@ -388,6 +400,7 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     ch.parked.hdr = rec.hdr;
     return;
   }
+  account(rec, st);
   const auto pop = static_cast<proto::Op>(op);
   if (needs_reply && reports_async_errors(pop) && pending_ != CUDA_SUCCESS) {
     // One report per error: a call that fails on its own also answers for
@@ -403,6 +416,42 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
   if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY && errors_logged_++ < 100)
     IVLOG_INFO("guest %u: %s -> %s", cfg_.guest_id, proto::op_name(op), err_name(st));
   reply(ch, rec, st, out);
+}
+
+void Worker::account(const ring::Record& rec, CUresult st) noexcept {
+  GuestStats* b = cfg_.stats;
+  if (b == nullptr) return;
+  b->calls.fetch_add(1, std::memory_order_relaxed);
+  const auto op = static_cast<proto::Op>(rec.hdr.op);
+  if (st == CUDA_SUCCESS && (op == proto::Op::kMemcpyHtoDInline || op == proto::Op::kMemcpyHtoDArena ||
+                             op == proto::Op::kMemcpyDtoHArena) && rec.payload.size() >= sizeof(proto::ReqCopy)) {
+    proto::ReqCopy r;
+    std::memcpy(&r, rec.payload.data(), sizeof r);
+    b->copy_bytes.fetch_add(r.bytes, std::memory_order_relaxed);
+  }
+  if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY && rec.hdr.op < static_cast<std::uint16_t>(proto::Op::kCount))
+    b->note_error(proto::op_name(rec.hdr.op), err_name(st));
+}
+
+// ivcudactl evict: everything the guest holds goes now (contexts, and with
+// them its memory, streams, modules; exports; its quota's charge), parked
+// calls are answered, and from here on every call answers an error.
+void Worker::evict() {
+  IVLOG_WARN("guest %u: evicted by the operator; releasing %zu context(s), %zu allocation(s), %zu module(s)",
+             cfg_.guest_id, ctxs_.size(), ranges_.size(), modules_.size());
+  evicted_ = true;
+  for (auto& chp : channels_) {
+    if (!chp || chp->dead || !chp->parked.active) continue;
+    chp->parked.active = false;
+    ring::Record rec;
+    rec.hdr = chp->parked.hdr;
+    reply(*chp, rec, CUDA_ERROR_DEVICE_UNAVAILABLE, {});
+  }
+  parked_since_ = {};
+  captures_.clear();
+  cleanup();
+  quota_.close();
+  if (cfg_.stats != nullptr) cfg_.stats->evicted.store(1, std::memory_order_release);
 }
 
 bool Worker::poll_parked(Channel& ch) {
@@ -554,6 +603,7 @@ int Worker::run() {
   auto last_work = std::chrono::steady_clock::now();
   unsigned spins = 0;
   while (!stop_) {
+    if (!evicted_ && cfg_.stats != nullptr && cfg_.stats->evict.load(std::memory_order_acquire) != 0) evict();
     const int n = serve_once();
     if (n > 0) {
       last_work = std::chrono::steady_clock::now();

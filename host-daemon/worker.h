@@ -52,6 +52,7 @@ struct TileBox {
 using TileMaps = std::map<TileKey, std::vector<TileBox>>;
 
 class VmShared;
+struct GuestStats;
 
 // How many objects of each kind one worker (a guest process) may hold at once,
 // so that no guest exhausts its worker's memory or the driver's (--object-limits).
@@ -110,6 +111,10 @@ struct WorkerConfig {
   // it is the VM's, shared by its processes' workers (quota.h).
   std::uint64_t mem_limit = 0;
   ObjectLimits limits;
+  // The guest's status board (board.h), borrowed: calls, copies, memory and
+  // the last error go there, and the daemon asks through it for the guest's
+  // eviction. Null: nothing is reported (tests).
+  GuestStats* stats = nullptr;
   // The BAR is mapped at a random address (docs/security.md, "Addresses the
   // guest learns"). Only tests/fuzz turns it off: in one process that makes
   // millions of workers, every new address under ASan grows the page tables
@@ -126,6 +131,9 @@ class Worker {
   // clean end.
   int run();
   void stop() noexcept { stop_ = true; }
+  // Whether the operator evicted the guest (ivcudactl evict): everything it
+  // held is released, and every call answers CUDA_ERROR_DEVICE_UNAVAILABLE.
+  bool evicted() const noexcept { return evicted_; }
 
   // One pass over the channels (for tests): returns records handled.
   int serve_once();
@@ -484,6 +492,10 @@ class Worker {
   void log_limit(const char* what, std::uint32_t limit) noexcept;
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
+  bool evicted_ = false;
+  void evict();
+  // Counts a handled call on the status board (calls, copied bytes, errors).
+  void account(const ring::Record& rec, CUresult st) noexcept;
   // When the current wait for a parked synchronise began (zero: none).
   std::chrono::steady_clock::time_point parked_since_{};
   // How long a parked synchronise is polled without sleeping.

@@ -6,7 +6,7 @@
 #   tools/install-deps.sh --build  only what building the daemon and library needs
 set -euo pipefail
 build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libseccomp-dev libboost-dev catch2 libcli11-dev nlohmann-json3-dev
-       python3-matplotlib libsystemd-dev)
+       python3-matplotlib libsystemd-dev libmicrohttpd-dev)
 # The fuzz preset's harnesses: libFuzzer comes with clang (Debian 12: clang 14; its runtimes,
 # libFuzzer's included, are libclang-rt-14-dev).
 fuzz=(clang libclang-rt-14-dev)

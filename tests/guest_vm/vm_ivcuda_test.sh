@@ -10,7 +10,8 @@
 # within a second (the double's processes share one "GPU" through
 # IVCUDA_DOUBLE_LEDGER), and that another process's handles are refused;
 # drv_quota that the VM's processes share its quota (--mem-limit 2G), and
-# that a SIGKILLed process's memory returns to it.
+# that a SIGKILLed process's memory returns to it; last, ivcudactl shows the
+# VM and evicts it, and its program sees clean errors.
 #
 # usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
@@ -88,7 +89,8 @@ if [[ $mode == plain ]]; then
 	trap 'cleanup; rm -f "$shm"' EXIT
 fi
 IVCUDA_DOUBLE_LEDGER=$tmp/ledger "$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
-	--staging-size 4M --mem-limit 2G --driver "$driver" "${plain[@]}" >"$tmp/ivcudad.log" 2>&1 &
+	--staging-size 4M --mem-limit 2G --driver "$driver" --control-socket "$tmp/control.sock" "${plain[@]}" \
+	>"$tmp/ivcudad.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do
 	[[ -S $sock ]] && break
@@ -103,6 +105,27 @@ if [[ $mode == plain ]]; then  # the daemon formats the memory file, then says s
 	grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" || { cat "$tmp/ivcudad.log"; echo "FAIL: no ivshmem-plain worker"; exit 1; }
 fi
 
+# The operator's side of a VM: once the guest's last program holds its
+# 77 MiB, ivcudactl shows the VM and evicts it; that program then sees every
+# call fail with CUDA_ERROR_DEVICE_UNAVAILABLE (drv_quota --until-evicted).
+evict_vm() {
+	local ctl=$build/host-daemon/ivcudactl seen=0 id
+	for _ in $(seq 1500); do
+		id=$("$ctl" --socket "$tmp/control.sock" status --json 2>/dev/null | python3 -c '
+import json, sys
+g = [x for x in json.load(sys.stdin)["guests"] if x["mem_used_bytes"] == 77 << 20 and x["mode"].startswith("vm")]
+print(g[0]["id"] if g else "")')
+		if [[ -n $id ]]; then seen=$((seen + 1)); else seen=0; fi
+		if [[ $seen -ge 2 ]]; then
+			"$ctl" --socket "$tmp/control.sock" status >"$tmp/vm_status" 2>&1
+			"$ctl" --socket "$tmp/control.sock" evict "$id" >"$tmp/vm_evict" 2>&1
+			return
+		fi
+		sleep 0.2
+	done
+}
+evict_vm &
+evicter=$!
 rc=0
 "$guest/run-in-guest.sh" --image "$image" "${device[@]}" --timeout 150 \
 	"export LD_LIBRARY_PATH=/opt/ivcuda/lib &&
@@ -132,7 +155,12 @@ rc=0
 	 drv_quota --quota-mib 2048 --others-mib 300 &&
 	 kill -9 %1 && wait &&
 	 drv_quota --quota-mib 2048 &&
-	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles" || rc=$?
+	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles &&
+	 drv_quota --hold-mib 77 --until-evicted" || rc=$?
+wait "$evicter"
+echo "--- ivcudactl status while the VM held 77 MiB, and the eviction"
+cat "$tmp/vm_status" "$tmp/vm_evict" 2>/dev/null
+grep -q "evicted; it holds no device memory" "$tmp/vm_evict" 2>/dev/null || { echo "FAIL: ivcudactl evict did not release the VM"; exit 1; }
 echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"
 # The host side of the SIGKILL: the kernel's exit notice, then the reclaim.

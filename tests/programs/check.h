@@ -58,6 +58,13 @@ inline const char* arg(int argc, char** argv, const char* name) {
   return nullptr;
 }
 
+// Whether argv holds "--name".
+inline bool flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
 }  // namespace check
 
 // The call must return exactly `want`.

@@ -10,7 +10,12 @@
 //   drv_quota --hold-mib N
 //       allocates N MiB, prints "holding N MiB" and waits until killed (for
 //       the VM case: the quota is the VM's, and a killed process's memory
-//       returns to it).
+//       returns to it);
+//   drv_quota --hold-mib N --until-evicted
+//       as --hold-mib, with a copy of 8 MiB every 20 ms (so the guest's call
+//       and copy rates show), until the operator evicts the guest (ivcudactl
+//       evict): then every call answers CUDA_ERROR_DEVICE_UNAVAILABLE and none
+//       hangs; it prints "evicted" and ends with 0.
 // Only meaningful through ivcuda (natively there is no quota): the checks
 // name what a tenant must see.
 #include <unistd.h>
@@ -19,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "check.h"
 
@@ -32,14 +38,34 @@ std::uint64_t free_now() {
   return f;
 }
 
-int hold(std::uint64_t mib) {
+int hold(std::uint64_t mib, bool until_evicted) {
   CUdeviceptr p = 0;
   OK(cuMemAlloc(&p, mib * kMiB));
   OK(cuMemsetD8(p, 1, mib * kMiB));
   OK(cuCtxSynchronize());
   std::printf("holding %llu MiB\n", static_cast<unsigned long long>(mib));
   std::fflush(stdout);
-  for (;;) ::pause();
+  if (!until_evicted)
+    for (;;) ::pause();
+  std::vector<unsigned char> host(8 * kMiB, 7);
+  CUresult st = CUDA_SUCCESS;
+  for (int i = 0; i < 3000 && st == CUDA_SUCCESS; ++i) {
+    st = cuMemcpyHtoD(p, host.data(), host.size());
+    if (st == CUDA_SUCCESS) st = cuCtxSynchronize();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, st);
+  // Nothing works from here on, and nothing hangs: a pageable copy's staged
+  // chunks still come back, a new allocation is refused.
+  CUdeviceptr q = 0;
+  EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuMemAlloc(&q, kMiB));
+  EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuMemcpyDtoH(host.data(), p, host.size()));
+  EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuMemFree(p));
+  CUstream s = nullptr;
+  EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuStreamCreate(&s, 0));
+  EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuCtxSynchronize());
+  std::printf("evicted\n");
+  return check::finish("drv_quota --until-evicted");
 }
 
 }  // namespace
@@ -51,7 +77,8 @@ int main(int argc, char** argv) {
   OK(cuDeviceGet(&d, 0));
   OK(cuDevicePrimaryCtxRetain(&ctx, d));
   OK(cuCtxSetCurrent(ctx));
-  if (const char* h = check::arg(argc, argv, "--hold-mib")) return hold(std::strtoull(h, nullptr, 10));
+  if (const char* h = check::arg(argc, argv, "--hold-mib"))
+    return hold(std::strtoull(h, nullptr, 10), check::flag(argc, argv, "--until-evicted"));
   const char* q = check::arg(argc, argv, "--quota-mib");
   if (q == nullptr) {
     std::fprintf(stderr, "usage: drv_quota --quota-mib N [--others-mib M] | --hold-mib N\n");
