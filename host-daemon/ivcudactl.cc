@@ -37,7 +37,7 @@ void print_table(const ivcuda::host::DaemonStatus& st) {
   std::printf("\n");
   if (st.guests.empty()) return;
   std::vector<std::vector<std::string>> rows{{"GUEST", "MODE", "STATE", "SOCKET", "PID", "PEER", "UID", "GPUS",
-                                              "PROCS", "MEMORY", "CALLS/S", "COPY GB/S", "UPTIME", "LAST ERROR"}};
+                                              "SMS", "PROCS", "MEMORY", "CALLS/S", "COPY GB/S", "UPTIME", "LAST ERROR"}};
   for (const auto& g : st.guests) {
     std::string gpus;
     for (const int d : g.gpus) gpus += (gpus.empty() ? "" : ",") + std::to_string(d);
@@ -47,7 +47,8 @@ void print_table(const ivcuda::host::DaemonStatus& st) {
     std::snprintf(copy, sizeof copy, "%.2f", g.copy_bytes_per_s / 1e9);
     rows.push_back({std::to_string(g.id), g.mode, g.state, g.socket, std::to_string(g.pid),
                     g.peer_pid > 0 ? std::to_string(g.peer_pid) : "-", std::to_string(g.uid),
-                    gpus.empty() ? "all" : gpus, std::to_string(g.processes), mem, rate, copy, duration(g.uptime_s),
+                    gpus.empty() ? "all" : gpus, g.compute == 0 ? "-" : std::to_string(g.compute) + "%",
+                    std::to_string(g.processes), mem, rate, copy, duration(g.uptime_s),
                     g.last_error.empty() ? "-" : g.last_error});
   }
   std::vector<std::size_t> width(rows[0].size(), 0);

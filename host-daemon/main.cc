@@ -34,6 +34,7 @@
 #include "host-daemon/board.h"
 #include "host-daemon/control.h"
 #include "host-daemon/log.h"
+#include "host-daemon/mps.h"
 #ifdef IVCUDA_HAVE_METRICS
 #include "host-daemon/metrics.h"
 #endif
@@ -109,6 +110,10 @@ struct Options {
   bool control_socket_given = false;     // on the command line or in the config file
   std::string control_group;             // --control-group: who besides root may use it
   std::string metrics_listen;            // --metrics-listen ADDR:PORT; "": off
+  bool mps = false;                      // --mps: workers are MPS clients (host-daemon/mps.h)
+  ivcuda::host::MpsConfig mps_cfg;       // --mps-pipe-dir, --mps-log-dir
+  unsigned compute = 100;                // --compute-share: % of the SMs per guest under MPS
+  std::uint64_t mps_headroom = 2ull << 30;  // --mps-mem-headroom: MPS's memory cap is quota + this
 };
 
 // --object-limits KIND=N[,KIND=N...]: how many objects of a kind one guest
@@ -147,8 +152,10 @@ struct SocketSpec {
   std::string path;
   std::vector<int> gpus;
   std::uint64_t mem_limit = 0;
+  unsigned compute = 100;  // % of the SMs under --mps
 };
-bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, SocketSpec* out, std::string* err);
+bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, unsigned default_compute,
+                       SocketSpec* out, std::string* err);
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
   std::vector<int> out;
@@ -167,7 +174,8 @@ std::vector<int> parse_gpus(const std::string& s, std::string* err) {
   return out;
 }
 
-bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, SocketSpec* out, std::string* err) {
+bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, unsigned default_compute,
+                       SocketSpec* out, std::string* err) {
   std::vector<std::string> parts;
   std::stringstream ss(spec);
   std::string item;
@@ -182,10 +190,21 @@ bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, Soc
   out->gpus = parse_gpus(head.substr(eq + 1), err);
   if (!err->empty()) return false;
   out->mem_limit = default_limit;
+  out->compute = default_compute;
   for (std::size_t i = 1; i < parts.size(); ++i) {
     const auto kv = parts[i].find('=');
     const std::string key = parts[i].substr(0, kv);
     std::string value = kv == std::string::npos ? std::string() : parts[i].substr(kv + 1);
+    if (key == "compute" && !value.empty()) {
+      char* end = nullptr;
+      const unsigned long pct = std::strtoul(value.c_str(), &end, 10);
+      if (*end != '\0' || pct < 1 || pct > 100) {
+        *err = "compute: '" + value + "' is not a percentage from 1 to 100";
+        return false;
+      }
+      out->compute = static_cast<unsigned>(pct);
+      continue;
+    }
     if (key != "mem-limit" || value.empty()) {
       *err = "unknown setting '" + parts[i] + "'";
       return false;
@@ -293,7 +312,7 @@ int serve_one(const Options& o, ivcuda::host::WorkerConfig cfg, long long id) {
 int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem_limit,
                const ivcuda::ring::Layout& layout, std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g,
                int shm_fd, int broker_fd, ivcuda::host::TenantShare* share, pid_t peer_pid,
-               ivcuda::host::GuestStats* stats) {
+               ivcuda::host::GuestStats* stats, const std::vector<std::string>& driver_env) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   keep_only_share(share);
@@ -312,6 +331,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem
   cfg.mem_limit = mem_limit;
   cfg.limits = o.limits;
   cfg.stats = stats;
+  cfg.driver_env = driver_env;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.broker_fd = broker_fd;
   sc.peer_pid = peer_pid;
@@ -325,7 +345,8 @@ int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem
 pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
                          std::uint64_t generation, const std::string& path, std::int64_t id,
                          ivcuda::host::GuestStats* stats, ivcuda::host::TenantShare* share,
-                         ivcuda::host::FdBroker& broker, const std::function<void()>& forget_in_child) {
+                         ivcuda::host::FdBroker& broker, const std::function<void()>& forget_in_child,
+                         const std::vector<std::string>& driver_env) {
   ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
     IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
@@ -365,6 +386,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.mem_limit = o.mem_limit;
   cfg.limits = o.limits;
   cfg.stats = stats;
+  cfg.driver_env = driver_env;
   cfg.spin = std::chrono::microseconds(o.spin_us);
   cfg.poll_only = true;
   cfg.poll_interval = std::chrono::microseconds(o.poll_us);
@@ -378,7 +400,8 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
 // --join: we are one peer of somebody else's ivshmem-server. Its memory is
 // shared by all its peers, so we serve the first guest that appears, then
 // the next one after it left.
-int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t generation) {
+int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t generation,
+             const std::vector<std::string>& driver_env) {
   // We serve one guest at a time, so a few peers' eventfds are all we need:
   // peers beyond them cannot run the daemon out of descriptors.
   auto client = ivcuda::ivshmem::ivshmem_connect(o.join, std::chrono::milliseconds(5000), o.vectors, {},
@@ -453,6 +476,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       cfg.devices = gpus;
       cfg.mem_limit = o.mem_limit;
       cfg.limits = o.limits;
+      cfg.driver_env = driver_env;
       cfg.spin = std::chrono::microseconds(o.spin_us);
       ::_exit(serve_one(o, std::move(cfg), static_cast<long long>(guest)));
     }
@@ -577,6 +601,23 @@ void define_options(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--control-group", o.control_group,
                  "group whose members may use the control socket (its mode becomes 0660)");
+  app.add_flag("--mps", o.mps,
+               "run every worker as a client of NVIDIA MPS (started here, or joined), so guests' kernels share "
+               "the GPU side by side with --compute-share of its SMs each (docs/operating.md)");
+  app.add_option("--compute-share", o.compute,
+                 "with --mps: the percentage of the GPU's SMs one guest may use (per socket: "
+                 "--guest-socket ...:compute=N)")
+      ->check(CLI::Range(1u, 100u))
+      ->capture_default_str();
+  app.add_option("--mps-pipe-dir", o.mps_cfg.pipe_dir, "with --mps: the MPS control daemon's pipe directory")
+      ->capture_default_str();
+  app.add_option("--mps-log-dir", o.mps_cfg.log_dir, "with --mps: the MPS control daemon's log directory")
+      ->capture_default_str();
+  app.add_option("--mps-mem-headroom", o.mps_headroom,
+                 "with --mps and a quota: MPS caps each guest's device memory at its quota plus this (contexts "
+                 "and code take memory that the quota does not count)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   app.add_option("--metrics-listen", o.metrics_listen,
                  "serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. 127.0.0.1:9400 (DCGM-style names)");
 }
@@ -632,13 +673,30 @@ int main(int argc, char** argv) {
     IVLOG_ERROR("bad memory layout: %s", layout.error().what.c_str());
     return 2;
   }
+  // --mps: one MPS control daemon for every worker; each worker's driver
+  // loads as its client, with its guest's share of the SMs and memory.
+  std::optional<ivcuda::host::MpsControl> mps;
+  if (o.mps) {
+    auto m = ivcuda::host::MpsControl::start_or_join(o.mps_cfg);
+    if (!m) {
+      IVLOG_ERROR("--mps: %s", m.error().what.c_str());
+      return 1;
+    }
+    mps = std::move(*m);
+  }
+  const int gpu_count = ivcuda::host::count_gpus();
+  auto driver_env = [&](unsigned compute, std::uint64_t mem_limit, const std::vector<int>& grant) {
+    if (!o.mps) return std::vector<std::string>{};
+    return ivcuda::host::mps_client_env(o.mps_cfg, compute, mem_limit == 0 ? 0 : mem_limit + o.mps_headroom, grant,
+                                        gpu_count);
+  };
   if (!o.join.empty()) {
     struct sigaction sj {};
     sj.sa_handler = on_signal;
     ::sigaction(SIGINT, &sj, nullptr);
     ::sigaction(SIGTERM, &sj, nullptr);
     ::signal(SIGPIPE, SIG_IGN);
-    return run_join(o, gpus, new_generation());
+    return run_join(o, gpus, new_generation(), driver_env(o.compute, o.mem_limit, gpus));
   }
   // Listeners: --socket with --gpus, then each --guest-socket with its own.
   struct Listener {
@@ -647,9 +705,11 @@ int main(int argc, char** argv) {
     std::uint64_t mem_limit;
     ivcuda::ivshmem::IvshmemServer server;
     std::unique_ptr<ivcuda::host::TenantShare> share;  // this tenant's shared objects
+    unsigned compute = 100;                // % of the SMs under --mps
   };
   std::vector<Listener> listeners;
-  auto add_listener = [&](const std::string& path, std::vector<int> grant, std::uint64_t mem_limit) {
+  auto add_listener = [&](const std::string& path, std::vector<int> grant, std::uint64_t mem_limit,
+                          unsigned compute) {
     auto server = ivcuda::ivshmem::IvshmemServer::listen(path, o.vectors);
     if (!server) {
       IVLOG_ERROR("cannot listen on %s: %s", path.c_str(), server.error().what.c_str());
@@ -675,19 +735,22 @@ int main(int argc, char** argv) {
         return false;
       }
     }
-    listeners.push_back(Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share)});
+    listeners.push_back(Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share), compute});
     return true;
   };
-  if (!add_listener(o.socket, gpus, o.mem_limit)) return 1;
+  if (!add_listener(o.socket, gpus, o.mem_limit, o.compute)) return 1;
   for (const auto& spec : o.guest_sockets) {
     SocketSpec ss;
     std::string gerr;
-    if (!parse_socket_spec(spec, o.mem_limit, &ss, &gerr)) {
-      IVLOG_ERROR("--guest-socket %s: %s; expected SOCKET=GPUS[:mem-limit=SIZE], e.g. "
-                  "/run/ivcuda/vm2.sock=1:mem-limit=20G", spec.c_str(), gerr.c_str());
+    if (!parse_socket_spec(spec, o.mem_limit, o.compute, &ss, &gerr)) {
+      IVLOG_ERROR("--guest-socket %s: %s; expected SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT], e.g. "
+                  "/run/ivcuda/vm2.sock=1:mem-limit=20G:compute=50", spec.c_str(), gerr.c_str());
       return 2;
     }
-    if (!add_listener(ss.path, ss.gpus, ss.mem_limit)) return 1;
+    if (ss.compute != 100 && !o.mps)
+      IVLOG_WARN("--guest-socket %s: compute=%u takes --mps; without it guests time-slice the whole GPU", spec.c_str(),
+                 ss.compute);
+    if (!add_listener(ss.path, ss.gpus, ss.mem_limit, ss.compute)) return 1;
     std::string grant;
     for (const int g : ss.gpus) grant += (grant.empty() ? "" : ",") + std::to_string(g);
     const std::string quota = ss.mem_limit == 0 ? "no limit" : std::to_string(ss.mem_limit >> 20) + " MiB per guest";
@@ -721,6 +784,7 @@ int main(int argc, char** argv) {
     pid_t peer_pid = 0;   // the connecting process; 0 for plain files
     std::string socket;   // the listener's path, or the ivshmem-plain file
     std::vector<int> gpus;
+    unsigned compute = 0;  // % of the SMs under --mps; 0: no MPS
     std::size_t listener = kNoListener;  // index into listeners; kNoListener: a plain file
     ivcuda::host::TenantShare* share = nullptr;  // its tenant's registry
     // A copy of the guest's connection: when the worker has ended, the
@@ -787,6 +851,7 @@ int main(int argc, char** argv) {
       g.peer_pid = w.peer_pid;
       g.uid = w.uid;
       g.gpus = w.gpus;
+      g.compute = w.compute;
       g.processes = b.processes.load(std::memory_order_relaxed);
       g.mem_used = b.mem_used.load(std::memory_order_relaxed);
       g.mem_limit = b.mem_limit.load(std::memory_order_relaxed);
@@ -846,7 +911,7 @@ int main(int argc, char** argv) {
     for (const auto& spec : fresh.guest_sockets) {
       SocketSpec ss;
       std::string why;
-      if (!parse_socket_spec(spec, fresh.mem_limit, &ss, &why))
+      if (!parse_socket_spec(spec, fresh.mem_limit, fresh.compute, &ss, &why))
         return {{"ok", false}, {"error", "--guest-socket " + spec + ": " + why}};
       limits[ss.path] = ss.mem_limit;
     }
@@ -935,13 +1000,15 @@ int main(int argc, char** argv) {
     }
     GuestBoard* mine = board.get();
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id, &board->stats(),
-                                         plain_shares.back().get(), broker, [&] { forget_in_child(mine); });
+                                         plain_shares.back().get(), broker, [&] { forget_in_child(mine); },
+                                         driver_env(o.compute, o.mem_limit, gpus));
     if (pid < 0) return 1;
     Served s;
     s.id = id;
     s.uid = ::getuid();
     s.socket = o.plain_files[i];
     s.gpus = gpus;
+    s.compute = o.mps ? o.compute : 0;
     s.share = plain_shares.back().get();
     s.board = std::move(board);
     workers[pid] = std::move(s);
@@ -1085,7 +1152,7 @@ int main(int argc, char** argv) {
         forget_in_child(board.get());
         const int rc = run_worker(o, l.gpus, l.mem_limit, *layout, generation, *conn, shm->get(),
                                   broker_end ? broker_end->release() : -1, l.share.get(), cred.pid,
-                                  &board->stats());
+                                  &board->stats(), driver_env(l.compute, l.mem_limit, l.gpus));
         ::_exit(rc);
       }
       Served s;
@@ -1094,6 +1161,7 @@ int main(int argc, char** argv) {
       s.peer_pid = cred.pid;
       s.socket = l.path;
       s.gpus = l.gpus;
+      s.compute = o.mps ? l.compute : 0;
       s.listener = li;
       s.share = l.share.get();
       s.conn = std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0));

@@ -21,6 +21,7 @@ json to_json(const DaemonStatus& s) {
                       {"peer_pid", g.peer_pid},
                       {"uid", g.uid},
                       {"gpus", g.gpus},
+                      {"compute_percent", g.compute},
                       {"processes", g.processes},
                       {"mem_used_bytes", g.mem_used},
                       {"mem_limit_bytes", g.mem_limit},
@@ -56,6 +57,7 @@ DaemonStatus status_from_json(const json& j) {
     g.peer_pid = x.at("peer_pid").get<pid_t>();
     g.uid = x.at("uid").get<uid_t>();
     g.gpus = x.at("gpus").get<std::vector<int>>();
+    g.compute = x.at("compute_percent").get<unsigned>();
     g.processes = x.at("processes").get<std::uint32_t>();
     g.mem_used = x.at("mem_used_bytes").get<std::uint64_t>();
     g.mem_limit = x.at("mem_limit_bytes").get<std::uint64_t>();
@@ -117,6 +119,8 @@ std::string prometheus_text(const DaemonStatus& s) {
        [](const GuestStatus& g) { return static_cast<double>(g.errors); }},
       {"IVCUDA_FI_GUEST_COPY_BYTES_TOTAL", "counter", "Bytes copied between host and device memory.",
        [](const GuestStatus& g) { return static_cast<double>(g.copy_bytes); }},
+      {"IVCUDA_FI_GUEST_COMPUTE_SHARE", "gauge", "Percentage of the SMs the guest may use under MPS (0: no MPS).",
+       [](const GuestStatus& g) { return static_cast<double>(g.compute); }},
       {"IVCUDA_FI_GUEST_PROCESSES", "gauge", "Guest processes served now.",
        [](const GuestStatus& g) { return static_cast<double>(g.processes); }},
       {"IVCUDA_FI_GUEST_EVICTED", "gauge", "1 once the operator evicted the guest.",

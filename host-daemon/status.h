@@ -24,6 +24,7 @@ struct GuestStatus {
   pid_t peer_pid = 0;           // the connecting process (QEMU, or the CUDA program); 0: unknown
   uid_t uid = 0;                // its user
   std::vector<int> gpus;        // host GPUs granted; empty: all
+  unsigned compute = 0;         // % of the SMs under MPS (--mps); 0: no MPS, time-sliced
   std::uint32_t processes = 0;  // guest processes served now
   std::uint64_t mem_used = 0;   // bytes charged to the quota
   std::uint64_t mem_limit = 0;  // bytes; 0: no quota

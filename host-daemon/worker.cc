@@ -88,6 +88,14 @@ Result<void> Worker::init() {
   log::set_prefix(prefix);
   if (cfg_.host_fds.empty() || cfg_.guest_fds.empty())
     return make_error(EINVAL, "worker needs at least one doorbell vector each way");
+  std::string env_note;
+  for (const std::string& kv : cfg_.driver_env) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || ::setenv(kv.substr(0, eq).c_str(), kv.c_str() + eq + 1, 1) != 0)
+      return make_error(EINVAL, "cannot set " + kv + " for the driver");
+    env_note += (env_note.empty() ? "" : " ") + kv;
+  }
+  if (!env_note.empty()) IVLOG_INFO("guest %u: the driver loads with %s", cfg_.guest_id, env_note.c_str());
   IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
   quota_.configure(cfg_.mem_limit, cfg_.vm, cfg_.vm_slot, cfg_.stats);
   // Start-up costs, for the log: what a guest waits for before its hello.

@@ -81,6 +81,9 @@ struct WorkerConfig {
   std::vector<int> guest_fds;      // we ring the guest on these
   int conn_fd = -1;                // the guest's socket: hang-up ends the worker
   std::string driver_path = "libcuda.so.1";
+  // NAME=VALUE pairs set in the worker's process before the driver loads
+  // (an MPS client's settings: host-daemon/mps.h).
+  std::vector<std::string> driver_env;
   std::vector<int> devices;        // host ordinals this guest may use; empty = all
   std::chrono::microseconds spin{200};
   // ivshmem-plain: the guest cannot ring us, so an idle worker wakes up

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# ivcudad --mps against test doubles (the GPU test double for the driver, a
+# fake nvidia-cuda-mps-control): the daemon starts an MPS control daemon
+# with its own directories, or joins one that answers there; each worker's
+# driver loads as an MPS client with its socket's share of the SMs and a
+# memory cap of its quota plus the headroom; a daemon that started MPS stops
+# it, one that joined leaves it; bad shares are refused. The GPU machine's
+# tests/gpu/run_mps_share.sh measures what the shares do on the H200.
+#   run_mps_test.sh BUILD_DIR DRIVER_LIB
+set -u
+build=$(cd "$1" && pwd)
+driver=$2
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$build/tests/bin
+work=$(mktemp -d /tmp/ivcuda-mps.XXXXXX)
+daemon_pid=
+# shellcheck source=../lib/verdicts.sh
+. "$here/../lib/verdicts.sh"
+expect_cases 6
+cleanup() {
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# The double, under the real tool's name, first in PATH.
+mkdir -p "$work/bin" "$work/mps" "$work/mpslog"
+ln -s "$here/fake_mps_control.sh" "$work/bin/nvidia-cuda-mps-control"
+export PATH=$work/bin:$PATH
+mpslog=$work/mpslog/control.log
+
+start_daemon() {  # LOG ARGS...
+  local log=$1
+  shift
+  "$build/host-daemon/ivcudad" --socket "$work/a.sock" --driver "$driver" --shm-size 128M --staging-size 4M \
+    --channels 8 --control-socket none --gpus 0 --mps --mps-pipe-dir "$work/mps" --mps-log-dir "$work/mpslog" \
+    "$@" >"$log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 100); do [ -S "$work/a.sock" ] && break; sleep 0.05; done
+}
+stop_daemon() {
+  kill "$daemon_pid" 2>/dev/null
+  wait "$daemon_pid" 2>/dev/null
+  daemon_pid=
+}
+run_guest() {  # SOCKET
+  IVCUDA_SOCKET=$1 LD_LIBRARY_PATH=$build/lib timeout 60 "$bin/drv_core" >"$work/out" 2>&1 || { cat "$work/out"; return 1; }
+}
+
+start_daemon "$work/d1.log" --mem-limit 2G --compute-share 50 --guest-socket "$work/b.sock=0:mem-limit=1536M:compute=25"
+grep -q "^start pipe=$work/mps log=$work/mpslog" "$mpslog" 2>/dev/null && grep -q "MPS: started a control daemon" "$work/d1.log"
+verdict "--mps starts an MPS control daemon with the daemon's own directories" $?
+run_guest "$work/a.sock" &&
+  grep -q "the driver loads with CUDA_MPS_PIPE_DIRECTORY=$work/mps CUDA_MPS_LOG_DIRECTORY=$work/mpslog CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M" "$work/d1.log"
+verdict "a worker loads its driver as an MPS client: --compute-share 50, memory capped at quota + 2 GiB headroom" $?
+run_guest "$work/b.sock" &&
+  grep -q "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3584M" "$work/d1.log"
+verdict "a --guest-socket's compute=25 and mem-limit reach its workers" $?
+stop_daemon
+grep -q "^command quit" "$mpslog"
+verdict "a daemon that started MPS stops it" $?
+
+: >"$work/mps/control"  # one that another runs
+: >"$mpslog"
+start_daemon "$work/d2.log"
+run_guest "$work/a.sock"
+stop_daemon
+grep -q "MPS: joined the control daemon" "$work/d2.log" && ! grep -q "^start\|^command quit" "$mpslog" &&
+  grep -q "the driver loads with CUDA_MPS_PIPE_DIRECTORY=$work/mps CUDA_MPS_LOG_DIRECTORY=$work/mpslog\$" "$work/d2.log"
+verdict "a running MPS control daemon is joined and left running; 100 % and no quota set nothing more" $?
+
+timeout 20 "$build/host-daemon/ivcudad" --socket "$work/c.sock" --driver "$driver" --control-socket none \
+  --guest-socket "$work/d.sock=0:compute=101" >"$work/bad" 2>&1
+[ $? -eq 2 ] && grep -q "compute: '101' is not a percentage from 1 to 100" "$work/bad"
+verdict "a share that is not a percentage is refused" $?
+finish
