@@ -2,6 +2,7 @@
 
 #include <elf.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -43,7 +44,8 @@ bool table_fits(std::uint64_t off, std::uint64_t count, std::uint64_t entsize, s
 // An ELF image (a cubin): the header, the program and section header tables,
 // every program segment's and every section's file extent, section links and
 // the string tables' terminators.
-std::optional<std::string> check_elf(std::span<const std::byte> s) {
+std::optional<std::string> check_elf(std::span<const std::byte> s, std::uint64_t* alloc) {
+  *alloc = 0;
   const std::uint64_t size = s.size();
   if (size < sizeof(Elf64_Ehdr)) return "an ELF image shorter than its header";
   const auto* ident = reinterpret_cast<const unsigned char*>(s.data());
@@ -86,6 +88,7 @@ std::optional<std::string> check_elf(std::span<const std::byte> s) {
     if (sh.sh_type != SHT_NOBITS && !within(sh.sh_offset, sh.sh_size, size))
       return "ELF section " + std::to_string(i) + " outside the image";
     if (sh.sh_link >= shnum && i != 0) return "ELF section " + std::to_string(i) + " links to a missing section";
+    if ((sh.sh_flags & SHF_ALLOC) != 0) *alloc = sh.sh_size > ~*alloc ? ~0ull : *alloc + sh.sh_size;
     const bool strtab = sh.sh_type == SHT_STRTAB || (i == shstrndx && shstrndx != SHN_UNDEF);
     if (strtab && sh.sh_size != 0 && s[sh.sh_offset + sh.sh_size - 1] != std::byte{0})
       return "ELF string table " + std::to_string(i) + " not terminated";
@@ -103,7 +106,8 @@ std::optional<std::string> check_elf(std::span<const std::byte> s) {
   return std::nullopt;
 }
 
-std::optional<std::string> check_fatbin(std::span<const std::byte> s) {
+std::optional<std::string> check_fatbin(std::span<const std::byte> s, std::uint64_t* largest) {
+  *largest = 0;
   if (s.size() < kFatbinHeaderBytes) return "a fatbin shorter than its header";
   const auto header_size = load<std::uint16_t>(s, 6);
   const auto payload_size = load<std::uint64_t>(s, 8);
@@ -123,7 +127,11 @@ std::optional<std::string> check_fatbin(std::span<const std::byte> s) {
       return "a fatbin entry that overruns the fatbin";
     const bool compressed = (flags & kFatbinCompressedFlags) != 0 || uncompressed != 0;
     if (kind == kFatbinKindElf && !compressed) {
-      if (auto why = check_elf(s.subspan(off + entry_header, entry_payload))) return "in a fatbin: " + *why;
+      std::uint64_t alloc = 0;
+      if (auto why = check_elf(s.subspan(off + entry_header, entry_payload), &alloc)) return "in a fatbin: " + *why;
+      *largest = std::max(*largest, alloc);
+    } else if (kind == kFatbinKindElf) {
+      *largest = std::max(*largest, uncompressed);
     }
     off += entry_header + entry_payload;
   }
@@ -139,13 +147,14 @@ ImageVerdict check_image(std::span<const std::byte> image) {
   if (body.size() >= sizeof magic) magic = load<std::uint32_t>(body, 0);
   if (magic == kFatbinWrapperMagic)
     return refuse(ImageKind::kFatbin, "a fatbin wrapper (it holds a pointer, which the guest unwraps itself)");
+  std::uint64_t bytes = 0;
   if (magic == kFatbinMagic) {
-    if (auto why = check_fatbin(body)) return refuse(ImageKind::kFatbin, *why);
-    return ImageVerdict{true, ImageKind::kFatbin, {}};
+    if (auto why = check_fatbin(body, &bytes)) return refuse(ImageKind::kFatbin, *why);
+    return ImageVerdict{true, ImageKind::kFatbin, {}, bytes};
   }
   if (body.size() >= 4 && std::memcmp(body.data(), ELFMAG, SELFMAG) == 0) {
-    if (auto why = check_elf(body)) return refuse(ImageKind::kElf, *why);
-    return ImageVerdict{true, ImageKind::kElf, {}};
+    if (auto why = check_elf(body, &bytes)) return refuse(ImageKind::kElf, *why);
+    return ImageVerdict{true, ImageKind::kElf, {}, bytes};
   }
   // PTX: text, terminated by the NUL the worker appended.
   return ImageVerdict{true, ImageKind::kPtx, {}};

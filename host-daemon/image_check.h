@@ -21,6 +21,12 @@ struct ImageVerdict {
   bool ok = false;
   ImageKind kind = ImageKind::kPtx;
   std::string why;  // set when !ok: what was wrong, for the log
+  // What loading it takes of device memory, as the image declares it (the
+  // device-memory quota charges it, quota.h): an ELF's allocated sections,
+  // code and globals with their uninitialised ones; a fatbin's largest
+  // cubin (the driver loads one), a compressed one by its declared
+  // uncompressed size. PTX: 0 - the JIT's output is not known beforehand.
+  std::uint64_t device_bytes = 0;
 };
 
 inline constexpr std::uint32_t kFatbinMagic = 0xBA55ED50u;

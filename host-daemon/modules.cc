@@ -27,17 +27,23 @@ CUresult Worker::on_ModuleLoad(Call& c) {
   image[r.bytes] = '\0';
   // The driver takes the image without a length and believes its own size
   // fields: every extent it declares must lie within the copy.
-  if (const auto v = check_image(std::as_bytes(std::span(image))); !v.ok) {
+  const auto v = check_image(std::as_bytes(std::span(image)));
+  if (!v.ok) {
     IVLOG_WARN("guest %u: module image of %llu bytes refused: %s", cfg_.guest_id,
                static_cast<unsigned long long>(r.bytes), v.why.c_str());
     return CUDA_ERROR_INVALID_IMAGE;
   }
+  // Its code and globals count against the guest's quota, as the image
+  // declares them (image_check.h).
+  Charge charge = quota_.take(v.device_bytes);
+  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   CUmodule m = nullptr;
   const CUresult st = cu_.cuModuleLoadData(&m, image.data());
   if (st != CUDA_SUCCESS) return st;
   ModuleEntry e;
   e.real = m;
   e.ctx = r.ctx;
+  e.charge = std::move(charge);
   c.set_reply(RepHandle{modules_.insert(std::move(e))});
   return CUDA_SUCCESS;
 }

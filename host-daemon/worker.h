@@ -168,6 +168,7 @@ class Worker {
     std::uint64_t ctx = 0;
     std::map<std::string, std::uint64_t> functions;  // name -> function handle
     std::vector<std::uint64_t> globals;              // device ranges of globals
+    Charge charge;                                   // its code and globals (quota.h)
   };
   struct StreamEntry {
     CUstream real = nullptr;

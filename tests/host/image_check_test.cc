@@ -69,6 +69,23 @@ TEST_CASE("images nvcc makes pass the check", "[host][image]") {
   }
 }
 
+TEST_CASE("an image declares the device memory its code and globals take", "[host][image][quota]") {
+  constexpr std::uint64_t kBig = 512ull << 20;  // big_global.cu's uninitialised array
+  for (const char* file : {"big.cubin", "big_plain.fatbin"}) {
+    INFO(file);
+    const auto v = check_image(image_file(file));
+    REQUIRE(v.ok);
+    CHECK(v.device_bytes >= kBig);
+    CHECK(v.device_bytes < kBig + (1u << 20));
+  }
+  const auto k = check_image(image_file("k.cubin"));
+  REQUIRE(k.ok);
+  CHECK(k.device_bytes > 0);
+  CHECK(k.device_bytes < (1u << 20));
+  CHECK(check_image(image_file("k_plain.fatbin")).device_bytes == k.device_bytes);
+  CHECK(check_image(image_file("k.ptx")).device_bytes == 0);  // what the JIT makes is not known before
+}
+
 TEST_CASE("a fatbin whose sizes reach past the bytes received is refused", "[host][image]") {
   for (const char* file : {"k.fatbin", "k_plain.fatbin"}) {
     INFO(file);

@@ -49,8 +49,9 @@ run_guest() {  # SOCKET PROGRAM ARGS...
   return $rc
 }
 
-run_guest "$sock" "$bin/drv_quota" --quota-mib 256
-verdict "mem-limit 256M (config file): the guest's total is 256 MiB, refused past it on every path" $?
+images=$build/tests/host/images
+run_guest "$sock" "$bin/drv_quota" --quota-mib 256 --big-module "$images/big.cubin" --module "$images/k_plain.fatbin"
+verdict "mem-limit 256M (config file): the guest's total is 256 MiB, refused past it on every path, modules included" $?
 run_guest "$sock_b" "$bin/drv_quota" --quota-mib 128
 verdict "guest-socket ...:mem-limit=128M (config file): that socket's guests get 128 MiB" $?
 

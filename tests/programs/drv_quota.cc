@@ -6,7 +6,9 @@
 //       and stream-ordered allocations, cuMemCreate, arrays, graph memory
 //       nodes - is refused with CUDA_ERROR_OUT_OF_MEMORY past it, and nothing
 //       else is disturbed: the context keeps working, and freed memory returns
-//       to the quota at once;
+//       to the quota at once; with --big-module IMAGE (globals past the
+//       quota) and --module IMAGE (one that fits), that a module's code
+//       and globals count too;
 //   drv_quota --hold-mib N
 //       allocates N MiB, prints "holding N MiB" and waits until killed (for
 //       the VM case: the quota is the VM's, and a killed process's memory
@@ -182,5 +184,23 @@ int main(int argc, char** argv) {
   EXPECT_RES(CUDA_ERROR_OUT_OF_MEMORY, cuMemAlloc(&b, kMiB));
   OK(cuMemFree(a));
   OK(cuStreamDestroy(s));
+
+  // A module's globals count: one declaring more than the quota (512 MiB,
+  // tests/host/big_global.cu) is refused, one that fits is charged while loaded.
+  if (const char* big = check::arg(argc, argv, "--big-module")) {
+    const std::string image = check::read_file(big);
+    EXPECT(!image.empty());
+    CUmodule m = nullptr;
+    EXPECT_RES(CUDA_ERROR_OUT_OF_MEMORY, cuModuleLoadData(&m, image.data()));
+    EXPECT(free_now() == room);
+  }
+  if (const char* small = check::arg(argc, argv, "--module")) {
+    const std::string image = check::read_file(small);
+    CUmodule m = nullptr;
+    OK(cuModuleLoadData(&m, image.data()));
+    EXPECT(free_now() < room);
+    OK(cuModuleUnload(m));
+    EXPECT(free_now() == room);
+  }
   return check::finish("drv_quota");
 }
