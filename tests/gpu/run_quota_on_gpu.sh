@@ -2,7 +2,7 @@
 # Two guests under device-memory quotas on the GPU machine (process mode):
 # PyTorch and JAX at once, each a guest with --mem-limit 20G. Each sizes
 # itself to its quota, is refused cleanly past it, and the other is
-# unaffected; nvidia-smi shows what the two hold meanwhile.
+# unaffected; nvidia-smi and ivcudactl status show what the two hold meanwhile.
 #   run_quota_on_gpu.sh BUILD_DIR
 set -u
 build=$(cd "${1:-build/gpu}" && pwd)
@@ -12,8 +12,9 @@ mkdir -p "$out"
 . "$root/tests/lib/verdicts.sh"
 py=${PYTHON:-python3}
 sock=/tmp/ivcuda-quota.sock
+ctl=/tmp/ivcuda-quota.ctl
 rm -f "$sock"
-"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 2G --mem-limit 20G --driver libcuda.so.1 \
+"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 2G --mem-limit 20G --driver libcuda.so.1 --control-socket "$ctl" \
   >"$out/ivcudad.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
@@ -28,7 +29,11 @@ guest jax quota_jax.py & j=$!
 peak=0
 while kill -0 $t 2>/dev/null || kill -0 $j 2>/dev/null; do
   used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
-  [ -n "$used" ] && [ "$used" -gt "$peak" ] && { peak=$used; nvidia-smi >"$out/nvidia-smi.txt" 2>&1; }
+  [ -n "$used" ] && [ "$used" -gt "$peak" ] && {
+    peak=$used
+    nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+    "$build/host-daemon/ivcudactl" --socket "$ctl" status >"$out/ivcudactl.txt" 2>&1
+  }
   sleep 0.5
 done
 wait $t; rt=$?
@@ -40,6 +45,8 @@ verdict "PyTorch in a guest with a 20 GiB quota: sized to it, refused past it, w
 verdict "JAX at the same time in another guest with a 20 GiB quota: its pool is 75 % of the quota" $rj
 echo "GPU memory used at the peak (nvidia-smi, both guests and their workers): $peak MiB"
 grep -E "MiB|python|ivcudad" "$out/nvidia-smi.txt" | head -12
+echo "ivcudactl status at the peak:"
+cat "$out/ivcudactl.txt"
 ! grep -q "died of signal" "$out/ivcudad.log"
 verdict "ivcudad served both to the end" $?
 finish

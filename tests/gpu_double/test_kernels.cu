@@ -56,6 +56,20 @@ extern "C" __global__ void ivc_spin_ns(unsigned long long ns) {
   } while (now - start < ns);
 }
 
+// Compute-bound: `iters` rounds of four independent FMA chains per thread
+// (bench/compute_share.cc measures SM shares with it). The result is stored
+// so that the compiler keeps the work.
+extern "C" __global__ void ivc_fma_loop(float* out, int iters) {
+  float a = threadIdx.x * 1e-3f, b = blockIdx.x * 1e-3f, c = 1.0f, d = 0.5f;
+  for (int i = 0; i < iters; ++i) {
+    a = fmaf(a, 0.999f, 0.001f);
+    b = fmaf(b, 0.998f, 0.002f);
+    c = fmaf(c, 0.997f, 0.003f);
+    d = fmaf(d, 0.996f, 0.004f);
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = a + b + c + d;
+}
+
 extern "C" __global__ void ivc_fault(int* p) { *p = 42; }
 
 // Mapped host memory shared without API calls (cuMemHostRegister): spins until the CPU
