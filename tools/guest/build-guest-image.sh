@@ -7,6 +7,7 @@
 #
 # usage: build-guest-image.sh OUTDIR [--add SRC:DEST]... [--add-bin SRC[:DEST]]...
 #        build-guest-image.sh --check
+#        build-guest-image.sh --kver
 #
 #   --add SRC:DEST      copy file or directory SRC to DEST (absolute) in the image
 #   --add-bin SRC[:DEST]
@@ -15,6 +16,8 @@
 #                       for it, each at its host path, and the dynamic loader
 #   --check             print what is missing to build and boot a guest; exit
 #                       status 0 when nothing is
+#   --kver              print the kernel version the image boots (what a
+#                       module for the guest, e.g. a DKMS build, must target)
 #
 # The kernel is the newest installed linux-image-<ver>-amd64 package that has
 # its linux-headers-<ver>-amd64 next to it (IVCUDA_GUEST_KVER overrides). Never
@@ -66,6 +69,12 @@ if [[ ${1:-} == --check ]]; then
 	[[ -z $m ]] && exit 0
 	echo "$m"
 	exit 1
+fi
+if [[ ${1:-} == --kver ]]; then
+	kver=$(detect_kver)
+	[[ -n $kver ]] || die "no kernel with headers installed (apt-get install linux-image-amd64 linux-headers-amd64)"
+	echo "$kver"
+	exit 0
 fi
 
 [[ $# -ge 1 && $1 != -* ]] || die "usage: build-guest-image.sh OUTDIR [--add SRC:DEST]... [--add-bin SRC[:DEST]]..."
