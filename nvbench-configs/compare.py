@@ -1,28 +1,35 @@
 #!/usr/bin/env python3
-"""Compare two NVBench `--json` result files: a native run and a run through ivcuda.
+"""Compare NVBench `--json` result files: a native run and one or more other runs of the same
+benchmarks (through ivcuda in process mode, in a guest, in a VFIO passthrough guest).
 
-Usage: compare.py [--json OUT] NATIVE.json GUEST.json
+Usage: compare.py [--json OUT] [--plot PNG] NATIVE.json [LABEL=]RUN.json...
 
 States are matched by benchmark name and state name (NVBench's "Device=0 Duration=0.0001"
-string). For each matched state it prints cold GPU time, cold CPU time and batch GPU time of
-both runs, their guest/native ratios, and the overhead per task: guest cold CPU mean minus
-native cold CPU mean. A cold sample is one isolated launch timed on the CPU from submission
-to completion, so that difference is what forwarding adds to every synchronous task.
+string). For each matched state it prints cold GPU time, cold CPU time, batch GPU time and
+bandwidth of every run, each run's ratio to native, and each run's overhead per task: its cold
+CPU mean minus the native cold CPU mean. A cold sample is one isolated launch timed on the CPU
+from submission to completion, so that difference is what forwarding adds to every synchronous
+task. A run given without LABEL= is called "guest" when it is the only one, else by its file name.
 
-Exit status: 0 on success, 1 if OUT cannot be written, 2 on unreadable or invalid input.
-Standard library only, so that it runs in a bare guest.
+--plot draws the ratios (matplotlib; without it the plot is left out, saying so, and the rest
+goes on). Exit status: 0 on success, 1 if OUT or PNG cannot be written, 2 on unreadable or
+invalid input. The comparison itself needs the standard library only, so that it runs in a bare
+guest.
 """
 
 import argparse
 import json
 import math
+import os
 import sys
 
-# (key, summary tag, label): the summaries compared, in print order.
+# (key, summary tag, label, unit): the summaries compared, in print order. Times are in seconds,
+# bandwidth in bytes per second (NVBench's global memory bandwidth, from the cold GPU time).
 METRICS = (
-    ("cold_gpu", "nv/cold/time/gpu/mean", "cold GPU time"),
-    ("cold_cpu", "nv/cold/time/cpu/mean", "cold CPU time"),
-    ("batch_gpu", "nv/batch/time/gpu/mean", "batch GPU time"),
+    ("cold_gpu", "nv/cold/time/gpu/mean", "cold GPU time", "s"),
+    ("cold_cpu", "nv/cold/time/cpu/mean", "cold CPU time", "s"),
+    ("batch_gpu", "nv/batch/time/gpu/mean", "batch GPU time", "s"),
+    ("bandwidth", "nv/cold/bw/global/bytes_per_second", "bandwidth", "B/s"),
 )
 
 # json_printer writes meta.version.json; 1.x is the list-of-summaries layout read here.
@@ -69,7 +76,7 @@ def _summary_values(path, where, summaries):
     if summaries is None:  # json_printer leaves a state without summaries as null.
         return found
     _expect(isinstance(summaries, list), path, where, "'summaries' is not a list")
-    wanted = {tag: key for key, tag, _ in METRICS}
+    wanted = {tag: key for key, tag, _, _ in METRICS}
     for i, summ in enumerate(summaries):
         swhere = f"{where}, summary {i}"
         _expect(isinstance(summ, dict), path, swhere, "not an object")
@@ -162,47 +169,56 @@ def _key(rec):
     return (rec["benchmark"], rec["state"], rec["occurrence"])
 
 
-def _ratio(native, guest):
-    if native is None or guest is None or native <= 0.0:
+def _ratio(native, other):
+    if native is None or other is None or native <= 0.0:
         return None
-    return guest / native
+    return other / native
 
 
-def compare(native_records, guest_records):
-    """Match states and compute the comparison; values in seconds, None where missing."""
-    guest_by_key = {_key(r): r for r in guest_records}
+def compare(native_records, runs):
+    """Match states and compute the comparison; values in seconds (bandwidth in B/s), None
+    where missing. `runs` is a list of (label, records) in column order."""
+    by_key = [(label, {_key(r): r for r in records}) for label, records in runs]
     native_keys = {_key(r) for r in native_records}
     rows = []
     for nat in native_records:
-        gst = guest_by_key.get(_key(nat))
-        if gst is None:
+        others = [(label, table.get(_key(nat))) for label, table in by_key]
+        others = [(label, rec) for label, rec in others if rec is not None]
+        if not others:
             continue
         metrics = {}
-        for key, _, _ in METRICS:
+        for key, _, _, _ in METRICS:
             n = nat["values"].get(key)
-            g = gst["values"].get(key)
-            metrics[key] = {"native": n, "guest": g, "ratio": _ratio(n, g)}
-        n_cpu = metrics["cold_cpu"]["native"]
-        g_cpu = metrics["cold_cpu"]["guest"]
-        overhead = None if n_cpu is None or g_cpu is None else g_cpu - n_cpu
+            metrics[key] = {"native": n, "runs": {
+                label: {"value": rec["values"].get(key),
+                        "ratio": _ratio(n, rec["values"].get(key))}
+                for label, rec in others}}
+        n_cpu = nat["values"].get("cold_cpu")
+        overhead = {}
+        for label, rec in others:
+            o_cpu = rec["values"].get("cold_cpu")
+            overhead[label] = None if n_cpu is None or o_cpu is None else o_cpu - n_cpu
         rows.append({
             "benchmark": nat["benchmark"],
             "state": nat["state"],
             "occurrence": nat["occurrence"],
             "native_skipped": nat["skip_reason"] if nat["skipped"] else None,
-            "guest_skipped": gst["skip_reason"] if gst["skipped"] else None,
+            "skipped": {label: (rec["skip_reason"] if rec["skipped"] else None)
+                        for label, rec in others},
             "metrics": metrics,
             "overhead_per_task_s": overhead,
         })
 
-    def only(records, other_keys):
-        return [{"benchmark": r["benchmark"], "state": r["state"], "occurrence": r["occurrence"]}
-                for r in records if _key(r) not in other_keys]
+    def title(r):
+        return {"benchmark": r["benchmark"], "state": r["state"], "occurrence": r["occurrence"]}
 
+    every_run = set().union(*(set(table) for _, table in by_key)) if by_key else set()
     return {
+        "labels": [label for label, _ in runs],
         "states": rows,
-        "native_only": only(native_records, set(guest_by_key)),
-        "guest_only": only(guest_records, native_keys),
+        "native_only": [title(r) for r in native_records if _key(r) not in every_run],
+        "only": {label: [title(r) for r in records if _key(r) not in native_keys]
+                 for label, records in runs},
     }
 
 
@@ -211,67 +227,171 @@ def _title(rec):
     return f"{rec['benchmark']} [{rec['state']}]{suffix}"
 
 
-def _us(seconds):
-    return "-" if seconds is None else f"{seconds * 1e6:.3f} us"
+def _show(value, unit):
+    if value is None:
+        return "-"
+    if unit == "B/s":
+        return f"{value / 1e9:.3f} GB/s"
+    return f"{value * 1e6:.3f} us"
 
 
-def render(result, native_path, guest_path):
-    out = [f"native: {native_path}", f"guest:  {guest_path}", ""]
+def render(result, native_path, paths):
+    labels = result["labels"]
+    out = [f"native: {native_path}"]
+    out += [f"{label}: {paths[label]}" for label in labels]
+    out.append("")
+    header = f"  {'':<16}{'native':>16}"
+    for label in labels:
+        header += f"{label:>16}{label + '/native':>{max(14, len(label) + 9)}}"
     for row in result["states"]:
         out.append(_title(row))
-        for side in ("native", "guest"):
-            reason = row[f"{side}_skipped"]
+        if row["native_skipped"] is not None:
+            out.append(f"  native run skipped this state: {row['native_skipped'] or 'no reason given'}")
+        for label in labels:
+            reason = row["skipped"].get(label)
             if reason is not None:
-                out.append(f"  {side} run skipped this state: {reason or 'no reason given'}")
-        out.append(f"  {'':<16}{'native':>16}{'guest':>16}{'guest/native':>14}")
-        for key, _, label in METRICS:
+                out.append(f"  {label} run skipped this state: {reason or 'no reason given'}")
+        out.append(header)
+        for key, _, name, unit in METRICS:
             m = row["metrics"][key]
-            ratio = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
-            out.append(f"  {label:<16}{_us(m['native']):>16}{_us(m['guest']):>16}{ratio:>14}")
-        overhead = row["overhead_per_task_s"]
-        shown = "-" if overhead is None else f"{overhead * 1e6:+.3f} us"
-        out.append(f"  overhead per task (guest - native cold CPU mean): {shown}")
+            if m["native"] is None and all(r["value"] is None for r in m["runs"].values()):
+                if key == "bandwidth":  # only copies report one: no line of dashes elsewhere
+                    continue
+            line = f"  {name:<16}{_show(m['native'], unit):>16}"
+            for label in labels:
+                r = m["runs"].get(label)
+                value = None if r is None else r["value"]
+                ratio = None if r is None else r["ratio"]
+                shown = "-" if ratio is None else f"{ratio:.3f}"
+                line += f"{_show(value, unit):>16}{shown:>{max(14, len(label) + 9)}}"
+            out.append(line)
+        for label in labels:
+            if label not in row["overhead_per_task_s"]:
+                continue
+            overhead = row["overhead_per_task_s"][label]
+            shown = "-" if overhead is None else f"{overhead * 1e6:+.3f} us"
+            out.append(f"  overhead per task ({label} - native cold CPU mean): {shown}")
         out.append("")
-    for side in ("native", "guest"):
-        lonely = result[f"{side}_only"]
+    if result["native_only"]:
+        out.append(f"only in the native run ({len(result['native_only'])}):")
+        out.extend(f"  {_title(r)}" for r in result["native_only"])
+        out.append("")
+    for label in labels:
+        lonely = result["only"][label]
         if lonely:
-            out.append(f"only in the {side} run ({len(lonely)}):")
+            out.append(f"only in the {label} run ({len(lonely)}):")
             out.extend(f"  {_title(r)}" for r in lonely)
             out.append("")
     if not result["states"]:
-        out.append("no state is present in both runs")
+        out.append("no state is present in the native run and another")
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def plot(result, path):
+    """Draw each run's ratios to native, one panel per metric, one row of bars per state.
+
+    Returns None when written, else why not. matplotlib is imported here, so that the
+    comparison itself runs without it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed"
+    labels = result["labels"]
+    panels = []
+    for key, _, name, _ in METRICS:
+        states = [row for row in result["states"]
+                  if any(r["ratio"] is not None for r in row["metrics"][key]["runs"].values())]
+        if states:
+            panels.append((key, name, states))
+    if not panels:
+        return "no state has a ratio to draw"
+    height = sum(max(2.0, 0.35 * len(states) * max(1, len(labels))) for _, _, states in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.2 * len(panels) + height),
+                             squeeze=False)
+    bar = 0.8 / max(1, len(labels))
+    for ax, (key, name, states) in zip(axes[:, 0], panels):
+        for i, label in enumerate(labels):
+            ys = [s + (i - (len(labels) - 1) / 2) * bar for s in range(len(states))]
+            ratios = [(row["metrics"][key]["runs"].get(label) or {}).get("ratio") for row in states]
+            ax.barh([y for y, r in zip(ys, ratios) if r is not None],
+                    [r for r in ratios if r is not None], height=bar, label=label)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(states)))
+        ax.set_yticklabels([_title(row) for row in states], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{name}: run / native (1 = native)", fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        plt.close(fig)
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror or e}") from None
+    plt.close(fig)
+    return None
+
+
+def _parse_run(arg, count):
+    """'LABEL=PATH' or 'PATH' -> (label, path)."""
+    label, sep, path = arg.partition("=")
+    if sep and label and "/" not in label and not os.path.exists(arg):
+        return label, path
+    if count == 1:
+        return "guest", arg
+    base = os.path.basename(arg)
+    return (base[:-5] if base.endswith(".json") else base), arg
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Compare NVBench --json results of a native run and a run through ivcuda.")
+        description="Compare NVBench --json results of a native run and runs through ivcuda.")
     parser.add_argument("native", metavar="NATIVE.json", help="NVBench --json output, native run")
-    parser.add_argument("guest", metavar="GUEST.json", help="NVBench --json output, through ivcuda")
+    parser.add_argument("runs", metavar="[LABEL=]RUN.json", nargs="+",
+                        help="NVBench --json output of another run (process mode, a guest, VFIO)")
     parser.add_argument("--json", metavar="OUT", dest="json_out",
                         help="also write the comparison as JSON (times in seconds)")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the ratios (needs matplotlib)")
     args = parser.parse_args(argv)
 
+    runs = [_parse_run(arg, len(args.runs)) for arg in args.runs]
+    labels = [label for label, _ in runs]
+    if len(set(labels)) != len(labels) or "native" in labels:
+        parser.error(f"each run needs its own label other than 'native', got {', '.join(labels)}")
     try:
         native = load(args.native)
-        guest = load(args.guest)
+        loaded = [(label, load(path)) for label, path in runs]
     except InvalidInput as e:
         print(f"compare.py: {e}", file=sys.stderr)
         return 2
 
-    result = compare(native, guest)
-    sys.stdout.write(render(result, args.native, args.guest))
+    result = compare(native, loaded)
+    sys.stdout.write(render(result, args.native, dict(runs)))
 
+    status = 0
     if args.json_out:
-        doc = {"native": args.native, "guest": args.guest, **result}
+        doc = {"native": args.native, "runs": dict(runs), **result}
         try:
             with open(args.json_out, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=2)
                 f.write("\n")
         except OSError as e:
             print(f"compare.py: cannot write {args.json_out}: {e.strerror or e}", file=sys.stderr)
+            status = 1
+    if args.plot:
+        try:
+            why = plot(result, args.plot)
+        except OSError as e:
+            print(f"compare.py: {e.strerror or e}", file=sys.stderr)
             return 1
-    return 0
+        if why is None:
+            print(f"plot: {args.plot}")
+        else:
+            print(f"compare.py: {why}: no plot written (pip install matplotlib, or "
+                  f"apt-get install python3-matplotlib)", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

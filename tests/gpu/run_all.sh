@@ -7,12 +7,17 @@
 #   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)
 #   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases)
 #   quota   PyTorch and JAX guests at once under 20 GiB quotas (run_quota_on_gpu.sh)
+#   mps     compute shares: a compute-bound loop alone and two at once, time-sliced and under MPS
+#           at 50/50 and 75/25, natively and through ivcudad --mps (run_mps_share.sh)
 #   kill    1000 process-mode guests SIGKILLed mid-run (run_kill_loop.sh;
 #           IVCUDA_KILLS overrides the count)
+#   nvbench NVBench from the pip wheel (.deps/wheels, tests/gpu/fetch-deps.sh): ivcuda's set,
+#           C++ and Python, natively and in process mode (nvbench-configs/run.sh); the table in
+#           nvbench.txt, nvbench.json/.png and nvbench-python.json/.png, the raw results in logs
 # The device tool returns at most 8 files: the parts' outputs go to $OUT as
 # text, every log into one tarball. Each part's exit status is its verdict;
 # the last line sums them, and the exit status is 0 only if every part passed.
-#   usage (repository root): bash tests/gpu/run_all.sh [suite|vm|double|multi|bench ...]
+#   usage (repository root): bash tests/gpu/run_all.sh [suite|vm|double|multi|bench|nvbench ...]
 set -u -o pipefail
 root=$(pwd)
 final=${OUT:-$root/out}
@@ -71,11 +76,18 @@ for p in $parts; do
       part frameworks 1
     fi ;;
   quota)
-    if build_gpu ivcudad ivcuda_guest; then
+    if build_gpu ivcudad ivcudactl ivcuda_guest; then
       OUT=$work timeout 400 bash tests/gpu/run_quota_on_gpu.sh build/gpu 2>&1 | tee "$final/quota.txt"
       part quota "${PIPESTATUS[0]}"
     else
       part quota 1
+    fi ;;
+  mps)
+    if build_gpu ivcudad ivcudactl ivcuda_guest ivcuda-compute-share ivcuda_gpu_double_kernels; then
+      OUT=$work timeout 400 bash tests/gpu/run_mps_share.sh build/gpu 2>&1 | tee "$final/mps.txt"
+      part mps "${PIPESTATUS[0]}"
+    else
+      part mps 1
     fi ;;
   kill)
     if build_gpu ivcudad ivcuda_guest drv_isolation drv_core; then
@@ -85,6 +97,31 @@ for p in $parts; do
     else
       part kill 1
     fi ;;
+  nvbench)
+    # The guest leg needs libnvidia-ml.so.1 in the guest (the wheel's libnvbench.so loads it):
+    # it runs once ivcuda builds a guest NVML library (issue 15), which the TCG guest then gets.
+    rc=0
+    build_gpu ivcudad ivcuda_guest || rc=1
+    if [ $rc -eq 0 ]; then
+      modes=native,process
+      if [ -e "$root/build/gpu/lib/libnvidia-ml.so.1" ]; then
+        modes=$modes,guest
+      else
+        echo "nvbench: no TCG guest run: the wheel's libnvbench.so needs libnvidia-ml.so.1, and ivcuda has no guest NVML library yet (issue 15)"
+      fi
+      # C++ first, then Python, each compared apart: a failing Python run keeps the C++ table.
+      timeout 330 bash nvbench-configs/run.sh --sets cpp --modes "$modes" --ivcuda-build build/gpu \
+        --build-dir build/gpu-nvbench --out "$work/nvbench" 2>&1 | tee "$final/nvbench.txt"
+      rc=${PIPESTATUS[0]}
+      timeout 240 bash nvbench-configs/run.sh --sets python --modes native,process --ivcuda-build build/gpu \
+        --build-dir build/gpu-nvbench --out "$work/nvbench" 2>&1 | tee -a "$final/nvbench.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      for f in comparison.json:nvbench.json comparison.png:nvbench.png \
+               python-comparison.json:nvbench-python.json python-comparison.png:nvbench-python.png; do
+        [ ! -f "$work/nvbench/${f%%:*}" ] || cp "$work/nvbench/${f%%:*}" "$final/${f##*:}"
+      done
+    fi
+    part nvbench $rc ;;
   bench)
     build=$root/build/gpu
     rc=0
