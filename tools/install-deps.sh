@@ -10,14 +10,22 @@ build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libseccomp-dev
 # The fuzz preset's harnesses: libFuzzer comes with clang (Debian 12: clang 14; its runtimes,
 # libFuzzer's included, are libclang-rt-14-dev).
 fuzz=(clang libclang-rt-14-dev)
-vm=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static kmod cpio xz-utils zstd)
+vm=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static kmod cpio xz-utils zstd dkms dpkg-dev
+    libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)  # tests/libvirt: a private session libvirtd
 # The GPU test double reads compressed fatbins (cuBLAS's, cuFFT's) with these, loaded at run time.
 testlibs=(libzstd1 liblz4-1)
+# nvbench-configs/setup.sh fetches the NVBench wheel (cuda-bench) and a CMake >= 3.30.4 with pip.
+nvbench=(python3-pip)
+# Not fatal here: without them the test that builds against the wheel fails, saying why.
+nvbench_setup() {
+  [ "${1:-}" = "--build" ] || bash "$(dirname "$0")/../nvbench-configs/setup.sh" ||
+    echo "install-deps: nvbench-configs/setup.sh failed (see above): nvbench_configs.build_against_wheel will fail" >&2
+}
 pkgs=("${build[@]}")
-[ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}" "${testlibs[@]}" "${fuzz[@]}")
+[ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}" "${testlibs[@]}" "${fuzz[@]}" "${nvbench[@]}")
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#pkgs[@]} packages present"; exit 0; fi
+if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#pkgs[@]} packages present"; nvbench_setup "${1:-}"; exit 0; fi
 if ! command -v apt-get >/dev/null; then
   echo "install-deps: missing ${missing[*]} and no apt-get here" >&2; exit 1
 fi
@@ -26,3 +34,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install-deps: installed ${missing[*]}"
+nvbench_setup "${1:-}"
