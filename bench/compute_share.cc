@@ -5,6 +5,7 @@
 // split by MPS's active-thread percentage (ivcudad --mps, --compute-share).
 // tests/gpu/run_mps_share.sh runs it natively and through ivcuda.
 //   ivcuda-compute-share --ptx test_kernels.ptx [--seconds S] [--start-at UNIX_MS] [--label NAME]
+//                        [--blocks N] [--iters N]
 // Output: one JSON line {"label", "kernels", "seconds", "kernels_per_s", "sms"}.
 #include <cuda.h>
 
@@ -67,12 +68,13 @@ int main(int argc, char** argv) {
   CUfunction fn;
   CHECK(cuModuleLoadData(&mod, ptx.str().c_str()));
   CHECK(cuModuleGetFunction(&fn, mod, "ivc_fma_loop"));
-  int sms = 0;
+  int sms = 0;  // what this process may use: under MPS, its share of the SMs
   CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-  // Enough blocks for several waves on the whole GPU, so a share of the SMs
-  // shows as proportionally fewer kernels per second.
-  const unsigned blocks = static_cast<unsigned>(sms) * 8, threads = 256;
-  int iters = std::atoi(arg(argc, argv, "--iters", "20000"));
+  // The same work whatever the share (8192 blocks of 256 threads: several
+  // waves on a whole H200), so a share of the SMs shows as proportionally
+  // fewer kernels per second.
+  const unsigned blocks = static_cast<unsigned>(std::atoi(arg(argc, argv, "--blocks", "8192"))), threads = 256;
+  int iters = std::atoi(arg(argc, argv, "--iters", "4000"));
   CUdeviceptr out;
   CHECK(cuMemAlloc(&out, static_cast<size_t>(blocks) * threads * sizeof(float)));
   void* params[] = {&out, &iters};

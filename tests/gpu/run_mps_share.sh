@@ -83,8 +83,9 @@ stop_ivcudad
 start_ivcudad --mps --mps-pipe-dir "$mpsdir/pipe" --mps-log-dir "$mpsdir/log" --compute-share 75 \
   --guest-socket /tmp/ivcuda-share-b.sock=0:compute=25
 ( sleep $((secs / 2 + 4)); "$build/host-daemon/ivcudactl" --socket /tmp/ivcuda-share.ctl status >"$out/ivcudactl.txt" 2>&1 ) &
+snap=$!
 two ivcuda/mps75-25 "$(ivcuda_env /tmp/ivcuda-share-a.sock)" "$(ivcuda_env /tmp/ivcuda-share-b.sock)" || rc=1
-wait
+wait $snap
 stop_ivcudad
 verdict "MPS through ivcuda (ivcudad --mps): 50 alone, 50/50, 75/25" $rc
 [ -s "$out/errors.txt" ] && { echo "--- errors"; tail -20 "$out/errors.txt"; }
