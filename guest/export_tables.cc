@@ -63,6 +63,12 @@ constexpr Uuid kLtMatmulHooksId = uuid("1734dc26800d47458726c0f1e7dd8bca");
 // Refused on purpose, without a log line: the callers cope (see the contracts).
 constexpr Uuid kNvrtcCacheId = uuid("da9151d33ae6cc41a5c04f26d533e328");
 constexpr Uuid kLoggerId = uuid("f8cff95121468b4eb9e2fb469e7c0dd9");
+// Asked for by NVIDIA's libnvidia-ml.so.1 when it is loaded next to this
+// library; undocumented (no contract describes its slots). It is NVML's
+// private way into NVIDIA's own driver, and behind this library there is no
+// such driver: refused, with one line that names the way out (ivcuda's own
+// libnvidia-ml.so.1, guest/nvml, which never asks for it).
+constexpr Uuid kNvmlPrivateId = uuid("69a28e9f24498b47b030c5da330ea4e9");
 
 // The integrity check's HMAC key (cuda13-driver-contract.md).
 constexpr std::array<std::uint8_t, 16> kIntegrityKey = {0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52,
@@ -478,6 +484,15 @@ extern "C" CUresult cuGetExportTable(const void** ppExportTable, const CUuuid* p
     if (const void* table = tables().find(id)) {
       *ppExportTable = table;
       return CUDA_SUCCESS;
+    }
+    if (id == kNvmlPrivateId) {
+      static std::once_flag once;
+      std::call_once(once, [] {
+        std::fprintf(stderr, "ivcuda: NVIDIA's libnvidia-ml.so.1 asked for its private export table "
+                             "69a28e9f24498b47b030c5da330ea4e9; refused: use ivcuda's libnvidia-ml.so.1, "
+                             "installed next to ivcuda's libcuda.so.1\n");
+      });
+      return CUDA_ERROR_INVALID_VALUE;
     }
     if (!refused_quietly(id)) log_unknown(id, caller);
     return CUDA_ERROR_INVALID_VALUE;

@@ -30,6 +30,7 @@ CUresult Worker::on_Hello(Call& c) {
       return CUDA_ERROR_NOT_PERMITTED;
     }
   }
+  hello_pid_ = r.pid;  // process mode: the guest's pid in NVML's process lists (nvml.cc)
   RepHello rep{};
   rep.proto_version = kProtoVersion;
   int v = 0;

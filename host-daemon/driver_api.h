@@ -16,7 +16,7 @@ namespace ivcuda::host {
 
 #define IVCUDA_DRIVER_FUNCTIONS(X)                                                              \
   X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuDeviceGetCount) X(cuDeviceGet)        \
-  X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute)           \
+  X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId) \
   X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)         \
   X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxSetFlags) X(cuCtxCreate) X(cuCtxDestroy)  \
   X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuCtxGetStreamPriorityRange) X(cuMemAlloc)         \

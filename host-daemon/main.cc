@@ -89,6 +89,7 @@ struct Options {
   std::uint64_t ring_size = 256 * 1024;
   std::uint64_t staging = 8ull << 20;
   std::string driver = "libcuda.so.1";
+  std::string nvml = "libnvidia-ml.so.1";
   unsigned spin_us = 200;
   unsigned max_guests = 64;
   unsigned max_guests_per_uid = 16;
@@ -327,6 +328,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem
   for (auto& fd : g.guest_fds) cfg.guest_fds.push_back(fd.get());
   cfg.conn_fd = g.conn.get();
   cfg.driver_path = o.driver;
+  cfg.nvml_path = o.nvml;
   cfg.devices = gpus;
   cfg.mem_limit = mem_limit;
   cfg.limits = o.limits;
@@ -382,6 +384,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.host_fds.push_back(host_efd->get());    // nobody rings these: no interrupts
   cfg.guest_fds.push_back(guest_efd->get());  // in ivshmem-plain
   cfg.driver_path = o.driver;
+  cfg.nvml_path = o.nvml;
   cfg.devices = gpus;
   cfg.mem_limit = o.mem_limit;
   cfg.limits = o.limits;
@@ -473,6 +476,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       for (const auto& fd : client->own_eventfds()) cfg.host_fds.push_back(fd.get());
       for (const auto& fd : client->peers().at(guest)) cfg.guest_fds.push_back(fd.get());
       cfg.driver_path = o.driver;
+      cfg.nvml_path = o.nvml;
       cfg.devices = gpus;
       cfg.mem_limit = o.mem_limit;
       cfg.limits = o.limits;
@@ -539,6 +543,8 @@ void define_options(CLI::App& app, Options& o) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--driver", o.driver, "the CUDA driver library to load")->capture_default_str();
+  app.add_option("--nvml", o.nvml, "the NVML library workers load to answer their guests' NVML queries")
+      ->capture_default_str();
   app.add_option("--spin-us", o.spin_us, "how long a worker polls after the last request before sleeping")
       ->capture_default_str();
   app.add_option("--max-guests", o.max_guests, "guests served at once")->capture_default_str();

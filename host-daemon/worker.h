@@ -81,6 +81,8 @@ struct WorkerConfig {
   std::vector<int> guest_fds;      // we ring the guest on these
   int conn_fd = -1;                // the guest's socket: hang-up ends the worker
   std::string driver_path = "libcuda.so.1";
+  // The host's NVML (--nvml), loaded at the guest's first NVML query (nvml.cc).
+  std::string nvml_path = "libnvidia-ml.so.1";
   // NAME=VALUE pairs set in the worker's process before the driver loads
   // (an MPS client's settings: host-daemon/mps.h).
   std::vector<std::string> driver_env;
@@ -538,6 +540,15 @@ class Worker {
     bool own = false;
   };
   std::map<std::uint64_t, PoolImport> pool_imports_;
+
+  // NVML for the guest (nvml.cc): the host's library and device handles,
+  // made at the first query; the pid the guest process gave in its hello
+  // (process mode: the pid its entries of the process lists carry).
+  struct NvmlState;
+  std::shared_ptr<NvmlState> nvml_;
+  std::uint32_t hello_pid_ = 0;
+  NvmlState& nvml_state();
+  int nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNvml* rep, std::vector<std::byte>* out);
 };
 
 }  // namespace ivcuda::host

@@ -6,7 +6,7 @@
 #   tools/install-deps.sh --build  only what building the daemon and library needs
 set -euo pipefail
 build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libseccomp-dev libboost-dev catch2 libcli11-dev nlohmann-json3-dev
-       python3-matplotlib libsystemd-dev libmicrohttpd-dev)
+       python3-matplotlib libsystemd-dev libmicrohttpd-dev python3-pip)
 # The fuzz preset's harnesses: libFuzzer comes with clang (Debian 12: clang 14; its runtimes,
 # libFuzzer's included, are libclang-rt-14-dev).
 fuzz=(clang libclang-rt-14-dev)
@@ -21,11 +21,14 @@ nvbench_setup() {
   [ "${1:-}" = "--build" ] || bash "$(dirname "$0")/../nvbench-configs/setup.sh" ||
     echo "install-deps: nvbench-configs/setup.sh failed (see above): nvbench_configs.build_against_wheel will fail" >&2
 }
+# nvml.h (not a Debian package, never committed): the guest's libnvidia-ml.so.1 is generated
+# from it; pip fetches NVIDIA's wheel (python3-pip is in build: the build needs the header).
+nvml_header() { bash "$(dirname "$0")/fetch-nvml-header.sh"; }
 pkgs=("${build[@]}")
 [ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}" "${testlibs[@]}" "${fuzz[@]}" "${nvbench[@]}")
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#pkgs[@]} packages present"; nvbench_setup "${1:-}"; exit 0; fi
+if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#pkgs[@]} packages present"; nvml_header; nvbench_setup "${1:-}"; exit 0; fi
 if ! command -v apt-get >/dev/null; then
   echo "install-deps: missing ${missing[*]} and no apt-get here" >&2; exit 1
 fi
@@ -34,4 +37,5 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install-deps: installed ${missing[*]}"
+nvml_header
 nvbench_setup "${1:-}"

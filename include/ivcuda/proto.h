@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ivcuda/nvml_wire.h"
+
 namespace ivcuda::proto {
 
 using u8 = std::uint8_t;
@@ -24,6 +26,9 @@ using u16 = std::uint16_t;
 using u32 = std::uint32_t;
 using i32 = std::int32_t;
 using u64 = std::uint64_t;
+// NVML's queries (guest/nvml/, host-daemon/nvml.cc): ivcuda/nvml_wire.h.
+using ReqNvml = nvml_wire::ReqNvml;
+using RepNvml = nvml_wire::RepNvml;
 
 inline constexpr u32 kProtoVersion = 1;
 inline constexpr u32 kNameMax = 1024;          // kernel / global names
@@ -160,7 +165,8 @@ enum class HandleKind : u8 {
   X(MemPoolExportPtr, ReqPoolPtr, RepIpcHandle, 1)                       \
   X(MemPoolImportPtr, ReqPoolPtrImport, RepRange, 1)                     \
   X(MemPoolPtrFree, ReqPoolPtrFree, RepNone, 1)                       \
-  X(MemMapArrays, ReqMapArrays, RepNone, 1)
+  X(MemMapArrays, ReqMapArrays, RepNone, 1)                             \
+  X(Nvml, ReqNvml, RepNvml, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,

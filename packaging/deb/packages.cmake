@@ -79,6 +79,12 @@ if(TARGET ivcuda_guest)
           RENAME ivcuda-guest.conf COMPONENT guest)
   install(FILES ${_deb}/ivcuda-guest/lintian-overrides DESTINATION share/lintian/overrides
           RENAME ivcuda-guest COMPONENT guest)
+  # The guest's NVML next to its libcuda.so.1 (it speaks through it), and ivcuda-smi.
+  if(TARGET ivcuda_nvml AND TARGET ivcuda-smi)
+    add_dependencies(ivcuda_package_files ivcuda_nvml ivcuda-smi)
+    install(TARGETS ivcuda_nvml LIBRARY DESTINATION ${IVCUDA_GUEST_LIBDIR} NAMELINK_SKIP COMPONENT guest)
+    install(TARGETS ivcuda-smi RUNTIME DESTINATION bin COMPONENT guest)
+  endif()
 endif()
 
 # --- ivcuda-uio-dkms ----------------------------------------------------------
@@ -122,6 +128,9 @@ unit (not enabled on installation) and /etc/ivcuda/ivcudad.toml.")
 
 set(CPACK_DEBIAN_GUEST_PACKAGE_NAME ivcuda-guest)
 set(CPACK_DEBIAN_GUEST_PACKAGE_SHLIBDEPS ON)
+# ivcuda-smi needs the package's own libnvidia-ml.so.1, in its private directory
+# (relative: dpkg-shlibdeps runs in the package's staging root).
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS usr/${IVCUDA_GUEST_LIBDIR})
 set(CPACK_DEBIAN_GUEST_PACKAGE_SECTION libs)
 # The kernel driver is needed in a VM only; process mode works without it.
 set(CPACK_DEBIAN_GUEST_PACKAGE_RECOMMENDS ivcuda-uio-dkms)

@@ -236,6 +236,17 @@ TEST_CASE("refused and unknown tables", "[export]") {
     CHECK(cap.text().empty());
   }
 
+  SECTION("NVIDIA's NVML table is refused, with one line naming ivcuda's libnvidia-ml.so.1") {
+    StderrCapture cap;
+    for (int i = 0; i < 3; ++i) {
+      id = uuid_of("69a28e9f24498b47b030c5da330ea4e9");
+      table = reinterpret_cast<const void*>(0x1234);
+      CHECK(cuGetExportTable(&table, &id) == CUDA_ERROR_INVALID_VALUE);
+      CHECK(table == nullptr);
+    }
+    CHECK(count_of(cap.text(), "use ivcuda's libnvidia-ml.so.1") == 1);
+  }
+
   SECTION("an unknown UUID is refused and logged once with the caller's library") {
     // A known UUID with its last byte changed: matching must use all 16 bytes.
     const char* unknown = "6bd5fb6c5bf4e74a8987d93912fd9d00";

@@ -21,6 +21,9 @@ corpus=tests/fuzz/corpus
 for h in "${harnesses[@]}"; do [ -x "$dir/$h" ] || { echo "long_run: $dir/$h missing"; exit 2; }; done
 [ -f "$dir/libivcuda-gpu-double.so" ] || { echo "long_run: $dir/libivcuda-gpu-double.so missing"; exit 2; }
 export IVCUDA_FUZZ_DOUBLE="$dir/libivcuda-gpu-double.so"
+# The NVML test double, where it was copied too (worker_fuzz's NVML queries; without it they
+# answer LIBRARY_NOT_FOUND).
+[ ! -f "$dir/libivcuda-nvml-double.so" ] || export IVCUDA_FUZZ_NVML_DOUBLE="$dir/libivcuda-nvml-double.so"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 n=${#harnesses[@]}

@@ -28,6 +28,18 @@ def op_numbers():
 
 OP = op_numbers()
 
+
+def nvml_fns():
+    """NvmlFn name -> number (include/ivcuda/nvml_wire.h: kInit = 1, then in order)."""
+    text = open(os.path.join(ROOT, "include", "ivcuda", "nvml_wire.h")).read()
+    body = text[text.index("enum class NvmlFn"):]
+    body = body[:body.index("};")]
+    names = re.findall(r"^\s*(k\w+)", body, re.M)
+    return {n: i + 1 for i, n in enumerate(names)}
+
+
+FN = nvml_fns()
+
 # worker_fuzz's layout (1 MiB, 4 channels, 16 KiB rings, 64 KiB staging), as
 # ring/layout.cc plans it: the arena starts after the superblock, the channel
 # table and four channels' rings, page-aligned.
@@ -137,6 +149,23 @@ def worker_seeds():
     # request ring index moved backwards.
     s["hostile"] = (HELLO + raw_rec(0, b"") + raw_rec(999, b"abcd") + raw_rec(OP["MemAlloc"], b"\x01\x02\x03\x04")
                     + raw_rec(0xFFFF, b"") + SERVE + poke(1, 0, 0xFFFFFFF0) + rec("Hello", b"", ch=1))
+    # NVML queries (host-daemon/nvml.cc; worker_fuzz gives the worker the NVML test double):
+    # what the guest library asks, then what it never would.
+    def nvml(fn, dev, a0=0, a1=0, cap=256):
+        return rec("Nvml", struct.pack("<IiQQII", FN[fn] if isinstance(fn, str) else fn, dev, a0, a1, cap, 0))
+    nodev = -1
+    s["nvml"] = (HELLO + nvml("kInit", nodev) + nvml("kDeviceCount", nodev) + nvml("kSystemDriverVersion", nodev)
+                 + nvml("kDeviceName", 0) + nvml("kDeviceUuid", 1, cap=8) + nvml("kDevicePciInfo", 0)
+                 + nvml("kDeviceMemoryInfo", 1) + nvml("kDeviceTemperature", 0) + nvml("kDeviceClock", 0, 1, 0)
+                 + nvml("kDeviceComputeRunningProcesses", 0, 4, 0, 96) + nvml("kDeviceNvLinkState", 0, 1)
+                 + nvml("kDeviceTopologyCommonAncestor", 0, 1) + nvml("kDeviceP2PStatus", 1, 0, 2)
+                 + nvml("kDeviceTotalEccErrors", 0, 1, 1))
+    s["nvml_hostile"] = (HELLO + nvml(0, 0) + nvml(FN["kCount"], nodev) + nvml(0xFFFFFFFF, 0)
+                         + nvml("kDeviceName", 2) + nvml("kDeviceName", nodev) + nvml("kDeviceCount", 0)
+                         + nvml("kDeviceTemperature", 0, 1 << 63) + nvml("kDeviceClock", 0, 1, 1 << 40)
+                         + nvml("kDeviceP2PStatus", 0, 7, 1) + nvml("kDeviceNvLinkState", 0, 1 << 32)
+                         + nvml("kDeviceComputeRunningProcesses", 0, 1 << 40, 0, 0xFFFFFFFF)
+                         + raw_rec(OP["Nvml"], b"\x01\x00\x00\x00"))
     return s
 
 

@@ -65,6 +65,7 @@ struct Env {
   ring::Layout l;
   sys::UniqueFd host_efd, guest_efd;
   std::string driver;
+  std::string nvml;  // the NVML test double (NVML queries; empty: none, they answer LIBRARY_NOT_FOUND)
 };
 
 Env& env() {
@@ -82,6 +83,8 @@ Env& env() {
     host::abandon_host_nodes();
     const char* drv = std::getenv("IVCUDA_FUZZ_DOUBLE");  // the long run carries the .so elsewhere
     n->driver = drv != nullptr && *drv != '\0' ? drv : IVCUDA_GPU_DOUBLE_PATH;
+    const char* nvml = std::getenv("IVCUDA_FUZZ_NVML_DOUBLE");
+    n->nvml = nvml != nullptr ? nvml : IVCUDA_NVML_DOUBLE_PATH;
     ring::LayoutParams p;
     p.shm_size = kShmBytes;
     p.channels = kChannels;
@@ -302,6 +305,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.host_fds = {e.host_efd.get()};
   cfg.guest_fds = {e.guest_efd.get()};
   cfg.driver_path = e.driver;
+  cfg.nvml_path = e.nvml;
   cfg.forward_stdout = false;  // stdout stays the fuzzer's
   cfg.random_bar_address = false;  // see WorkerConfig: ASan's shadow page tables
   auto w = host::Worker::create(std::move(cfg));

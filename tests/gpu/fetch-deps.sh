@@ -13,3 +13,5 @@ mkdir -p .deps
 cd .deps
 apt-get download liburing-dev liburing2 catch2 libcli11-dev nlohmann-json3-dev libseccomp-dev strace libunwind8
 bash ../nvbench-configs/setup.sh --python-version 3.12 --no-cmake
+# nvml.h for guest/nvml (unpacked into .deps/nvml/include, carried with .deps).
+bash ../tools/fetch-nvml-header.sh

@@ -14,6 +14,9 @@
 #   nvbench NVBench from the pip wheel (.deps/wheels, tests/gpu/fetch-deps.sh): ivcuda's set,
 #           C++ and Python, natively and in process mode (nvbench-configs/run.sh); the table in
 #           nvbench.txt, nvbench.json/.png and nvbench-python.json/.png, the raw results in logs
+#   nvml    NVML for guests in process mode (run_nvml_on_gpu.sh): pynvml through ivcuda vs the
+#           host's NVML, ivcuda-smi and the driver's nvidia-smi on the guest library, PyTorch's
+#           list_gpu_processes()
 # The device tool returns at most 8 files: the parts' outputs go to $OUT as
 # text, every log into one tarball. Each part's exit status is its verdict;
 # the last line sums them, and the exit status is 0 only if every part passed.
@@ -96,6 +99,13 @@ for p in $parts; do
       part kill "${PIPESTATUS[0]}"
     else
       part kill 1
+    fi ;;
+  nvml)
+    if build_gpu ivcudad ivcuda_guest ivcuda_nvml ivcuda-smi; then
+      OUT=$work timeout 400 bash tests/gpu/run_nvml_on_gpu.sh build/gpu 2>&1 | tee "$final/nvml.txt"
+      part nvml "${PIPESTATUS[0]}"
+    else
+      part nvml 1
     fi ;;
   nvbench)
     # The guest leg needs libnvidia-ml.so.1 in the guest (the wheel's libnvbench.so loads it):

@@ -12,22 +12,16 @@ namespace {
 bool valid_device(const State& s, CUdevice dev) { return dev >= 0 && dev < s.device_count; }
 
 int device_count_from_env() {
-  const char* env = std::getenv("IVCUDA_GPU_DOUBLE_DEVICES");
-  if (env == nullptr || *env == '\0') return 1;
-  char* end = nullptr;
-  const long n = std::strtol(env, &end, 10);
-  if (*end != '\0' || n < 0 || n > kMaxDevices) {
-    log("IVCUDA_GPU_DOUBLE_DEVICES=%s is not a count from 0 to %d; using 1", env, kMaxDevices);
+  const int n = device_count_env();
+  if (n < 0) {
+    log("IVCUDA_GPU_DOUBLE_DEVICES=%s is not a count from 0 to %d; using 1", std::getenv("IVCUDA_GPU_DOUBLE_DEVICES"),
+        kMaxDevices);
     return 1;
   }
-  return static_cast<int>(n);
+  return n;
 }
 
-// PCI location of a device; the integrity check of cudart hashes these, so they must stay
-// consistent with the attributes below.
-constexpr int kPciDomain = 0;
-int pci_bus(int dev) { return 0x41 + dev; }
-constexpr int kPciDevice = 0;
+// PCI location of a device (identity.h): consistent with the attributes below.
 
 int attribute(CUdevice_attribute a, int dev) {
   switch (a) {
@@ -380,11 +374,9 @@ CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
     if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    // Fixed per ordinal so that runs (and the integrity hash) are reproducible.
-    static constexpr unsigned char kBase[16] = {'i',  'v', 'c', 'u', 'd', 'a', 0x40, 'd',
-                                                0x80, 'o', 'u', 'b', 'l', 'e', 0,    0};
-    std::memcpy(uuid->bytes, kBase, sizeof kBase);
-    uuid->bytes[15] = static_cast<char>(dev);
+    unsigned char b[16];
+    device_uuid(dev, b);  // identity.h
+    std::memcpy(uuid->bytes, b, sizeof b);
     return CUDA_SUCCESS;
   });
 }

@@ -42,19 +42,7 @@ void log(const char* fmt, ...) {
 }
 
 namespace {
-// The ledger file: one entry per process. An entry belongs to the process
-// holding a write lock on its byte (an open-file-description lock: the kernel
-// drops it when the process ends, however it ends), so liveness needs no
-// signals or /proc (which a sandboxed worker may not use).
-struct Ledger {
-  struct Entry {
-    std::int32_t pid;
-    std::int32_t reserved;
-    std::atomic<std::uint64_t> used[kMaxDevices];
-  };
-  static constexpr int kEntries = 512;
-  Entry e[kEntries];
-};
+// The ledger file (identity.h, shared with the NVML test double).
 
 int g_ledger_fd = -1;
 

@@ -22,18 +22,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "identity.h"
 #include "image.h"
 
 namespace ivcuda::gpu_double {
 
-inline constexpr char kDeviceName[] = "ivcuda GPU test double";
-inline constexpr int kDriverVersion = 13000;
-inline constexpr std::size_t kTotalMem = std::size_t{4} << 30;
-inline constexpr std::size_t kFuzzTotalMem = std::size_t{64} << 20;
 inline constexpr std::size_t kDeviceAllocAlign = 256;
 inline constexpr std::size_t kHostAllocAlign = 4096;
 inline constexpr std::size_t kPitchAlign = 512;
-inline constexpr int kMaxDevices = 16;
 inline constexpr int kLeastStreamPriority = 0;
 inline constexpr int kGreatestStreamPriority = -5;
 inline constexpr int kMaxThreadsPerBlock = 1024;

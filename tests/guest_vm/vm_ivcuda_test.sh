@@ -13,14 +13,19 @@
 # that a SIGKILLed process's memory returns to it; last, ivcudactl shows the
 # VM and evicts it, and its program sees clean errors.
 #
-# usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB
+# With NVML_DOUBLE_LIB (the NVML test double as the host's NVML, --nvml), the
+# guest's libnvidia-ml.so.1 sits next to libcuda.so.1 and ivcuda-smi and
+# nvml_api run in the guest first: the VM is one tenant, so the second
+# process nvml_api starts is listed, by its guest pid, with its memory.
+#
+# usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB [NVML_DOUBLE_LIB]
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
 #   plain:    ivshmem-plain on a memory file ivcudad formats (both sides poll)
 # Exits 77 with the reason when QEMU or the kernel packages are missing: CTest counts
 # that as a failure unless the build was configured with IVCUDA_ALLOW_SKIPS.
 set -euo pipefail
 
-mode=$1 image=$2 build=$3 driver=$4
+mode=$1 image=$2 build=$3 driver=$4 nvml=${5:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 guest=$(cd "$here/../../tools/guest" && pwd)
 
@@ -39,6 +44,17 @@ for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors
 	"$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
+# The guest's NVML, ivcuda-smi and the NVML test program, when the host side has an NVML.
+nvml_adds=() nvml_daemon=() nvml_run=
+if [[ -n $nvml ]]; then
+	for f in "$lib/libnvidia-ml.so.1" "$build/bin/ivcuda-smi" "$bin/nvml_api" "$nvml"; do
+		[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
+	done
+	nvml_adds=(--add-bin "$lib/libnvidia-ml.so.1:/opt/ivcuda/lib/libnvidia-ml.so.1"
+		--add-bin "$build/bin/ivcuda-smi:/usr/bin/ivcuda-smi" --add-bin "$bin/nvml_api:/usr/bin/nvml_api")
+	nvml_daemon=(--nvml "$nvml")
+	nvml_run="ivcuda-smi -L && ivcuda-smi && ivcuda-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used --format=csv && nvml_api --same-tenant-child &&"
+fi
 
 # The programs find libcuda.so.1 through LD_LIBRARY_PATH, as a user's would:
 # /opt/ivcuda/lib in the guest (host paths may lie under the guest's tmpfs).
@@ -65,6 +81,7 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/drv_memops:/usr/bin/drv_memops" \
 	--add-bin "$bin/drv_isolation:/usr/bin/drv_isolation" \
 	--add-bin "$bin/drv_quota:/usr/bin/drv_quota" \
+	"${nvml_adds[@]}" \
 	--add "$kernels/test_kernels.ptx:/opt/ivcuda/test_kernels.ptx" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
@@ -89,7 +106,7 @@ if [[ $mode == plain ]]; then
 	trap 'cleanup; rm -f "$shm"' EXIT
 fi
 IVCUDA_DOUBLE_LEDGER=$tmp/ledger "$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
-	--staging-size 4M --mem-limit 2G --driver "$driver" --control-socket "$tmp/control.sock" "${plain[@]}" \
+	--staging-size 4M --mem-limit 2G --driver "$driver" --control-socket "$tmp/control.sock" "${plain[@]}" "${nvml_daemon[@]}" \
 	>"$tmp/ivcudad.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do
@@ -129,6 +146,7 @@ evicter=$!
 rc=0
 "$guest/run-in-guest.sh" --image "$image" "${device[@]}" --timeout 150 \
 	"export LD_LIBRARY_PATH=/opt/ivcuda/lib &&
+	 $nvml_run
 	 drv_core &&
 	 drv_kernels --ptx /opt/ivcuda/test_kernels.ptx --fatbin /opt/ivcuda/test_kernels.fatbin &&
 	 rt_basic_static &&
@@ -156,7 +174,7 @@ rc=0
 	 kill -9 %1 && wait &&
 	 drv_quota --quota-mib 2048 &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles &&
-	 drv_quota --hold-mib 77 --until-evicted" || rc=$?
+	 drv_quota --hold-mib 77 --until-evicted && sleep 2" || rc=$?
 wait "$evicter"
 echo "--- ivcudactl status while the VM held 77 MiB, and the eviction"
 cat "$tmp/vm_status" "$tmp/vm_evict" 2>/dev/null

@@ -13,7 +13,8 @@
 #     with the GPU test double standing in for the driver;
 #  5. in the guest, with no LD_LIBRARY_PATH, the loader finds libcuda.so.1
 #     in the package's directory only through ld.so.cache, and drv_core and
-#     rt_basic_static (static cudart, which dlopens libcuda.so.1) pass.
+#     rt_basic_static (static cudart, which dlopens libcuda.so.1) pass, and
+#     ivcuda-smi finds the package's libnvidia-ml.so.1 the same way.
 #
 # usage: vm_packages_test.sh BUILD_DIR WORK_DIR DRIVER_LIB VERSION HAVE_IVCUDACTL
 #   VERSION         the project's version, which the packages must carry
@@ -102,7 +103,7 @@ host_files=(usr/sbin/ivcudad usr/lib/systemd/system/ivcudad.service etc/ivcuda/i
 [[ $have_ctl == 1 ]] && host_files+=(usr/bin/ivcudactl)
 libdir=/usr/lib/x86_64-linux-gnu/ivcuda
 guest_files=("${libdir#/}/libcuda.so.1" etc/ld.so.conf.d/ivcuda.conf usr/lib/udev/rules.d/99-ivcuda.rules
-	usr/lib/sysusers.d/ivcuda-guest.conf)
+	usr/lib/sysusers.d/ivcuda-guest.conf "${libdir#/}/libnvidia-ml.so.1" usr/bin/ivcuda-smi)
 src=usr/src/ivcuda-uio-$version
 dkms_files=("$src/dkms.conf" "$src/ivcuda_uio.c" "$src/Kbuild" "$src/Makefile")
 for f in "${host_files[@]}"; do [[ -f $tmp/host/$f ]] || fail "ivcuda-host has no /$f"; done
@@ -155,10 +156,21 @@ ldconfig_bin=$(command -v ldconfig || echo /sbin/ldconfig)
 # build-guest-image.sh builds from uio-driver/ (added files are copied last).
 adds+=(--add "$tmp/ld.so.conf:/etc/ld.so.conf" --add "$ldconfig_bin:/sbin/ldconfig"
 	--add "$ko:/lib/modules/ivcuda_uio.ko")
+# ivcuda-smi finds the package's libnvidia-ml.so.1 through ld.so.cache too (a
+# script of its own: the guest's command line has no room left).
+cat >"$tmp/nvml-check.sh" <<CHECK
+/lib64/ld-linux-x86-64.so.2 --list /usr/bin/ivcuda-smi | grep -F 'libnvidia-ml.so.1 => $libdir/libnvidia-ml.so.1' ||
+	{ echo 'guest: libnvidia-ml.so.1 does not resolve to the package'; /lib64/ld-linux-x86-64.so.2 --list /usr/bin/ivcuda-smi; exit 1; }
+ivcuda-smi --help >/dev/null || { echo 'guest: ivcuda-smi --help failed'; exit 1; }
+echo 'guest: ivcuda-smi finds the package libnvidia-ml.so.1 through ld.so.cache'
+CHECK
+adds+=(--add "$tmp/nvml-check.sh:/opt/nvml-check.sh")
 # --add-bin copies the libraries ldd names: the package's libcuda.so.1 for
 # the programs; its own dependencies (libstdc++...) come with it.
 LD_LIBRARY_PATH=$tmp/guest$libdir "$guest/build-guest-image.sh" "$work/image" "${adds[@]}" \
 	--add-bin "$tmp/guest$libdir/libcuda.so.1:$libdir/libcuda.so.1" \
+	--add-bin "$tmp/guest$libdir/libnvidia-ml.so.1:$libdir/libnvidia-ml.so.1" \
+	--add-bin "$tmp/guest/usr/bin/ivcuda-smi:/usr/bin/ivcuda-smi" \
 	--add-bin "$bin/drv_core:/usr/bin/drv_core" \
 	--add-bin "$bin/rt_basic_static:/usr/bin/rt_basic_static"
 
@@ -208,6 +220,7 @@ rc=0
 	ldconfig -p | grep -F 'libcuda.so.1 (libc6,x86-64) => $libdir/libcuda.so.1'
 	$loader --list /usr/bin/drv_core | grep -F 'libcuda.so.1 => $libdir/libcuda.so.1' ||
 		{ echo 'guest: libcuda.so.1 does not resolve to the package'; $loader --list /usr/bin/drv_core; exit 1; }
+	sh /opt/nvml-check.sh
 	drv_core
 	rt_basic_static" || rc=$?
 echo "--- ivcudad (ivcuda-host) log, last lines"

@@ -1,0 +1,90 @@
+// Running processes: only the tenant's, by its own pids (the worker answers
+// so). Three generations of the entry: v1 {pid, usedGpuMemory} (16 bytes),
+// v2 and v3 nvmlProcessInfo_t {pid, usedGpuMemory, gpuInstanceId,
+// computeInstanceId} (24 bytes).
+//
+// infoCount, as nvml.h has it: in, the entries `infos` has room for; out,
+// the entries written, or (NVML_ERROR_INSUFFICIENT_SIZE) the entries there
+// are. A NULL `infos` with *infoCount 0 asks for the count alone: SUCCESS
+// when there are none, else INSUFFICIENT_SIZE with the count.
+#include <algorithm>
+#include <vector>
+
+#include "guest/nvml/internal.h"
+
+using namespace ivcuda::nvml;
+
+namespace {
+
+// The most entries one reply carries (the worker never sends more than asked).
+constexpr unsigned kMaxEntries = 1024;
+
+template <class Info>
+void store(Info* out, const ivcuda::nvml_wire::NvmlProcess& p) noexcept {
+  Info v{};
+  v.pid = p.pid;
+  v.usedGpuMemory = p.used_gpu_memory;
+  if constexpr (requires { v.gpuInstanceId; }) {
+    v.gpuInstanceId = p.gpu_instance_id;
+    v.computeInstanceId = p.compute_instance_id;
+  }
+  *out = v;
+}
+
+template <class Info>
+nvmlReturn_t processes(NvmlFn fn, nvmlDevice_t device, unsigned* count, Info* infos) noexcept {
+  return guard([&]() -> nvmlReturn_t {
+    unsigned i = 0;
+    if (const nvmlReturn_t r = check_device(device, &i); r != NVML_SUCCESS) return r;
+    if (count == nullptr || (infos == nullptr && *count != 0)) return NVML_ERROR_INVALID_ARGUMENT;
+    const unsigned cap = std::min(*count, kMaxEntries);
+    std::vector<ivcuda::nvml_wire::NvmlProcess> got(cap);
+    ivcuda::nvml_wire::RepNvml rep{};
+    const nvmlReturn_t r =
+        query(fn, static_cast<int>(i), cap, 0, cap == 0 ? nullptr : got.data(),
+              static_cast<std::uint32_t>(cap * sizeof(ivcuda::nvml_wire::NvmlProcess)), &rep);
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE) {
+      *count = static_cast<unsigned>(rep.val[0]);
+      return r;
+    }
+    if (r != NVML_SUCCESS) return r;
+    // The count the worker claims, bounded by the entries that came.
+    const auto n = static_cast<unsigned>(
+        std::min<std::uint64_t>(rep.val[0], rep.out_len / sizeof(ivcuda::nvml_wire::NvmlProcess)));
+    if (n > cap) return NVML_ERROR_UNKNOWN;
+    for (unsigned k = 0; k < n; ++k) store(&infos[k], got[k]);
+    *count = n;
+    return NVML_SUCCESS;
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                     nvmlProcessInfo_t* infos) {
+  return processes(NvmlFn::kDeviceComputeRunningProcesses, device, infoCount, infos);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                     nvmlProcessInfo_v2_t* infos) {
+  return processes(NvmlFn::kDeviceComputeRunningProcesses, device, infoCount, infos);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                  nvmlProcessInfo_v1_t* infos) {
+  return processes(NvmlFn::kDeviceComputeRunningProcesses, device, infoCount, infos);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                      nvmlProcessInfo_t* infos) {
+  return processes(NvmlFn::kDeviceGraphicsRunningProcesses, device, infoCount, infos);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                      nvmlProcessInfo_v2_t* infos) {
+  return processes(NvmlFn::kDeviceGraphicsRunningProcesses, device, infoCount, infos);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                   nvmlProcessInfo_v1_t* infos) {
+  return processes(NvmlFn::kDeviceGraphicsRunningProcesses, device, infoCount, infos);
+}
+
+}  // extern "C"

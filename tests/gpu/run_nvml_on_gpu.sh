@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# NVML for guests on the GPU machine (issue 15), process mode: ivcudad with the
+# host's real NVML, and guests that load ivcuda's libnvidia-ml.so.1.
+#   (a) pynvml through ivcuda vs the host's NVML (tests/frameworks/nvml_compare.py):
+#       name, UUID, memory total, PCI bus id identical; memory used is what the
+#       guest's worker holds (covering what it allocated); the process list is the
+#       guest's process alone, by its pid, while a native CUDA process also holds memory;
+#   (b) ivcuda-smi (-L, the table, --query-gpu) and the driver's own nvidia-smi
+#       binary against the guest library: what each prints is recorded, and
+#       ivcuda-smi must succeed (nvidia-smi's result is reported, not judged);
+#   (c) torch.cuda.list_gpu_processes() and utilization() through ivcuda: the
+#       guest's own process alone.
+#   run_nvml_on_gpu.sh BUILD_DIR     (repository root; BUILD_DIR holds ivcudad, lib/, bin/)
+# SMI=PATH overrides ivcuda-smi's path; PYTHON the interpreter (it needs
+# nvidia-ml-py and torch: /opt/torch/.venv/bin/python on the GPU machine).
+set -u
+build=$(cd "${1:-build/gpu}" && pwd)
+root=$(pwd)
+out=${OUT:-$root/out}/nvml
+mkdir -p "$out"
+. "$root/tests/lib/verdicts.sh"
+py=${PYTHON:-/opt/torch/.venv/bin/python}
+[ -x "$py" ] || py=python3
+smi=${SMI:-$build/bin/ivcuda-smi}
+sock=/tmp/ivcuda-nvml.sock
+work=$(mktemp -d /tmp/ivcuda-nvml.XXXXXX)
+rm -f "$sock"
+expect_cases 7
+
+# The host's NVML, as the workers load it (the default --nvml; named here so the log says).
+"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 2G --driver libcuda.so.1 --nvml libnvidia-ml.so.1 \
+  --log-level debug >"$out/ivcudad.log" 2>&1 &
+daemon=$!
+native_holder=
+trap 'kill $daemon $native_holder 2>/dev/null; wait $daemon 2>/dev/null' EXIT
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+guest_env=(env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib")
+
+# --- (a) pynvml, natively and through ivcuda ---------------------------------
+rc=0
+"$py" -c "import pynvml" 2>/dev/null || rc=1
+if [ $rc -ne 0 ]; then
+  not_run "pynvml through ivcuda matches the host's NVML" "$py has no pynvml (nvidia-ml-py)"
+else
+  timeout 60 "$py" "$root/tests/frameworks/nvml_compare.py" dump "$out/native.json" 2>"$out/native.err" || rc=1
+  # Another tenant: a native CUDA process holding 256 MiB, which the guest must not see.
+  "$py" - >"$out/native-holder.log" 2>&1 <<'PY' &
+import ctypes, time
+cu = ctypes.CDLL("libcuda.so.1"); cu.cuInit(0)
+d = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(d), 0)
+c = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), d); cu.cuCtxSetCurrent(c)
+p = ctypes.c_uint64(); print("native holder", cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 << 20)), flush=True)
+time.sleep(90)
+PY
+  native_holder=$!
+  sleep 2
+  rm -f "$work/ready" "$work/done"
+  "${guest_env[@]}" timeout 150 "$py" "$root/tests/frameworks/nvml_compare.py" guest "$out/guest.json" \
+    --alloc-mib 512 --ready "$work/ready" --done "$work/done" >"$out/guest.log" 2>&1 &
+  guest=$!
+  for _ in $(seq 600); do [ -e "$work/ready" ] || ! kill -0 $guest 2>/dev/null && break; sleep 0.1; done
+  workers=$(tr ' ' '\n' <"/proc/$daemon/task/$daemon/children" | paste -sd, -)
+  timeout 60 "$py" "$root/tests/frameworks/nvml_compare.py" dump "$out/during.json" 2>"$out/during.err" || rc=1
+  # (b) while the guest holds its memory: ivcuda-smi is a guest process of its own (its own worker).
+  if [ -x "$smi" ]; then
+    for args in "-L" "" "--query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,utilization.gpu,temperature.gpu,power.draw --format=csv"; do
+      echo "\$ ivcuda-smi $args" >>"$out/ivcuda-smi.txt"
+      # shellcheck disable=SC2086 # the arguments split on purpose
+      "${guest_env[@]}" timeout 60 "$smi" $args >>"$out/ivcuda-smi.txt" 2>&1
+      echo "(exit $?)" >>"$out/ivcuda-smi.txt"
+    done
+  fi
+  nvsmi=$(command -v nvidia-smi || true)
+  if [ -n "$nvsmi" ]; then
+    for args in "-L" "" "--query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used --format=csv"; do
+      echo "\$ nvidia-smi $args   (LD_LIBRARY_PATH=ivcuda's lib)" >>"$out/nvidia-smi-guest.txt"
+      # shellcheck disable=SC2086
+      "${guest_env[@]}" LD_DEBUG=libs timeout 60 "$nvsmi" $args >>"$out/nvidia-smi-guest.txt" 2>"$work/nvsmi-ld.txt"
+      echo "(exit $?; libnvidia-ml loaded from: $(grep -o 'calling init: [^ ]*libnvidia-ml[^ ]*' "$work/nvsmi-ld.txt" | head -1))" \
+        >>"$out/nvidia-smi-guest.txt"
+    done
+    "$nvsmi" >"$out/nvidia-smi-host.txt" 2>&1
+  fi
+  touch "$work/done"
+  wait $guest || rc=1
+  kill $native_holder 2>/dev/null; wait $native_holder 2>/dev/null; native_holder=
+  cat "$out/guest.log"
+  if [ $rc -eq 0 ]; then
+    "$py" "$root/tests/frameworks/nvml_compare.py" compare "$out/native.json" "$out/guest.json" "$out/during.json" \
+      --worker-pids "$workers" --alloc-mib 512 | tee "$out/compare.txt"
+    rc=${PIPESTATUS[0]}
+  fi
+  verdict "pynvml through ivcuda matches the host's NVML (name, UUID, total, PCI id; used; the guest's processes only)" $rc
+fi
+
+# --- (b) ivcuda-smi and nvidia-smi ---------------------------------------------
+if [ -x "$smi" ]; then
+  echo "ivcuda-smi (a process-mode guest of its own):"; cat "$out/ivcuda-smi.txt"
+  grep -q "^(exit 0)" "$out/ivcuda-smi.txt" && ! grep -q "^(exit [1-9]" "$out/ivcuda-smi.txt"
+  verdict "ivcuda-smi -L, its table and --query-gpu succeed through ivcuda" $?
+  uuid=$("$py" -c "import json; print(json.load(open('$out/native.json'))['gpus'][0]['uuid'])" 2>/dev/null)
+  [ -n "$uuid" ] && grep -q "$uuid" "$out/ivcuda-smi.txt"
+  verdict "ivcuda-smi names GPU 0 by the host's UUID" $?
+else
+  not_run "ivcuda-smi -L, its table and --query-gpu succeed through ivcuda" "no $smi"
+  not_run "ivcuda-smi names GPU 0 by the host's UUID" "no $smi"
+fi
+if [ -f "$out/nvidia-smi-guest.txt" ]; then
+  echo "the driver's nvidia-smi with ivcuda's libnvidia-ml.so.1 (recorded, not judged):"
+  cat "$out/nvidia-smi-guest.txt"
+  verdict "nvidia-smi against the guest library ran (its output is recorded above)" 0
+else
+  not_run "nvidia-smi against the guest library ran (its output is recorded above)" "no nvidia-smi on this machine"
+fi
+
+# --- (c) PyTorch ---------------------------------------------------------------
+if "$py" -c "import torch" 2>/dev/null; then
+  "${guest_env[@]}" timeout 240 "$py" - >"$out/torch.txt" 2>"$out/torch.err" <<'PY'
+import os, re, sys, torch
+x = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+listing = torch.cuda.list_gpu_processes(0)
+print(listing)
+print("utilization", torch.cuda.utilization(0))
+pids = [int(p) for p in re.findall(r"process\s+(\d+)", listing)]
+print("own pid", os.getpid(), "listed", pids)
+sys.exit(0 if pids == [os.getpid()] else 1)
+PY
+  rt=$?
+  cat "$out/torch.txt"; [ $rt -ne 0 ] && tail -5 "$out/torch.err"
+  verdict "torch.cuda.list_gpu_processes() through ivcuda lists the guest's own process alone" $rt
+  grep -q "^utilization [0-9]" "$out/torch.txt"
+  verdict "torch.cuda.utilization() answers through ivcuda" $?
+else
+  not_run "torch.cuda.list_gpu_processes() through ivcuda lists the guest's own process alone" "$py has no torch"
+  not_run "torch.cuda.utilization() answers through ivcuda" "$py has no torch"
+fi
+
+grep -E "NVML|nvml" "$out/ivcudad.log" | head -20
+! grep -q "died of signal" "$out/ivcudad.log"
+verdict "ivcudad served every guest to the end (sandboxed workers loaded NVML lazily)" $?
+rm -rf "$work"
+finish

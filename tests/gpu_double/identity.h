@@ -1,0 +1,60 @@
+// Who the GPU test double's devices are: names, memory, PCI addresses, UUIDs,
+// and the layout of the ledger in which the double's processes publish the
+// device memory each holds (IVCUDA_DOUBLE_LEDGER). Shared with the NVML test
+// double (tests/nvml_double), so that both doubles describe the same GPUs and
+// NVML's per-process figures are what the GPU double's processes hold.
+// Test doubles only: nothing here is shipped.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+namespace ivcuda::gpu_double {
+
+inline constexpr char kDeviceName[] = "ivcuda GPU test double";
+inline constexpr int kDriverVersion = 13000;
+inline constexpr std::size_t kTotalMem = std::size_t{4} << 30;
+inline constexpr std::size_t kFuzzTotalMem = std::size_t{64} << 20;
+inline constexpr int kMaxDevices = 16;
+
+// PCI location of a device; the integrity check of cudart hashes these, so they must stay
+// consistent with the device attributes (api_device.cc).
+inline constexpr int kPciDomain = 0;
+inline constexpr int pci_bus(int dev) { return 0x41 + dev; }
+inline constexpr int kPciDevice = 0;
+
+// Fixed per ordinal so that runs (and the integrity hash) are reproducible.
+inline void device_uuid(int dev, unsigned char (&out)[16]) {
+  constexpr unsigned char kBase[16] = {'i', 'v', 'c', 'u', 'd', 'a', 0x40, 'd', 0x80, 'o', 'u', 'b', 'l', 'e', 0, 0};
+  for (int i = 0; i < 16; ++i) out[i] = kBase[i];
+  out[15] = static_cast<unsigned char>(dev);
+}
+
+// IVCUDA_GPU_DOUBLE_DEVICES (default 1); -1 when it is not a count from 0 to kMaxDevices.
+inline int device_count_env() {
+  const char* env = std::getenv("IVCUDA_GPU_DOUBLE_DEVICES");
+  if (env == nullptr || *env == '\0') return 1;
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (*end != '\0' || n < 0 || n > kMaxDevices) return -1;
+  return static_cast<int>(n);
+}
+
+// The ledger file: one entry per process. An entry belongs to the process
+// holding a write lock (F_OFD_SETLK) on the byte at its index (an
+// open-file-description lock: the kernel drops it when the process ends,
+// however it ends), so liveness needs no signals or /proc (which a sandboxed
+// worker may not use). `used` is the device memory the process holds, per device.
+struct Ledger {
+  struct Entry {
+    std::int32_t pid;
+    std::int32_t reserved;
+    std::atomic<std::uint64_t> used[kMaxDevices];
+  };
+  static constexpr int kEntries = 512;
+  Entry e[kEntries];
+};
+
+}  // namespace ivcuda::gpu_double

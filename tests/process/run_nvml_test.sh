@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The guest's NVML (guest/nvml: libnvidia-ml.so.1) and ivcuda-smi in process
+# mode, against ivcudad with the GPU test double and the NVML test double
+# (--nvml): tests/programs/nvml_api.cc's checks (identity consistent with
+# libcuda, the tenant's memory and processes, a second tenant invisible, bad
+# handles and pointers, small buffers, setters refused, events), then
+# ivcuda-smi's table, -L and --query-gpu as scripts read them, the quota as
+# memory.total, and NVML refusing to start over a libcuda.so.1 that is not
+# ivcuda's.
+#   run_nvml_test.sh BUILD_DIR DRIVER_LIB NVML_DOUBLE_LIB
+set -u
+build=$(cd "$1" && pwd)
+driver=$2
+nvml=$3
+bin=$build/tests/bin
+smi=$build/bin/ivcuda-smi
+work=$(mktemp -d /tmp/ivcuda-nvml.XXXXXX)
+sock=$work/a.sock
+log=$work/ivcudad.log
+daemon_pid=
+holder=
+keep=
+# shellcheck source=../lib/verdicts.sh
+. "$(dirname "$0")/../lib/verdicts.sh"
+expect_cases 8
+
+cleanup() {
+  [ -n "$keep" ] && kill "$keep" 2>/dev/null
+  [ -n "$holder" ] && kill "$holder" 2>/dev/null
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+start_daemon() {  # EXTRA ARGS...
+  rm -f "$sock"
+  IVCUDA_DOUBLE_LEDGER=$work/ledger "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 256M \
+    --staging-size 4M --channels 8 --driver "$driver" --nvml "$nvml" --control-socket "$work/control.sock" \
+    "$@" >>"$log" 2>&1 &
+  daemon_pid=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+}
+stop_daemon() {
+  kill "$daemon_pid" 2>/dev/null
+  wait "$daemon_pid" 2>/dev/null
+  daemon_pid=
+}
+guest() {  # PROGRAM ARGS... (output in $work/out)
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$@" >"$work/out" 2>&1
+}
+show() {  # RC: prints the output when RC is not 0, returns RC
+  [ "$1" -ne 0 ] && cat "$work/out"
+  return "$1"
+}
+
+start_daemon
+guest "$bin/nvml_api"
+show $?
+verdict "nvml_api: identity as libcuda says it, the tenant's memory and processes, another tenant invisible, bad handles, small buffers, setters refused, events" $?
+
+# Another tenant holds device memory while ivcuda-smi draws its table: its own
+# view has no process of that tenant and none of its memory.
+# (It holds until its stdin, a FIFO kept open by a sleeper, closes.)
+mkfifo "$work/hold_in"
+sleep 600 >"$work/hold_in" &
+keep=$!
+IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib "$bin/nvml_api" --hold 100 <"$work/hold_in" >"$work/hold" 2>&1 &
+holder=$!
+for _ in $(seq 200); do grep -q '^ready' "$work/hold" && break; sleep 0.05; done
+guest "$smi"
+rc=$?
+grep -q '^ready' "$work/hold" && [ $rc -eq 0 ] && grep -Eq '^\| 0 +.+ +[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.0 +0 MiB / [0-9]+ MiB' "$work/out" &&
+  grep -q 'No running processes found' "$work/out" && ! grep -q " $holder " "$work/out"
+show $?
+verdict "ivcuda-smi: the table (GPU, bus id, memory of this tenant) and a processes section without another tenant's" $?
+kill "$keep" 2>/dev/null
+wait "$holder" 2>/dev/null
+holder= keep=
+
+guest "$smi" -L
+rc=$?
+[ $rc -eq 0 ] && grep -Eq '^GPU 0: .+ \(UUID: GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\)$' "$work/out"
+show $?
+verdict "ivcuda-smi -L: GPU 0: NAME (UUID: GPU-...)" $?
+
+fields=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,utilization.gpu,temperature.gpu,power.draw,power.limit,driver_version
+guest "$smi" --query-gpu=$fields --format=csv
+rc=$?
+[ $rc -eq 0 ] && head -1 "$work/out" | grep -qx 'index, name, uuid, pci.bus_id, memory.total \[MiB\], memory.used \[MiB\], memory.free \[MiB\], utilization.gpu \[%\], temperature.gpu, power.draw \[W\], power.limit \[W\], driver_version' &&
+  sed -n 2p "$work/out" | grep -Eq '^0, .+, GPU-[0-9a-f-]{36}, [0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.0, [0-9]+ MiB, [0-9]+ MiB, [0-9]+ MiB, [0-9]+ %, [0-9]+, [0-9.]+ W, [0-9.]+ W, [0-9.]+$'
+show $?
+verdict "ivcuda-smi --query-gpu=... --format=csv: header with units, one line per GPU" $?
+
+guest "$smi" --query-gpu=index,memory.total,power.draw --format=csv,noheader,nounits
+rc=$?
+[ $rc -eq 0 ] && grep -Eqx '0, [0-9]+, [0-9]+\.[0-9]{2}' "$work/out" && [ "$(wc -l <"$work/out")" -eq 1 ]
+show $?
+verdict "ivcuda-smi --format=csv,noheader,nounits: numbers only" $?
+
+guest "$smi" --query-gpu=index,colour --format=csv
+rc=$?
+[ $rc -eq 2 ] && grep -q 'Field "colour" is not a valid field to query' "$work/out"
+show $?
+verdict "ivcuda-smi: an unknown field is refused (exit 2)" $?
+stop_daemon
+
+# A quota is the tenant's memory.total (the worker answers so), as cuMemGetInfo says it.
+start_daemon --mem-limit 1G
+guest "$smi" --query-gpu=memory.total --format=csv,noheader,nounits
+rc=$?
+[ $rc -eq 0 ] && grep -qx 1024 "$work/out"
+show $?
+verdict "ivcuda-smi: memory.total is the guest's quota (--mem-limit 1G: 1024 MiB)" $?
+stop_daemon
+
+# Over a libcuda.so.1 that is not ivcuda's (the toolkit's stub), NVML does not start.
+stub=$(ls /usr/local/cuda/lib64/stubs/libcuda.so /usr/local/cuda/targets/*/lib/stubs/libcuda.so 2>/dev/null | head -1)
+if [ -z "$stub" ]; then
+  not_run "NVML over another libcuda.so.1: DRIVER_NOT_LOADED" "the toolkit's libcuda stub is not installed"
+else
+  mkdir -p "$work/other"
+  ln -s "$stub" "$work/other/libcuda.so.1"
+  ln -s "$build/lib/libnvidia-ml.so.1" "$work/other/libnvidia-ml.so.1"
+  LD_LIBRARY_PATH=$work/other timeout 60 "$smi" -L >"$work/out" 2>&1
+  rc=$?
+  [ $rc -eq 9 ] && grep -q 'Driver Not Loaded' "$work/out"
+  show $?
+  verdict "NVML over a libcuda.so.1 that is not ivcuda's: nvmlInit answers DRIVER_NOT_LOADED (ivcuda-smi exit 9)" $?
+fi
+finish
