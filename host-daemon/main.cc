@@ -328,7 +328,7 @@ int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem
   for (auto& fd : g.guest_fds) cfg.guest_fds.push_back(fd.get());
   cfg.conn_fd = g.conn.get();
   cfg.driver_path = o.driver;
-  cfg.nvml_path = o.nvml;
+  cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
   cfg.devices = gpus;
   cfg.mem_limit = mem_limit;
   cfg.limits = o.limits;
@@ -384,7 +384,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.host_fds.push_back(host_efd->get());    // nobody rings these: no interrupts
   cfg.guest_fds.push_back(guest_efd->get());  // in ivshmem-plain
   cfg.driver_path = o.driver;
-  cfg.nvml_path = o.nvml;
+  cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
   cfg.devices = gpus;
   cfg.mem_limit = o.mem_limit;
   cfg.limits = o.limits;
@@ -476,7 +476,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       for (const auto& fd : client->own_eventfds()) cfg.host_fds.push_back(fd.get());
       for (const auto& fd : client->peers().at(guest)) cfg.guest_fds.push_back(fd.get());
       cfg.driver_path = o.driver;
-      cfg.nvml_path = o.nvml;
+      cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
       cfg.devices = gpus;
       cfg.mem_limit = o.mem_limit;
       cfg.limits = o.limits;
@@ -543,7 +543,9 @@ void define_options(CLI::App& app, Options& o) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--driver", o.driver, "the CUDA driver library to load")->capture_default_str();
-  app.add_option("--nvml", o.nvml, "the NVML library workers load to answer their guests' NVML queries")
+  app.add_option("--nvml", o.nvml,
+                 "the NVML library workers load to answer their guests' NVML queries (\"none\": guests' NVML "
+                 "answers LIBRARY_NOT_FOUND)")
       ->capture_default_str();
   app.add_option("--spin-us", o.spin_us, "how long a worker polls after the last request before sleeping")
       ->capture_default_str();

@@ -77,6 +77,10 @@ Worker::NvmlState& Worker::nvml_state() {
   if (nvml_) return *nvml_;
   nvml_ = std::make_shared<NvmlState>();
   NvmlState& s = *nvml_;
+  if (cfg_.nvml_path.empty()) {  // --nvml none
+    s.status = NVML_ERROR_LIBRARY_NOT_FOUND;
+    return s;
+  }
   auto api = load_nvml(cfg_.nvml_path);
   if (!api) {
     IVLOG_WARN("guest %u: NVML queries answer LIBRARY_NOT_FOUND: %s", cfg_.guest_id, api.error().what.c_str());
@@ -98,6 +102,30 @@ Worker::NvmlState& Worker::nvml_state() {
     if (cu_.cuDeviceGetPCIBusId(bus, sizeof bus - 1, devices_[i]) == CUDA_SUCCESS &&
         std::sscanf(bus, "%x:%x:%x.%x", &dom, &b, &d, &fn) == 4)
       s.pci[i] = {dom, b, d};
+    // Each granted GPU's handle now, and one query of each kind the guest
+    // asks most, while the worker is not yet sandboxed: NVML opens the GPU's
+    // files and reads the driver's tables on a device's first use, which the
+    // sandbox no longer allows (inside it, those first uses answer
+    // NVML_ERROR_UNKNOWN on the H200).
+    nvmlDevice_t h = nullptr;
+    if (bus[0] == '\0' || s.api.nvmlDeviceGetHandleByPciBusId_v2(bus, &h) != NVML_SUCCESS) continue;
+    s.handles[i] = h;
+    if (s.api.nvmlDeviceGetMemoryInfo != nullptr) {
+      nvmlMemory_t mem{};
+      (void)s.api.nvmlDeviceGetMemoryInfo(h, &mem);
+    }
+    if (s.api.nvmlDeviceGetUtilizationRates != nullptr) {
+      nvmlUtilization_t u{};
+      (void)s.api.nvmlDeviceGetUtilizationRates(h, &u);
+    }
+    if (s.api.nvmlDeviceGetComputeRunningProcesses_v3 != nullptr) {
+      unsigned n = 0;
+      (void)s.api.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, nullptr);
+    }
+    if (s.api.nvmlDeviceGetPowerUsage != nullptr) {
+      unsigned mw = 0;
+      (void)s.api.nvmlDeviceGetPowerUsage(h, &mw);
+    }
   }
   return s;
 }

@@ -81,7 +81,8 @@ struct WorkerConfig {
   std::vector<int> guest_fds;      // we ring the guest on these
   int conn_fd = -1;                // the guest's socket: hang-up ends the worker
   std::string driver_path = "libcuda.so.1";
-  // The host's NVML (--nvml), loaded at the guest's first NVML query (nvml.cc).
+  // The host's NVML (--nvml; empty: none), loaded and initialised when the
+  // worker starts, before its sandbox (nvml.cc).
   std::string nvml_path = "libnvidia-ml.so.1";
   // NAME=VALUE pairs set in the worker's process before the driver loads
   // (an MPS client's settings: host-daemon/mps.h).

@@ -331,7 +331,7 @@ run_set() {
     echo "$prog: the $file run failed (exit $rc); last lines of $log:" >&2
     tail -n 20 "$log" >&2
     if [[ $name != native ]] && grep -qi 'nvml' "$log"; then
-      echo "$prog: (NVML in that log: the wheel's libnvbench.so asks the driver's NVML for the device at start-up; with ivcuda's libcuda.so.1 loaded, NVML's own calls into libcuda go to ivcuda, which answers none of NVML's private ones yet - issue 15)" >&2
+      echo "$prog: (NVML in that log: the wheel's libnvbench.so asks the driver's NVML for the device at start-up; with ivcuda's libcuda.so.1 loaded, the driver's NVML calls into it privately and ivcuda refuses; put ivcuda's own libnvidia-ml.so.1 first on the library path)" >&2
     fi
     exit 1
   fi
@@ -344,7 +344,7 @@ guest_libs_ok() { # the benchmark's NVML, if it needs one, must be ivcuda's gues
   local line
   line=$(LD_LIBRARY_PATH=$ivcuda_build/lib ldd "$exe" 2>/dev/null | grep 'libnvidia-ml.so.1' || true)
   [[ -z $line || $line == *"=> $ivcuda_build/lib/"* ]] && return 0
-  missing "no guest NVML: the wheel's libnvbench.so needs libnvidia-ml.so.1 when it loads, and a guest has no NVIDIA driver; ivcuda's guest NVML library (issue 15) is not there yet ($ivcuda_build/lib has no libnvidia-ml.so.1). Until it is, run the guest leg with an NVBench built from source with NVML off (--exe FILE; README.md), or leave guest out of --modes"
+  missing "no guest NVML: the wheel's libnvbench.so needs libnvidia-ml.so.1 when it loads, and a guest has no NVIDIA driver; $ivcuda_build/lib has no libnvidia-ml.so.1 (ivcuda's guest NVML library: build the ivcuda_nvml target). Otherwise run the guest leg with an NVBench built from source with NVML off (--exe FILE; README.md), or leave guest out of --modes"
 }
 
 tcg_bundle=

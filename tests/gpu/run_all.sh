@@ -46,8 +46,8 @@ deps_env() {  # the build dependencies from .deps, unpacked once
 # build_gpu TARGETS...: configures build/gpu as the suite does, if need be, and builds them.
 build_gpu() {
   local build=$root/build/gpu
+  deps_env  # also for a rebuild on a machine still warm: the compiler finds .deps' headers through it
   if [ ! -f "$build/CMakeCache.txt" ]; then
-    deps_env
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$DEPS/usr" \
       >"$work/configure.log" 2>&1 || { tail -20 "$work/configure.log"; return 1; }
   fi
@@ -109,15 +109,15 @@ for p in $parts; do
     fi ;;
   nvbench)
     # The guest leg needs libnvidia-ml.so.1 in the guest (the wheel's libnvbench.so loads it):
-    # it runs once ivcuda builds a guest NVML library (issue 15), which the TCG guest then gets.
+    # it runs where build/gpu/lib has ivcuda's guest NVML library (the nvml part builds it).
     rc=0
-    build_gpu ivcudad ivcuda_guest || rc=1
+    build_gpu ivcudad ivcuda_guest ivcuda_nvml || rc=1
     if [ $rc -eq 0 ]; then
       modes=native,process
       if [ -e "$root/build/gpu/lib/libnvidia-ml.so.1" ]; then
         modes=$modes,guest
       else
-        echo "nvbench: no TCG guest run: the wheel's libnvbench.so needs libnvidia-ml.so.1, and ivcuda has no guest NVML library yet (issue 15)"
+        echo "nvbench: no TCG guest run: the wheel's libnvbench.so needs libnvidia-ml.so.1 (build target ivcuda_nvml, or run the nvml part first)"
       fi
       # C++ first, then Python, each compared apart: a failing Python run keeps the C++ table.
       timeout 330 bash nvbench-configs/run.sh --sets cpp --modes "$modes" --ivcuda-build build/gpu \
