@@ -25,7 +25,7 @@ smi=${SMI:-$build/bin/ivcuda-smi}
 sock=/tmp/ivcuda-nvml.sock
 work=$(mktemp -d /tmp/ivcuda-nvml.XXXXXX)
 rm -f "$sock"
-expect_cases 7
+expect_cases 8
 
 # The host's NVML, as the workers load it (the default --nvml; named here so the log says).
 # DAEMON_ARGS: more ivcudad options (e.g. --sandbox off, to tell the sandbox's part).
@@ -136,6 +136,34 @@ PY
 else
   not_run "torch.cuda.list_gpu_processes() through ivcuda lists the guest's own process alone" "$py has no torch"
   not_run "torch.cuda.utilization() answers through ivcuda" "$py has no torch"
+fi
+
+# --- (d) gpustat and nvitop, from wheels carried in .deps/wheels/tools ------------
+# (tests/gpu/fetch-deps.sh: pip download there; this machine has no network.)
+tools=$root/.deps/wheels/tools
+if [ -d "$tools" ] && ls "$tools"/nvitop-*.whl >/dev/null 2>&1; then
+  site=$work/tools-site
+  mkdir -p "$site"
+  for w in "$tools"/*.whl; do "$py" -m zipfile -e "$w" "$site" >/dev/null; done
+  for t in "$tools"/*.tar.gz; do tar xzf "$t" -C "$work" && cp -r "$work"/"$(basename "$t" .tar.gz)"/gpustat "$site"/; done
+  for tool in "gpustat" "nvitop -1"; do
+    for side in native ivcuda; do
+      if [ $side = native ]; then env=(env); else env=("${guest_env[@]}"); fi
+      echo "\$ $tool ($side)" >>"$out/tools.txt"
+      read -r mod args <<<"$tool"
+      # shellcheck disable=SC2086
+      PYTHONPATH=$site "${env[@]}" timeout 60 "$py" -m "$mod" $args >>"$out/tools.txt" 2>&1 <<<"" ||
+        echo "(exit $?)" >>"$out/tools.txt"
+    done
+  done
+  echo "gpustat and nvitop, natively and through ivcuda:"; cat "$out/tools.txt"
+  # Each tool's two runs name the same GPU (gpustat: its full name; nvitop: the short one).
+  name=$("$py" -c "import json; print(json.load(open('$out/native.json'))['gpus'][0]['name'])" 2>/dev/null)
+  [ -n "$name" ] && [ "$(grep -c "$name" "$out/tools.txt")" -ge 2 ] &&
+    [ "$(grep -c "${name#NVIDIA }  " "$out/tools.txt")" -ge 2 ] && ! grep -q "^(exit" "$out/tools.txt"
+  verdict "gpustat and nvitop -1 run through ivcuda's NVML and name the GPU as natively" $?
+else
+  not_run "gpustat and nvitop -1 run through ivcuda's NVML and name the GPU as natively" "no wheels in $tools"
 fi
 
 grep -E "NVML|nvml" "$out/ivcudad.log" | head -20
