@@ -26,6 +26,21 @@ nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int* 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int* temp) {
   return device_value(NvmlFn::kDeviceTemperature, device, temp, static_cast<std::uint64_t>(sensorType));
 }
+// The versioned form (nvml.h's replacement for the one above, which nvitop
+// asks first): the same query in a struct that names its version.
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t* temperature) {
+  if (temperature == nullptr) {
+    unsigned i = 0;
+    const nvmlReturn_t r = check_device(device, &i);
+    return r != NVML_SUCCESS ? r : NVML_ERROR_INVALID_ARGUMENT;
+  }
+  if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+  unsigned value = 0;
+  const nvmlReturn_t r = device_value(NvmlFn::kDeviceTemperature, device, &value,
+                                      static_cast<std::uint64_t>(temperature->sensorType));
+  if (r == NVML_SUCCESS) temperature->temperature = static_cast<int>(value);
+  return r;
+}
 nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType,
                                                unsigned int* temp) {
   return device_value(NvmlFn::kDeviceTemperatureThreshold, device, temp, static_cast<std::uint64_t>(thresholdType));

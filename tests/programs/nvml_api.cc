@@ -255,6 +255,13 @@ void figures(nvmlDevice_t d) {
   EXPECT_RET(nvmlDeviceGetUtilizationRates(d, &u), NVML_SUCCESS);
   CHECK_TRUE(u.gpu <= 100 && u.memory <= 100);
   EXPECT_RET(nvmlDeviceGetTemperature(d, NVML_TEMPERATURE_GPU, &v), NVML_SUCCESS);
+  nvmlTemperature_t t{};
+  t.version = nvmlTemperature_v1;
+  t.sensorType = NVML_TEMPERATURE_GPU;
+  EXPECT_RET(nvmlDeviceGetTemperatureV(d, &t), NVML_SUCCESS);
+  CHECK_TRUE(t.temperature == static_cast<int>(v));
+  t.version = 0;
+  EXPECT_RET(nvmlDeviceGetTemperatureV(d, &t), NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
   EXPECT_RET(nvmlDeviceGetPowerUsage(d, &v), NVML_SUCCESS);
   EXPECT_RET(nvmlDeviceGetPowerManagementLimit(d, &w), NVML_SUCCESS);
   EXPECT_RET(nvmlDeviceGetPowerManagementLimitConstraints(d, &v, &w), NVML_SUCCESS);
