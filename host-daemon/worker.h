@@ -543,7 +543,7 @@ class Worker {
   std::map<std::uint64_t, PoolImport> pool_imports_;
 
   // NVML for the guest (nvml.cc): the host's library and device handles,
-  // made at the first query; the pid the guest process gave in its hello
+  // made when the worker starts, before its sandbox; the pid the guest process gave in its hello
   // (process mode: the pid its entries of the process lists carry).
   struct NvmlState;
   std::shared_ptr<NvmlState> nvml_;
