@@ -14,10 +14,16 @@ wheels=$root/.deps/wheels
 dest=$root/.deps/nvml/include
 wheel=$wheels/nvidia_nvml_dev-$version-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
 
+# And NVIDIA's Python binding, nvidia-ml-py (pure Python), which the QEMU guest test runs unchanged
+# over the guest's libnvidia-ml.so.1 (tests/guest_vm/pynvml_check.py); the release for driver 580.
+pyversion=13.580.82
+mkdir -p "$wheels"
+if [ ! -f "$wheels/nvidia_ml_py-$pyversion-py3-none-any.whl" ]; then
+  python3 -m pip download --quiet --no-deps --dest "$wheels" "nvidia-ml-py==$pyversion"
+fi
 if [ -f "$dest/nvml.h" ] && grep -q "NVML_API_VERSION" "$dest/nvml.h"; then
   echo "fetch-nvml-header: $dest/nvml.h present"; exit 0
 fi
-mkdir -p "$wheels"
 if [ ! -f "$wheel" ]; then
   python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
     --dest "$wheels" "nvidia-nvml-dev==$version"

@@ -16,7 +16,8 @@
 # With NVML_DOUBLE_LIB (the NVML test double as the host's NVML, --nvml), the
 # guest's libnvidia-ml.so.1 sits next to libcuda.so.1 and ivcuda-smi and
 # nvml_api run in the guest first: the VM is one tenant, so the second
-# process nvml_api starts is listed, by its guest pid, with its memory.
+# process nvml_api starts is listed, by its guest pid, with its memory; and
+# pynvml (nvidia-ml-py, unchanged) on a minimal python3 agrees with ivcuda-smi.
 #
 # usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB [NVML_DOUBLE_LIB]
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
@@ -53,7 +54,37 @@ if [[ -n $nvml ]]; then
 	nvml_adds=(--add-bin "$lib/libnvidia-ml.so.1:/opt/ivcuda/lib/libnvidia-ml.so.1"
 		--add-bin "$build/bin/ivcuda-smi:/usr/bin/ivcuda-smi" --add-bin "$bin/nvml_api:/usr/bin/nvml_api")
 	nvml_daemon=(--nvml "$nvml")
-	nvml_run="ivcuda-smi -L && ivcuda-smi && ivcuda-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used --format=csv && nvml_api --same-tenant-child &&"
+	# The NVML checks run from a script in the image (the kernel command line that carries the
+	# guest's command is short).
+	nvml_script=$image.nvml-checks.sh
+	cat >"$nvml_script" <<'CHECKS'
+set -e
+ivcuda-smi -L
+ivcuda-smi
+ivcuda-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used --format=csv
+nvml_api --same-tenant-child
+PYTHONPATH=/opt/pynvml python3 -S /opt/ivcuda/pynvml_check.py
+CHECKS
+	nvml_adds+=(--add "$nvml_script:/opt/ivcuda/nvml_checks.sh")
+	nvml_run="sh /opt/ivcuda/nvml_checks.sh &&"
+	# pynvml too: NVIDIA's nvidia-ml-py wheel (tools/install-deps.sh fetches it into .deps/wheels)
+	# on the host's python3, with only the standard modules it loads (the image has no Python).
+	pywheel=$(ls "$here/../../.deps/wheels"/nvidia_ml_py-*.whl 2>/dev/null | head -1)
+	[[ -n $pywheel ]] || { echo "FAIL: no nvidia-ml-py wheel in .deps/wheels (tools/install-deps.sh fetches it)"; exit 1; }
+	py=$(readlink -f /usr/bin/python3)  # Debian's (tools/install-deps.sh), not whatever python3 PATH finds first
+	pystage=$image.python
+	rm -rf "$pystage" && mkdir -p "$pystage/pynvml" "$pystage/root"
+	"$py" -m zipfile -e "$pywheel" "$pystage/pynvml"
+	# Every module file python3 holds after importing what the check imports (-S: no site).
+	PYTHONPATH=$pystage/pynvml "$py" -S -c '
+import sys, subprocess, pynvml, encodings.utf_8, encodings.latin_1, encodings.ascii
+for m in list(sys.modules.values()):
+    f = getattr(m, "__file__", None)
+    if f and f.startswith(sys.prefix + "/lib/python"): print(f)' | while read -r f; do cp --parents "$f" "$pystage/root"; done
+	stdlib=$("$py" -S -c 'import os, sys; print(os.path.dirname(os.__file__))')
+	ctypes_so=$(ls "$stdlib"/lib-dynload/_ctypes.*.so)
+	nvml_adds+=(--add-bin "$py:/usr/bin/python3" --add-bin "$ctypes_so:$ctypes_so" --add "$pystage/root$stdlib:$stdlib"
+		--add "$pystage/pynvml:/opt/pynvml" --add "$here/pynvml_check.py:/opt/ivcuda/pynvml_check.py")
 fi
 
 # The programs find libcuda.so.1 through LD_LIBRARY_PATH, as a user's would:
@@ -175,6 +206,8 @@ rc=0
 	 drv_quota --quota-mib 2048 &&
 	 drv_errors --ptx /opt/ivcuda/test_kernels.ptx --fault --forged-handles &&
 	 drv_quota --hold-mib 77 --until-evicted && sleep 2" || rc=$?
+# A guest run that failed early never reaches the program the eviction waits for.
+[[ $rc -eq 0 ]] || kill "$evicter" 2>/dev/null
 wait "$evicter"
 echo "--- ivcudactl status while the VM held 77 MiB, and the eviction"
 cat "$tmp/vm_status" "$tmp/vm_evict" 2>/dev/null
