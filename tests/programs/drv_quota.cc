@@ -67,6 +67,10 @@ int hold(std::uint64_t mib, bool until_evicted) {
   EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuStreamCreate(&s, 0));
   EXPECT_RES(CUDA_ERROR_DEVICE_UNAVAILABLE, cuCtxSynchronize());
   std::printf("evicted\n");
+  std::fflush(stdout);
+  // Stay a moment, evicted: the operator's tool then sees the release
+  // before this guest's connection ends with it.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   return check::finish("drv_quota --until-evicted");
 }
 
