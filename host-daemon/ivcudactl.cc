@@ -34,6 +34,8 @@ void print_table(const ivcuda::host::DaemonStatus& st) {
   std::printf("ivcudad %s, pid %d, up %s; %zu guest(s)", st.version.c_str(), static_cast<int>(st.pid),
               duration(st.uptime_s).c_str(), st.guests.size());
   if (st.guests_refused != 0) std::printf(", %llu refused", static_cast<unsigned long long>(st.guests_refused));
+  if (st.warm_ready + st.warm_starting != 0)
+    std::printf("; warm workers: %u ready, %u starting", st.warm_ready, st.warm_starting);
   std::printf("\n");
   if (st.guests.empty()) return;
   std::vector<std::vector<std::string>> rows{{"GUEST", "MODE", "STATE", "SOCKET", "PID", "PEER", "UID", "GPUS",

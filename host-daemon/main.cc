@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -100,6 +101,7 @@ struct Options {
   std::vector<std::string> guest_sockets;  // SOCKET=GPUS
   std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
   std::uint32_t vm_spares = 1;
+  unsigned warm_workers = 1;  // per socket: started ahead of the next guest
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
   ivcuda::host::ObjectLimits limits;     // --object-limits
   std::string socket_group;              // --socket-group: who may connect (QEMU's user)
@@ -147,16 +149,20 @@ std::string parse_object_limits(const std::string& spec, ivcuda::host::ObjectLim
   return {};
 }
 
-// A --guest-socket entry: SOCKET=GPUS[:mem-limit=SIZE]. The socket's path
-// holds no ':'. Returns false with *err set.
+// Workers a socket keeps started ahead at most (--warm-workers, warm=N).
+constexpr unsigned kMaxWarm = 8;
+
+// A --guest-socket entry: SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT][:warm=N].
+// The socket's path holds no ':'. Returns false with *err set.
 struct SocketSpec {
   std::string path;
   std::vector<int> gpus;
   std::uint64_t mem_limit = 0;
   unsigned compute = 100;  // % of the SMs under --mps
+  unsigned warm = 1;       // workers started ahead (--warm-workers)
 };
 bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, unsigned default_compute,
-                       SocketSpec* out, std::string* err);
+                       unsigned default_warm, SocketSpec* out, std::string* err);
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
   std::vector<int> out;
@@ -176,7 +182,7 @@ std::vector<int> parse_gpus(const std::string& s, std::string* err) {
 }
 
 bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, unsigned default_compute,
-                       SocketSpec* out, std::string* err) {
+                       unsigned default_warm, SocketSpec* out, std::string* err) {
   std::vector<std::string> parts;
   std::stringstream ss(spec);
   std::string item;
@@ -192,6 +198,7 @@ bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, uns
   if (!err->empty()) return false;
   out->mem_limit = default_limit;
   out->compute = default_compute;
+  out->warm = default_warm;
   for (std::size_t i = 1; i < parts.size(); ++i) {
     const auto kv = parts[i].find('=');
     const std::string key = parts[i].substr(0, kv);
@@ -204,6 +211,16 @@ bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, uns
         return false;
       }
       out->compute = static_cast<unsigned>(pct);
+      continue;
+    }
+    if (key == "warm" && !value.empty()) {
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(value.c_str(), &end, 10);
+      if (*end != '\0' || n > kMaxWarm) {
+        *err = "warm: '" + value + "' is not a count from 0 to " + std::to_string(kMaxWarm);
+        return false;
+      }
+      out->warm = static_cast<unsigned>(n);
       continue;
     }
     if (key != "mem-limit" || value.empty()) {
@@ -307,40 +324,67 @@ int serve_one(const Options& o, ivcuda::host::WorkerConfig cfg, long long id) {
   return rc;
 }
 
-// The connection's process: a VM's supervisor with a worker per guest
-// process, or, when the peer is the CUDA program itself, its one worker
-// (host-daemon/vm_supervisor.h).
-int run_worker(const Options& o, const std::vector<int>& gpus, std::uint64_t mem_limit,
-               const ivcuda::ring::Layout& layout, std::uint64_t generation, ivcuda::ivshmem::GuestConnection& g,
-               int shm_fd, int broker_fd, ivcuda::host::TenantShare* share, pid_t peer_pid,
-               ivcuda::host::GuestStats* stats, const std::vector<std::string>& driver_env) {
-  // Die with the daemon: a worker must not outlive the process that manages it.
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  keep_only_share(share);
+// What a guest connection's process is given: everything a worker needs,
+// and what its supervisor needs beyond that. conn_fd and peer_pid are -1
+// for a warm entry (they come with the guest).
+struct GuestSetup {
+  const std::vector<int>* gpus = nullptr;
+  std::uint64_t mem_limit = 0;
+  const ivcuda::ring::Layout* layout = nullptr;
+  std::uint64_t generation = 0;
+  std::int64_t id = 0;
+  int shm_fd = -1;
+  const ivcuda::ivshmem::GuestConnection* fds = nullptr;  // doorbells (and conn when there)
+  int broker_fd = -1;
+  ivcuda::host::TenantShare* share = nullptr;
+  pid_t peer_pid = -1;
+  ivcuda::host::GuestStats* stats = nullptr;
+  std::vector<std::string> driver_env;
+};
+
+ivcuda::host::SupervisorConfig supervisor_config(const Options& o, const GuestSetup& g) {
   ivcuda::host::SupervisorConfig sc;
   ivcuda::host::WorkerConfig& cfg = sc.worker;
-  cfg.share = share;
-  cfg.guest_id = static_cast<std::uint32_t>(g.peer_id);
-  cfg.shm_fd = shm_fd;
-  cfg.layout = layout;
-  cfg.generation = generation;
-  for (auto& fd : g.host_fds) cfg.host_fds.push_back(fd.get());
-  for (auto& fd : g.guest_fds) cfg.guest_fds.push_back(fd.get());
-  cfg.conn_fd = g.conn.get();
+  cfg.share = g.share;
+  cfg.guest_id = static_cast<std::uint32_t>(g.id);
+  cfg.shm_fd = g.shm_fd;
+  cfg.layout = *g.layout;
+  cfg.generation = g.generation;
+  for (auto& fd : g.fds->host_fds) cfg.host_fds.push_back(fd.get());
+  for (auto& fd : g.fds->guest_fds) cfg.guest_fds.push_back(fd.get());
+  cfg.conn_fd = g.fds->conn.valid() ? g.fds->conn.get() : -1;
   cfg.driver_path = o.driver;
   cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
-  cfg.devices = gpus;
-  cfg.mem_limit = mem_limit;
+  cfg.devices = *g.gpus;
+  cfg.mem_limit = g.mem_limit;
   cfg.limits = o.limits;
-  cfg.stats = stats;
-  cfg.driver_env = driver_env;
+  cfg.stats = g.stats;
+  cfg.driver_env = g.driver_env;
   cfg.spin = std::chrono::microseconds(o.spin_us);
-  cfg.broker_fd = broker_fd;
-  sc.peer_pid = peer_pid;
+  cfg.broker_fd = g.broker_fd;
+  sc.peer_pid = g.peer_pid;
   sc.spares = o.vm_spares;
   sc.running = &g_worker;
   sandbox_hooks(o, sc);
-  return ivcuda::host::run_supervisor(std::move(sc), &g_stop);
+  return sc;
+}
+
+// The connection's process: a VM's supervisor with a worker per guest
+// process, or, when the peer is the CUDA program itself, its one worker
+// (host-daemon/vm_supervisor.h).
+int run_worker(const Options& o, const GuestSetup& g) {
+  // Die with the daemon: a worker must not outlive the process that manages it.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  keep_only_share(g.share);
+  return ivcuda::host::run_supervisor(supervisor_config(o, g), &g_stop);
+}
+
+// A warm entry's process: the same, started before its guest connects; the
+// daemon hands it the guest on handoff_fd (vm_supervisor.h).
+int run_warm(const Options& o, const GuestSetup& g, int handoff_fd) {
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  keep_only_share(g.share);
+  return ivcuda::host::run_warm_supervisor(supervisor_config(o, g), handoff_fd, &g_stop);
 }
 
 // Creates and formats an ivshmem-plain memory file and forks its worker.
@@ -564,9 +608,9 @@ void define_options(CLI::App& app, Options& o) {
                  "join an existing ivshmem-server at this socket as its host peer, instead of listening; "
                  "it serves one guest at a time (all peers of such a server share one memory)");
   app.add_option("--guest-socket", o.guest_sockets,
-                 "SOCKET=GPUS[:mem-limit=SIZE]: one more socket, whose guests get only these host GPUs "
-                 "(e.g. /run/ivcuda/vm2.sock=1:mem-limit=20G); repeatable. One socket per VM gives each "
-                 "VM its own GPUs and quota")
+                 "SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT][:warm=N]: one more socket, whose guests get only "
+                 "these host GPUs (e.g. /run/ivcuda/vm2.sock=1:mem-limit=20G); repeatable. One socket per VM "
+                 "gives each VM its own GPUs and quota")
       ->take_all();
   app.add_option("--socket-group", o.socket_group,
                  "group given the sockets, so that its members (QEMU's user) may connect; with it the "
@@ -585,6 +629,12 @@ void define_options(CLI::App& app, Options& o) {
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles) one tenant may have exported at once")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--warm-workers", o.warm_workers,
+                 "workers kept started per socket for the next guest, so that it finds its driver, context and "
+                 "registered memory ready (each holds a context on the socket's first GPU and --shm-size of "
+                 "page-locked RAM; per socket: --guest-socket ...:warm=N; 0: none)")
+      ->check(CLI::Range(0u, kMaxWarm))
       ->capture_default_str();
   app.add_option("--vm-spare-workers", o.vm_spares,
                  "workers kept started per VM for its next CUDA process (each holds a context per GPU)")
@@ -714,10 +764,11 @@ int main(int argc, char** argv) {
     ivcuda::ivshmem::IvshmemServer server;
     std::unique_ptr<ivcuda::host::TenantShare> share;  // this tenant's shared objects
     unsigned compute = 100;                // % of the SMs under --mps
+    unsigned warm = 1;                     // workers kept started ahead
   };
   std::vector<Listener> listeners;
   auto add_listener = [&](const std::string& path, std::vector<int> grant, std::uint64_t mem_limit,
-                          unsigned compute) {
+                          unsigned compute, unsigned warm) {
     auto server = ivcuda::ivshmem::IvshmemServer::listen(path, o.vectors);
     if (!server) {
       IVLOG_ERROR("cannot listen on %s: %s", path.c_str(), server.error().what.c_str());
@@ -743,22 +794,23 @@ int main(int argc, char** argv) {
         return false;
       }
     }
-    listeners.push_back(Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share), compute});
+    listeners.push_back(
+        Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share), compute, warm});
     return true;
   };
-  if (!add_listener(o.socket, gpus, o.mem_limit, o.compute)) return 1;
+  if (!add_listener(o.socket, gpus, o.mem_limit, o.compute, o.warm_workers)) return 1;
   for (const auto& spec : o.guest_sockets) {
     SocketSpec ss;
     std::string gerr;
-    if (!parse_socket_spec(spec, o.mem_limit, o.compute, &ss, &gerr)) {
-      IVLOG_ERROR("--guest-socket %s: %s; expected SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT], e.g. "
+    if (!parse_socket_spec(spec, o.mem_limit, o.compute, o.warm_workers, &ss, &gerr)) {
+      IVLOG_ERROR("--guest-socket %s: %s; expected SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT][:warm=N], e.g. "
                   "/run/ivcuda/vm2.sock=1:mem-limit=20G:compute=50", spec.c_str(), gerr.c_str());
       return 2;
     }
     if (ss.compute != 100 && !o.mps)
       IVLOG_WARN("--guest-socket %s: compute=%u takes --mps; without it guests time-slice the whole GPU", spec.c_str(),
                  ss.compute);
-    if (!add_listener(ss.path, ss.gpus, ss.mem_limit, ss.compute)) return 1;
+    if (!add_listener(ss.path, ss.gpus, ss.mem_limit, ss.compute, ss.warm)) return 1;
     std::string grant;
     for (const int g : ss.gpus) grant += (grant.empty() ? "" : ",") + std::to_string(g);
     const std::string quota = ss.mem_limit == 0 ? "no limit" : std::to_string(ss.mem_limit >> 20) + " MiB per guest";
@@ -810,6 +862,28 @@ int main(int argc, char** argv) {
     double calls_per_s = 0, bytes_per_s = 0;
   };
   std::map<pid_t, Served> workers;  // pid -> guest
+  // Warm entries (docs/design.md, "Warm workers"): per socket, connection
+  // processes started ahead of their guest, with the guest's memory,
+  // doorbells and status board made and a worker that has loaded the driver,
+  // retained a context and registered the memory. A guest that connects
+  // takes one, and another starts in the background.
+  struct Warm {
+    pid_t pid = 0;
+    std::size_t listener = 0;
+    std::int64_t id = 0;                      // the guest number it will have
+    ivcuda::sys::UniqueFd handoff;            // our end of its line (vm_supervisor.h)
+    ivcuda::sys::UniqueFd shm;
+    ivcuda::ivshmem::GuestConnection bells;   // its doorbells, for the greeting
+    std::unique_ptr<GuestBoard> board;
+    bool ready = false;                       // its worker said so
+    pid_t worker_pid = 0;                     // that worker (the entry's process's child)
+  };
+  std::vector<std::vector<Warm>> pools(listeners.size());
+  // After a warm entry failed, the socket's next one waits (1 s, doubling to a minute).
+  std::vector<std::pair<clk::time_point, std::chrono::seconds>> warm_backoff(
+      listeners.size(), {clk::time_point{}, std::chrono::seconds(1)});
+  std::set<pid_t> warm_let_go;  // entries told to go, not reaped yet
+  bool warm_stale = false;      // a reload changed what they were started with
   auto guests_of = [&](uid_t uid) {
     return static_cast<unsigned>(std::count_if(workers.begin(), workers.end(),
                                                [&](const auto& w) { return w.second.uid == uid; }));
@@ -820,7 +894,11 @@ int main(int argc, char** argv) {
   auto next_guest_id = [&] {
     for (std::int64_t tries = 0; tries < ivcuda::ivshmem::kMaxPeerId; ++tries) {
       last_id = last_id >= ivcuda::ivshmem::kMaxPeerId ? 1 : last_id + 1;
-      if (std::none_of(workers.begin(), workers.end(), [&](const auto& w) { return w.second.id == last_id; }))
+      const auto taken = [&](const auto& w) { return w.second.id == last_id; };
+      const auto warm_taken = [&](const std::vector<Warm>& p) {
+        return std::any_of(p.begin(), p.end(), [&](const Warm& e) { return e.id == last_id; });
+      };
+      if (std::none_of(workers.begin(), workers.end(), taken) && std::none_of(pools.begin(), pools.end(), warm_taken))
         break;
     }
     return last_id;
@@ -849,6 +927,8 @@ int main(int argc, char** argv) {
     st.pid = ::getpid();
     st.uptime_s = std::chrono::duration<double>(clk::now() - daemon_started).count();
     st.guests_refused = refused;
+    for (const auto& pool : pools)
+      for (const Warm& e : pool) ++(e.ready ? st.warm_ready : st.warm_starting);
     for (const auto& [pid, w] : workers) {
       ivcuda::host::GuestStatus g;
       const GuestStats& b = w.board->stats();
@@ -916,12 +996,14 @@ int main(int argc, char** argv) {
       return {{"ok", false}, {"error", std::string("the configuration does not parse: ") + e.what()}};
     }
     std::map<std::string, std::uint64_t> limits{{fresh.socket, fresh.mem_limit}};
+    std::map<std::string, unsigned> warm{{fresh.socket, fresh.warm_workers}};
     for (const auto& spec : fresh.guest_sockets) {
       SocketSpec ss;
       std::string why;
-      if (!parse_socket_spec(spec, fresh.mem_limit, fresh.compute, &ss, &why))
+      if (!parse_socket_spec(spec, fresh.mem_limit, fresh.compute, fresh.warm_workers, &ss, &why))
         return {{"ok", false}, {"error", "--guest-socket " + spec + ": " + why}};
       limits[ss.path] = ss.mem_limit;
+      warm[ss.path] = ss.warm;
     }
     json changed = json::array();
     for (std::size_t li = 0; li < listeners.size(); ++li) {
@@ -933,6 +1015,12 @@ int main(int argc, char** argv) {
       l.mem_limit = it->second;
       for (auto& [pid, w] : workers)
         if (w.listener == li) w.board->stats().mem_limit.store(l.mem_limit, std::memory_order_relaxed);
+    }
+    for (Listener& l : listeners) {
+      const auto it = warm.find(l.path);
+      if (it == warm.end() || it->second == l.warm) continue;
+      changed.push_back(l.path + ": warm workers " + std::to_string(l.warm) + " -> " + std::to_string(it->second));
+      l.warm = it->second;
     }
     if (fresh.mem_limit != o.mem_limit) {
       for (auto& [pid, w] : workers)  // ivshmem-plain guests take the default quota
@@ -947,6 +1035,8 @@ int main(int argc, char** argv) {
     for (const auto& [path, limit] : limits)
       if (std::none_of(listeners.begin(), listeners.end(), [&](const Listener& l) { return l.path == path; }))
         ignored.push_back(path + ": a new socket (takes a restart)");
+    // Warm workers were started with the old settings: new ones start.
+    if (!changed.empty()) warm_stale = true;
     IVLOG_INFO("reloaded the configuration: %zu change(s)", changed.size());
     return {{"ok", true}, {"changed", changed}, {"ignored", ignored}};
   };
@@ -987,11 +1077,106 @@ int main(int argc, char** argv) {
       if (other.conn) other.conn->reset();  // other guests' connections are not this one's
       if (other.board.get() != mine) other.board->unmap_in_child();
     }
+    // Nor the memory, doorbells or boards of guests to come.
+    for (auto& pool : pools)
+      for (Warm& e : pool) {
+        e.handoff.reset();
+        e.shm.reset();
+        e.bells = {};
+        e.board->unmap_in_child();
+      }
   };
   auto new_board = [&](std::uint64_t mem_limit) {
     auto b = GuestBoard::create();
     if (b) b->stats().mem_limit.store(mem_limit, std::memory_order_relaxed);
     return b;
+  };
+  // A guest's own memory, formatted: nobody else can map it.
+  auto guest_memory = [&](std::int64_t id) -> std::optional<ivcuda::sys::UniqueFd> {
+    auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
+    if (!shm) {
+      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), shm.error().what.c_str());
+      return std::nullopt;
+    }
+    auto map = ivcuda::sys::Mapping::map_shared(shm->get(), o.shm_size);
+    if (!map) {
+      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), map.error().what.c_str());
+      return std::nullopt;
+    }
+    (void)ivcuda::ring::format_bar(map->data(), *layout, generation,
+                                   static_cast<std::uint32_t>(ivcuda::ivshmem::kHostPeerId),
+                                   static_cast<std::uint32_t>(o.vectors),
+                                   ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+    return std::move(*shm);
+  };
+
+  // Starts one warm entry for listener li (its process starts its worker).
+  auto start_warm = [&](std::size_t li) -> bool {
+    Listener& l = listeners[li];
+    Warm e;
+    e.listener = li;
+    e.id = next_guest_id();
+    auto shm = guest_memory(e.id);
+    if (!shm) return false;
+    auto bells = ivcuda::ivshmem::make_doorbells(o.vectors);
+    e.board = new_board(l.mem_limit);
+    int sv[2];
+    if (!bells || !e.board || ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      IVLOG_ERROR("a warm worker for %s: %s", l.path.c_str(),
+                  !bells ? bells.error().what.c_str() : std::strerror(errno));
+      return false;
+    }
+    ivcuda::sys::UniqueFd ours(sv[0]), theirs(sv[1]);
+    auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
+    if (!broker_end)
+      IVLOG_WARN("a warm worker for %s: no fd broker (%s): its guest can import only its own exports",
+                 l.path.c_str(), broker_end.error().what.c_str());
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      IVLOG_ERROR("a warm worker for %s: fork: %s", l.path.c_str(), std::strerror(errno));
+      return false;
+    }
+    if (pid == 0) {
+      ours.reset();
+      forget_in_child(e.board.get());
+      GuestSetup g;
+      g.gpus = &l.gpus;
+      g.mem_limit = l.mem_limit;
+      g.layout = &*layout;
+      g.generation = generation;
+      g.id = e.id;
+      g.shm_fd = shm->get();
+      g.fds = &*bells;
+      g.broker_fd = broker_end ? broker_end->release() : -1;
+      g.share = l.share.get();
+      g.stats = &e.board->stats();
+      g.driver_env = driver_env(l.compute, l.mem_limit, l.gpus);
+      ::_exit(run_warm(o, g, theirs.get()));
+    }
+    e.pid = pid;
+    e.handoff = std::move(ours);
+    e.shm = std::move(*shm);
+    e.bells = std::move(*bells);
+    IVLOG_DEBUG("warm worker for %s (guest number %lld to be): pid %d", l.path.c_str(), static_cast<long long>(e.id),
+                static_cast<int>(pid));
+    pools[li].push_back(std::move(e));
+    return true;
+  };
+  auto fill_pools = [&] {
+    const auto now = clk::now();
+    for (std::size_t li = 0; li < listeners.size(); ++li) {
+      auto& [until, wait] = warm_backoff[li];
+      while (pools[li].size() < listeners[li].warm && now >= until) {
+        if (start_warm(li)) continue;
+        until = now + wait;
+        wait = std::min<std::chrono::seconds>(wait * 2, std::chrono::seconds(60));
+      }
+    }
+  };
+  // Lets a warm entry go: it sees its line close and ends.
+  auto let_go_warm = [&](Warm& e) {
+    e.handoff.reset();
+    warm_let_go.insert(e.pid);
   };
 
   // ivshmem-plain guests: a memory file each, formatted here, served by a
@@ -1031,6 +1216,21 @@ int main(int argc, char** argv) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) break;
+      if (warm_let_go.erase(pid) != 0) continue;
+      bool was_warm = false;
+      for (std::size_t li = 0; li < pools.size() && !was_warm; ++li) {
+        auto w = std::find_if(pools[li].begin(), pools[li].end(), [&](const Warm& e) { return e.pid == pid; });
+        if (w == pools[li].end()) continue;
+        was_warm = true;
+        auto& [until, wait] = warm_backoff[li];
+        IVLOG_WARN("a warm worker for %s ended before a guest came (%s %d); the next one starts in %lld s",
+                   listeners[li].path.c_str(), WIFSIGNALED(status) ? "signal" : "status",
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), static_cast<long long>(wait.count()));
+        until = clk::now() + wait;
+        wait = std::min<std::chrono::seconds>(wait * 2, std::chrono::seconds(60));
+        pools[li].erase(w);
+      }
+      if (was_warm) continue;
       auto it = workers.find(pid);
       const long long id = it == workers.end() ? -1 : it->second.id;
       if (WIFSIGNALED(status))
@@ -1051,6 +1251,14 @@ int main(int argc, char** argv) {
       const json r = reload();
       if (!r.value("ok", false)) IVLOG_ERROR("SIGHUP: %s", r.value("error", std::string()).c_str());
     }
+    if (warm_stale) {
+      warm_stale = false;
+      for (auto& pool : pools) {
+        for (Warm& e : pool) let_go_warm(e);
+        pool.clear();
+      }
+    }
+    fill_pools();
     // Rates over about a second, and evictions that do not finish.
     const auto now = clk::now();
     for (auto& [pid, w] : workers) {
@@ -1083,13 +1291,38 @@ int main(int argc, char** argv) {
     if (metrics) pfds.push_back(pollfd{metrics->fd(), POLLIN, 0});
     const std::size_t broker_at = pfds.size();
     for (const int fd : broker.fds()) pfds.push_back(pollfd{fd, POLLIN, 0});
+    const std::size_t warm_at = pfds.size();
+    std::vector<Warm*> warm_polled;
+    for (auto& pool : pools)
+      for (Warm& e : pool)
+        if (e.handoff.valid()) {
+          pfds.push_back(pollfd{e.handoff.get(), POLLIN, 0});
+          warm_polled.push_back(&e);
+        }
     const int ready = ::poll(pfds.data(), pfds.size(), 200);
     if (metrics) metrics->run();  // also times out idle scrapers
     if (ready <= 0) continue;
     if (control && (pfds[control_at].revents & POLLIN) != 0) control->serve(handle_control);
     (void)metrics_at;
-    for (std::size_t i = broker_at; i < pfds.size(); ++i)
+    for (std::size_t i = broker_at; i < warm_at; ++i)
       if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker.serve(pfds[i].fd);
+    // A warm entry's line: its worker is ready, or the entry is ending (it is
+    // reaped then); before any accept below moves entries around.
+    for (std::size_t i = warm_at; i < pfds.size(); ++i) {
+      if (pfds[i].revents == 0) continue;
+      Warm& e = *warm_polled[i - warm_at];
+      char msg[1 + sizeof(std::int32_t)] = {};
+      const ssize_t n = ::read(e.handoff.get(), msg, sizeof msg);
+      if (n == static_cast<ssize_t>(sizeof msg) && msg[0] == 'R') {
+        std::int32_t wpid = 0;
+        std::memcpy(&wpid, msg + 1, sizeof wpid);
+        e.worker_pid = wpid;
+        e.ready = true;
+        warm_backoff[e.listener].second = std::chrono::seconds(1);  // it works again
+      } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        e.handoff.reset();  // ending: no guest goes to it
+      }
+    }
     for (std::size_t li = 0; li < listeners.size(); ++li) {
       if ((pfds[li].revents & POLLIN) == 0) continue;
       Listener& l = listeners[li];
@@ -1118,50 +1351,73 @@ int main(int argc, char** argv) {
         ++refused;
         continue;
       }
-      pending->peer_id = next_guest_id();
-      // Each guest gets memory of its own: nobody else can map it.
-      auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
-      if (!shm) {
-        IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), shm.error().what.c_str());
-        continue;
-      }
+      // A warm entry when one is there (a ready one first); else all of it now.
+      std::optional<Warm> warm;
       {
-        auto map = ivcuda::sys::Mapping::map_shared(shm->get(), o.shm_size);
-        if (!map) {
-          IVLOG_ERROR("guest %lld: %s", static_cast<long long>(pending->peer_id), map.error().what.c_str());
-          continue;
+        auto& pool = pools[li];
+        auto pick = std::find_if(pool.begin(), pool.end(), [](const Warm& e) { return e.ready && e.handoff.valid(); });
+        if (pick == pool.end())
+          pick = std::find_if(pool.begin(), pool.end(), [](const Warm& e) { return e.handoff.valid(); });
+        if (pick != pool.end()) {
+          warm = std::move(*pick);
+          pool.erase(pick);
         }
-        (void)ivcuda::ring::format_bar(map->data(), *layout, generation,
-                                       static_cast<std::uint32_t>(ivcuda::ivshmem::kHostPeerId),
-                                       static_cast<std::uint32_t>(o.vectors),
-                                       ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
       }
-      auto board = new_board(l.mem_limit);
+      pending->peer_id = warm ? warm->id : next_guest_id();
+      const long long id = pending->peer_id;
+      std::optional<ivcuda::sys::UniqueFd> shm;
+      if (warm) shm = std::move(warm->shm);
+      else shm = guest_memory(id);
+      if (!shm) continue;
+      auto board = warm ? std::move(warm->board) : new_board(l.mem_limit);
       if (!board) {
-        IVLOG_ERROR("guest %lld: no status board: %s", static_cast<long long>(pending->peer_id), std::strerror(errno));
+        IVLOG_ERROR("guest %lld: no status board: %s", id, std::strerror(errno));
         continue;
       }
-      const long long id = pending->peer_id;
-      auto conn = l.server.greet(std::move(*pending), shm->get());
+      auto conn = warm ? l.server.greet(std::move(*pending), shm->get(), std::move(warm->bells))
+                       : l.server.greet(std::move(*pending), shm->get());
       if (!conn) {
         IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
+        if (warm) let_go_warm(*warm);
         continue;
       }
-      auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
-      if (!broker_end)
-        IVLOG_WARN("guest %lld: no fd broker (%s): it can import only its own exports", id,
-                   broker_end.error().what.c_str());
-      const pid_t pid = ::fork();
-      if (pid < 0) {
-        IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
-        continue;
-      }
-      if (pid == 0) {
-        forget_in_child(board.get());
-        const int rc = run_worker(o, l.gpus, l.mem_limit, *layout, generation, *conn, shm->get(),
-                                  broker_end ? broker_end->release() : -1, l.share.get(), cred.pid,
-                                  &board->stats(), driver_env(l.compute, l.mem_limit, l.gpus));
-        ::_exit(rc);
+      pid_t pid = -1;
+      if (warm) {
+        // The entry's process takes the guest from here (vm_supervisor.h).
+        if (auto st = ivcuda::ivshmem::send_msg(warm->handoff.get(), cred.pid, conn->conn.get()); !st) {
+          IVLOG_ERROR("guest %lld: cannot hand it to its warm worker: %s", id, st.error().what.c_str());
+          ::kill(warm->pid, SIGKILL);
+          let_go_warm(*warm);
+          continue;
+        }
+        pid = warm->pid;
+      } else {
+        auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
+        if (!broker_end)
+          IVLOG_WARN("guest %lld: no fd broker (%s): it can import only its own exports", id,
+                     broker_end.error().what.c_str());
+        pid = ::fork();
+        if (pid < 0) {
+          IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
+          continue;
+        }
+        if (pid == 0) {
+          forget_in_child(board.get());
+          GuestSetup g;
+          g.gpus = &l.gpus;
+          g.mem_limit = l.mem_limit;
+          g.layout = &*layout;
+          g.generation = generation;
+          g.id = id;
+          g.shm_fd = shm->get();
+          g.fds = &*conn;
+          g.broker_fd = broker_end ? broker_end->release() : -1;
+          g.share = l.share.get();
+          g.peer_pid = cred.pid;
+          g.stats = &board->stats();
+          g.driver_env = driver_env(l.compute, l.mem_limit, l.gpus);
+          ::_exit(run_worker(o, g));
+        }
       }
       Served s;
       s.id = id;
@@ -1175,8 +1431,17 @@ int main(int argc, char** argv) {
       s.conn = std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0));
       s.board = std::move(board);
       workers[pid] = std::move(s);
-      IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
-                 l.path.c_str(), static_cast<int>(pid));
+      if (warm && warm->ready)
+        IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d (started ahead; the connection's process %d)",
+                   id, static_cast<unsigned>(cred.uid), l.path.c_str(), static_cast<int>(warm->worker_pid),
+                   static_cast<int>(pid));
+      else
+        IVLOG_INFO("guest %lld (uid %u) connected on %s; %s pid %d", id, static_cast<unsigned>(cred.uid),
+                   l.path.c_str(), warm ? "worker (still starting) under the connection's process" : "worker",
+                   static_cast<int>(pid));
+      // The next warm entry starts at the top of the loop, once this guest's
+      // memory and connection are out of scope here: a fork now would hand
+      // them to it.
     }
     // The parent keeps nothing of the guest's: when the worker ends, the
     // guest's connection closes with it.
@@ -1185,6 +1450,11 @@ int main(int argc, char** argv) {
 #ifdef IVCUDA_HAVE_SYSTEMD
   (void)sd_notify(0, "STOPPING=1");
 #endif
+  for (auto& pool : pools)
+    for (Warm& e : pool) {
+      ::kill(e.pid, SIGTERM);
+      ::waitpid(e.pid, nullptr, 0);
+    }
   for (auto& [pid, id] : workers) ::kill(pid, SIGTERM);
   for (auto& [pid, id] : workers) {
     ::waitpid(pid, nullptr, 0);

@@ -38,6 +38,7 @@ json to_json(const DaemonStatus& s) {
           {"pid", s.pid},
           {"uptime_s", s.uptime_s},
           {"guests_refused", s.guests_refused},
+          {"warm_workers", {{"ready", s.warm_ready}, {"starting", s.warm_starting}}},
           {"guests", guests}};
 }
 
@@ -47,6 +48,10 @@ DaemonStatus status_from_json(const json& j) {
   s.pid = j.at("pid").get<pid_t>();
   s.uptime_s = j.at("uptime_s").get<double>();
   s.guests_refused = j.at("guests_refused").get<std::uint64_t>();
+  if (j.contains("warm_workers")) {  // daemons before the warm workers had none
+    s.warm_ready = j["warm_workers"].at("ready").get<std::uint32_t>();
+    s.warm_starting = j["warm_workers"].at("starting").get<std::uint32_t>();
+  }
   for (const auto& x : j.at("guests")) {
     GuestStatus g;
     g.id = x.at("id").get<std::int64_t>();
@@ -133,6 +138,10 @@ std::string prometheus_text(const DaemonStatus& s) {
   o << "# HELP IVCUDA_FI_DAEMON_GUESTS_REFUSED_TOTAL Connections refused (guest limits).\n"
     << "# TYPE IVCUDA_FI_DAEMON_GUESTS_REFUSED_TOTAL counter\n"
     << "IVCUDA_FI_DAEMON_GUESTS_REFUSED_TOTAL " << s.guests_refused << "\n";
+  o << "# HELP IVCUDA_FI_DAEMON_WARM_WORKERS Workers started ahead of the next guest, by state.\n"
+    << "# TYPE IVCUDA_FI_DAEMON_WARM_WORKERS gauge\n"
+    << "IVCUDA_FI_DAEMON_WARM_WORKERS{state=\"ready\"} " << s.warm_ready << "\n"
+    << "IVCUDA_FI_DAEMON_WARM_WORKERS{state=\"starting\"} " << s.warm_starting << "\n";
   o << "# HELP IVCUDA_FI_DAEMON_UPTIME Seconds since ivcudad started.\n# TYPE IVCUDA_FI_DAEMON_UPTIME gauge\n"
     << "IVCUDA_FI_DAEMON_UPTIME " << s.uptime_s << "\n";
   for (const auto& m : kGuest) {

@@ -43,6 +43,8 @@ struct DaemonStatus {
   pid_t pid = 0;
   double uptime_s = 0;
   std::uint64_t guests_refused = 0;  // connections refused (limits)
+  std::uint32_t warm_ready = 0;      // warm workers ready for the next guest (all sockets)
+  std::uint32_t warm_starting = 0;   // warm workers still starting
   std::vector<GuestStatus> guests;
 };
 

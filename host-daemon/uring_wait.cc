@@ -88,6 +88,13 @@ void UringWaiter::arm_poll() noexcept {
   ++armed_;
 }
 
+void UringWaiter::watch_connection(int conn_fd) noexcept {
+  if (!ring_ok_ || conn_fd_ >= 0 || conn_fd < 0) return;
+  conn_fd_ = conn_fd;
+  arm_poll();
+  io_uring_submit(&ring_);
+}
+
 unsigned UringWaiter::wait(int timeout_ms) noexcept {
   unsigned what = hung_up_ ? kHangup : 0;
   io_uring_cqe* cqe = nullptr;

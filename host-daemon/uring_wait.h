@@ -26,6 +26,8 @@ class UringWaiter {
   // Blocks up to timeout_ms (0: only reap what is ready). Returns kDoorbell
   // and/or kHangup bits for what happened.
   unsigned wait(int timeout_ms) noexcept;
+  // Starts watching conn_fd for a hang-up (a waiter made with none).
+  void watch_connection(int conn_fd) noexcept;
   // Whether the ring is limited to the waiter's operations (read, poll,
   // timeout); false on kernels without io_uring restrictions.
   bool restricted() const noexcept { return restricted_; }

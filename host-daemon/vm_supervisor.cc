@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 
 #include "host-daemon/board.h"
 #include "host-daemon/log.h"
+#include "ring/ivshmem.h"
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"
 
@@ -158,6 +160,14 @@ class Supervisor {
 
   int run();
 
+  // The worker a warm entry started ahead (run_warm_supervisor): its pid and
+  // our end of the line that hands it the guest's connection.
+  struct WarmChild {
+    pid_t pid = 0;
+    sys::UniqueFd line;
+  };
+  void adopt_warm(WarmChild w) { warm_ = std::move(w); }
+
  private:
   struct WorkerProc {
     pid_t pid = 0;
@@ -168,9 +178,12 @@ class Supervisor {
   };
 
   int serve_in_process();
+  int serve_by_warm();
+  void dismiss_warm();
   bool wait_for_first_channel(std::uint32_t* first);
   bool become_vm();
-  void stop_all();
+  void stop_all();  // the warm worker and the VM's workers
+  void stop_workers();
   void loop();
   void wait_for_events();
   void reap();
@@ -198,7 +211,23 @@ class Supervisor {
   std::uint32_t exit_seen_ = 0;
   bool hung_up_ = false;
   clock::time_point spares_paused_until_{};
+  std::optional<WarmChild> warm_;
 };
+
+// Waits for child `pid` to end and returns its exit status as a process's
+// (128 + signal when killed). A stop request is passed on to it as SIGTERM.
+int wait_child(pid_t pid, volatile sig_atomic_t* stop) {
+  bool passed_on = false;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid, &status, 0) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (errno != EINTR) return 2;
+    if (*stop != 0 && !passed_on) {
+      ::kill(pid, SIGTERM);
+      passed_on = true;
+    }
+  }
+}
 
 int Supervisor::run() {
   auto size = sys::file_size(cfg_.worker.shm_fd);
@@ -223,9 +252,10 @@ int Supervisor::run() {
     // A workers started for a VM that turned out to be one process: they go.
     for (auto& p : procs_)
       if (p.pid > 0) ::kill(p.pid, SIGKILL);
-    stop_all();
-    return serve_in_process();
+    stop_workers();
+    return warm_ ? serve_by_warm() : serve_in_process();
   }
+  dismiss_warm();
   if (!become_vm()) return 2;
   loop();
   stop_all();
@@ -250,6 +280,11 @@ bool Supervisor::become_vm() {
 
 // The VM went away (or we stop): every worker goes with it.
 void Supervisor::stop_all() {
+  dismiss_warm();
+  stop_workers();
+}
+
+void Supervisor::stop_workers() {
   for (auto& p : procs_)
     if (p.pid > 0) ::kill(p.pid, SIGTERM);
   for (std::uint32_t s = 0; s < procs_.size(); ++s)
@@ -259,6 +294,36 @@ void Supervisor::stop_all() {
       }
       finish_slot(s, status);
     }
+}
+
+// Process mode with a worker started ahead: it gets the guest's connection
+// and serves; this process waits for it and ends with it.
+int Supervisor::serve_by_warm() {
+  bar_ = sys::Mapping{};
+  if (GuestStats* b = cfg_.worker.stats) {
+    b->mode.store(static_cast<std::uint32_t>(GuestMode::kProcess), std::memory_order_relaxed);
+    b->processes.store(1, std::memory_order_relaxed);
+  }
+  WarmChild w = std::move(*warm_);
+  warm_.reset();
+  if (auto st = ivshmem::send_msg(w.line.get(), cfg_.peer_pid, cfg_.worker.conn_fd); !st) {
+    IVLOG_ERROR("guest %u: cannot hand the connection to its worker: %s", guest_id(), st.error().what.c_str());
+    ::kill(w.pid, SIGKILL);
+    (void)wait_child(w.pid, stop_);
+    return 2;
+  }
+  return wait_child(w.pid, stop_);
+}
+
+// The worker started ahead is not needed (a VM, or we stop): it goes.
+void Supervisor::dismiss_warm() {
+  if (!warm_) return;
+  // It holds nothing of a guest's: no need to let it wind down (it may be
+  // in the middle of registering the arena).
+  warm_->line.reset();
+  ::kill(warm_->pid, SIGKILL);
+  (void)wait_child(warm_->pid, stop_);
+  warm_.reset();
 }
 
 // Process mode: the peer is the CUDA program itself, one process; its
@@ -301,7 +366,10 @@ bool Supervisor::wait_for_first_channel(std::uint32_t* first) {
   constexpr auto kVmAfter = std::chrono::milliseconds(500);
   const auto since = clock::now();
   while (*stop_ == 0) {
-    if (vm_ == nullptr && clock::now() - since > kVmAfter && become_vm()) keep_spares();
+    if (vm_ == nullptr && clock::now() - since > kVmAfter) {
+      dismiss_warm();  // the spares fork from this process: no driver may be loaded here
+      if (become_vm()) keep_spares();
+    }
     if (vm_ != nullptr) reap();
     for (std::uint32_t c = 0; c < l_.channels; ++c)
       if (ring::load_acquire(sb()->active_mask[c / 64]) >> (c % 64) & 1) {
@@ -606,6 +674,119 @@ void Supervisor::relay_doorbells() {
 int run_supervisor(SupervisorConfig cfg, volatile sig_atomic_t* stop_flag) {
   Supervisor sup(std::move(cfg), stop_flag);
   return sup.run();
+}
+
+namespace {
+
+// The warm entry's worker: everything a guest would wait for, then the wait
+// for the guest's connection (run_warm_supervisor).
+int warm_worker_main(const SupervisorConfig& cfg, int line, volatile sig_atomic_t* stop) {
+  const std::uint32_t id = cfg.worker.guest_id;
+  WorkerConfig wc = cfg.worker;
+  wc.defer_connection = true;
+  wc.conn_fd = -1;
+  if (cfg.before_start)
+    if (auto st = cfg.before_start(wc); !st) {
+      IVLOG_ERROR("warm worker g%u: cannot sandbox the worker: %s", id, st.error().what.c_str());
+      return 2;
+    }
+  auto w = Worker::create(std::move(wc));
+  if (!w) {
+    IVLOG_ERROR("warm worker g%u: cannot start: %s", id, w.error().what.c_str());
+    return 2;
+  }
+  if (cfg.after_start)
+    if (auto st = cfg.after_start(**w); !st) {
+      IVLOG_ERROR("warm worker g%u: cannot sandbox the worker: %s", id, st.error().what.c_str());
+      return 2;
+    }
+  if (cfg.running != nullptr) *cfg.running = w->get();
+  const char ready = 'R';
+  if (::write(line, &ready, 1) != 1) return 0;  // the entry is gone already
+  ivshmem::MessageReader reader;
+  for (;;) {
+    if (*stop != 0) return 0;
+    auto m = reader.read(line, clock::now() + std::chrono::milliseconds(200));
+    if (!m) {
+      if (m.error().code == ETIMEDOUT || m.error().code == EINTR) continue;
+      return 0;  // let go before a guest came (a VM, a reload, the daemon stopping)
+    }
+    if (!m->fd.valid()) {
+      IVLOG_ERROR("warm worker g%u: the hand-over carried no connection", id);
+      return 2;
+    }
+    const int conn = m->fd.release();
+    (*w)->attach_connection(conn);
+    IVLOG_INFO("guest %u: served by a worker started ahead (peer pid %lld)", id, static_cast<long long>(m->value));
+    break;
+  }
+  if (*stop != 0) (*w)->stop();
+  const int rc = (*w)->run();
+  if (cfg.running != nullptr) *cfg.running = nullptr;
+  return rc;
+}
+
+}  // namespace
+
+int run_warm_supervisor(SupervisorConfig cfg, int handoff_fd, volatile sig_atomic_t* stop_flag) {
+  const std::uint32_t id = cfg.worker.guest_id;
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    IVLOG_ERROR("warm worker g%u: socketpair: %s", id, std::strerror(errno));
+    return 2;
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    IVLOG_ERROR("warm worker g%u: fork: %s", id, std::strerror(errno));
+    return 2;
+  }
+  if (pid == 0) {
+    // Killed outright with us: the daemon's SIGKILL of an evicted guest's
+    // process must reach the worker that holds the GPU.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::close(sv[0]);
+    ::close(handoff_fd);
+    ::_exit(warm_worker_main(cfg, sv[1], stop_flag));
+  }
+  ::close(sv[1]);
+  Supervisor::WarmChild child{pid, sys::UniqueFd(sv[0])};
+  auto let_go = [&](int rc) {
+    child.line.reset();
+    ::kill(pid, SIGKILL);
+    (void)wait_child(pid, stop_flag);
+    return rc;
+  };
+  // Until the guest comes: the worker's readiness goes on to the daemon; a
+  // worker that fails takes the entry with it.
+  ivshmem::MessageReader reader;
+  while (*stop_flag == 0) {
+    pollfd p[2] = {{handoff_fd, POLLIN, 0}, {child.line.get(), POLLIN, 0}};
+    if (::poll(p, 2, 200) <= 0) continue;
+    if (p[1].revents != 0) {
+      char c = 0;
+      if (::read(child.line.get(), &c, 1) == 1) {
+        // 'R' and the worker's pid, for the daemon's log and tests.
+        char msg[1 + sizeof(std::int32_t)] = {c};
+        const auto wpid = static_cast<std::int32_t>(pid);
+        std::memcpy(msg + 1, &wpid, sizeof wpid);
+        (void)!::write(handoff_fd, msg, sizeof msg);
+      } else {
+        const int rc = wait_child(pid, stop_flag);
+        IVLOG_WARN("warm worker g%u: ended before its guest came (status %d)", id, rc);
+        return 2;
+      }
+    }
+    if (p[0].revents == 0) continue;
+    auto m = reader.read(handoff_fd, clock::now() + std::chrono::milliseconds(1000));
+    if (!m || !m->fd.valid()) return let_go(0);  // the daemon let the entry go
+    cfg.peer_pid = static_cast<pid_t>(m->value);
+    cfg.worker.conn_fd = m->fd.release();
+    ::close(handoff_fd);
+    Supervisor sup(std::move(cfg), stop_flag);
+    sup.adopt_warm(std::move(child));
+    return sup.run();
+  }
+  return let_go(0);
 }
 
 }  // namespace ivcuda::host

@@ -114,4 +114,22 @@ struct SupervisorConfig {
 // signal handler sets it). Returns the exit status for the process.
 int run_supervisor(SupervisorConfig cfg, volatile sig_atomic_t* stop_flag);
 
+// A connection's process started before its guest connects: one of
+// ivcudad's warm workers (docs/design.md, "Warm workers"). `cfg` is complete
+// but for the guest's connection (conn_fd) and its pid (peer_pid).
+//
+// It forks the worker at once, which loads the driver, retains the first
+// GPU's primary context, registers the arena, loads NVML and enters its
+// sandbox, then waits; this process itself stays clear of the driver, so
+// that it can still become a VM's supervisor (a process that loaded the
+// driver cannot fork workers that use it). On `handoff_fd`, a socket to the
+// daemon, it writes the byte 'R' once the worker is ready, and reads the
+// guest's connection: an ivshmem message whose value is the peer's pid and
+// whose fd is the connection. A process-mode guest is then served by the
+// worker started ahead; a VM lets it go and is served as run_supervisor()
+// serves one. The byte 'R' is followed by the worker's pid (4 bytes, host
+// order). The daemon closing handoff_fd before a guest came lets the
+// whole entry go. Returns the exit status for the process.
+int run_warm_supervisor(SupervisorConfig cfg, int handoff_fd, volatile sig_atomic_t* stop_flag);
+
 }  // namespace ivcuda::host

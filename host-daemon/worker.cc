@@ -152,7 +152,7 @@ Result<void> Worker::init() {
   // and a ring torn down with the process may keep that reference for a
   // while, so a worker that fails to start has none (the guest then sees the
   // hang-up at once).
-  IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.conn_fd));
+  IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.defer_connection ? -1 : cfg_.conn_fd));
   channels_.resize(l_.channels);
   if (cfg_.forward_stdout) start_console();
   // The host's NVML now, before the sandbox closes (nvml.cc): its nvmlInit
@@ -161,9 +161,9 @@ Result<void> Worker::init() {
   const auto t_nvml = clock::now();
   (void)nvml_state();
   const long long nvml_ms = ms_since(t_nvml);
-  IVLOG_INFO("serving guest %u: %zu GPU(s), %u channels, arena %llu MiB at device 0x%llx "
+  IVLOG_INFO("%s guest %u: %zu GPU(s), %u channels, arena %llu MiB at device 0x%llx "
              "(driver start %lld ms, context %lld ms, arena registration %lld ms, NVML %lld ms)",
-             cfg_.guest_id, devices_.size(), l_.channels, static_cast<unsigned long long>(l_.arena_size >> 20),
+             cfg_.defer_connection ? "started ahead for" : "serving", cfg_.guest_id, devices_.size(), l_.channels, static_cast<unsigned long long>(l_.arena_size >> 20),
              static_cast<unsigned long long>(arena_dev_), init_ms, ctx_ms, reg_ms, nvml_ms);
   return {};
 }
@@ -607,6 +607,12 @@ void Worker::sleep_until_work() {
   for (auto& chp : channels_)
     if (chp) chp->req.end_sleep();
   ring::store_relaxed(sb->host_sleeping, std::uint32_t{0});
+}
+
+void Worker::attach_connection(int conn_fd) noexcept {
+  cfg_.conn_fd = conn_fd;
+  cfg_.defer_connection = false;
+  waiter_->watch_connection(conn_fd);
 }
 
 int Worker::run() {

@@ -80,6 +80,9 @@ struct WorkerConfig {
   std::vector<int> host_fds;       // the guest rings us on these (non-blocking eventfds)
   std::vector<int> guest_fds;      // we ring the guest on these
   int conn_fd = -1;                // the guest's socket: hang-up ends the worker
+  // A warm worker (ivcudad's pool, vm_supervisor.h) starts before its guest
+  // connects: conn_fd comes later through attach_connection().
+  bool defer_connection = false;
   std::string driver_path = "libcuda.so.1";
   // The host's NVML (--nvml; empty: none), loaded and initialised when the
   // worker starts, before its sandbox (nvml.cc).
@@ -132,6 +135,11 @@ class Worker {
  public:
   static Result<std::unique_ptr<Worker>> create(WorkerConfig cfg);
   ~Worker();
+
+  // A warm worker's guest arrived: its connection is watched from now on
+  // (WorkerConfig::defer_connection). Makes no system call but io_uring's,
+  // so it works inside the sandbox.
+  void attach_connection(int conn_fd) noexcept;
 
   // Serves until the guest hangs up or stop() is called. Returns 0 on a
   // clean end.

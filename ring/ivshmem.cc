@@ -318,26 +318,38 @@ Result<IvshmemClient> ivshmem_connect(const std::string& path, std::chrono::mill
 // ---------------------------------------------------------------------------
 // Server side.
 
-Result<GuestConnection> send_greeting(sys::UniqueFd conn, std::int64_t peer_id, int shm_fd,
-                                      std::size_t vectors) {
-  if (peer_id == kHostPeerId || peer_id < 0 || peer_id > kMaxPeerId)
-    return make_error(EINVAL, "ivshmem: invalid guest peer id " + std::to_string(peer_id));
+Result<GuestConnection> make_doorbells(std::size_t vectors) {
   if (vectors == 0 || vectors > kMaxVectors)
     return make_error(EINVAL, "ivshmem: vectors must be 1.." + std::to_string(kMaxVectors));
-  if (shm_fd < 0) return make_error(EBADF, "ivshmem: no shared-memory fd to send");
-
-  const timeval tv{kSendTimeoutMs / 1000, (kSendTimeoutMs % 1000) * 1000};
-  if (::setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
-    return sys_error("ivshmem: SO_SNDTIMEO");
-
   GuestConnection g;
-  g.peer_id = peer_id;
   for (std::size_t i = 0; i < vectors; ++i) {
     IVCUDA_TRY_ASSIGN(sys::UniqueFd h, sys::make_eventfd(true));
     IVCUDA_TRY_ASSIGN(sys::UniqueFd v, sys::make_eventfd(true));
     g.host_fds.push_back(std::move(h));
     g.guest_fds.push_back(std::move(v));
   }
+  return g;
+}
+
+Result<GuestConnection> send_greeting(sys::UniqueFd conn, std::int64_t peer_id, int shm_fd,
+                                      std::size_t vectors) {
+  IVCUDA_TRY_ASSIGN(GuestConnection g, make_doorbells(vectors));
+  return send_greeting(std::move(conn), peer_id, shm_fd, std::move(g));
+}
+
+Result<GuestConnection> send_greeting(sys::UniqueFd conn, std::int64_t peer_id, int shm_fd,
+                                      GuestConnection g) {
+  if (peer_id == kHostPeerId || peer_id < 0 || peer_id > kMaxPeerId)
+    return make_error(EINVAL, "ivshmem: invalid guest peer id " + std::to_string(peer_id));
+  if (g.host_fds.empty() || g.host_fds.size() > kMaxVectors || g.guest_fds.size() != g.host_fds.size())
+    return make_error(EINVAL, "ivshmem: vectors must be 1.." + std::to_string(kMaxVectors) + " each way");
+  if (shm_fd < 0) return make_error(EBADF, "ivshmem: no shared-memory fd to send");
+
+  const timeval tv{kSendTimeoutMs / 1000, (kSendTimeoutMs % 1000) * 1000};
+  if (::setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+    return sys_error("ivshmem: SO_SNDTIMEO");
+
+  g.peer_id = peer_id;
   const int c = conn.get();
   IVCUDA_TRY(send_msg(c, kProtocolVersion));
   IVCUDA_TRY(send_msg(c, peer_id));
@@ -454,6 +466,13 @@ Result<PendingGuest> IvshmemServer::accept(int timeout_ms) {
 
 Result<GuestConnection> IvshmemServer::greet(PendingGuest guest, int shm_fd) const {
   return send_greeting(std::move(guest.conn), guest.peer_id, shm_fd, vectors_);
+}
+
+Result<GuestConnection> IvshmemServer::greet(PendingGuest guest, int shm_fd, GuestConnection doorbells) const {
+  if (doorbells.host_fds.size() != vectors_)
+    return make_error(EINVAL, "ivshmem: " + std::to_string(doorbells.host_fds.size()) +
+                                  " eventfds made ahead for a server of " + std::to_string(vectors_) + " vectors");
+  return send_greeting(std::move(guest.conn), guest.peer_id, shm_fd, std::move(doorbells));
 }
 
 }  // namespace ivcuda::ivshmem

@@ -200,6 +200,13 @@ struct PendingGuest {
 // a vector the target peer has no eventfd for.
 Result<GuestConnection> send_greeting(sys::UniqueFd conn, std::int64_t peer_id, int shm_fd,
                                       std::size_t vectors);
+// The 2N eventfds of a guest connection made ahead of the guest (`conn` and
+// `peer_id` left unset), so that a worker can start on them before anybody
+// connects (ivcudad's warm workers).
+Result<GuestConnection> make_doorbells(std::size_t vectors);
+// send_greeting() with eventfds made by make_doorbells().
+Result<GuestConnection> send_greeting(sys::UniqueFd conn, std::int64_t peer_id, int shm_fd,
+                                      GuestConnection doorbells);
 
 // True once the guest connection is over: EOF, hang-up or error. Bytes from
 // the guest count as over too, because the protocol gives a guest nothing to
@@ -231,6 +238,8 @@ class IvshmemServer {
   Result<PendingGuest> accept(int timeout_ms);
   // send_greeting() with this server's vectors.
   Result<GuestConnection> greet(PendingGuest guest, int shm_fd) const;
+  // The same with eventfds made ahead (make_doorbells() with vectors()).
+  Result<GuestConnection> greet(PendingGuest guest, int shm_fd, GuestConnection doorbells) const;
 
  private:
   IvshmemServer() = default;

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <optional>
@@ -42,6 +43,11 @@ struct Daemon {
     ::unlink(sock.c_str());
     std::vector<std::string> args = {IVCUDAD_PATH, "--socket", sock, "--shm-size", "256M", "--channels", "4",
                                      "--staging-size", "4M", "--driver", GPU_DOUBLE_PATH, "--log-level", "error"};
+    // The tests below count and inspect the daemon's children, one per guest:
+    // no warm workers unless a test asks for them (then they are children of
+    // the daemon's children, see children_of()).
+    if (std::find(extra.begin(), extra.end(), "--warm-workers") == extra.end())
+      args.insert(args.end(), {"--warm-workers", "0"});
     args.insert(args.end(), extra.begin(), extra.end());
     pid = ::fork();
     if (pid == 0) {
@@ -60,14 +66,30 @@ struct Daemon {
     ::waitpid(pid, nullptr, 0);
   }
   bool alive() const { return ::kill(pid, 0) == 0 && ::waitpid(pid, nullptr, WNOHANG) == 0; }
-  // The daemon's children: its workers.
-  std::vector<pid_t> workers() const {
-    std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  // The daemon's children: its workers (with --warm-workers, the guests'
+  // connection processes).
+  std::vector<pid_t> workers() const { return children_of(pid); }
+  static std::vector<pid_t> children_of(pid_t p) {
+    std::ifstream f("/proc/" + std::to_string(p) + "/task/" + std::to_string(p) + "/children");
     std::vector<pid_t> out;
-    for (pid_t p; f >> p;) out.push_back(p);
+    for (pid_t c; f >> c;) out.push_back(c);
     return out;
   }
 };
+
+// How many of process p's descriptors are guest memory (ivcudad's memfds).
+int guest_memfds(pid_t p) {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd) {
+    char target[256];
+    const std::string link = "/proc/" + std::to_string(p) + "/fd/" + std::to_string(fd);
+    const ssize_t len = ::readlink(link.c_str(), target, sizeof target - 1);
+    if (len <= 0) continue;
+    target[len] = '\0';
+    if (std::strstr(target, "memfd:ivcuda-guest") != nullptr) ++n;
+  }
+  return n;
+}
 
 // One guest connection with hand-driven channels.
 struct RawGuest {
@@ -1551,6 +1573,61 @@ TEST_CASE("a stream's access-policy window covers only the guest's own memory", 
   r.kind = proto::kKernelAttrGet;
   r.stream = 0xdead;
   CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_HANDLE);
+}
+
+// Warm workers (--warm-workers): a connection's process started before its
+// guest, with the worker as its child. A process-mode guest is served by that
+// worker; every such process holds its own guest's memory and nobody
+// else's; a VM (channels of pids that are not the peer's) lets the worker go
+// and gets a worker per process, as without warm workers.
+TEST_CASE("warm workers serve a guest at once, hold only their guest's memory, and step aside for a VM",
+          "[process][hostile]") {
+  Daemon d({"--warm-workers", "1", "--vm-spare-workers", "0"}, "-warm");
+  REQUIRE(d.alive());
+  // The entry and its worker start on their own.
+  auto wait_for = [](auto&& pred) {
+    for (int i = 0; i < 500 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return pred();
+  };
+  REQUIRE(wait_for([&] {
+    const auto c = d.workers();
+    return c.size() == 1 && Daemon::children_of(c[0]).size() == 1;
+  }));
+  const pid_t entry = d.workers()[0];
+  const pid_t worker = Daemon::children_of(entry)[0];
+  CHECK(guest_memfds(entry) == 1);
+  CHECK(guest_memfds(worker) == 1);
+
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  const proto::ReqHello hello{proto::kProtoVersion, static_cast<std::uint32_t>(::getpid()), 0, 0, {}};
+  REQUIRE(g.call(0, Op::kHello, hello, &out) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  // Served by the worker started ahead, still under its entry's process;
+  // another entry starts for the next guest.
+  CHECK(Daemon::children_of(entry) == std::vector<pid_t>{worker});
+  REQUIRE(wait_for([&] {
+    const auto c = d.workers();
+    return c.size() == 2 && Daemon::children_of(c[0] == entry ? c[1] : c[0]).size() == 1;
+  }));
+  for (const pid_t p : d.workers()) {
+    CHECK(guest_memfds(p) == 1);
+    for (const pid_t w : Daemon::children_of(p)) CHECK(guest_memfds(w) == 1);
+  }
+
+  // A VM takes the next entry: the worker started ahead goes, and each guest
+  // process gets one of its own.
+  RawGuest vm(d.sock);
+  const pid_t a = ::getpid() + 100000;
+  vm.open(0, a);
+  REQUIRE(vm.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, static_cast<std::uint32_t>(a), 0, 0, {}},
+                  &out) == CUDA_SUCCESS);
+  REQUIRE(vm.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  // The first guest is still served.
+  CHECK(g.call(0, Op::kCtxSynchronize, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
+  CHECK(d.alive());
 }
 
 // Channels of two guest processes of one VM (pids that are not the peer's:

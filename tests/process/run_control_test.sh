@@ -48,7 +48,13 @@ write_config 1G
 "$build/host-daemon/ivcudad" --config "$work/ivcudad.toml" --driver "$driver" >"$log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && [ -S "$sock_b" ] && [ -S "$csock" ] && break; sleep 0.05; done
-port=$(sed -n 's/.*metrics at .*(port \([0-9]*\)).*/\1/p' "$log" | head -1)
+# The metrics line comes after the sockets exist: wait for it too.
+port=
+for _ in $(seq 100); do
+  port=$(sed -n 's/.*metrics at .*(port \([0-9]*\)).*/\1/p' "$log" | head -1)
+  [ -n "$port" ] && break
+  sleep 0.05
+done
 
 # Two guests, one per socket, each with its own quota.
 IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$bin/drv_quota" --hold-mib 256 --until-evicted \
