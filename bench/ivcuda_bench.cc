@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -208,6 +209,38 @@ struct Child {
     CK(cuGraphDestroy(g));
   }
 
+  // What an eager framework does per small operation: a kernel, then a
+  // scalar read back to the host (PyTorch's .item(), a loss printed each
+  // step) - one launch and one synchronous 4-byte copy to pageable memory;
+  // and a short chain of ten kernels waited for as a whole.
+  void small_ops() {
+    const int reps = quick ? 50 : 5000;
+    CUdeviceptr d = 0;
+    CK(cuMemAlloc(&d, 4));
+    CK(cuMemsetD32(d, 7, 1));
+    std::vector<double> item, chain;
+    for (int i = 0; i < reps; ++i) {
+      std::uint32_t v = 0;
+      auto t0 = Clock::now();
+      launch_spin(0);
+      CK(cuMemcpyDtoHAsync(&v, d, sizeof v, s));
+      CK(cuStreamSynchronize(s));
+      item.push_back(us_since(t0));
+      if (v != 7) {
+        std::fprintf(stderr, "ivcuda-bench: small_ops read %u, wrote 7\n", v);
+        std::exit(3);
+      }
+      t0 = Clock::now();
+      for (int k = 0; k < 10; ++k) launch_spin(0);
+      CK(cuStreamSynchronize(s));
+      chain.push_back(us_since(t0));
+    }
+    emit("smallop.kernel_then_item.median", "us", percentile(item, 0.5));
+    emit("smallop.kernel_then_item.p99", "us", percentile(item, 0.99));
+    emit("smallop.chain10_sync.median", "us", percentile(chain, 0.5));
+    CK(cuMemFree(d));
+  }
+
   // Copies to and from memory mapped with the virtual memory API
   // (cuMemCreate + cuMemMap), which XLA and PyTorch's expandable segments
   // allocate from: each must move at the rate of cuMemAlloc memory (the
@@ -327,7 +360,31 @@ struct StartGate {
   }
 };
 
+// A program's start as a user sees it: the driver, a context, a buffer, one
+// value there and back. It writes one line when the value is back; the
+// parent times that line's arrival and the exit from its fork.
+int run_startup_child() {
+  CK(cuInit(0));
+  CUdevice dev;
+  CK(cuDeviceGet(&dev, 0));
+  CUcontext ctx = nullptr;
+  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CK(cuCtxSetCurrent(ctx));
+  CUdeviceptr d = 0;
+  CK(cuMemAlloc(&d, 4));
+  const std::uint32_t in = 42;
+  std::uint32_t out = 0;
+  CK(cuMemcpyHtoD(d, &in, sizeof in));
+  CK(cuMemcpyDtoH(&out, d, sizeof out));
+  std::printf("first-result %u\n", out);
+  std::fflush(stdout);
+  CK(cuMemFree(d));
+  CK(cuDevicePrimaryCtxRelease(dev));
+  return out == in ? 0 : 3;
+}
+
 int run_child(const std::string& ptx, const std::string& what, bool quick, const StartGate& gate) {
+  if (what == "startup") return run_startup_child();
   CK(cuInit(0));
   CUdevice dev;
   CK(cuDeviceGet(&dev, 0));
@@ -353,6 +410,7 @@ int run_child(const std::string& ptx, const std::string& what, bool quick, const
     c.launch_rates();
     c.sleep_tasks();
     c.graph_rate();
+    c.small_ops();
     c.bandwidth();
     c.vmm_bandwidth();
   }
@@ -368,6 +426,54 @@ struct Mode {
   std::string lib_path;  // LD_LIBRARY_PATH for the child; empty: inherit
   std::string socket;    // IVCUDA_SOCKET, or empty
 };
+
+// Start-up (run_startup_child), `runs` times, `gap_ms` apart so that
+// ivcudad's pool of warm workers refills between starts as it would between
+// a user's runs: medians of the time from fork to the first result and to
+// the exit, in ms.
+std::map<std::string, std::pair<std::string, double>> run_startups(const char* self, const Mode& mode, int runs,
+                                                                   int gap_ms) {
+  std::vector<double> first, exit_ms;
+  for (int r = 0; r < runs; ++r) {
+    ::usleep(static_cast<useconds_t>(gap_ms) * 1000);
+    int fds[2];
+    if (::pipe(fds) != 0) std::exit(4);
+    const auto t0 = Clock::now();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
+      if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
+      const char* argv[] = {self, "--child", "startup", nullptr};
+      ::execv(self, const_cast<char* const*>(argv));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    std::string text;
+    char buf[256];
+    ssize_t n;
+    double t_first = -1;
+    while ((n = ::read(fds[0], buf, sizeof buf)) > 0) {
+      text.append(buf, static_cast<std::size_t>(n));
+      if (t_first < 0 && text.find('\n') != std::string::npos) t_first = us_since(t0) / 1e3;
+    }
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const double t_exit = us_since(t0) / 1e3;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || text.rfind("first-result 42", 0) != 0) {
+      std::fprintf(stderr, "ivcuda-bench: the %s start-up run failed (status %d)\n", mode.name.c_str(), status);
+      std::exit(2);
+    }
+    first.push_back(t_first);
+    exit_ms.push_back(t_exit);
+  }
+  return {{"startup.first_result", {"ms", percentile(first, 0.5)}},
+          {"startup.first_result_max", {"ms", percentile(first, 1.0)}},
+          {"startup.exit", {"ms", percentile(exit_ms, 0.5)}}};
+}
 
 // Runs `count` children at once in `mode`; returns their figures, summed
 // over children for figures of the crowd.
@@ -445,6 +551,8 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
 int main(int argc, char** argv) {
   std::string ptx, lib, sock, json, png, native_lib, child, gate;
   bool quick = false;
+  int startup_runs = 0, startup_gap_ms = 3000;
+  std::vector<std::string> only;
   CLI::App app{"ivcuda-bench: each workload natively and through ivcuda in the same run"};
   app.add_option("--ptx", ptx, "the test kernels' PTX (build/tests/gpu_double/test_kernels.ptx)");
   app.add_option("--ivcuda-lib", lib, "directory holding ivcuda's libcuda.so.1");
@@ -453,10 +561,18 @@ int main(int argc, char** argv) {
   app.add_option("--json", json, "also write the figures as JSON here");
   app.add_option("--png", png, "also draw the JSON as a PNG here (bench/plot.py)");
   app.add_option("--native-lib", native_lib, "directory of the native libcuda.so.1 (default: the system's)");
+  app.add_option("--only", only, "run only these parts: solo (one process's figures), startup, crowd (8 processes)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"solo", "startup", "crowd"}));
+  app.add_option("--startup-runs", startup_runs, "program starts timed per mode (default: 7, --quick: 3)");
+  app.add_option("--startup-gap-ms", startup_gap_ms,
+                 "pause before each start, so that ivcudad's warm workers refill as between a user's runs")
+      ->capture_default_str();
   // The parent starts itself as each workload's child with these.
   app.add_option("--child", child)->group("");
   app.add_option("--gate", gate)->group("");
   CLI11_PARSE(app, argc, argv);
+  if (startup_runs == 0) startup_runs = quick ? 3 : 7;
   if (!child.empty()) {
     StartGate g;
     if (std::sscanf(gate.c_str(), "%d,%d", &g.ready_fd, &g.go_fd) != 2) g = StartGate{};
@@ -466,8 +582,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ivcuda-bench: --png draws the JSON: give --json too\n");
     return 2;
   }
-  if (ptx.empty() || lib.empty() || sock.empty()) {
-    std::fprintf(stderr, "ivcuda-bench: --ptx, --ivcuda-lib and --socket are required\n");
+  const bool kernels = only.empty() || std::find(only.begin(), only.end(), "startup") == only.end() || only.size() > 1;
+  if ((kernels && ptx.empty()) || lib.empty() || sock.empty()) {
+    std::fprintf(stderr, "ivcuda-bench: --ivcuda-lib, --socket and (but for --only startup) --ptx are required\n");
     return 2;
   }
   char self[4096];
@@ -477,10 +594,20 @@ int main(int argc, char** argv) {
   const Mode native{"native", native_lib, ""};
   const Mode ivc{"ivcuda", lib, sock};
   const int crowd = 8;
-  auto nat = run_children(self, native, ptx, "solo", 1, quick);
-  auto ivr = run_children(self, ivc, ptx, "solo", 1, quick);
-  for (auto& [k, v] : run_children(self, native, ptx, "crowd", crowd, quick)) nat["8procs." + k] = v;
-  for (auto& [k, v] : run_children(self, ivc, ptx, "crowd", crowd, quick)) ivr["8procs." + k] = v;
+  const auto part = [&](const char* p) { return only.empty() || std::find(only.begin(), only.end(), p) != only.end(); };
+  std::map<std::string, std::pair<std::string, double>> nat, ivr;
+  if (part("solo")) {
+    nat = run_children(self, native, ptx, "solo", 1, quick);
+    ivr = run_children(self, ivc, ptx, "solo", 1, quick);
+  }
+  if (part("startup")) {
+    for (auto& [k, v] : run_startups(self, native, startup_runs, startup_gap_ms)) nat[k] = v;
+    for (auto& [k, v] : run_startups(self, ivc, startup_runs, startup_gap_ms)) ivr[k] = v;
+  }
+  if (part("crowd")) {
+    for (auto& [k, v] : run_children(self, native, ptx, "crowd", crowd, quick)) nat["8procs." + k] = v;
+    for (auto& [k, v] : run_children(self, ivc, ptx, "crowd", crowd, quick)) ivr["8procs." + k] = v;
+  }
 
   std::printf("%-34s %-11s %14s %14s %9s\n", "figure", "unit", "native", "ivcuda", "ratio");
   for (const auto& [k, v] : nat) {

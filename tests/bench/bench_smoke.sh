@@ -13,12 +13,13 @@ daemon=$!
 for _ in $(seq 100); do [ -S "$work/s" ] && break; sleep 0.05; done
 LD_LIBRARY_PATH=$work/native "$build/bench/ivcuda-bench" --quick --ptx "$build/tests/gpu_double/test_kernels.ptx" \
   --native-lib "$work/native" --ivcuda-lib "$build/lib" --socket "$work/s" --json "$work/bench.json" \
-  --png "$work/bench.png" | tee "$work/out"
+  --png "$work/bench.png" --startup-gap-ms 200 | tee "$work/out"
 for fig in null.ctx_synchronize.median null.stream_query.p99 launch.empty.rate launch.10us.rate \
            sleep.100us.task sleep.1000us.task_p99 htod.pinned.1024KiB htod.pageable.4KiB \
            dtoh.pageable.16384KiB dtoh.pinned.16384KiB dtod.1024KiB 8procs.crowd.launch.rate \
            8procs.crowd.htod.pinned 8procs.crowd.dtoh.pageable graph10.rate graph10.kernel_rate \
-           vmm.htod.pinned.1024KiB vmm.dtoh.pinned.1024KiB vmm.dtod.1024KiB; do
+           vmm.htod.pinned.1024KiB vmm.dtoh.pinned.1024KiB vmm.dtod.1024KiB startup.first_result \
+           startup.exit smallop.kernel_then_item.median smallop.chain10_sync.median; do
   grep -q "^$fig " "$work/out" || { echo "FAIL: $fig missing"; exit 1; }
 done
 python3 -c "import json,sys; d=json.load(open('$work/bench.json')); assert len(d['figures']) > 20, d; \

@@ -6,6 +6,9 @@
 #   multi   several GPUs (run_multi_gpu.sh; nvidia-h200-x2)
 #   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)
 #   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases)
+#   startup ivcuda-bench's start-up figures (a program's start to its first result and exit,
+#           native vs ivcuda), with ivcudad's warm workers and without (--warm-workers 0),
+#           --shm-size 4G as in bench; and the workers' own start-up costs from ivcudad's log
 #   quota   PyTorch and JAX guests at once under 20 GiB quotas (run_quota_on_gpu.sh)
 #   mps     compute shares: a compute-bound loop alone and two at once, time-sliced and under MPS
 #           at 50/50 and 75/25, natively and through ivcudad --mps (run_mps_share.sh)
@@ -143,7 +146,7 @@ for p in $parts; do
         >"$work/bench-ivcudad.log" 2>&1 &
       daemon=$!
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-      timeout 300 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" \
+      timeout 300 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" --only solo,crowd \
         --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/bench.json" 2>&1 | tee "$final/bench.txt"
       rc=$?
       kill $daemon; wait $daemon 2>/dev/null
@@ -154,6 +157,28 @@ for p in $parts; do
       fi
     fi
     part bench $rc ;;
+  startup)
+    build=$root/build/gpu
+    rc=0
+    build_gpu ivcuda-bench ivcudad ivcuda_guest || rc=1
+    for warm in 1 0; do
+      [ $rc -eq 0 ] || break
+      sock=/tmp/ivcuda-startup.sock
+      rm -f "$sock"
+      "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 4G --channels 8 --driver libcuda.so.1 \
+        --warm-workers $warm >"$work/startup-warm$warm-ivcudad.log" 2>&1 &
+      daemon=$!
+      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+      echo "== start-up, --warm-workers $warm (--shm-size 4G)" | tee -a "$final/startup.txt"
+      timeout 200 "$build/bench/ivcuda-bench" --only startup --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
+        --startup-gap-ms 2500 --ivcuda-lib "$build/lib" --socket "$sock" \
+        --json "$final/startup-warm$warm.json" 2>&1 | tee -a "$final/startup.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      kill $daemon; wait $daemon 2>/dev/null
+      echo "ivcudad's workers (warm $warm): $(grep -o '(driver start [^)]*)' "$work/startup-warm$warm-ivcudad.log" |
+        sort | uniq -c | sort -rn | head -4 | tr '\n' ';')" | tee -a "$final/startup.txt"
+    done
+    part startup $rc ;;
   *) echo "unknown part $p"; part "$p" 2 ;;
   esac
 done
