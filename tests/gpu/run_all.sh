@@ -178,6 +178,16 @@ for p in $parts; do
       echo "ivcudad's workers (warm $warm): $(grep -o '(driver start [^)]*)' "$work/startup-warm$warm-ivcudad.log" |
         sort | uniq -c | sort -rn | head -4 | tr '\n' ';')" | tee -a "$final/startup.txt"
     done
+    # What this host offers for huge pages (the arena's, issue 19): reserved 2 MiB pages, shmem THP.
+    { echo "huge pages: $(grep -E 'HugePages_(Total|Free)|Hugepagesize' /proc/meminfo | tr -s ' ' | tr '\n' ';')" \
+        "shmem THP: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>&1)"
+      before=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null)
+      if echo $((before + 16)) >/proc/sys/vm/nr_hugepages 2>/dev/null; then
+        echo "nr_hugepages can be raised here ($before -> $(cat /proc/sys/vm/nr_hugepages))"
+        echo "$before" >/proc/sys/vm/nr_hugepages
+      else
+        echo "nr_hugepages cannot be raised here"
+      fi; } 2>&1 | tee -a "$final/startup.txt"
     part startup $rc ;;
   *) echo "unknown part $p"; part "$p" 2 ;;
   esac
