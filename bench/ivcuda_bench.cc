@@ -383,7 +383,7 @@ int run_startup_child() {
   return out == in ? 0 : 3;
 }
 
-int run_child(const std::string& ptx, const std::string& what, bool quick, const StartGate& gate) {
+int run_child(const std::string& ptx, const std::string& what, bool quick, const StartGate& gate, int settle_ms) {
   if (what == "startup") return run_startup_child();
   CK(cuInit(0));
   CUdevice dev;
@@ -403,6 +403,11 @@ int run_child(const std::string& ptx, const std::string& what, bool quick, const
   CUmodule m;
   CK(cuModuleLoadData(&m, text.c_str()));
   CK(cuModuleGetFunction(&c.spin, m, "ivc_spin_ns"));
+  // Connected: ivcudad now starts the next warm worker, whose arena
+  // registration (seconds for GiBs) would share the machine with the first
+  // figures. They are taken once it is done, natively too for the same
+  // conditions (the start-up figures cover the start itself).
+  ::usleep(static_cast<useconds_t>(settle_ms) * 1000);
   if (what == "crowd") {
     c.crowd(gate);
   } else {
@@ -479,7 +484,7 @@ std::map<std::string, std::pair<std::string, double>> run_startups(const char* s
 // over children for figures of the crowd.
 std::map<std::string, std::pair<std::string, double>> run_children(const char* self, const Mode& mode,
                                                                    const std::string& ptx, const char* what,
-                                                                   int count, bool quick) {
+                                                                   int count, bool quick, int settle_ms) {
   std::vector<std::pair<pid_t, int>> kids;
   int ready[2], go[2];
   if (::pipe(ready) != 0 || ::pipe(go) != 0) std::exit(4);
@@ -496,7 +501,9 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
       ::close(go[1]);
       if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
       if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
-      std::vector<const char*> argv = {self, "--child", what, "--ptx", ptx.c_str(), "--gate", gate.c_str()};
+      const std::string settle = std::to_string(settle_ms);
+      std::vector<const char*> argv = {self,  "--child", what, "--ptx", ptx.c_str(), "--gate", gate.c_str(),
+                                       "--settle-ms", settle.c_str()};
       if (quick) argv.push_back("--quick");
       argv.push_back(nullptr);
       ::execv(self, const_cast<char* const*>(argv.data()));
@@ -553,6 +560,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int startup_runs = 0, startup_gap_ms = 3000;
   std::vector<std::string> only;
+  int settle_ms = -1;
   CLI::App app{"ivcuda-bench: each workload natively and through ivcuda in the same run"};
   app.add_option("--ptx", ptx, "the test kernels' PTX (build/tests/gpu_double/test_kernels.ptx)");
   app.add_option("--ivcuda-lib", lib, "directory holding ivcuda's libcuda.so.1");
@@ -564,6 +572,9 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "run only these parts: solo (one process's figures), startup, crowd (8 processes)")
       ->delimiter(',')
       ->check(CLI::IsMember({"solo", "startup", "crowd"}));
+  app.add_option("--settle-ms", settle_ms,
+                 "pause after connecting, before measuring (default 4000, --quick 0): ivcudad's next warm "
+                 "worker starts meanwhile");
   app.add_option("--startup-runs", startup_runs, "program starts timed per mode (default: 7, --quick: 3)");
   app.add_option("--startup-gap-ms", startup_gap_ms,
                  "pause before each start, so that ivcudad's warm workers refill as between a user's runs")
@@ -573,10 +584,11 @@ int main(int argc, char** argv) {
   app.add_option("--gate", gate)->group("");
   CLI11_PARSE(app, argc, argv);
   if (startup_runs == 0) startup_runs = quick ? 3 : 7;
+  if (settle_ms < 0) settle_ms = quick ? 0 : 4000;
   if (!child.empty()) {
     StartGate g;
     if (std::sscanf(gate.c_str(), "%d,%d", &g.ready_fd, &g.go_fd) != 2) g = StartGate{};
-    return run_child(ptx, child, quick, g);
+    return run_child(ptx, child, quick, g, settle_ms);
   }
   if (!png.empty() && json.empty()) {
     std::fprintf(stderr, "ivcuda-bench: --png draws the JSON: give --json too\n");
@@ -597,16 +609,16 @@ int main(int argc, char** argv) {
   const auto part = [&](const char* p) { return only.empty() || std::find(only.begin(), only.end(), p) != only.end(); };
   std::map<std::string, std::pair<std::string, double>> nat, ivr;
   if (part("solo")) {
-    nat = run_children(self, native, ptx, "solo", 1, quick);
-    ivr = run_children(self, ivc, ptx, "solo", 1, quick);
+    nat = run_children(self, native, ptx, "solo", 1, quick, settle_ms);
+    ivr = run_children(self, ivc, ptx, "solo", 1, quick, settle_ms);
   }
   if (part("startup")) {
     for (auto& [k, v] : run_startups(self, native, startup_runs, startup_gap_ms)) nat[k] = v;
     for (auto& [k, v] : run_startups(self, ivc, startup_runs, startup_gap_ms)) ivr[k] = v;
   }
   if (part("crowd")) {
-    for (auto& [k, v] : run_children(self, native, ptx, "crowd", crowd, quick)) nat["8procs." + k] = v;
-    for (auto& [k, v] : run_children(self, ivc, ptx, "crowd", crowd, quick)) ivr["8procs." + k] = v;
+    for (auto& [k, v] : run_children(self, native, ptx, "crowd", crowd, quick, settle_ms)) nat["8procs." + k] = v;
+    for (auto& [k, v] : run_children(self, ivc, ptx, "crowd", crowd, quick, settle_ms)) ivr["8procs." + k] = v;
   }
 
   std::printf("%-34s %-11s %14s %14s %9s\n", "figure", "unit", "native", "ivcuda", "ratio");

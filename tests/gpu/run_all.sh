@@ -171,7 +171,7 @@ for p in $parts; do
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
       echo "== start-up, --warm-workers $warm (--shm-size 4G)" | tee -a "$final/startup.txt"
       timeout 200 "$build/bench/ivcuda-bench" --only startup --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
-        --startup-gap-ms 2500 --ivcuda-lib "$build/lib" --socket "$sock" \
+        --startup-gap-ms 4000 --ivcuda-lib "$build/lib" --socket "$sock" \
         --json "$final/startup-warm$warm.json" 2>&1 | tee -a "$final/startup.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill $daemon; wait $daemon 2>/dev/null

@@ -30,6 +30,11 @@ int main() {
   CUdeviceptr d = 0;
   OK(cuMemAlloc(&d, 256));
   OK(cuMemsetD8(d, 0, 256));
+  // A memset of device memory may return before it is done (CUDA's API
+  // synchronization behaviour), and the non-blocking streams below do not
+  // wait for the legacy stream it ran in: without this the writes below race
+  // it (seen through ivcuda on the H200, where the first two were zeroed).
+  OK(cuCtxSynchronize());
 
   // Single operations in one stream: each wait is satisfied by the write before it.
   OK(cuStreamWriteValue32(s, d, 0x1234u, 0));
