@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine is needed for, in one device-tool call:
 #   suite   the driver-API/runtime/library programs native vs ivcuda (run_gpu_suite.sh)
-#   vm      the TCG guest next to the real GPU (run_vm_on_gpu.sh)
+#   vm      the TCG guest next to the real GPU (run_vm_on_gpu.sh): the driver-API programs, and
+#           NVML in the guest (ivcuda-smi, nvml_api, pynvml, gpustat, nvitop) against the host's
 #   double  the GPU test double's own tests against the real driver (real_driver_check.sh)
 #   multi   several GPUs (run_multi_gpu.sh; nvidia-h200-x2)
 #   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)

@@ -73,18 +73,13 @@ CHECKS
 	[[ -n $pywheel ]] || { echo "FAIL: no nvidia-ml-py wheel in .deps/wheels (tools/install-deps.sh fetches it)"; exit 1; }
 	py=$(readlink -f /usr/bin/python3)  # Debian's (tools/install-deps.sh), not whatever python3 PATH finds first
 	pystage=$image.python
-	rm -rf "$pystage" && mkdir -p "$pystage/pynvml" "$pystage/root"
-	"$py" -m zipfile -e "$pywheel" "$pystage/pynvml"
-	# Every module file python3 holds after importing what the check imports (-S: no site).
-	PYTHONPATH=$pystage/pynvml "$py" -S -c '
-import sys, subprocess, pynvml, encodings.utf_8, encodings.latin_1, encodings.ascii
-for m in list(sys.modules.values()):
-    f = getattr(m, "__file__", None)
-    if f and f.startswith(sys.prefix + "/lib/python"): print(f)' | while read -r f; do cp --parents "$f" "$pystage/root"; done
-	stdlib=$("$py" -S -c 'import os, sys; print(os.path.dirname(os.__file__))')
-	ctypes_so=$(ls "$stdlib"/lib-dynload/_ctypes.*.so)
-	nvml_adds+=(--add-bin "$py:/usr/bin/python3" --add-bin "$ctypes_so:$ctypes_so" --add "$pystage/root$stdlib:$stdlib"
-		--add "$pystage/pynvml:/opt/pynvml" --add "$here/pynvml_check.py:/opt/ivcuda/pynvml_check.py")
+	rm -rf "$pystage"
+	# shellcheck source=../../tools/guest/stage-python.sh
+	. "$guest/stage-python.sh"
+	python_unpack "$py" "$pystage" "$pywheel"
+	# What the check imports (it runs in the guest only: here there is no NVML to ask).
+	stage_python "$py" "$pystage" /opt/pynvml "-c import sys, subprocess, pynvml"
+	nvml_adds+=("${python_adds[@]}" --add "$here/pynvml_check.py:/opt/ivcuda/pynvml_check.py")
 fi
 
 # The programs find libcuda.so.1 through LD_LIBRARY_PATH, as a user's would:

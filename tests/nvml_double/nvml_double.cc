@@ -9,7 +9,7 @@
 // is a compute process with that much memory; without a ledger there are
 // none. Everything else is a fixed, plausible value (an H200-like board).
 // It implements what ivcudad's worker resolves (host-daemon/nvml_api.h) and a
-// few basics (count, handle by index, UUID); setters are not exported.
+// few basics (init with flags, count, handle by index, UUID); setters are not exported.
 #include <fcntl.h>
 #include <nvml.h>
 #include <sys/mman.h>
@@ -169,6 +169,9 @@ nvmlReturn_t nvmlInit_v2() {
   ++g_inits;
   return NVML_SUCCESS;
 }
+
+// What pynvml's nvmlInit() calls (tests/gpu/run_vm_on_gpu.sh asks the double natively, as the host's NVML).
+nvmlReturn_t nvmlInitWithFlags(unsigned flags) { return flags == 0 ? nvmlInit_v2() : NVML_ERROR_INVALID_ARGUMENT; }
 
 nvmlReturn_t nvmlShutdown() {
   std::lock_guard lock(g_mu);

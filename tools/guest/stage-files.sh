@@ -4,11 +4,13 @@
 # library ldd names). The caller defines die().
 
 # stage_copy ROOT SRC DEST: DEST is an absolute path inside the image.
+# Timestamps are kept: Python's compiled modules (__pycache__) are only used
+# while their source's modification time matches.
 stage_copy() {
 	local root=$1 src=$2 dest=$3
 	[[ -e $src ]] || die "no such file: $src"
 	mkdir -p "$root$(dirname "$dest")"
-	cp -RL "$src" "$root$dest"
+	cp -RL --preserve=timestamps "$src" "$root$dest"
 }
 
 # stage_files ROOT
