@@ -214,13 +214,22 @@ class Channel {
         return false;
       };
       bool gone = false;
+      // Whether the host is gone is asked every 1024 polls while spinning
+      // (tens of microseconds) and before each sleep, not on every poll: in
+      // process mode the question is a poll() system call, which took longer
+      // than the answer it delayed.
+      unsigned polls = 0;
+      bool ask_now = false;
       ring::spin_then_block(
           [&] {
             if (ready()) return true;
+            if (!ask_now && (++polls & 1023) != 0) return false;
+            ask_now = false;
             return gone = host_gone();
           },
           [&](bool sleeping) {
             if (sleeping) {
+              ask_now = true;
               if (!cpl_.prepare_sleep()) cpl_.end_sleep();
             } else {
               cpl_.end_sleep();

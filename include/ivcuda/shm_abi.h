@@ -29,7 +29,12 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // Minor 1: ChannelDesc::staging_done (pipelined pageable copies).
 // Minor 2: ChannelDesc::guest_claim and host_lost, Superblock exit notices
 // (a worker per guest process in a VM).
-inline constexpr std::uint16_t kAbiMinor = 2;
+// Minor 3: Superblock::next_ticket moved to a line of its own (line 6):
+// every guest call increments it, and on line 2 it shared the line the
+// worker reads on every pass (active_mask). Guests of minor 2 count at the
+// old place (reserved_ticket), which nothing reads: tickets only order the
+// calls of one guest library.
+inline constexpr std::uint16_t kAbiMinor = 3;
 
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
@@ -77,7 +82,7 @@ struct Superblock {
   std::uint64_t reserved2;           // zero
 
   // Line 2: guest-written state shared by all guest threads.
-  std::uint64_t next_ticket;         // guest: global request order (fetch_add)
+  std::uint64_t reserved_ticket;     // zero (ABI 1.2 guests' ticket counter)
   std::uint64_t active_mask[kChannelMaskWords];  // guest: bit c = channel c claimed
   std::uint64_t reserved3[3];        // zero
 
@@ -97,7 +102,11 @@ struct Superblock {
   std::uint32_t reserved6;           // zero
   std::uint32_t exit_pid[30];        // guest kernel: ring of exited pids
 
-  std::uint8_t reserved_page[4096 - 6 * kCacheLine];  // zero; room to grow
+  // Line 6: the guest's ticket counter, alone on its line (no host reads it).
+  std::uint64_t next_ticket;         // guest: global request order (fetch_add)
+  std::uint64_t reserved7[7];        // zero
+
+  std::uint8_t reserved_page[4096 - 7 * kCacheLine];  // zero; room to grow
 };
 inline constexpr std::uint32_t kExitSlots = 30;
 
@@ -196,7 +205,7 @@ IVCUDA_ABI_FIELD(Superblock, arena_off, 96, 8);
 IVCUDA_ABI_FIELD(Superblock, arena_size, 104, 8);
 IVCUDA_ABI_FIELD(Superblock, staging_bytes, 112, 8);
 IVCUDA_ABI_FIELD(Superblock, reserved2, 120, 8);
-IVCUDA_ABI_FIELD(Superblock, next_ticket, 128, 8);
+IVCUDA_ABI_FIELD(Superblock, reserved_ticket, 128, 8);
 IVCUDA_ABI_FIELD(Superblock, active_mask, 136, 32);
 IVCUDA_ABI_FIELD(Superblock, reserved3, 168, 24);
 IVCUDA_ABI_FIELD(Superblock, host_sleeping, 192, 4);
@@ -206,7 +215,9 @@ IVCUDA_ABI_FIELD(Superblock, reserved5, 208, 48);
 IVCUDA_ABI_FIELD(Superblock, exit_count, 256, 4);
 IVCUDA_ABI_FIELD(Superblock, reserved6, 260, 4);
 IVCUDA_ABI_FIELD(Superblock, exit_pid, 264, 120);
-IVCUDA_ABI_FIELD(Superblock, reserved_page, 384, 3712);
+IVCUDA_ABI_FIELD(Superblock, next_ticket, 384, 8);
+IVCUDA_ABI_FIELD(Superblock, reserved7, 392, 56);
+IVCUDA_ABI_FIELD(Superblock, reserved_page, 448, 3648);
 static_assert(sizeof(Superblock) == 4096);
 
 static_assert(std::is_standard_layout_v<ChannelDesc>);
