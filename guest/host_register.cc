@@ -316,6 +316,13 @@ CUresult register_range(Runtime* rt, std::uint64_t ctx, void* p, std::size_t byt
     std::vector<int> prots;
     bool shared = false;
     if (const CUresult st = page_prots(new_lo, new_hi, &prots, &shared); st != CUDA_SUCCESS) return st;
+    // A BAR on 2 MiB pages (ivcudad --huge-pages) cannot lend 4 KiB pages:
+    // the range stays where it is and is staged, as shared memory is.
+    if (!shared && rt->bar_on_huge_pages() && !first_known && !last_known) {
+      log_once("hostreg-huge", "cuMemHostRegister: the daemon's memory is on huge pages here; registered memory "
+               "is staged, with no device alias (ivcudad --huge-pages off gives zero-copy)");
+      shared = true;
+    }
     if (shared) {
       // An edge page moved for another registration is private memory of
       // ours now, so such a range is part shared, part not.

@@ -573,6 +573,9 @@ CUresult Runtime::attach_bar(std::byte* base, std::size_t size) {
   base_ = base;
   layout_ = *l;
   if (vectors_ == 0) vectors_ = 1;
+  // In a VM the host's page size is the hypervisor's business: the guest's
+  // own page tables map the BAR in 4 KiB pages either way.
+  huge_bar_ = !vm_mode_ && (ring::load_relaxed(ring::superblock(base)->features) & abi::kFeatHugePages) != 0;
   return CUDA_SUCCESS;
 }
 
@@ -795,6 +798,7 @@ int Runtime::map_arena_at(void* va, std::uint64_t arena_off, std::size_t len) no
 // alias is skipped and page-locked pointers stay BAR addresses (their device
 // pointers then differ, which CUDA allows only without unified addressing).
 void Runtime::map_identity_alias() noexcept {
+  if (huge_bar_) return;  // no piece of a BAR on 2 MiB pages maps elsewhere
   const std::uint64_t dev = hello_.arena_device_base;
   if (dev == 0 || dev % kPage != 0 || layout_.arena_size == 0 || dev + layout_.arena_off < dev) return;
   void* want = reinterpret_cast<void*>(dev + layout_.arena_off);

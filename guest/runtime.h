@@ -132,6 +132,9 @@ class Runtime {
   void mark_dead(const char* why) noexcept;
   // True when the library runs inside a VM on the ivcuda UIO device.
   bool vm_mode() const noexcept { return vm_mode_; }
+  // Process mode on a BAR of 2 MiB pages (abi::kFeatHugePages): no 4 KiB
+  // piece of it can be mapped elsewhere (the arena alias, registered memory).
+  bool bar_on_huge_pages() const noexcept { return huge_bar_; }
   // Frees this process's channels for other processes (VM mode: the BAR is
   // shared by every process of the guest). Runs at exit.
 
@@ -158,6 +161,7 @@ class Runtime {
   // VM mode: the ivcuda UIO device (BAR0 registers, BAR2 = the shared memory).
   bool vm_mode_ = false;
   bool doorbells_ = true;                 // false on ivshmem-plain: poll
+  bool huge_bar_ = false;                 // see bar_on_huge_pages()
   uio::Device uio_;
   std::byte* base_ = nullptr;             // the BAR, either way
   std::byte* alias_ = nullptr;            // BAR offset 0 as the arena alias places it, or null

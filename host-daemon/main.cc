@@ -102,6 +102,7 @@ struct Options {
   std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
   std::uint32_t vm_spares = 1;
   unsigned warm_workers = 1;  // per socket: started ahead of the next guest
+  std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
   ivcuda::host::ObjectLimits limits;     // --object-limits
   std::string socket_group;              // --socket-group: who may connect (QEMU's user)
@@ -152,7 +153,8 @@ std::string parse_object_limits(const std::string& spec, ivcuda::host::ObjectLim
 // Workers a socket keeps started ahead at most (--warm-workers, warm=N).
 constexpr unsigned kMaxWarm = 8;
 
-// A --guest-socket entry: SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT][:warm=N].
+// A --guest-socket entry:
+// SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT][:warm=N][:huge-pages=on|off].
 // The socket's path holds no ':'. Returns false with *err set.
 struct SocketSpec {
   std::string path;
@@ -160,9 +162,10 @@ struct SocketSpec {
   std::uint64_t mem_limit = 0;
   unsigned compute = 100;  // % of the SMs under --mps
   unsigned warm = 1;       // workers started ahead (--warm-workers)
+  bool huge = false;       // guests' memory on 2 MiB pages (--huge-pages)
 };
 bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, unsigned default_compute,
-                       unsigned default_warm, SocketSpec* out, std::string* err);
+                       unsigned default_warm, bool default_huge, SocketSpec* out, std::string* err);
 
 std::vector<int> parse_gpus(const std::string& s, std::string* err) {
   std::vector<int> out;
@@ -182,7 +185,7 @@ std::vector<int> parse_gpus(const std::string& s, std::string* err) {
 }
 
 bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, unsigned default_compute,
-                       unsigned default_warm, SocketSpec* out, std::string* err) {
+                       unsigned default_warm, bool default_huge, SocketSpec* out, std::string* err) {
   std::vector<std::string> parts;
   std::stringstream ss(spec);
   std::string item;
@@ -199,6 +202,7 @@ bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, uns
   out->mem_limit = default_limit;
   out->compute = default_compute;
   out->warm = default_warm;
+  out->huge = default_huge;
   for (std::size_t i = 1; i < parts.size(); ++i) {
     const auto kv = parts[i].find('=');
     const std::string key = parts[i].substr(0, kv);
@@ -221,6 +225,10 @@ bool parse_socket_spec(const std::string& spec, std::uint64_t default_limit, uns
         return false;
       }
       out->warm = static_cast<unsigned>(n);
+      continue;
+    }
+    if (key == "huge-pages" && (value == "on" || value == "off")) {
+      out->huge = value == "on";
       continue;
     }
     if (key != "mem-limit" || value.empty()) {
@@ -636,6 +644,13 @@ void define_options(CLI::App& app, Options& o) {
                  "page-locked RAM; per socket: --guest-socket ...:warm=N; 0: none)")
       ->check(CLI::Range(0u, kMaxWarm))
       ->capture_default_str();
+  app.add_option("--huge-pages", o.huge_pages,
+                 "on: each guest's shared memory on 2 MiB huge pages from the host's reserved pool "
+                 "(vm.nr_hugepages), 4 KiB pages when too few are free; its registration with the GPU is "
+                 "faster. For VM sockets: a process-mode guest on huge pages cannot register its own memory "
+                 "zero-copy (cuMemHostRegister then stages). Per socket: --guest-socket ...:huge-pages=on")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--vm-spare-workers", o.vm_spares,
                  "workers kept started per VM for its next CUDA process (each holds a context per GPU)")
       ->check(CLI::Range(0u, 8u))
@@ -765,10 +780,11 @@ int main(int argc, char** argv) {
     std::unique_ptr<ivcuda::host::TenantShare> share;  // this tenant's shared objects
     unsigned compute = 100;                // % of the SMs under --mps
     unsigned warm = 1;                     // workers kept started ahead
+    bool huge = false;                     // guests' memory on 2 MiB pages
   };
   std::vector<Listener> listeners;
   auto add_listener = [&](const std::string& path, std::vector<int> grant, std::uint64_t mem_limit,
-                          unsigned compute, unsigned warm) {
+                          unsigned compute, unsigned warm, bool huge) {
     auto server = ivcuda::ivshmem::IvshmemServer::listen(path, o.vectors);
     if (!server) {
       IVLOG_ERROR("cannot listen on %s: %s", path.c_str(), server.error().what.c_str());
@@ -795,22 +811,22 @@ int main(int argc, char** argv) {
       }
     }
     listeners.push_back(
-        Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share), compute, warm});
+        Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share), compute, warm, huge});
     return true;
   };
-  if (!add_listener(o.socket, gpus, o.mem_limit, o.compute, o.warm_workers)) return 1;
+  if (!add_listener(o.socket, gpus, o.mem_limit, o.compute, o.warm_workers, o.huge_pages == "on")) return 1;
   for (const auto& spec : o.guest_sockets) {
     SocketSpec ss;
     std::string gerr;
-    if (!parse_socket_spec(spec, o.mem_limit, o.compute, o.warm_workers, &ss, &gerr)) {
-      IVLOG_ERROR("--guest-socket %s: %s; expected SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT][:warm=N], e.g. "
+    if (!parse_socket_spec(spec, o.mem_limit, o.compute, o.warm_workers, o.huge_pages == "on", &ss, &gerr)) {
+      IVLOG_ERROR("--guest-socket %s: %s; expected SOCKET=GPUS[:mem-limit=SIZE][:compute=PCT][:warm=N][:huge-pages=on|off], e.g. "
                   "/run/ivcuda/vm2.sock=1:mem-limit=20G:compute=50", spec.c_str(), gerr.c_str());
       return 2;
     }
     if (ss.compute != 100 && !o.mps)
       IVLOG_WARN("--guest-socket %s: compute=%u takes --mps; without it guests time-slice the whole GPU", spec.c_str(),
                  ss.compute);
-    if (!add_listener(ss.path, ss.gpus, ss.mem_limit, ss.compute, ss.warm)) return 1;
+    if (!add_listener(ss.path, ss.gpus, ss.mem_limit, ss.compute, ss.warm, ss.huge)) return 1;
     std::string grant;
     for (const int g : ss.gpus) grant += (grant.empty() ? "" : ",") + std::to_string(g);
     const std::string quota = ss.mem_limit == 0 ? "no limit" : std::to_string(ss.mem_limit >> 20) + " MiB per guest";
@@ -1000,7 +1016,8 @@ int main(int argc, char** argv) {
     for (const auto& spec : fresh.guest_sockets) {
       SocketSpec ss;
       std::string why;
-      if (!parse_socket_spec(spec, fresh.mem_limit, fresh.compute, fresh.warm_workers, &ss, &why))
+      if (!parse_socket_spec(spec, fresh.mem_limit, fresh.compute, fresh.warm_workers, fresh.huge_pages == "on", &ss,
+                             &why))
         return {{"ok", false}, {"error", "--guest-socket " + spec + ": " + why}};
       limits[ss.path] = ss.mem_limit;
       warm[ss.path] = ss.warm;
@@ -1091,22 +1108,50 @@ int main(int argc, char** argv) {
     if (b) b->stats().mem_limit.store(mem_limit, std::memory_order_relaxed);
     return b;
   };
-  // A guest's own memory, formatted: nobody else can map it.
-  auto guest_memory = [&](std::int64_t id) -> std::optional<ivcuda::sys::UniqueFd> {
-    auto shm = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
-    if (!shm) {
-      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), shm.error().what.c_str());
-      return std::nullopt;
+  // A guest's own memory, formatted: nobody else can map it. On 2 MiB pages
+  // when the socket asks and the host's pool has them (mapping it here takes
+  // them from the pool, or fails), else on 4 KiB pages.
+  std::vector<bool> huge_short(listeners.size(), false);  // said once per socket
+  auto guest_memory = [&](std::int64_t id, std::size_t li) -> std::optional<ivcuda::sys::UniqueFd> {
+    std::uint64_t features = ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered;
+    std::optional<ivcuda::sys::UniqueFd> shm;
+    std::optional<ivcuda::sys::Mapping> map;
+    if (listeners[li].huge) {
+      auto h = ivcuda::sys::make_huge_memfd("ivcuda-guest", o.shm_size);
+      auto m = h ? ivcuda::sys::Mapping::map_shared(h->get(), o.shm_size)
+                 : ivcuda::Result<ivcuda::sys::Mapping>(ivcuda::make_error(h.error().code, h.error().what));
+      if (m) {
+        shm = std::move(*h);
+        map = std::move(*m);
+        features |= ivcuda::abi::kFeatHugePages;
+        IVLOG_INFO("guest %lld: its memory is on 2 MiB huge pages", static_cast<long long>(id));
+        if (huge_short[li]) IVLOG_INFO("%s: guests' memory is on huge pages again", listeners[li].path.c_str());
+        huge_short[li] = false;
+      } else if (!huge_short[li]) {
+        huge_short[li] = true;
+        IVLOG_WARN("%s: no %llu MiB of 2 MiB huge pages for guest %lld (%s; vm.nr_hugepages reserves them): "
+                   "4 KiB pages until there are",
+                   listeners[li].path.c_str(), static_cast<unsigned long long>(o.shm_size >> 20),
+                   static_cast<long long>(id), m.error().what.c_str());
+      }
     }
-    auto map = ivcuda::sys::Mapping::map_shared(shm->get(), o.shm_size);
-    if (!map) {
-      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), map.error().what.c_str());
-      return std::nullopt;
+    if (!shm) {
+      auto s = ivcuda::sys::make_memfd("ivcuda-guest", o.shm_size);
+      if (!s) {
+        IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), s.error().what.c_str());
+        return std::nullopt;
+      }
+      auto m = ivcuda::sys::Mapping::map_shared(s->get(), o.shm_size);
+      if (!m) {
+        IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), m.error().what.c_str());
+        return std::nullopt;
+      }
+      shm = std::move(*s);
+      map = std::move(*m);
     }
     (void)ivcuda::ring::format_bar(map->data(), *layout, generation,
                                    static_cast<std::uint32_t>(ivcuda::ivshmem::kHostPeerId),
-                                   static_cast<std::uint32_t>(o.vectors),
-                                   ivcuda::abi::kFeatDoorbell | ivcuda::abi::kFeatArenaRegistered);
+                                   static_cast<std::uint32_t>(o.vectors), features);
     return std::move(*shm);
   };
 
@@ -1116,7 +1161,7 @@ int main(int argc, char** argv) {
     Warm e;
     e.listener = li;
     e.id = next_guest_id();
-    auto shm = guest_memory(e.id);
+    auto shm = guest_memory(e.id, li);
     if (!shm) return false;
     auto bells = ivcuda::ivshmem::make_doorbells(o.vectors);
     e.board = new_board(l.mem_limit);
@@ -1367,7 +1412,7 @@ int main(int argc, char** argv) {
       const long long id = pending->peer_id;
       std::optional<ivcuda::sys::UniqueFd> shm;
       if (warm) shm = std::move(warm->shm);
-      else shm = guest_memory(id);
+      else shm = guest_memory(id, li);
       if (!shm) continue;
       auto board = warm ? std::move(warm->board) : new_board(l.mem_limit);
       if (!board) {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <linux/memfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -72,8 +73,9 @@ Result<Mapping> Mapping::map_shared_random(int fd, std::size_t size) {
   return make_error(EADDRNOTAVAIL, "mmap: no free random address for " + std::to_string(size) + " bytes");
 }
 
-Result<UniqueFd> make_memfd(const char* name, std::uint64_t size) {
-  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+namespace {
+Result<UniqueFd> sealed_memfd(const char* name, std::uint64_t size, unsigned extra_flags) {
+  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | extra_flags));
   if (!fd.valid()) return make_error(errno, "memfd_create: " + errno_string(errno));
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
     return make_error(errno, "ftruncate: " + errno_string(errno));
@@ -84,6 +86,15 @@ Result<UniqueFd> make_memfd(const char* name, std::uint64_t size) {
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
     return make_error(errno, "F_ADD_SEALS: " + errno_string(errno));
   return fd;
+}
+}  // namespace
+
+Result<UniqueFd> make_memfd(const char* name, std::uint64_t size) { return sealed_memfd(name, size, 0); }
+
+Result<UniqueFd> make_huge_memfd(const char* name, std::uint64_t size) {
+  constexpr std::uint64_t k2M = 2ull << 20;
+  if (size % k2M != 0) return make_error(EINVAL, "huge pages need a size in whole 2 MiB pages");
+  return sealed_memfd(name, size, MFD_HUGETLB | MFD_HUGE_2MB);
 }
 
 Result<UniqueFd> make_eventfd(bool nonblocking) {

@@ -66,6 +66,10 @@ class Mapping {
 
 // A memfd of `size` bytes, sealed against shrinking, growing and new seals.
 Result<UniqueFd> make_memfd(const char* name, std::uint64_t size);
+// The same on 2 MiB huge pages (MFD_HUGETLB): `size` must be a multiple of
+// 2 MiB, and the pages come from the host's reserved pool (vm.nr_hugepages),
+// taken when a mapping is made (mmap fails with ENOMEM when too few are free).
+Result<UniqueFd> make_huge_memfd(const char* name, std::uint64_t size);
 Result<UniqueFd> make_eventfd(bool nonblocking);
 // Size of the file behind fd (fstat).
 Result<std::uint64_t> file_size(int fd);

@@ -39,6 +39,9 @@ inline constexpr std::uint16_t kAbiMinor = 3;
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
 inline constexpr std::uint64_t kFeatArenaRegistered = 1ull << 1;  // arena is GPU-registered
+// The BAR lies on 2 MiB pages (hugetlb): a process-mode guest cannot map
+// 4 KiB pieces of it elsewhere (host_register.cc stages registrations).
+inline constexpr std::uint64_t kFeatHugePages = 1ull << 2;
 
 // Superblock::host_state values.
 inline constexpr std::uint32_t kHostStarting = 0;

@@ -171,14 +171,43 @@ for p in $parts; do
       daemon=$!
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
       echo "== start-up, --warm-workers $warm (--shm-size 4G)" | tee -a "$final/startup.txt"
-      timeout 200 "$build/bench/ivcuda-bench" --only startup --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
-        --startup-gap-ms 4000 --ivcuda-lib "$build/lib" --socket "$sock" \
-        --json "$final/startup-warm$warm.json" 2>&1 | tee -a "$final/startup.txt"
+      # With warm workers also a quick solo run: its copies compare with the huge-page run below.
+      bparts=startup
+      [ $warm = 0 ] || bparts=startup,solo
+      timeout 200 "$build/bench/ivcuda-bench" --only $bparts --quick --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
+        --startup-gap-ms 4000 --settle-ms 4000 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
+        --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/startup-warm$warm.json" 2>&1 |
+        grep -E "^(figure|startup|htod|dtoh)" | tee -a "$final/startup.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill $daemon; wait $daemon 2>/dev/null
       echo "ivcudad's workers (warm $warm): $(grep -o '(driver start [^)]*)' "$work/startup-warm$warm-ivcudad.log" |
         sort | uniq -c | sort -rn | head -4 | tr '\n' ';')" | tee -a "$final/startup.txt"
     done
+    # The same on 2 MiB huge pages (--huge-pages on): the pool reserved for two 4 GiB guests (the
+    # one served and the warm one) and given back after; registration time and, from a quick solo
+    # run, the staged (pageable) copies.
+    before=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
+    if [ $rc -eq 0 ] && echo $((before + 4200)) >/proc/sys/vm/nr_hugepages 2>/dev/null; then
+      sock=/tmp/ivcuda-startup.sock
+      rm -f "$sock"
+      "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 4G --channels 8 --driver libcuda.so.1 \
+        --warm-workers 1 --huge-pages on >"$work/startup-huge-ivcudad.log" 2>&1 &
+      daemon=$!
+      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+      echo "== start-up, --warm-workers 1 --huge-pages on (--shm-size 4G; $(grep HugePages_Free /proc/meminfo))" |
+        tee -a "$final/startup.txt"
+      timeout 200 "$build/bench/ivcuda-bench" --only startup,solo --quick --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
+        --startup-gap-ms 4000 --settle-ms 4000 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
+        --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/startup-huge.json" 2>&1 |
+        grep -E "^(figure|startup|htod|dtoh)" | tee -a "$final/startup.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      kill $daemon; wait $daemon 2>/dev/null
+      echo "ivcudad's workers (huge pages): $(grep -c 'on 2 MiB huge pages' "$work/startup-huge-ivcudad.log") guests on huge pages; $(grep -o '(driver start [^)]*)' "$work/startup-huge-ivcudad.log" |
+        sort | uniq -c | sort -rn | head -4 | tr '\n' ';')" | tee -a "$final/startup.txt"
+      echo "$before" >/proc/sys/vm/nr_hugepages
+    else
+      echo "no huge-page run: vm.nr_hugepages cannot be raised here" | tee -a "$final/startup.txt"
+    fi
     # What this host offers for huge pages (the arena's, issue 19): reserved 2 MiB pages, shmem THP.
     { echo "huge pages: $(grep -E 'HugePages_(Total|Free)|Hugepagesize' /proc/meminfo | tr -s ' ' | tr '\n' ';')" \
         "shmem THP: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>&1)"
