@@ -68,6 +68,15 @@ inline bool is_device(Runtime* rt, std::uint64_t p) {
   return p - it->first < it->second;
 }
 
+// Does [p, p + n) lie inside one allocation of this process's device memory?
+inline bool in_device_alloc(Runtime* rt, std::uint64_t p, std::uint64_t n) {
+  std::lock_guard lk(rt->books_mu);
+  auto it = rt->dev_allocs.upper_bound(p);
+  if (it == rt->dev_allocs.begin()) return false;
+  --it;
+  return p - it->first < it->second && n <= it->second - (p - it->first);
+}
+
 // The id the host tells this process's calls apart by, where that matters
 // (IPC and pool sharing: one worker serves every process of a VM).
 inline std::uint32_t proc_id() { return static_cast<std::uint32_t>(::getpid()); }

@@ -37,6 +37,7 @@ using ivcuda::guest::guard;
 using ivcuda::guest::Runtime;
 using ivcuda::guest::internal::h;
 using ivcuda::guest::internal::is_device;
+using ivcuda::guest::internal::in_device_alloc;
 using ivcuda::guest::internal::known_event;
 using ivcuda::guest::internal::known_stream;
 namespace proto = ivcuda::proto;
@@ -380,10 +381,17 @@ CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
   return st != CUDA_SUCCESS ? st : fl;
 }
 
+// A synchronous device-to-device copy is asynchronous with respect to the
+// host in CUDA ("no host-side synchronization is performed"): between
+// allocations the guest knows, it is posted too; its errors come with the
+// next synchronising call. Other memory (mapped ranges, imports) keeps the
+// round trip, so that what the host refuses is answered at once.
 CUresult copy_dtod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
                    bool async) {
   const proto::ReqCopy r = copy_req(ctx, s, dst, src, n, async);
-  return async ? rt->post<Op::kMemcpyDtoD>(r) : rt->call<Op::kMemcpyDtoD>(r);
+  if (async || (n != 0 && in_device_alloc(rt, dst, n) && in_device_alloc(rt, src, n)))
+    return rt->post<Op::kMemcpyDtoD>(r);
+  return rt->call<Op::kMemcpyDtoD>(r);
 }
 
 CUresult memset_any(CUdeviceptr d, unsigned value, unsigned elem, size_t pitch, size_t width, size_t height,
@@ -401,7 +409,16 @@ CUresult memset_any(CUdeviceptr d, unsigned value, unsigned elem, size_t pitch, 
   r.value = value;
   r.elem_size = elem;
   r.flags = async ? proto::kAsync : 0;
-  return async ? rt->post<Op::kMemset>(r) : rt->call<Op::kMemset>(r);
+  // The synchronous memsets are asynchronous with respect to the host for
+  // device memory (CUDA's API synchronization behaviour): posted when the
+  // whole footprint lies in one allocation the guest knows.
+  std::uint64_t row = 0, rows = 0, extent = 0;
+  const bool sized = !__builtin_mul_overflow(std::uint64_t{width}, std::uint64_t{elem}, &row) &&
+                     !__builtin_mul_overflow(std::uint64_t{height > 1 ? height - 1 : 0}, std::uint64_t{pitch}, &rows) &&
+                     !__builtin_add_overflow(rows, row, &extent);
+  if (async || (sized && width != 0 && height != 0 && in_device_alloc(rt, d, extent)))
+    return rt->post<Op::kMemset>(r);
+  return rt->call<Op::kMemset>(r);
 }
 
 // 2D copies: host memory must be in the arena for the host to reach it. A
