@@ -139,6 +139,9 @@ for p in $parts; do
   bench)
     build=$root/build/gpu
     rc=0
+    # A second bench in one call (for the spread between runs) writes bench2.*.
+    tag=bench
+    [ ! -e "$final/bench.txt" ] || tag=bench2
     build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels || rc=1
     if [ $rc -eq 0 ]; then
       sock=/tmp/ivcuda-bench.sock
@@ -148,13 +151,13 @@ for p in $parts; do
       daemon=$!
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
       timeout 300 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" --only solo,crowd \
-        --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/bench.json" 2>&1 | tee "$final/bench.txt"
+        --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/$tag.json" 2>&1 | tee "$final/$tag.txt"
       rc=$?
       kill $daemon; wait $daemon 2>/dev/null
       # The plot needs matplotlib, which this machine's python3 may lack: then
       # draw it where the JSON lands (python3 bench/plot.py bench.json bench.png).
-      if [ $rc -eq 0 ] && [ -s "$final/bench.json" ] && python3 -c "import matplotlib" 2>/dev/null; then
-        python3 "$root/bench/plot.py" "$final/bench.json" "$final/bench.png" || rc=1
+      if [ $rc -eq 0 ] && [ -s "$final/$tag.json" ] && python3 -c "import matplotlib" 2>/dev/null; then
+        python3 "$root/bench/plot.py" "$final/$tag.json" "$final/$tag.png" || rc=1
       fi
     fi
     part bench $rc ;;
