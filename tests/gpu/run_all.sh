@@ -179,7 +179,7 @@ for p in $parts; do
       [ $warm = 0 ] || bparts=startup,solo
       timeout 200 "$build/bench/ivcuda-bench" --only $bparts --quick --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
         --startup-gap-ms 4000 --settle-ms 4000 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-        --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/startup-warm$warm.json" 2>&1 |
+        --ivcuda-lib "$build/lib" --socket "$sock" --json "$work/startup-warm$warm.json" 2>&1 |
         grep -E "^(figure|startup|htod|dtoh)" | tee -a "$final/startup.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill $daemon; wait $daemon 2>/dev/null
@@ -201,7 +201,7 @@ for p in $parts; do
         tee -a "$final/startup.txt"
       timeout 200 "$build/bench/ivcuda-bench" --only startup,solo --quick --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
         --startup-gap-ms 4000 --settle-ms 4000 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-        --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/startup-huge.json" 2>&1 |
+        --ivcuda-lib "$build/lib" --socket "$sock" --json "$work/startup-huge.json" 2>&1 |
         grep -E "^(figure|startup|htod|dtoh)" | tee -a "$final/startup.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill $daemon; wait $daemon 2>/dev/null
