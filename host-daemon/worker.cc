@@ -520,6 +520,15 @@ int Worker::serve_once() {
   attach_channels();
   int handled = 0;
   for (;;) {
+    // A pass ends after a bounded number of records: a guest that keeps its
+    // ring busy (a pipelined copy posts chunk after chunk without a pause)
+    // must not keep the loop from a stop, an eviction or a hang-up, nor its
+    // heartbeat from moving.
+    if (handled >= kRecordsPerPass) {
+      auto* sb = ring::superblock(bar_.data());
+      ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
+      break;
+    }
     // Take records across channels in ticket order: a call a guest thread
     // made after another thread's call returned has the larger ticket.
     Channel* best = nullptr;

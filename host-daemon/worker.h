@@ -507,6 +507,8 @@ class Worker {
   std::chrono::steady_clock::time_point parked_since_{};
   // How long a parked synchronise is polled without sleeping.
   static constexpr std::chrono::milliseconds kParkedSpin{20};
+  // Records one pass of serve_once() takes at most.
+  static constexpr int kRecordsPerPass = 1024;
   sys::UniqueFd console_rd_;   // read end of the pipe fd 1 points at
   std::string console_;        // drained, not yet sent to the guest
 
