@@ -316,6 +316,22 @@ class Worker {
   CUresult launch(Call& c, bool cooperative);
   // Both directions of a copy between the arena and the device.
   CUresult arena_copy(Call& c, bool to_device);
+  // Pageable copies the guest posted (memory.cc): a staged chunk's DMA and
+  // a synchronous HtoD run while the worker goes on; an event behind each
+  // says when it is done. See "Staged copies" in docs/shm-abi.md.
+  CUresult staged_copy(Call& c, const proto::ReqCopy& r, bool to_device);
+  void track_copy(Channel& ch, std::uint64_t ctx, CUstream s, bool counted);
+  void finished_copy(Channel& ch, bool counted);
+  CUevent copy_event(std::uint64_t ctx);
+  void release_copy_event(std::uint64_t ctx, CUevent ev, bool broken);
+  int reap_copies(Channel& ch);
+  void reap_all_copies();
+  void wait_copies(Channel& ch, std::size_t keep);
+  void settle_copies(std::uint64_t ctx);
+  void settle_copies_before(proto::Op op, const Call& c);
+  void abandon_copies() noexcept;
+  CUresult park_on_copies(Call& c);
+  bool poll_copy_park(Channel& ch);
   template <class DriverCall>
   CUresult exec_on_stream(Call& c, DriverCall call);
   // The launch itself, once the request is parsed: attrs empty = cuLaunchKernel.
@@ -478,6 +494,11 @@ class Worker {
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
+  // Posted copies (memory.cc), per guest context: spare events.
+  struct CopyCtx {
+    std::vector<CUevent> spare;
+  };
+  std::map<std::uint64_t, CopyCtx> copy_ctxs_;
   // The capture mode the driver holds for the worker's thread now.
   CUstreamCaptureMode driver_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
   // Captures under way (begun, not yet ended): which guest thread (channel)
