@@ -132,15 +132,21 @@ CUresult Worker::on_MemcpyHtoDInline(Call& c) {
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   if (data.size() != r.bytes || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
   if (r.bytes == 0) return CUDA_SUCCESS;
+  // Pageable source either way: the driver has staged it when the call
+  // returns, so our private copy may be reused right after.
   if ((r.flags & kAsync) != 0) {
     CUstream s;
     if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
     if (CUresult st = refuse_in_capture(s); st != CUDA_SUCCESS) return st;
-    // Pageable source: the driver has staged it when the call returns, so
-    // our private copy may be reused right after.
     return cu_.cuMemcpyHtoDAsync(r.dst, data.data(), r.bytes, s);
   }
-  return cu_.cuMemcpyHtoD(r.dst, data.data(), r.bytes);
+  // A synchronous copy is posted: CUDA's returns once a pageable source is
+  // staged, before the DMA. It goes where the driver puts a synchronous
+  // copy, the legacy stream, and later work in the context's other streams
+  // is ordered after it (order_after_copies).
+  const CUresult st = cu_.cuMemcpyHtoDAsync(r.dst, data.data(), r.bytes, CU_STREAM_LEGACY);
+  if (st == CUDA_SUCCESS) track_copy(c.ch, r.ctx, CU_STREAM_LEGACY, false, true);
+  return st;
 }
 
 // Copies between the arena and the device. From and to page-locked memory
@@ -216,12 +222,13 @@ CUresult Worker::staged_copy(Call& c, const ReqCopy& r, bool to_device) {
     finished_copy(c.ch, true);
     return st;
   }
-  track_copy(c.ch, event_ctx, s, true);
+  track_copy(c.ch, event_ctx, s, true, to_device && !async);
   return (c.rec.hdr.flags & abi::kRecNeedsReply) != 0 ? park_on_copies(c) : CUDA_SUCCESS;
 }
 
-// A copy just issued in `s`: its event joins the channel's queue.
-void Worker::track_copy(Channel& ch, std::uint64_t ctx, CUstream s, bool counted) {
+// A copy just issued in `s`: its event joins the channel's queue. `fence`:
+// a synchronous HtoD, which the context's streams are ordered after.
+void Worker::track_copy(Channel& ch, std::uint64_t ctx, CUstream s, bool counted, bool fence) {
   if (ch.copies.size() >= kMaxCopiesInFlight) wait_copies(ch, kMaxCopiesInFlight - 1);
   Channel::InFlight f{nullptr, ctx, s, counted};
   // Marks in a row in one stream share an event: recorded again, it stands
@@ -232,6 +239,11 @@ void Worker::track_copy(Channel& ch, std::uint64_t ctx, CUstream s, bool counted
   CUevent ev = again ? ch.copies.back().done : nullptr;
   if (ev == nullptr && use_ctx(ctx) == CUDA_SUCCESS) ev = copy_event(ctx);
   if (ev != nullptr && cu_.cuEventRecord(ev, s) == CUDA_SUCCESS) {
+    if (fence) {
+      CopyCtx& cc = copy_ctxs_[ctx];
+      cc.fence = ev;
+      cc.fence_seq = ++copy_fences_;
+    }
     if (again) return;
     f.done = ev;
   } else {
@@ -269,6 +281,7 @@ CUevent Worker::copy_event(std::uint64_t ctx) {
 
 void Worker::release_copy_event(std::uint64_t ctx, CUevent ev, bool broken) {
   auto it = copy_ctxs_.find(ctx);
+  if (it != copy_ctxs_.end() && it->second.fence == ev) it->second.fence = nullptr;
   if (!broken && it != copy_ctxs_.end() && it->second.spare.size() < kSpareEvents) {
     it->second.spare.push_back(ev);
     return;
@@ -362,6 +375,23 @@ void Worker::abandon_copies() noexcept {
   for (auto& [ctx, cc] : copy_ctxs_)
     for (CUevent ev : cc.spare) (void)cu_.cuEventDestroy(ev);
   copy_ctxs_.clear();
+}
+
+// Work the guest puts in one of its streams (resolve_stream) comes after the
+// synchronous HtoDs the stream's context posted before it. The legacy
+// stream orders the blocking streams after them already; a non-blocking one
+// waits for the event behind the newest, once per copy, as if the copy had
+// returned only with its data on the device. Captures take no outside
+// event: a capturing stream is left alone (a copy is never a node of its
+// graph).
+void Worker::order_after_copies(StreamEntry& s) {
+  if (copy_ctxs_.empty()) return;
+  auto it = copy_ctxs_.find(s.ctx);
+  if (it == copy_ctxs_.end() || it->second.fence == nullptr || s.copy_fence == it->second.fence_seq) return;
+  s.copy_fence = it->second.fence_seq;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (cu_.cuStreamIsCapturing(s.real, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) return;
+  post_error(cu_.cuStreamWaitEvent(s.real, it->second.fence, 0), "ordering after a copy");
 }
 
 CUresult Worker::park_on_copies(Call& c) {
