@@ -186,8 +186,9 @@ CUresult Worker::arena_copy(Call& c, bool to_device) {
 // must never wait forever. A chunk the host refuses, or whose copy fails
 // when issued, still takes its place in the queue. Errors found when a
 // chunk completes are posted errors: the next synchronising call reports
-// them. A call on the channel that must come after its copies (a chunk
-// sent as a call, Flush) is parked until the queue is empty. The worker never waits for a chunk itself, so the DMA
+// them. A call on the channel that must come after its copies (the last
+// chunk of a copy sent as a call, Flush, DtoHInline) is parked until the
+// queue is empty. The worker never waits for a chunk itself, so the DMA
 // engine has the next chunk queued while the guest fills or drains another
 // slot; a chunk behind a long kernel in its stream waits there, as it would
 // natively.
@@ -405,7 +406,9 @@ bool Worker::poll_copy_park(Channel& ch) {
   auto& p = ch.parked;
   p.active = false;
   parked_since_ = {};
+  std::vector<std::byte> body;
   CUresult st = CUDA_SUCCESS;
+  if (p.op == Op::kMemcpyDtoHInline) st = dtoh_inline(p.copy, ch.cpl.max_payload(), &body);
   reap_all_copies();
   if (st == CUDA_SUCCESS && pending_ != CUDA_SUCCESS) {
     st = pending_;
@@ -414,8 +417,62 @@ bool Worker::poll_copy_park(Channel& ch) {
   drain_console();
   ring::Record rec;
   rec.hdr = p.hdr;
-  reply(ch, rec, st, {});
+  reply(ch, rec, st, body);
   return true;
+}
+
+// A small pageable DtoH comes back in the reply record. The copy into the
+// worker's own (pageable) memory is synchronous, so it is made only once the
+// stream has reached it: an event marks that point, and the call is parked
+// until then unless it is there already. Everything is checked again then:
+// another guest thread may have freed the memory or the stream meanwhile.
+CUresult Worker::on_MemcpyDtoHInline(Call& c) {
+  const auto r = c.req<ReqCopy>();
+  if ((c.rec.hdr.flags & abi::kRecNeedsReply) == 0) return CUDA_ERROR_INVALID_VALUE;  // it is all in the reply
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  const std::uint32_t room = c.ch.cpl.max_payload();
+  if (r.bytes > kInlineCopyMax || room < sizeof(RepCopyInline) || r.bytes > room - sizeof(RepCopyInline) ||
+      (r.bytes != 0 && !owns_device(r.src, r.bytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUstream s = CU_STREAM_LEGACY;
+  std::uint64_t event_ctx = r.ctx;
+  if ((r.flags & kAsync) != 0) {
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    if (CUresult st = refuse_in_capture(s); st != CUDA_SUCCESS) return st;
+    if (const StreamEntry* e = streams_.find(r.stream)) event_ctx = e->ctx;
+  }
+  if (r.bytes != 0) {
+    track_copy(c.ch, event_ctx, s, false, false);
+    reap_copies(c.ch);
+    if (!c.ch.copies.empty()) {
+      c.ch.parked.copy = r;
+      return park_on_copies(c);
+    }
+  }
+  return dtoh_inline(r, room, &c.out);
+}
+
+CUresult Worker::dtoh_inline(const ReqCopy& r, std::size_t room, std::vector<std::byte>* body) {
+  body->clear();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.bytes > room - sizeof(RepCopyInline) || (r.bytes != 0 && !owns_device(r.src, r.bytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  body->resize(sizeof(RepCopyInline) + r.bytes);
+  const RepCopyInline rep{r.bytes};
+  std::memcpy(body->data(), &rep, sizeof rep);
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  std::byte* data = body->data() + sizeof rep;
+  CUresult st;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    st = resolve_stream(r.ctx, r.stream, &s);
+    // Into pageable memory the driver returns once the copy is done.
+    if (st == CUDA_SUCCESS) st = cu_.cuMemcpyDtoHAsync(data, r.src, r.bytes, s);
+  } else {
+    st = cu_.cuMemcpyDtoH(data, r.src, r.bytes);
+  }
+  if (st != CUDA_SUCCESS) body->clear();
+  return st;
 }
 
 CUresult Worker::on_MemcpyDtoD(Call& c) {

@@ -40,6 +40,7 @@ bool reports_async_errors(proto::Op op) {
     case proto::Op::kMemcpyHtoDInline:
     case proto::Op::kMemcpyHtoDArena:
     case proto::Op::kMemcpyDtoHArena:
+    case proto::Op::kMemcpyDtoHInline:
     case proto::Op::kMemcpyDtoD:
     case proto::Op::kMemcpy2D:
     case proto::Op::kMemset:
@@ -447,7 +448,8 @@ void Worker::account(const ring::Record& rec, CUresult st) noexcept {
   b->calls.fetch_add(1, std::memory_order_relaxed);
   const auto op = static_cast<proto::Op>(rec.hdr.op);
   if (st == CUDA_SUCCESS && (op == proto::Op::kMemcpyHtoDInline || op == proto::Op::kMemcpyHtoDArena ||
-                             op == proto::Op::kMemcpyDtoHArena) && rec.payload.size() >= sizeof(proto::ReqCopy)) {
+                             op == proto::Op::kMemcpyDtoHArena || op == proto::Op::kMemcpyDtoHInline) &&
+      rec.payload.size() >= sizeof(proto::ReqCopy)) {
     proto::ReqCopy r;
     std::memcpy(&r, rec.payload.data(), sizeof r);
     b->copy_bytes.fetch_add(r.bytes, std::memory_order_relaxed);

@@ -334,6 +334,7 @@ class Worker {
   void order_after_copies(StreamEntry& s);
   CUresult park_on_copies(Call& c);
   bool poll_copy_park(Channel& ch);
+  CUresult dtoh_inline(const proto::ReqCopy& r, std::size_t room, std::vector<std::byte>* body);
   template <class DriverCall>
   CUresult exec_on_stream(Call& c, DriverCall call);
   // The launch itself, once the request is parsed: attrs empty = cuLaunchKernel.

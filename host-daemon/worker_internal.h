@@ -43,12 +43,14 @@ struct Worker::Channel {
   // before it serves the channel's requests.
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   // A call that waits: a stream or event synchronise (poll_parked),
-  // or a copy op answered once `copies` is empty (memory.cc).
+  // or a copy op answered once `copies` is empty (memory.cc; `copy` is
+  // DtoHInline's request, made once the stream got there).
   struct Parked {
     bool active = false;
     proto::Op op = proto::Op::kInvalid;
     std::uint64_t handle = 0;
     abi::RecordHeader hdr{};
+    proto::ReqCopy copy{};
   } parked;
   // Copies the worker issued for this channel and has not seen finish, in
   // the order the guest posted them: staged chunks (counted: staging_done
