@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -110,7 +111,7 @@ class CopyPool {
   static CopyPool* get() {
     CopyPool* p = g_pool.load(std::memory_order_acquire);
     if (p != nullptr || g_disabled.load(std::memory_order_relaxed)) return p;
-    unsigned ways = std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
+    unsigned ways = default_ways();
     if (const char* e = std::getenv("IVCUDA_COPY_THREADS"); e != nullptr && *e != '\0')
       ways = static_cast<unsigned>(std::clamp(std::atoi(e), 1, 16));
     if (ways <= 1) {
@@ -128,6 +129,18 @@ class CopyPool {
     std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, [] { g_pool.store(nullptr); }); });
     fresh->start();
     return fresh;
+  }
+
+  // Threads copying by default, caller included: half the cores this process
+  // may run on, at most four, at least one. The other half is left to the
+  // program's own threads and, in process mode, to the worker that DMAs the
+  // chunks; four already copy faster than one chunk's DMA takes.
+  static unsigned default_ways() {
+    cpu_set_t set;
+    unsigned cores = 0;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) cores = static_cast<unsigned>(CPU_COUNT(&set));
+    if (cores == 0) cores = std::thread::hardware_concurrency();
+    return std::clamp(cores / 2, 1u, 4u);
   }
 
   // memcpy(dst, src, n), in parallel when it is worth it.
