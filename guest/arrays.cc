@@ -166,7 +166,8 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream s, bool async) {
   const std::uint64_t room = rt->staging_size();
   if (room < w) return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t stage = rt->staging_off();
-  std::lock_guard staging_lock(ivcuda::guest::staging_mutex_of(rt));
+  std::unique_lock<std::mutex> staging_lock;
+  if (CUresult st = ivcuda::guest::take_staging(rt, ctx, &staging_lock); st != CUDA_SUCCESS) return st;
   const std::uint64_t slice = w * c.Height;
   const bool by_slices = slice <= room;
   const std::uint64_t band = by_slices ? room / slice : room / w;
@@ -348,7 +349,8 @@ CUresult map_arrays(CUarrayMapInfo* list, unsigned count, CUstream s) {
   if (bytes.size() <= rt->layout().ring_bytes / 4) return rt->call<Op::kMemMapArrays>(r, bytes);
   r.flags |= proto::kMapListInArena;
   if (bytes.size() <= rt->staging_size()) {
-    std::lock_guard staging_lock(ivcuda::guest::staging_mutex_of(rt));
+    std::unique_lock<std::mutex> staging_lock;
+    if (CUresult st = ivcuda::guest::take_staging(rt, ctx, &staging_lock); st != CUDA_SUCCESS) return st;
     r.arena_off = rt->staging_off();
     std::memcpy(rt->bar() + r.arena_off, bytes.data(), bytes.size());
     return rt->call<Op::kMemMapArrays>(r);

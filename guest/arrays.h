@@ -4,15 +4,7 @@
 
 #include <cuda.h>
 
-#include <mutex>
-
 namespace ivcuda::guest {
-
-class Runtime;
-
-// The lock of the calling thread's staging area (guest/memory.cc): threads
-// sharing the overflow channel share its staging area, one copy at a time.
-std::mutex& staging_mutex_of(Runtime* rt);
 
 // cuMemcpy2D(Async/Unaligned) with an array on either side, as a 3D copy of
 // depth 1. The caller has checked the runtime, the context and the stream.

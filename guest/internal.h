@@ -14,6 +14,18 @@
 #include "guest/guard.h"
 #include "guest/runtime.h"
 
+namespace ivcuda::guest {
+
+// The calling thread's whole staging area (guest/memory.cc), for a transfer
+// that is not a pipelined copy's chunk (2D and 3D bands, module images, array
+// map lists): *lk holds the area's lock (threads sharing the overflow channel
+// share the area, one copy at a time), taken once the chunks still in flight
+// on the channel are done. An error is the first error of posted work, which
+// the wait may have had to collect.
+[[nodiscard]] CUresult take_staging(Runtime* rt, std::uint64_t ctx, std::unique_lock<std::mutex>* lk);
+
+}  // namespace ivcuda::guest
+
 namespace ivcuda::guest::internal {
 
 // The runtime, or the reason there is none (before cuInit: NOT_INITIALIZED;

@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,7 +46,13 @@ using proto::Op;
 
 namespace {
 
-constexpr std::uint64_t kInlineCopy = 8 * 1024;  // HtoD at most this size rides in the record
+// The most bytes a pageable copy carries in its record (HtoD) or its reply
+// (DtoH): proto's bound, or a quarter of what a record of this BAR's rings
+// may hold, so that small rings still take a few copies at once.
+std::uint64_t inline_limit(Runtime* rt) {
+  const std::uint64_t record = rt->layout().ring_bytes / 2 - sizeof(ivcuda::abi::RecordHeader);
+  return std::min<std::uint64_t>(proto::kInlineCopyMax, record / 4);
+}
 
 // A 1D copy request: which fields matter depends on the op (proto.h).
 proto::ReqCopy copy_req(std::uint64_t ctx, CUstream s, CUdeviceptr dst, CUdeviceptr src, size_t n, bool async) {
@@ -62,7 +69,7 @@ proto::ReqCopy copy_req(std::uint64_t ctx, CUstream s, CUdeviceptr dst, CUdevice
 // Pageable copies go through the calling thread's channel staging area, cut
 // into a few slots so that the guest's memcpy of one chunk overlaps the
 // host's DMA of another. Slot reuse is ordered by the channel's staging_done
-// counter (shm_abi.h), which the host bumps after each staged chunk.
+// counter (shm_abi.h), which the host bumps as each staged chunk finishes.
 constexpr std::uint32_t kStagingSlots = 4;
 constexpr std::uint64_t kMinChunk = 4096;
 
@@ -72,7 +79,8 @@ struct Staging {
   std::uint32_t slots = 0;
   std::uint32_t ch = 0;     // channel index (the counter's home)
   bool pipelined = false;   // the host bumps staging_done (ABI minor >= 1)
-  std::uint64_t slot_off(std::uint64_t k) const { return off + (k % slots) * chunk; }
+  // Chunk number a (ChannelStaging) lies in slot a % slots.
+  std::uint64_t slot_off(std::uint64_t a) const { return off + (a % slots) * chunk; }
 };
 
 // nullopt when the daemon gave no room for staging (--staging-size too small).
@@ -104,7 +112,7 @@ class CopyPool {
   static CopyPool* get() {
     CopyPool* p = g_pool.load(std::memory_order_acquire);
     if (p != nullptr || g_disabled.load(std::memory_order_relaxed)) return p;
-    unsigned ways = std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
+    unsigned ways = default_ways();
     if (const char* e = std::getenv("IVCUDA_COPY_THREADS"); e != nullptr && *e != '\0')
       ways = static_cast<unsigned>(std::clamp(std::atoi(e), 1, 16));
     if (ways <= 1) {
@@ -122,6 +130,18 @@ class CopyPool {
     std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, [] { g_pool.store(nullptr); }); });
     fresh->start();
     return fresh;
+  }
+
+  // Threads copying by default, caller included: half the cores this process
+  // may run on, at most four, at least one. The other half is left to the
+  // program's own threads and, in process mode, to the worker that DMAs the
+  // chunks; four already copy faster than one chunk's DMA takes.
+  static unsigned default_ways() {
+    cpu_set_t set;
+    unsigned cores = 0;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) cores = static_cast<unsigned>(CPU_COUNT(&set));
+    if (cores == 0) cores = std::thread::hardware_concurrency();
+    return std::clamp(cores / 2, 1u, 4u);
   }
 
   // memcpy(dst, src, n), in parallel when it is worth it.
@@ -226,23 +246,53 @@ void staging_copy(void* dst, const void* src, std::size_t n) {
   std::memcpy(dst, src, n);
 }
 
-// Threads sharing a channel (the overflow channel) share its staging area:
-// one staged copy at a time per channel.
-std::mutex& staging_mutex(std::uint32_t ch) {
-  static std::mutex mu[ivcuda::abi::kMaxChannels];
-  return mu[ch % ivcuda::abi::kMaxChannels];
+// A channel's staged chunks, numbered as the host's staging_done counts
+// them: chunk a lies in slot a % slots, and may be written (HtoD) or asked
+// for (DtoH) once chunk a - slots is done, i.e. once the counter passed
+// a - slots + 1. The numbering runs on across copies, because a pageable HtoD
+// returns with its last chunks still in flight (CUDA's returns once the
+// source is staged, before the DMA) and the next copy's chunks queue behind
+// them. A channel stays with the process that claimed it, so this is kept per
+// process; its threads (the overflow channel's) take turns under the mutex.
+// The first use in the process starts from the counter's value: a channel a
+// VM's earlier process left behind has nothing in flight any more (its worker
+// was reaped before the channel was freed).
+struct ChannelStaging {
+  std::mutex mu;
+  bool known = false;
+  std::uint64_t posted = 0;  // the counter's value once every chunk posted so far is done
+};
+
+ChannelStaging& channel_staging(std::uint32_t ch) {
+  static ChannelStaging cs[ivcuda::abi::kMaxChannels];
+  return cs[ch % ivcuda::abi::kMaxChannels];
 }
 
-// Waits until the host finished `count` staged chunks since `base`. Spins
-// first (a chunk's DMA takes tens of microseconds), then naps; a wait that
-// takes longer (the chunk's stream is busy with a long kernel, or the host
-// is gone) becomes a Flush round trip: the host handles a channel's requests
-// in order, so when Flush returns every chunk posted before it is done.
-CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, std::uint64_t base, std::uint64_t count) {
-  auto done = [&] { return ivcuda::ring::staging_done(rt->bar(), rt->layout(), g.ch) - base >= count; };
+// Holds the channel's staging area for the calling thread.
+std::unique_lock<std::mutex> hold_staging(Runtime* rt, const Staging& g, ChannelStaging& cs) {
+  std::unique_lock lk(cs.mu);
+  if (!cs.known) {
+    cs.posted = ivcuda::ring::staging_done(rt->bar(), rt->layout(), g.ch);
+    cs.known = true;
+  }
+  return lk;
+}
+
+// Whether the counter has reached `target` (free-running: compared by difference).
+bool reached(Runtime* rt, const Staging& g, std::uint64_t target) {
+  return static_cast<std::int64_t>(ivcuda::ring::staging_done(rt->bar(), rt->layout(), g.ch) - target) >= 0;
+}
+
+// Waits until the counter reaches `target`. Spins first (a chunk's DMA takes
+// tens of microseconds), then naps; a wait that takes longer (the chunk's
+// stream is busy with a long kernel, or the host is gone) becomes a Flush
+// round trip: the host answers Flush once every chunk the channel posted
+// before it is done, and with the first error of posted work since the last
+// synchronising call.
+CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, ChannelStaging& cs, std::uint64_t target) {
   const auto t0 = std::chrono::steady_clock::now();
   for (unsigned i = 0;; ++i) {
-    if (done()) return CUDA_SUCCESS;
+    if (reached(rt, g, target)) return CUDA_SUCCESS;
     if ((i & 255) != 0) {
       ivcuda::ring::cpu_relax();
       continue;
@@ -252,10 +302,17 @@ CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, std::uint
     if (waited > std::chrono::microseconds(200)) ::usleep(20);
   }
   const CUresult st = rt->call<Op::kFlush>(proto::ReqCtx{ctx});
-  if (st != CUDA_SUCCESS) return st;
-  if (done()) return CUDA_SUCCESS;
+  if (st != CUDA_SUCCESS || reached(rt, g, target)) return st;
+  // The daemon counted fewer chunks than were posted: start again from its
+  // count rather than wait for chunks it will never count.
+  cs.posted = ivcuda::ring::staging_done(rt->bar(), rt->layout(), g.ch);
   ivcuda::guest::log_once("staging-counter", "the daemon did not account for a staged copy; failing it");
   return CUDA_ERROR_UNKNOWN;
+}
+
+// Makes chunk number a's slot free (see ChannelStaging).
+CUresult wait_slot(Runtime* rt, std::uint64_t ctx, const Staging& g, ChannelStaging& cs, std::uint64_t a) {
+  return wait_staged(rt, ctx, g, cs, a + 1 - g.slots);
 }
 
 // Host-to-device from guest memory: page-locked memory DMAs straight from the
@@ -273,6 +330,20 @@ std::optional<std::uint64_t> arena_offset_of(Runtime* rt, const void* p, size_t 
   return reg->dptr - rt->hello().arena_device_base;
 }
 
+// Whether [dst, dst + n) starts in device memory this process allocated and
+// runs past its end: the driver refuses that at once, and so does a posted
+// copy here. Other destinations the host checks (module globals and the
+// like are not in these books); a posted copy's refusal comes at the next
+// synchronising call.
+bool overruns_allocation(Runtime* rt, CUdeviceptr dst, size_t n) {
+  std::lock_guard lk(rt->books_mu);
+  auto it = rt->dev_allocs.upper_bound(dst);
+  if (it == rt->dev_allocs.begin()) return false;
+  --it;
+  const std::uint64_t off = dst - it->first;
+  return off < it->second && n > it->second - off;
+}
+
 CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
                    bool async) {
   if (n == 0) return CUDA_SUCCESS;
@@ -282,49 +353,49 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
     r.arena_off = *off;
     return async ? rt->post<Op::kMemcpyHtoDArena>(r) : rt->call<Op::kMemcpyHtoDArena>(r);
   }
-  if (n <= kInlineCopy) {
-    std::span<const std::byte> data(static_cast<const std::byte*>(src), n);
-    // A pageable async copy may return once the source is captured: the
-    // record holds its own copy.
-    return async ? rt->post<Op::kMemcpyHtoDInline>(r, data) : rt->call<Op::kMemcpyHtoDInline>(r, data);
-  }
+  // A pageable copy returns once its source is captured, synchronous or not,
+  // as CUDA's does: errors of the copy itself surface at the next
+  // synchronising call. The host orders it in its stream (the legacy stream
+  // for a synchronous one) and later work in the context after it.
+  if (overruns_allocation(rt, dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (n <= inline_limit(rt))
+    return rt->post<Op::kMemcpyHtoDInline>(r, std::span<const std::byte>(static_cast<const std::byte*>(src), n));
   const auto g = staging_of(rt);
   if (!g) {
     return ivcuda::guest::not_supported("the daemon reserved no staging memory; pageable copies fail");
   }
-  // Each chunk finishes on the host before its slot is reused, so an Async
-  // copy still runs in its stream, ordered after the work queued there.
-  r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
   const auto* p = static_cast<const std::byte*>(src);
-  std::lock_guard lk(staging_mutex(g->ch));
-  const std::uint64_t base = ivcuda::ring::staging_done(rt->bar(), rt->layout(), g->ch);
-  // Chunk k goes to slot k % slots once chunk k - slots has left it; all but
-  // the last chunk are posted, the last is a call whose reply comes after
-  // every earlier chunk's (and reports their errors). So when this returns
-  // the source may be reused and the data is on the device.
-  for (std::uint64_t done = 0, k = 0;; ++k) {
-    const std::uint64_t len = std::min<std::uint64_t>(g->chunk, n - done);
-    const bool last = done + len == n;
-    if (g->pipelined && k >= g->slots)
-      if (CUresult st = wait_staged(rt, ctx, *g, base, k - g->slots + 1); st != CUDA_SUCCESS) return st;
+  ChannelStaging& cs = channel_staging(g->ch);
+  const auto lk = hold_staging(rt, *g, cs);
+  // Chunk by chunk into the next slot, once the chunk that was there is
+  // done. Every chunk is posted, the last too: when this returns the source
+  // may be reused, and the host still DMAs the last few chunks.
+  for (std::uint64_t done = 0; done < n;) {
     r.dst = dst + done;
-    r.bytes = len;
-    r.arena_off = g->slot_off(k);
-    staging_copy(rt->bar() + r.arena_off, p + done, len);
-    if (last || !g->pipelined) {
-      const CUresult st = rt->call<Op::kMemcpyHtoDArena>(r);
-      if (st != CUDA_SUCCESS || last) return st;
-    } else if (CUresult st = rt->post<Op::kMemcpyHtoDArena>(r); st != CUDA_SUCCESS) {
-      return st;
+    r.bytes = std::min<std::uint64_t>(g->chunk, n - done);
+    if (!g->pipelined) {
+      // A daemon that does not count chunks copies each before it answers.
+      r.arena_off = g->off;
+      staging_copy(rt->bar() + r.arena_off, p + done, r.bytes);
+      if (CUresult st = rt->call<Op::kMemcpyHtoDArena>(r); st != CUDA_SUCCESS) return st;
+      done += r.bytes;
+      continue;
     }
-    done += len;
+    const std::uint64_t a = cs.posted;
+    if (CUresult st = wait_slot(rt, ctx, *g, cs, a); st != CUDA_SUCCESS) return st;
+    r.arena_off = g->slot_off(a);
+    staging_copy(rt->bar() + r.arena_off, p + done, r.bytes);
+    cs.posted = a + 1;  // the host counts it whatever becomes of it
+    if (CUresult st = rt->post<Op::kMemcpyHtoDArena>(r); st != CUDA_SUCCESS) return st;
+    done += r.bytes;
   }
+  return CUDA_SUCCESS;
 }
 
-// Device-to-host into guest memory. A pageable destination is filled through
-// the staging slots: the host DMAs chunk k + 1 while the guest copies chunk k
-// out. The copy is synchronous, as CUDA's is, and an Async one is still
-// ordered in its stream.
+// Device-to-host into guest memory. A small pageable destination gets its
+// bytes in the reply; a larger one is filled through the staging slots: the
+// host DMAs chunk k + 1 while the guest copies chunk k out. The copy is
+// synchronous, as CUDA's is, and an Async one is still ordered in its stream.
 CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -333,52 +404,66 @@ CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
     r.arena_off = *off;
     return async ? rt->post<Op::kMemcpyDtoHArena>(r) : rt->call<Op::kMemcpyDtoHArena>(r);
   }
+  auto* p = static_cast<std::byte*>(dst);
+  if (n <= inline_limit(rt)) {
+    thread_local std::vector<std::byte> data;
+    proto::RepCopyInline rep{};
+    const CUresult st = rt->call<Op::kMemcpyDtoHInline>(r, {}, &rep, &data);
+    if (st != CUDA_SUCCESS) return st;
+    if (rep.bytes != n || data.size() != n) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(p, data.data(), n);
+    return CUDA_SUCCESS;
+  }
   const auto g = staging_of(rt);
   if (!g) {
     return ivcuda::guest::not_supported("the daemon reserved no staging memory; pageable copies fail");
   }
-  r.flags = async ? (proto::kAsync | proto::kWaitStream) : 0;
-  auto* p = static_cast<std::byte*>(dst);
   const std::uint64_t chunks = (n + g->chunk - 1) / g->chunk;
+  ChannelStaging& cs = channel_staging(g->ch);
+  const auto lk = hold_staging(rt, *g, cs);
+  const std::uint64_t first = cs.posted;  // the number of chunk 0 (ChannelStaging)
   auto request = [&](std::uint64_t k) {
     r.src = src + k * g->chunk;
     r.bytes = std::min<std::uint64_t>(g->chunk, n - k * g->chunk);
-    r.arena_off = g->slot_off(k);
+    r.arena_off = g->pipelined ? g->slot_off(first + k) : g->off;
   };
-  std::lock_guard lk(staging_mutex(g->ch));
   if (chunks == 1 || !g->pipelined) {
     // One round trip per chunk: the reply says the data is in the slot.
     for (std::uint64_t k = 0; k < chunks; ++k) {
+      if (g->pipelined)
+        if (CUresult st = wait_slot(rt, ctx, *g, cs, first + k); st != CUDA_SUCCESS) return st;
       request(k);
+      if (g->pipelined) cs.posted = first + k + 1;
       if (CUresult st = rt->call<Op::kMemcpyDtoHArena>(r); st != CUDA_SUCCESS) return st;
       staging_copy(p + k * g->chunk, rt->bar() + r.arena_off, r.bytes);
     }
     return CUDA_SUCCESS;
   }
-  const std::uint64_t base = ivcuda::ring::staging_done(rt->bar(), rt->layout(), g->ch);
   // Requests run `slots` chunks ahead of the guest's memcpy; a slot is asked
-  // for again only after its previous chunk was copied out.
-  std::uint64_t posted = 0;
-  auto post_upto = [&](std::uint64_t end) {
-    for (; posted < std::min(end, chunks); ++posted) {
-      request(posted);
+  // for again only after its previous chunk was copied out (or, for the
+  // first few, once the chunks still in flight before this copy are done).
+  std::uint64_t asked = 0;
+  auto ask_upto = [&](std::uint64_t end) {
+    for (; asked < std::min(end, chunks); ++asked) {
+      if (CUresult st = wait_slot(rt, ctx, *g, cs, first + asked); st != CUDA_SUCCESS) return st;
+      request(asked);
+      cs.posted = first + asked + 1;
       if (CUresult st = rt->post<Op::kMemcpyDtoHArena>(r); st != CUDA_SUCCESS) return st;
     }
     return CUDA_SUCCESS;
   };
-  CUresult st = post_upto(g->slots);
+  CUresult st = ask_upto(g->slots);
   for (std::uint64_t k = 0; k < chunks && st == CUDA_SUCCESS; ++k) {
-    st = wait_staged(rt, ctx, *g, base, k + 1);
+    st = wait_staged(rt, ctx, *g, cs, first + k + 1);
     if (st != CUDA_SUCCESS) break;
     const std::uint64_t at = k * g->chunk;
-    staging_copy(p + at, rt->bar() + g->slot_off(k), std::min<std::uint64_t>(g->chunk, n - at));
-    st = post_upto(k + 1 + g->slots);
+    staging_copy(p + at, rt->bar() + g->slot_off(first + k), std::min<std::uint64_t>(g->chunk, n - at));
+    st = ask_upto(k + 1 + g->slots);
   }
-  // Every posted chunk must be finished before the slots are handed to the
-  // next copy, even when this one failed; Flush also reports the chunks'
-  // errors (posted work reports at the next synchronising call).
-  const CUresult fl = st == CUDA_SUCCESS || !rt->dead() ? rt->call<Op::kFlush>(proto::ReqCtx{ctx}) : st;
-  return st != CUDA_SUCCESS ? st : fl;
+  // The data is all here; a chunk that failed left garbage in its slot, so
+  // Flush collects the errors of the posted chunks (posted work reports at
+  // the next synchronising call, and this copy is one).
+  return st == CUDA_SUCCESS ? rt->call<Op::kFlush>(proto::ReqCtx{ctx}) : st;
 }
 
 // A synchronous device-to-device copy is asynchronous with respect to the
@@ -493,6 +578,8 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
   const std::uint64_t stage = rt->staging_off();
   const size_t band = std::max<size_t>(1, rt->staging_size() / c.WidthInBytes);
   if (rt->staging_size() < c.WidthInBytes) return CUDA_ERROR_INVALID_VALUE;
+  std::unique_lock<std::mutex> staging_lock;
+  if (CUresult st = ivcuda::guest::take_staging(rt, ctx, &staging_lock); st != CUDA_SUCCESS) return st;
   for (size_t y0 = 0; y0 < c.Height; y0 += band) {
     const size_t rows = std::min(band, c.Height - y0);
     r.height = rows;
@@ -537,10 +624,18 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
 
 }  // namespace
 
-// For guest/arrays.cc's pageable 3D copies: the same one-at-a-time rule.
-std::mutex& ivcuda::guest::staging_mutex_of(Runtime* rt) {
+// The staging area's other users (2D and 3D bands, module images, array map
+// lists) take all of it: they wait for the chunks still in flight, which a
+// pageable HtoD leaves behind when it returns.
+CUresult ivcuda::guest::take_staging(Runtime* rt, std::uint64_t ctx, std::unique_lock<std::mutex>* lk) {
   const auto& l = rt->layout();
-  return staging_mutex(static_cast<std::uint32_t>((rt->staging_off() - l.arena_off) / std::max<std::uint64_t>(l.staging_bytes, 1)));
+  const auto ch = static_cast<std::uint32_t>((rt->staging_off() - l.arena_off) /
+                                             std::max<std::uint64_t>(l.staging_bytes, 1));
+  ChannelStaging& cs = channel_staging(ch);
+  *lk = std::unique_lock(cs.mu);
+  const auto g = staging_of(rt);
+  if (!g || !g->pipelined || !cs.known) return CUDA_SUCCESS;
+  return wait_staged(rt, ctx, *g, cs, cs.posted);
 }
 
 // ==================================================================== memory

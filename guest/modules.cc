@@ -41,7 +41,9 @@ CUresult load_module(CUmodule* mod, const void* image, size_t bytes) {
   r.ctx = ctx;
   r.bytes = bytes;
   std::uint64_t temp = 0;
+  std::unique_lock<std::mutex> staging_lock;
   if (bytes <= rt->staging_size()) {
+    if (CUresult st = ivcuda::guest::take_staging(rt, ctx, &staging_lock); st != CUDA_SUCCESS) return st;
     r.arena_off = rt->staging_off();
   } else {
     proto::RepHostAlloc a{};

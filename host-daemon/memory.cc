@@ -132,50 +132,346 @@ CUresult Worker::on_MemcpyHtoDInline(Call& c) {
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   if (data.size() != r.bytes || !owns_device(r.dst, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
   if (r.bytes == 0) return CUDA_SUCCESS;
+  // Pageable source either way: the driver has staged it when the call
+  // returns, so our private copy may be reused right after.
   if ((r.flags & kAsync) != 0) {
     CUstream s;
     if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
     if (CUresult st = refuse_in_capture(s); st != CUDA_SUCCESS) return st;
-    // Pageable source: the driver has staged it when the call returns, so
-    // our private copy may be reused right after.
     return cu_.cuMemcpyHtoDAsync(r.dst, data.data(), r.bytes, s);
   }
-  return cu_.cuMemcpyHtoD(r.dst, data.data(), r.bytes);
+  // A synchronous copy is posted: CUDA's returns once a pageable source is
+  // staged, before the DMA. It goes where the driver puts a synchronous
+  // copy, the legacy stream, and later work in the context's other streams
+  // is ordered after it (order_after_copies).
+  const CUresult st = cu_.cuMemcpyHtoDAsync(r.dst, data.data(), r.bytes, CU_STREAM_LEGACY);
+  if (st == CUDA_SUCCESS) track_copy(c.ch, r.ctx, CU_STREAM_LEGACY, false, true);
+  return st;
 }
 
-// Copies between the arena and the device. A chunk in the channel's own
-// staging area is a piece of a pipelined pageable copy: the guest posts
-// chunks ahead and reuses (HtoD) or reads (DtoH) one only after the
-// channel's staging_done counter says so. The copies below return only when
-// the chunk's data has moved (the arena is registered memory, for which the
-// synchronous copies are synchronous; kWaitStream waits for the stream), so
-// the counter is bumped right after, whatever the outcome: a guest waits on
-// it and must never wait forever.
+// Copies between the arena and the device. From and to page-locked memory
+// they are the driver's own copies; a range in the channel's own staging
+// area is a chunk of a pipelined pageable copy (staged_copy).
 CUresult Worker::on_MemcpyHtoDArena(Call& c) { return arena_copy(c, true); }
 
 CUresult Worker::on_MemcpyDtoHArena(Call& c) { return arena_copy(c, false); }
 
 CUresult Worker::arena_copy(Call& c, bool to_device) {
   const auto r = c.req<ReqCopy>();
+  if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes)) return staged_copy(c, r, to_device);
   const CUdeviceptr dev = to_device ? r.dst : r.src;
-  const bool staged = ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes);
+  if (CUresult e = use_ctx(r.ctx); e != CUDA_SUCCESS) return e;
+  if (!arena_range(r.arena_off, r.bytes) || !owns_device(dev, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  void* host = arena_ptr(r.arena_off);
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    if (CUresult e = resolve_stream(r.ctx, r.stream, &s); e != CUDA_SUCCESS) return e;
+    const CUresult e = to_device ? cu_.cuMemcpyHtoDAsync(dev, host, r.bytes, s)
+                                 : cu_.cuMemcpyDtoHAsync(host, dev, r.bytes, s);
+    return e == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : e;
+  }
+  return to_device ? cu_.cuMemcpyHtoD(dev, host, r.bytes) : cu_.cuMemcpyDtoH(host, dev, r.bytes);
+}
+
+// ---------------------------------------------------------- posted copies
+//
+// A staged chunk's DMA is issued asynchronously, in the guest's stream
+// (...Async) or, for a synchronous copy, in the legacy stream, where the
+// driver puts its own synchronous copies. An event recorded behind it joins
+// the channel's queue of copies in flight (Channel::copies), which the loop
+// polls (reap_copies): staging_done is bumped as chunks leave the front, in
+// the order the guest posted them, whether they succeeded or not - the guest
+// reuses (HtoD) or reads (DtoH) a slot only once the counter says so, and
+// must never wait forever. A chunk the host refuses, or whose copy fails
+// when issued, still takes its place in the queue. Errors found when a
+// chunk completes are posted errors: the next synchronising call reports
+// them. A call on the channel that must come after its copies (the last
+// chunk of a copy sent as a call, Flush, DtoHInline) is parked until the
+// queue is empty. The worker never waits for a chunk itself, so the DMA
+// engine has the next chunk queued while the guest fills or drains another
+// slot; a chunk behind a long kernel in its stream waits there, as it would
+// natively.
+
+namespace {
+// More copies in flight on one channel than a guest that waits for its
+// slots can post: beyond it the worker waits for the oldest, so that a
+// guest ignoring staging_done cannot make it hold events without bound.
+constexpr std::size_t kMaxCopiesInFlight = 64;
+// Events kept per context for the next chunks.
+constexpr std::size_t kSpareEvents = 8;
+}  // namespace
+
+CUresult Worker::staged_copy(Call& c, const ReqCopy& r, bool to_device) {
+  const CUdeviceptr dev = to_device ? r.dst : r.src;
+  const bool async = (r.flags & kAsync) != 0;
+  CUstream s = CU_STREAM_LEGACY;
+  std::uint64_t event_ctx = r.ctx;  // an event is recorded in a stream of its own context
   const CUresult st = [&] {
     if (CUresult e = use_ctx(r.ctx); e != CUDA_SUCCESS) return e;
-    if (!arena_range(r.arena_off, r.bytes) || !owns_device(dev, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (!owns_device(dev, r.bytes)) return CUDA_ERROR_INVALID_VALUE;  // the staging area is arena
     if (r.bytes == 0) return CUDA_SUCCESS;
-    void* host = arena_ptr(r.arena_off);
-    if ((r.flags & kAsync) != 0) {
-      CUstream s;
+    if (async) {
       if (CUresult e = resolve_stream(r.ctx, r.stream, &s); e != CUDA_SUCCESS) return e;
-      if (staged)
-        if (CUresult e = refuse_in_capture(s); e != CUDA_SUCCESS) return e;
-      const CUresult e = to_device ? cu_.cuMemcpyHtoDAsync(dev, host, r.bytes, s)
-                                   : cu_.cuMemcpyDtoHAsync(host, dev, r.bytes, s);
-      return e == CUDA_SUCCESS && (r.flags & kWaitStream) != 0 ? cu_.cuStreamSynchronize(s) : e;
+      if (CUresult e = refuse_in_capture(s); e != CUDA_SUCCESS) return e;
+      if (const StreamEntry* e = streams_.find(r.stream)) event_ctx = e->ctx;
     }
-    return to_device ? cu_.cuMemcpyHtoD(dev, host, r.bytes) : cu_.cuMemcpyDtoH(host, dev, r.bytes);
+    void* host = arena_ptr(r.arena_off);
+    return to_device ? cu_.cuMemcpyHtoDAsync(dev, host, r.bytes, s) : cu_.cuMemcpyDtoHAsync(host, dev, r.bytes, s);
   }();
-  if (staged) ring::bump_staging_done(bar_.data(), l_, c.ch.index);
+  if (st != CUDA_SUCCESS || r.bytes == 0) {
+    finished_copy(c.ch, true);
+    return st;
+  }
+  track_copy(c.ch, event_ctx, s, true, to_device && !async);
+  return (c.rec.hdr.flags & abi::kRecNeedsReply) != 0 ? park_on_copies(c) : CUDA_SUCCESS;
+}
+
+// A copy just issued in `s`: its event joins the channel's queue. `fence`:
+// a synchronous HtoD, which the context's streams are ordered after.
+void Worker::track_copy(Channel& ch, std::uint64_t ctx, CUstream s, bool counted, bool fence) {
+  if (ch.copies.size() >= kMaxCopiesInFlight) wait_copies(ch, kMaxCopiesInFlight - 1);
+  Channel::InFlight f{nullptr, ctx, s, counted};
+  // Marks in a row in one stream share an event: recorded again, it stands
+  // behind the newer copy, and so behind both.
+  const bool again = !counted && !ch.copies.empty() && !ch.copies.back().counted &&
+                     ch.copies.back().ctx == ctx && ch.copies.back().stream == s &&
+                     ch.copies.back().done != nullptr;
+  CUevent ev = again ? ch.copies.back().done : nullptr;
+  if (ev == nullptr && use_ctx(ctx) == CUDA_SUCCESS) ev = copy_event(ctx);
+  if (ev != nullptr && cu_.cuEventRecord(ev, s) == CUDA_SUCCESS) {
+    if (fence) {
+      CopyCtx& cc = copy_ctxs_[ctx];
+      cc.fence = ev;
+      cc.fence_seq = ++copy_fences_;
+    }
+    if (again) return;
+    f.done = ev;
+  } else {
+    // Nothing to poll: this copy, at least, is waited for here.
+    if (ev != nullptr) {
+      if (again) ch.copies.back().done = nullptr;
+      release_copy_event(ctx, ev, true);
+    }
+    post_error(cu_.cuStreamSynchronize(s), "staged copy");
+  }
+  ch.copies.push_back(f);
+}
+
+// A chunk that is over when issued (refused, failed, or empty) still counts
+// in its turn.
+void Worker::finished_copy(Channel& ch, bool counted) {
+  if (ch.copies.empty()) {
+    if (counted) ring::bump_staging_done(bar_.data(), l_, ch.index);
+    return;
+  }
+  ch.copies.push_back(Channel::InFlight{nullptr, 0, nullptr, counted});
+}
+
+// An event for a copy in `ctx`, which is current.
+CUevent Worker::copy_event(std::uint64_t ctx) {
+  CopyCtx& cc = copy_ctxs_[ctx];
+  if (!cc.spare.empty()) {
+    CUevent ev = cc.spare.back();
+    cc.spare.pop_back();
+    return ev;
+  }
+  CUevent ev = nullptr;
+  return cu_.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS ? ev : nullptr;
+}
+
+void Worker::release_copy_event(std::uint64_t ctx, CUevent ev, bool broken) {
+  auto it = copy_ctxs_.find(ctx);
+  if (it != copy_ctxs_.end() && it->second.fence == ev) it->second.fence = nullptr;
+  if (!broken && it != copy_ctxs_.end() && it->second.spare.size() < kSpareEvents) {
+    it->second.spare.push_back(ev);
+    return;
+  }
+  (void)cu_.cuEventDestroy(ev);
+}
+
+// Takes finished copies off the front of the queue. Returns how many.
+int Worker::reap_copies(Channel& ch) {
+  int n = 0;
+  while (!ch.copies.empty()) {
+    Channel::InFlight& f = ch.copies.front();
+    if (f.done != nullptr) {
+      const CUresult st = cu_.cuEventQuery(f.done);
+      if (st == CUDA_ERROR_NOT_READY) break;
+      post_error(st, "staged copy");
+      release_copy_event(f.ctx, f.done, st != CUDA_SUCCESS);
+    }
+    if (f.counted) ring::bump_staging_done(bar_.data(), l_, ch.index);
+    ch.copies.pop_front();
+    ++n;
+  }
+  return n;
+}
+
+// Before a reply that reports posted errors: copies that finished meanwhile
+// report theirs now, not at some later call.
+void Worker::reap_all_copies() {
+  for (auto& chp : channels_)
+    if (chp && !chp->copies.empty()) reap_copies(*chp);
+}
+
+// Waits here until at most `keep` copies of the channel are in flight.
+void Worker::wait_copies(Channel& ch, std::size_t keep) {
+  while (ch.copies.size() > keep) {
+    Channel::InFlight& f = ch.copies.front();
+    if (f.done != nullptr) {
+      const CUresult st = cu_.cuEventSynchronize(f.done);
+      post_error(st, "staged copy");
+      release_copy_event(f.ctx, f.done, st != CUDA_SUCCESS);
+      f.done = nullptr;
+    }
+    reap_copies(ch);
+  }
+}
+
+// A context is about to go (its own destroy, the primary's last release or
+// reset): its copies are waited for and its events destroyed while it
+// lives. The entries stay in their queues, done, and are counted in turn.
+void Worker::settle_copies(std::uint64_t ctx) {
+  for (auto& chp : channels_) {
+    if (!chp) continue;
+    for (Channel::InFlight& f : chp->copies) {
+      if (f.ctx != ctx || f.done == nullptr) continue;
+      post_error(cu_.cuEventSynchronize(f.done), "staged copy");
+      (void)cu_.cuEventDestroy(f.done);
+      f.done = nullptr;
+    }
+  }
+  auto it = copy_ctxs_.find(ctx);
+  if (it == copy_ctxs_.end()) return;
+  for (CUevent ev : it->second.spare) (void)cu_.cuEventDestroy(ev);
+  copy_ctxs_.erase(it);
+}
+
+void Worker::settle_copies_before(Op op, const Call& c) {
+  std::uint64_t ctx = 0;
+  if (op == Op::kCtxDestroy) {
+    ctx = c.req<ReqHandle>().handle;
+  } else if (op == Op::kPrimaryRelease || op == Op::kPrimaryReset) {
+    const auto r = c.req<ReqDevice>();
+    if (!valid_device(r.device)) return;
+    ctx = primary_[dev_index(r.device)];
+  } else {
+    return;
+  }
+  settle_copies(ctx);
+}
+
+// The worker ends or the guest is evicted: its contexts go next, and with
+// them whatever is in flight. The counter still moves for every chunk.
+void Worker::abandon_copies() noexcept {
+  for (auto& chp : channels_) {
+    if (!chp) continue;
+    for (Channel::InFlight& f : chp->copies) {
+      if (f.done != nullptr) (void)cu_.cuEventDestroy(f.done);
+      if (f.counted) ring::bump_staging_done(bar_.data(), l_, chp->index);
+    }
+    chp->copies.clear();
+  }
+  for (auto& [ctx, cc] : copy_ctxs_)
+    for (CUevent ev : cc.spare) (void)cu_.cuEventDestroy(ev);
+  copy_ctxs_.clear();
+}
+
+// Work the guest puts in one of its streams (resolve_stream) comes after the
+// synchronous HtoDs the stream's context posted before it. The legacy
+// stream orders the blocking streams after them already; a non-blocking one
+// waits for the event behind the newest, once per copy, as if the copy had
+// returned only with its data on the device. Captures take no outside
+// event: a capturing stream is left alone (a copy is never a node of its
+// graph).
+void Worker::order_after_copies(StreamEntry& s) {
+  if (copy_ctxs_.empty()) return;
+  auto it = copy_ctxs_.find(s.ctx);
+  if (it == copy_ctxs_.end() || it->second.fence == nullptr || s.copy_fence == it->second.fence_seq) return;
+  s.copy_fence = it->second.fence_seq;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (cu_.cuStreamIsCapturing(s.real, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) return;
+  post_error(cu_.cuStreamWaitEvent(s.real, it->second.fence, 0), "ordering after a copy");
+}
+
+CUresult Worker::park_on_copies(Call& c) {
+  if (c.ch.copies.empty()) return CUDA_SUCCESS;
+  return park(c, static_cast<Op>(c.rec.hdr.op), 0);
+}
+
+// A parked copy op, once the channel's copies are done: its reply (poll_parked).
+bool Worker::poll_copy_park(Channel& ch) {
+  if (!ch.copies.empty()) return false;
+  auto& p = ch.parked;
+  p.active = false;
+  parked_since_ = {};
+  std::vector<std::byte> body;
+  CUresult st = CUDA_SUCCESS;
+  if (p.op == Op::kMemcpyDtoHInline) st = dtoh_inline(p.copy, ch.cpl.max_payload(), &body);
+  reap_all_copies();
+  if (st == CUDA_SUCCESS && pending_ != CUDA_SUCCESS) {
+    st = pending_;
+    pending_ = CUDA_SUCCESS;
+  }
+  drain_console();
+  ring::Record rec;
+  rec.hdr = p.hdr;
+  reply(ch, rec, st, body);
+  return true;
+}
+
+// A small pageable DtoH comes back in the reply record. The copy into the
+// worker's own (pageable) memory is synchronous, so it is made only once the
+// stream has reached it: an event marks that point, and the call is parked
+// until then unless it is there already. Everything is checked again then:
+// another guest thread may have freed the memory or the stream meanwhile.
+CUresult Worker::on_MemcpyDtoHInline(Call& c) {
+  const auto r = c.req<ReqCopy>();
+  if ((c.rec.hdr.flags & abi::kRecNeedsReply) == 0) return CUDA_ERROR_INVALID_VALUE;  // it is all in the reply
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  const std::uint32_t room = c.ch.cpl.max_payload();
+  if (r.bytes > kInlineCopyMax || room < sizeof(RepCopyInline) || r.bytes > room - sizeof(RepCopyInline) ||
+      (r.bytes != 0 && !owns_device(r.src, r.bytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUstream s = CU_STREAM_LEGACY;
+  std::uint64_t event_ctx = r.ctx;
+  if ((r.flags & kAsync) != 0) {
+    if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+    if (CUresult st = refuse_in_capture(s); st != CUDA_SUCCESS) return st;
+    if (const StreamEntry* e = streams_.find(r.stream)) event_ctx = e->ctx;
+  }
+  if (r.bytes != 0) {
+    track_copy(c.ch, event_ctx, s, false, false);
+    reap_copies(c.ch);
+    if (!c.ch.copies.empty()) {
+      c.ch.parked.copy = r;
+      return park_on_copies(c);
+    }
+  }
+  return dtoh_inline(r, room, &c.out);
+}
+
+CUresult Worker::dtoh_inline(const ReqCopy& r, std::size_t room, std::vector<std::byte>* body) {
+  body->clear();
+  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.bytes > room - sizeof(RepCopyInline) || (r.bytes != 0 && !owns_device(r.src, r.bytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  body->resize(sizeof(RepCopyInline) + r.bytes);
+  const RepCopyInline rep{r.bytes};
+  std::memcpy(body->data(), &rep, sizeof rep);
+  if (r.bytes == 0) return CUDA_SUCCESS;
+  std::byte* data = body->data() + sizeof rep;
+  CUresult st;
+  if ((r.flags & kAsync) != 0) {
+    CUstream s;
+    st = resolve_stream(r.ctx, r.stream, &s);
+    // Into pageable memory the driver returns once the copy is done.
+    if (st == CUDA_SUCCESS) st = cu_.cuMemcpyDtoHAsync(data, r.src, r.bytes, s);
+  } else {
+    st = cu_.cuMemcpyDtoH(data, r.src, r.bytes);
+  }
+  if (st != CUDA_SUCCESS) body->clear();
   return st;
 }
 

@@ -40,6 +40,7 @@ bool reports_async_errors(proto::Op op) {
     case proto::Op::kMemcpyHtoDInline:
     case proto::Op::kMemcpyHtoDArena:
     case proto::Op::kMemcpyDtoHArena:
+    case proto::Op::kMemcpyDtoHInline:
     case proto::Op::kMemcpyDtoD:
     case proto::Op::kMemcpy2D:
     case proto::Op::kMemset:
@@ -232,6 +233,7 @@ void Worker::cleanup() noexcept {
   // reaping a worker that could not).
   if (cfg_.share != nullptr) (void)cfg_.share->withdraw_owner(::getpid());
   if (cu_.handle == nullptr) return;
+  abandon_copies();      // memory.cc: before the contexts their events belong to
   abandon_host_nodes();  // graphs.cc: a host node waiting for the gone guest gives up
   destroy_created_pools();
   release_vmm();
@@ -315,6 +317,7 @@ void Worker::attach_channels() {
 // ends with its process's last channel.
 void Worker::vm_detach(Channel& ch) {
   const std::uint32_t c = ch.index;
+  wait_copies(ch, 0);  // its staged chunks are counted before the channel goes back
   ch.req.publish_head();
   std::uint32_t mine = cfg_.vm_slot + 1;
   cfg_.vm->owner(c).compare_exchange_strong(mine, 0);
@@ -408,14 +411,21 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
       CUstreamCaptureMode m = want;
       if (cu_.cuThreadExchangeStreamCaptureMode(&m) == CUDA_SUCCESS) driver_capture_mode_ = want;
     }
+    // Copies in flight in a context that is about to go are waited for
+    // first; a Flush answers once the channel's copies are done (memory.cc).
+    settle_copies_before(static_cast<proto::Op>(op), call);
     st = (this->*kHandlers[op])(call);
+    if (op == static_cast<std::uint16_t>(proto::Op::kFlush) && needs_reply && st == CUDA_SUCCESS)
+      st = park_on_copies(call);
   }
+  const auto pop = static_cast<proto::Op>(op);
   if (call.parked) {
     ch.parked.hdr = rec.hdr;
+    if (pop != proto::Op::kStreamSynchronize && pop != proto::Op::kEventSynchronize) account(rec, st);
     return;
   }
   account(rec, st);
-  const auto pop = static_cast<proto::Op>(op);
+  if (needs_reply && reports_async_errors(pop)) reap_all_copies();
   if (needs_reply && reports_async_errors(pop) && pending_ != CUDA_SUCCESS) {
     // One report per error: a call that fails on its own also answers for
     // the posted work before it (as a real driver reports once).
@@ -438,7 +448,8 @@ void Worker::account(const ring::Record& rec, CUresult st) noexcept {
   b->calls.fetch_add(1, std::memory_order_relaxed);
   const auto op = static_cast<proto::Op>(rec.hdr.op);
   if (st == CUDA_SUCCESS && (op == proto::Op::kMemcpyHtoDInline || op == proto::Op::kMemcpyHtoDArena ||
-                             op == proto::Op::kMemcpyDtoHArena) && rec.payload.size() >= sizeof(proto::ReqCopy)) {
+                             op == proto::Op::kMemcpyDtoHArena || op == proto::Op::kMemcpyDtoHInline) &&
+      rec.payload.size() >= sizeof(proto::ReqCopy)) {
     proto::ReqCopy r;
     std::memcpy(&r, rec.payload.data(), sizeof r);
     b->copy_bytes.fetch_add(r.bytes, std::memory_order_relaxed);
@@ -470,6 +481,7 @@ void Worker::evict() {
 
 bool Worker::poll_parked(Channel& ch) {
   auto& p = ch.parked;
+  if (p.op != proto::Op::kStreamSynchronize && p.op != proto::Op::kEventSynchronize) return poll_copy_park(ch);
   CUresult st;
   // Once the query says done, the synchronise returns at once and makes the
   // driver write out pending device printf output (a query does not).
@@ -520,12 +532,23 @@ int Worker::serve_once() {
   attach_channels();
   int handled = 0;
   for (;;) {
+    // A pass ends after a bounded number of records: a guest that keeps its
+    // ring busy (a pipelined copy posts chunk after chunk without a pause)
+    // must not keep the loop from a stop, an eviction or a hang-up, nor its
+    // heartbeat from moving.
+    if (handled >= kRecordsPerPass) {
+      auto* sb = ring::superblock(bar_.data());
+      ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
+      break;
+    }
     // Take records across channels in ticket order: a call a guest thread
     // made after another thread's call returned has the larger ticket.
     Channel* best = nullptr;
     ring::Record best_rec;
     for (auto& chp : channels_) {
-      if (!chp || chp->dead) continue;
+      if (!chp) continue;
+      if (!chp->copies.empty()) handled += reap_copies(*chp);  // memory.cc: bumps staging_done
+      if (chp->dead) continue;
       Channel& ch = *chp;
       if (ch.parked.active) {
         if (poll_parked(ch)) ++handled;
@@ -563,9 +586,10 @@ int Worker::serve_once() {
 void Worker::sleep_until_work() {
   bool parked = false;
   for (auto& chp : channels_)
-    if (chp && !chp->dead && chp->parked.active) parked = true;
+    if (chp && ((!chp->dead && chp->parked.active) || !chp->copies.empty())) parked = true;
   if (parked) {
-    // Waiting on the GPU for a parked synchronise. As the native driver does
+    // Waiting on the GPU for a parked synchronise or a posted copy (a guest
+    // may be waiting on staging_done, not on a reply). As the native driver does
     // by default, poll without sleeping (yielding the core to anyone who
     // needs it) for a while, so that the reply leaves within a microsecond of
     // the GPU finishing; a long wait falls back to short sleeps.

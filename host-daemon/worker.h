@@ -184,6 +184,7 @@ class Worker {
   struct StreamEntry {
     CUstream real = nullptr;
     std::uint64_t ctx = 0;
+    std::uint64_t copy_fence = 0;  // the last posted-copy fence it waited for (memory.cc)
   };
   struct EventEntry {
     CUevent real = nullptr;
@@ -324,6 +325,24 @@ class Worker {
   CUresult launch(Call& c, bool cooperative);
   // Both directions of a copy between the arena and the device.
   CUresult arena_copy(Call& c, bool to_device);
+  // Pageable copies the guest posted (memory.cc): a staged chunk's DMA and
+  // a synchronous HtoD run while the worker goes on; an event behind each
+  // says when it is done. See "Staged copies" in docs/shm-abi.md.
+  CUresult staged_copy(Call& c, const proto::ReqCopy& r, bool to_device);
+  void track_copy(Channel& ch, std::uint64_t ctx, CUstream s, bool counted, bool fence);
+  void finished_copy(Channel& ch, bool counted);
+  CUevent copy_event(std::uint64_t ctx);
+  void release_copy_event(std::uint64_t ctx, CUevent ev, bool broken);
+  int reap_copies(Channel& ch);
+  void reap_all_copies();
+  void wait_copies(Channel& ch, std::size_t keep);
+  void settle_copies(std::uint64_t ctx);
+  void settle_copies_before(proto::Op op, const Call& c);
+  void abandon_copies() noexcept;
+  void order_after_copies(StreamEntry& s);
+  CUresult park_on_copies(Call& c);
+  bool poll_copy_park(Channel& ch);
+  CUresult dtoh_inline(const proto::ReqCopy& r, std::size_t room, std::vector<std::byte>* body);
   template <class DriverCall>
   CUresult exec_on_stream(Call& c, DriverCall call);
   // The launch itself, once the request is parsed: attrs empty = cuLaunchKernel.
@@ -486,6 +505,17 @@ class Worker {
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns
   CUresult pending_ = CUDA_SUCCESS;             // first error of a posted op
+  // Posted copies (memory.cc), per guest context: spare events, and the
+  // event behind its newest synchronous HtoD still in flight, which work in
+  // the context's streams is ordered after (StreamEntry::copy_fence). Fence
+  // numbers are the worker's, never reused.
+  struct CopyCtx {
+    std::vector<CUevent> spare;
+    CUevent fence = nullptr;
+    std::uint64_t fence_seq = 0;
+  };
+  std::map<std::uint64_t, CopyCtx> copy_ctxs_;
+  std::uint64_t copy_fences_ = 0;
   // The capture mode the driver holds for the worker's thread now.
   CUstreamCaptureMode driver_capture_mode_ = CU_STREAM_CAPTURE_MODE_GLOBAL;
   // Captures under way (begun, not yet ended): which guest thread (channel)
@@ -515,6 +545,8 @@ class Worker {
   std::chrono::steady_clock::time_point parked_since_{};
   // How long a parked synchronise is polled without sleeping.
   static constexpr std::chrono::milliseconds kParkedSpin{20};
+  // Records one pass of serve_once() takes at most.
+  static constexpr int kRecordsPerPass = 1024;
   sys::UniqueFd console_rd_;   // read end of the pipe fd 1 points at
   std::string console_;        // drained, not yet sent to the guest
 

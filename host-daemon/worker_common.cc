@@ -53,6 +53,7 @@ CUresult Worker::resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* ou
   // A stream of another context is legal in CUDA only where it says so;
   // the driver checks that. We only check it is this guest's.
   (void)ctx;
+  order_after_copies(*s);  // memory.cc: after the synchronous copies posted before
   *out = s->real;
   return CUDA_SUCCESS;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -41,12 +42,27 @@ struct Worker::Channel {
   // (cuThreadExchangeStreamCaptureMode): the worker's thread takes it on
   // before it serves the channel's requests.
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  // A call that waits: a stream or event synchronise (poll_parked),
+  // or a copy op answered once `copies` is empty (memory.cc; `copy` is
+  // DtoHInline's request, made once the stream got there).
   struct Parked {
     bool active = false;
     proto::Op op = proto::Op::kInvalid;
     std::uint64_t handle = 0;
     abi::RecordHeader hdr{};
+    proto::ReqCopy copy{};
   } parked;
+  // Copies the worker issued for this channel and has not seen finish, in
+  // the order the guest posted them: staged chunks (counted: staging_done
+  // is bumped as each leaves the front, so it always counts a prefix of the
+  // channel's chunks) and marks behind other copies a call waits for.
+  struct InFlight {
+    CUevent done = nullptr;    // recorded behind the copy; null: done (or refused) already
+    std::uint64_t ctx = 0;     // the guest context `done` belongs to
+    CUstream stream = nullptr;  // where `done` was recorded
+    bool counted = false;
+  };
+  std::deque<InFlight> copies;
 };
 
 struct Worker::Call {

@@ -166,7 +166,8 @@ enum class HandleKind : u8 {
   X(MemPoolImportPtr, ReqPoolPtrImport, RepRange, 1)                     \
   X(MemPoolPtrFree, ReqPoolPtrFree, RepNone, 1)                       \
   X(MemMapArrays, ReqMapArrays, RepNone, 1)                             \
-  X(Nvml, ReqNvml, RepNvml, 1)
+  X(Nvml, ReqNvml, RepNvml, 1)                                          \
+  X(MemcpyDtoHInline, ReqCopy, RepCopyInline, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -265,7 +266,13 @@ struct RepRange {
 // Flags of ReqMemset / ReqCopy / ReqCopy2D.
 inline constexpr u32 kAsync = 1u << 0;      // the op was an ...Async call: run it in `stream`
 inline constexpr u32 kWaitStream = 1u << 1;  // and wait for the stream before replying (staged
-                                             // pageable copies: the staging area is reused)
+                                             // pageable 2D/3D copies: the staging area is reused)
+
+// The most bytes a 1D copy carries in its record: HtoDInline's request, or
+// DtoHInline's reply. A record's payload is at most half its ring, so on
+// rings too small for that the guest stages smaller copies too (and the
+// host refuses a DtoHInline whose reply would not fit).
+inline constexpr u32 kInlineCopyMax = 8 * 1024;
 
 struct ReqMemset {
   u64 ctx;
@@ -284,6 +291,7 @@ struct ReqMemset {
 //  HtoDInline: dst, bytes; the bytes follow the struct.
 //  HtoDArena:  dst, bytes, arena_off (source in the arena: pinned or staging)
 //  DtoHArena:  src, bytes, arena_off (destination in the arena)
+//  DtoHInline: src, bytes (at most kInlineCopyMax); the reply carries them
 //  DtoD:       dst, src, bytes
 struct ReqCopy {
   u64 ctx;
@@ -294,6 +302,11 @@ struct ReqCopy {
   u64 arena_off;
   u32 flags;
   u32 reserved;
+};
+
+// DtoHInline's reply: the bytes copied, then the data.
+struct RepCopyInline {
+  u64 bytes;
 };
 
 // Peer access. A query with attrib 0 is cuDeviceCanAccessPeer(device, peer);

@@ -7,6 +7,7 @@ set -u
 build=$(cd "$1" && pwd)
 driver=$2
 prog=$build/tests/bench/staged_copy_test
+ptx=$build/tests/gpu_double/test_kernels.ptx
 work=$(mktemp -d /tmp/ivcuda-staged.XXXXXX)
 daemon=
 cleanup() {
@@ -15,9 +16,13 @@ cleanup() {
 }
 trap cleanup EXIT
 failed=0
+if [ ! -f "$ptx" ]; then
+  echo "FAIL: no test kernels at $ptx (build the ivcuda_gpu_double_kernels target)"
+  exit 1
+fi
 
 mkdir "$work/native" && ln -s "$(readlink -f "$driver")" "$work/native/libcuda.so.1"
-if LD_LIBRARY_PATH=$work/native timeout 120 "$prog" >"$work/out" 2>&1; then
+if LD_LIBRARY_PATH=$work/native timeout 120 "$prog" --ptx "$ptx" >"$work/out" 2>&1; then
   echo "PASS native: $(tail -1 "$work/out")"
 else
   cat "$work/out"; echo "FAIL native"; failed=1
@@ -25,20 +30,28 @@ fi
 
 # 64K: four 16 KiB slots. 12K: two 4 KiB slots (the rest unused). 4K: one
 # slot, every chunk waits for the one before. 8M: 2 MiB slots, big enough
-# for the parallel memcpy (three threads: parts of uneven size).
-for staging in 64K 12K 4K 8M; do
+# for the parallel memcpy (three threads: parts of uneven size). With a
+# delay the double holds every event in flight that long after its record,
+# as a GPU holds a DMA, so the worker's chunks complete later than they are
+# issued: 300 us with four small slots keeps them queued; 3 ms with big ones
+# makes the guest's waits for a slot fall back to Flush (after 2 ms).
+for config in 64K 12K 4K 8M 64K,300 8M,3000; do
+  staging=${config%%,*}
+  delay=
+  [ "$config" != "$staging" ] && delay=${config#*,}
   threads=
   [ $staging = 8M ] && threads=3
   rm -f "$work/s"
-  "$build/host-daemon/ivcudad" --socket "$work/s" --shm-size 256M --channels 4 --staging-size $staging \
-    --driver "$driver" >"$work/log" 2>&1 &
+  IVCUDA_GPU_DOUBLE_EVENT_DELAY_US=$delay "$build/host-daemon/ivcudad" --socket "$work/s" --shm-size 256M \
+    --channels 4 --staging-size $staging --driver "$driver" >"$work/log" 2>&1 &
   daemon=$!
   for _ in $(seq 100); do [ -S "$work/s" ] && break; sleep 0.05; done
-  if IVCUDA_COPY_THREADS=$threads IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 120 "$prog" --errors \
-      >"$work/out" 2>&1; then
-    echo "PASS ivcuda, staging $staging${threads:+, $threads copy threads}: $(tail -1 "$work/out")"
+  what="staging $staging${threads:+, $threads copy threads}${delay:+, events done ${delay} us after their record}"
+  if IVCUDA_COPY_THREADS=$threads IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 200 "$prog" \
+      --ptx "$ptx" --errors --ordering >"$work/out" 2>&1; then
+    echo "PASS ivcuda, $what: $(tail -1 "$work/out")"
   else
-    cat "$work/out"; echo "--- ivcudad log"; tail -20 "$work/log"; echo "FAIL ivcuda, staging $staging"; failed=1
+    cat "$work/out"; echo "--- ivcudad log"; tail -20 "$work/log"; echo "FAIL ivcuda, $what"; failed=1
   fi
   kill "$daemon"; wait "$daemon" 2>/dev/null; daemon=
 done

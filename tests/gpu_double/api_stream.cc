@@ -2,6 +2,8 @@
 // every stream is idle whenever the caller can observe it; the objects still exist, are
 // validated, and events carry real timestamps.
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "state.h"
 
@@ -263,11 +265,20 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
   return guarded([&](State& s) -> CUresult {
     const auto it = s.events.find(from_handle(hEvent));
     if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-    return s.fault_of(it->second.ctx);
+    if (const CUresult r = s.fault_of(it->second.ctx); r != CUDA_SUCCESS) return r;
+    const auto ready = it->second.when + event_delay();
+    return it->second.recorded && std::chrono::steady_clock::now() < ready ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
   });
 }
 
-CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) { return cuEventQuery(hEvent); }
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+  // Outside the state lock: other threads go on while this one waits.
+  for (;;) {
+    const CUresult r = cuEventQuery(hEvent);
+    if (r != CUDA_ERROR_NOT_READY) return r;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
 
 CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   return elapsed(pMilliseconds, hStart, hEnd);

@@ -31,6 +31,14 @@ bool fuzzing() {
   return on;
 }
 
+std::chrono::microseconds event_delay() {
+  static const std::chrono::microseconds us = [] {
+    const char* v = std::getenv("IVCUDA_GPU_DOUBLE_EVENT_DELAY_US");
+    return std::chrono::microseconds(v != nullptr ? std::strtoul(v, nullptr, 10) : 0);
+  }();
+  return us;
+}
+
 void log(const char* fmt, ...) {
   if (fuzzing()) return;
   std::va_list ap;

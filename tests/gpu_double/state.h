@@ -394,6 +394,12 @@ void log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 bool fuzzing();
 inline std::size_t total_mem() { return fuzzing() ? kFuzzTotalMem : kTotalMem; }
 
+// IVCUDA_GPU_DOUBLE_EVENT_DELAY_US=N: a recorded event reports NOT_READY for
+// N microseconds after its record (cuEventSynchronize waits them out), though
+// the work before it ran at once as always. Callers that track work in flight
+// by events (ivcudad's posted copies) then see it in flight, as on a GPU.
+std::chrono::microseconds event_delay();
+
 // Runs an API body under the state lock, after the cuInit check; nothing escapes.
 template <class F>
 CUresult guarded(F&& body, bool needs_init = true) {

@@ -1630,6 +1630,117 @@ TEST_CASE("warm workers serve a guest at once, hold only their guest's memory, a
   CHECK(d.alive());
 }
 
+// Pageable copies' chunks in a channel's staging area (docs/shm-abi.md,
+// "Staged copies"): the channel's counter counts each once, in the order they
+// were posted, whatever became of them (a guest waits on it); a call among
+// them is answered once they are done. A small DtoH's reply carries the
+// guest's own memory and nothing else.
+TEST_CASE("staged chunks are counted in order whatever becomes of them, and inline DtoH replies hold only "
+          "the guest's memory",
+          "[process][hostile]") {
+  Daemon d;
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 16384, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  const std::uint64_t slot = ring::staging_off(g.l, 0);
+  const auto counted = [&, base = ring::staging_done(g.bar.data(), g.l, 0)] {
+    return ring::staging_done(g.bar.data(), g.l, 0) - base;
+  };
+  std::vector<std::byte> pattern(proto::kInlineCopyMax);
+  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<std::byte>(i * 7 + 1);
+  std::memcpy(g.bar.data() + slot, pattern.data(), pattern.size());
+
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.dst = dptr;
+  c.bytes = pattern.size();
+  c.arena_off = slot;
+  g.post(0, Op::kMemcpyHtoDArena, c);  // 1: good
+  auto bad = c;
+  bad.dst = dptr ^ 0x100000000ull;     // 2: someone else's memory
+  g.post(0, Op::kMemcpyHtoDArena, bad);
+  bad = c;
+  bad.bytes = 0;                       // 3: empty
+  g.post(0, Op::kMemcpyHtoDArena, bad);
+  bad = c;
+  bad.flags = proto::kAsync;
+  bad.stream = 0x0400000100000009ull;  // 4: a stream never handed out
+  g.post(0, Op::kMemcpyHtoDArena, bad);
+  bad = c;
+  bad.src = dptr;
+  bad.ctx = 0x0100000100000007ull;     // 5: not its context
+  g.post(0, Op::kMemcpyDtoHArena, bad);
+  bad = c;
+  bad.src = dptr;
+  bad.arena_off = ring::staging_off(g.l, 1);  // channel 1's area: a plain arena copy, not counted here
+  g.post(0, Op::kMemcpyDtoHArena, bad);
+  CHECK(g.call(0, Op::kFlush, proto::ReqCtx{ctx}) == CUDA_ERROR_INVALID_VALUE);  // the first error, once
+  CHECK(counted() == 5);
+  CHECK(g.call(0, Op::kFlush, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
+  // A chunk sent as a call: the data is in its slot, and counted, when it is answered.
+  c.src = dptr;
+  c.arena_off = slot + pattern.size();
+  REQUIRE(g.call(0, Op::kMemcpyDtoHArena, c) == CUDA_SUCCESS);
+  CHECK(counted() == 6);
+  CHECK(std::memcmp(g.bar.data() + c.arena_off, pattern.data(), pattern.size()) == 0);
+
+  proto::ReqCopy in{};
+  in.ctx = ctx;
+  in.src = dptr;
+  in.bytes = proto::kInlineCopyMax;
+  REQUIRE(g.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_SUCCESS);
+  REQUIRE(out.size() == sizeof(proto::RepCopyInline) + pattern.size());
+  CHECK(RawGuest::as<proto::RepCopyInline>(out).bytes == pattern.size());
+  CHECK(std::memcmp(out.data() + sizeof(proto::RepCopyInline), pattern.data(), pattern.size()) == 0);
+  in.bytes = 0;
+  CHECK(g.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_SUCCESS);
+  CHECK(out.size() == sizeof(proto::RepCopyInline));
+  in.bytes = proto::kInlineCopyMax + 1;  // more than a reply carries
+  CHECK(g.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(out.empty());
+  in.bytes = 16;
+  in.src = dptr + 16384 - 8;  // runs off the end of the allocation
+  CHECK(g.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(out.empty());
+  in.src = dptr ^ 0x100000000ull;  // someone else's memory
+  CHECK(g.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_ERROR_INVALID_VALUE);
+  in.src = dptr;
+  in.flags = proto::kAsync;
+  in.stream = 0x0400000100000009ull;
+  CHECK(g.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_ERROR_INVALID_HANDLE);
+  in.flags = 0;
+  in.stream = 0;
+  g.post(0, Op::kMemcpyDtoHInline, in);  // its data can only come back in a reply
+  CHECK(g.call(0, Op::kFlush, proto::ReqCtx{ctx}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.send(0, static_cast<std::uint16_t>(Op::kMemcpyDtoHInline), &in, sizeof in - 8, true) ==
+        CUDA_ERROR_INVALID_VALUE);  // truncated
+  CHECK(counted() == 6);
+
+  // Rings too small for the bound: the reply must fit a record.
+  Daemon small({"--ring-size", "4096"}, "-small-ring");
+  REQUIRE(small.alive());
+  RawGuest s(small.sock);
+  s.open(0);
+  REQUIRE(s.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  REQUIRE(s.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  in.ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(s.call(0, Op::kMemAlloc, proto::ReqMemAlloc{in.ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  in.src = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  in.bytes = 4096;
+  CHECK(s.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_ERROR_INVALID_VALUE);
+  in.bytes = 1024;
+  CHECK(s.call(0, Op::kMemcpyDtoHInline, in, &out) == CUDA_SUCCESS);
+  CHECK(out.size() == sizeof(proto::RepCopyInline) + 1024);
+  CHECK(d.alive());
+  CHECK(small.alive());
+}
+
 // Channels of two guest processes of one VM (pids that are not the peer's:
 // a VM) go to two workers. Neither reaches the other's channel or handles,
 // and a process's goodbye on its last channel ends its worker.
