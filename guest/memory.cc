@@ -358,8 +358,15 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
   // synchronising call. The host orders it in its stream (the legacy stream
   // for a synchronous one) and later work in the context after it.
   if (overruns_allocation(rt, dst, n)) return CUDA_ERROR_INVALID_VALUE;
-  if (n <= inline_limit(rt))
-    return rt->post<Op::kMemcpyHtoDInline>(r, std::span<const std::byte>(static_cast<const std::byte*>(src), n));
+  // A synchronous copy to memory outside the guest's books (a mapped range,
+  // a module's global, an address that is nothing) waits for the host's
+  // answer, as the driver refuses a bad destination at once; it ends with
+  // a call (the last chunk).
+  const bool answer_now = !async && !in_device_alloc(rt, dst, n);
+  if (n <= inline_limit(rt)) {
+    const std::span<const std::byte> data(static_cast<const std::byte*>(src), n);
+    return answer_now ? rt->call<Op::kMemcpyHtoDInline>(r, data) : rt->post<Op::kMemcpyHtoDInline>(r, data);
+  }
   const auto g = staging_of(rt);
   if (!g) {
     return ivcuda::guest::not_supported("the daemon reserved no staging memory; pageable copies fail");
@@ -386,7 +393,10 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
     r.arena_off = g->slot_off(a);
     staging_copy(rt->bar() + r.arena_off, p + done, r.bytes);
     cs.posted = a + 1;  // the host counts it whatever becomes of it
-    if (CUresult st = rt->post<Op::kMemcpyHtoDArena>(r); st != CUDA_SUCCESS) return st;
+    const bool last = done + r.bytes == n;
+    if (CUresult st = answer_now && last ? rt->call<Op::kMemcpyHtoDArena>(r) : rt->post<Op::kMemcpyHtoDArena>(r);
+        st != CUDA_SUCCESS)
+      return st;
     done += r.bytes;
   }
   return CUDA_SUCCESS;

@@ -1476,14 +1476,15 @@ int main(int argc, char** argv) {
       s.conn = std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0));
       s.board = std::move(board);
       workers[pid] = std::move(s);
-      if (warm && warm->ready)
-        IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d (started ahead; the connection's process %d)",
-                   id, static_cast<unsigned>(cred.uid), l.path.c_str(), static_cast<int>(warm->worker_pid),
+      // A warm entry's process names its worker once it hands the guest over
+      // ("guest N: worker pid W", vm_supervisor.cc).
+      if (warm)
+        IVLOG_INFO("guest %lld (uid %u) connected on %s; a warm entry (%s), its process pid %d", id,
+                   static_cast<unsigned>(cred.uid), l.path.c_str(), warm->ready ? "ready" : "still starting",
                    static_cast<int>(pid));
       else
-        IVLOG_INFO("guest %lld (uid %u) connected on %s; %s pid %d", id, static_cast<unsigned>(cred.uid),
-                   l.path.c_str(), warm ? "worker (still starting) under the connection's process" : "worker",
-                   static_cast<int>(pid));
+        IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
+                   l.path.c_str(), static_cast<int>(pid));
       // The next warm entry starts at the top of the loop, once this guest's
       // memory and connection are out of scope here: a fork now would hand
       // them to it.

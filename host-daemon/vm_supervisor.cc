@@ -306,6 +306,7 @@ int Supervisor::serve_by_warm() {
   }
   WarmChild w = std::move(*warm_);
   warm_.reset();
+  IVLOG_INFO("guest %u: worker pid %d (started ahead)", guest_id(), static_cast<int>(w.pid));
   if (auto st = ivshmem::send_msg(w.line.get(), cfg_.peer_pid, cfg_.worker.conn_fd); !st) {
     IVLOG_ERROR("guest %u: cannot hand the connection to its worker: %s", guest_id(), st.error().what.c_str());
     ::kill(w.pid, SIGKILL);

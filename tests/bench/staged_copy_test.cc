@@ -357,24 +357,25 @@ int main(int argc, char** argv) {
 
   if (errors) {
     // Copies whose chunks all fail on the host (a device range nobody
-    // allocated), each way, carried in the record and staged: an HtoD is
-    // posted, so its error comes at the next synchronising call (once); a
-    // DtoH reports its own. The pipeline is intact for the copies after them.
+    // allocated), each way, carried in the record and staged: a synchronous
+    // HtoD to memory outside the guest's books waits for the host's answer,
+    // as the driver refuses it at once; an Async one is posted, so its error
+    // comes at the next synchronising call (once); a DtoH reports its own.
+    // The pipeline is intact for the copies after them.
     // Below mmap_min_addr: no allocation of any driver or double lives there.
     const CUdeviceptr bogus = 0x1000;
     for (std::size_t n : {std::size_t{64}, (std::size_t{1} << 20) + 5}) {
       std::vector<unsigned char> buf(n, 1);
-      OK(cuMemcpyHtoD(bogus, buf.data(), n));
-      EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuCtxSynchronize());
+      EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemcpyHtoD(bogus, buf.data(), n));
       OK(cuCtxSynchronize());
       OK(cuMemcpyHtoDAsync(bogus, buf.data(), n, s));
       EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuStreamSynchronize(s));
       OK(cuStreamSynchronize(s));
       // Staged chunks after it (in the same slots) still work.
       roundtrip(d, dev_size, (1u << 20) + 7, 2, 3, 4240 + static_cast<unsigned>(n % 7), s, false);
-      // A good copy right after a failed one: the first synchronising call
-      // reports the failure.
-      OK(cuMemcpyHtoD(bogus, buf.data(), n));
+      // A good copy right after a failed posted one: the first synchronising
+      // call reports the failure.
+      OK(cuMemcpyHtoDAsync(bogus, buf.data(), n, s));
       OK(cuMemcpyHtoD(d, buf.data(), n));
       std::vector<unsigned char> back(n, 0);
       EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoH(back.data(), d, n));

@@ -61,7 +61,9 @@ PY
     --alloc-mib 512 --ready "$work/ready" --done "$work/done" >"$out/guest.log" 2>&1 &
   guest=$!
   for _ in $(seq 600); do [ -e "$work/ready" ] || ! kill -0 $guest 2>/dev/null && break; sleep 0.1; done
-  workers=$(tr ' ' '\n' <"/proc/$daemon/task/$daemon/children" | paste -sd, -)
+  # The guests' workers, as the daemon's log names them (a warm entry's worker is its process's
+  # child, and the next warm worker, which serves nobody, is no guest's).
+  workers=$(grep -o "worker pid [0-9]*" "$out/ivcudad.log" | awk '{print $3}' | paste -sd, -)
   timeout 60 "$py" "$root/tests/frameworks/nvml_compare.py" dump "$out/during.json" 2>"$out/during.err" || rc=1
   # (b) while the guest holds its memory: ivcuda-smi is a guest process of its own (its own worker).
   if [ -x "$smi" ]; then

@@ -257,7 +257,9 @@ ok=1
 for _ in $(seq 200); do grep -q '^ready' "$work/out" && { ok=0; break; }; sleep 0.05; done
 guest_pid=$(cat "$work/pid" 2>/dev/null)
 worker=$(grep "process $guest_pid says hello" "$log" | tail -1 | grep -o "worker g[0-9]*" | head -1)
-wpid=$(grep -E "guest ${worker#worker g} \(uid [0-9]+\) connected" "$log" | tail -1 | grep -o "worker pid [0-9]*" | awk '{print $3}')
+# (the connection line names a cold worker; a warm entry's process names its worker on a line of its own)
+wpid=$(grep -E "guest ${worker#worker g}( \(uid [0-9]+\) connected|: worker pid)" "$log" | grep -o "worker pid [0-9]*" |
+  tail -1 | awk '{print $3}')
 [ -n "$wpid" ] && kill -9 "$wpid" || { ok=1; echo "no worker found for process $guest_pid"; }
 ended=1
 for _ in $(seq 100); do kill -0 "$guest_pid" 2>/dev/null || { ended=0; break; }; sleep 0.02; done

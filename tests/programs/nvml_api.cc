@@ -387,8 +387,12 @@ int main(int argc, char** argv) {
     size_t cu_free = 0, cu_total = 0;
     CHECK_TRUE(cuMemGetInfo(&cu_free, &cu_total) == CUDA_SUCCESS);
     const Memory before = memory(d0);
-    expect(before.total == cu_total, __LINE__,
-           "nvml total " + std::to_string(before.total) + " vs cuMemGetInfo total " + std::to_string(cu_total));
+    // NVML's total is the device's memory; cuMemGetInfo's leaves out what the
+    // driver keeps for itself (614 MiB of the H200's 143771 MiB, natively as
+    // through ivcuda). Under a quota both are the quota.
+    expect(before.total >= cu_total && before.total - cu_total <= before.total / 50, __LINE__,
+           "nvml total " + std::to_string(before.total) + " vs cuMemGetInfo total " + std::to_string(cu_total) +
+               " (NVML's may be larger by the driver's reserve, at most 2 %)");
     CUdeviceptr p = 0;
     CHECK_TRUE(cuMemAlloc(&p, 64 * kMiB) == CUDA_SUCCESS);
     const Memory after = memory(d0);
