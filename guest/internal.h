@@ -80,13 +80,15 @@ inline bool is_device(Runtime* rt, std::uint64_t p) {
   return p - it->first < it->second;
 }
 
-// Does [p, p + n) lie inside one allocation of this process's device memory?
+// Does [p, p + n) lie inside one allocation of this process's device memory
+// that is backed for as long as it is booked (not a reserved address range,
+// whose pages come and go with cuMemMap)?
 inline bool in_device_alloc(Runtime* rt, std::uint64_t p, std::uint64_t n) {
   std::lock_guard lk(rt->books_mu);
   auto it = rt->dev_allocs.upper_bound(p);
   if (it == rt->dev_allocs.begin()) return false;
   --it;
-  return p - it->first < it->second && n <= it->second - (p - it->first);
+  return p - it->first < it->second && n <= it->second - (p - it->first) && rt->va_reservations.count(it->first) == 0;
 }
 
 // The id the host tells this process's calls apart by, where that matters

@@ -109,6 +109,9 @@ class Runtime {
   std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
   std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
   std::set<std::uint64_t> ipc_capable;                     // cuMemAlloc'ed bases (legacy IPC capable)
+  // Bases in dev_allocs that are cuMemAddressReserve'd ranges: addresses the
+  // process owns, mapped or not (guest/vmm.cc).
+  std::set<std::uint64_t> va_reservations;
   // Pointers this process imported from another process's pool
   // (cuMemPoolImportPointer, guest/pools.cc): cuMemFree and cuMemFreeAsync
   // of one end its import. `booked`: its range was booked for it (not when

@@ -100,6 +100,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
     {
       std::lock_guard lk(rt->books_mu);
       rt->dev_allocs[got.base] = got.size;
+      rt->va_reservations.insert(got.base);
     }
     *ptr = got.base;
     return CUDA_SUCCESS;
@@ -115,6 +116,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     {
       std::lock_guard lk(rt->books_mu);
       rt->dev_allocs.erase(ptr);
+      rt->va_reservations.erase(ptr);
     }
     rt->release_device_range(ptr, size);
     return CUDA_SUCCESS;
