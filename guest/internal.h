@@ -80,15 +80,24 @@ inline bool is_device(Runtime* rt, std::uint64_t p) {
   return p - it->first < it->second;
 }
 
-// Does [p, p + n) lie inside one allocation of this process's device memory
-// that is backed for as long as it is booked (not a reserved address range,
-// whose pages come and go with cuMemMap)?
-inline bool in_device_alloc(Runtime* rt, std::uint64_t p, std::uint64_t n) {
+// Where [p, p + n) lies in this process's books of device memory:
+// kInside one allocation that is backed for as long as it is booked;
+// kOverruns one (it starts in it and runs past its end: the driver refuses
+// that at once); kUnknown elsewhere, or in a reserved address range (whose
+// pages come and go with cuMemMap).
+enum class DevRange { kInside, kOverruns, kUnknown };
+inline DevRange device_range(Runtime* rt, std::uint64_t p, std::uint64_t n) {
   std::lock_guard lk(rt->books_mu);
   auto it = rt->dev_allocs.upper_bound(p);
-  if (it == rt->dev_allocs.begin()) return false;
+  if (it == rt->dev_allocs.begin()) return DevRange::kUnknown;
   --it;
-  return p - it->first < it->second && n <= it->second - (p - it->first) && rt->va_reservations.count(it->first) == 0;
+  const std::uint64_t off = p - it->first;
+  if (off >= it->second) return DevRange::kUnknown;
+  if (n > it->second - off) return DevRange::kOverruns;
+  return rt->va_reservations.count(it->first) == 0 ? DevRange::kInside : DevRange::kUnknown;
+}
+inline bool in_device_alloc(Runtime* rt, std::uint64_t p, std::uint64_t n) {
+  return device_range(rt, p, n) == DevRange::kInside;
 }
 
 // The id the host tells this process's calls apart by, where that matters

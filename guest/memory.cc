@@ -330,20 +330,6 @@ std::optional<std::uint64_t> arena_offset_of(Runtime* rt, const void* p, size_t 
   return reg->dptr - rt->hello().arena_device_base;
 }
 
-// Whether [dst, dst + n) starts in device memory this process allocated and
-// runs past its end: the driver refuses that at once, and so does a posted
-// copy here. Other destinations the host checks (module globals and the
-// like are not in these books); a posted copy's refusal comes at the next
-// synchronising call.
-bool overruns_allocation(Runtime* rt, CUdeviceptr dst, size_t n) {
-  std::lock_guard lk(rt->books_mu);
-  auto it = rt->dev_allocs.upper_bound(dst);
-  if (it == rt->dev_allocs.begin()) return false;
-  --it;
-  const std::uint64_t off = dst - it->first;
-  return off < it->second && n > it->second - off;
-}
-
 CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
                    bool async) {
   if (n == 0) return CUDA_SUCCESS;
@@ -357,12 +343,14 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
   // as CUDA's does: errors of the copy itself surface at the next
   // synchronising call. The host orders it in its stream (the legacy stream
   // for a synchronous one) and later work in the context after it.
-  if (overruns_allocation(rt, dst, n)) return CUDA_ERROR_INVALID_VALUE;
-  // A synchronous copy to memory outside the guest's books (a mapped range,
-  // a module's global, an address that is nothing) waits for the host's
-  // answer, as the driver refuses a bad destination at once; it ends with
-  // a call (the last chunk).
-  const bool answer_now = !async && !in_device_alloc(rt, dst, n);
+  // A destination that runs past the allocation it starts in is refused at
+  // once, as the driver does. A synchronous copy to memory outside the
+  // guest's books (a mapped range, a module's global, an address that is
+  // nothing) waits for the host's answer, as the driver refuses a bad
+  // destination at once; it ends with a call (the last chunk).
+  const auto where = ivcuda::guest::internal::device_range(rt, dst, n);
+  if (where == ivcuda::guest::internal::DevRange::kOverruns) return CUDA_ERROR_INVALID_VALUE;
+  const bool answer_now = !async && where != ivcuda::guest::internal::DevRange::kInside;
   if (n <= inline_limit(rt)) {
     const std::span<const std::byte> data(static_cast<const std::byte*>(src), n);
     return answer_now ? rt->call<Op::kMemcpyHtoDInline>(r, data) : rt->post<Op::kMemcpyHtoDInline>(r, data);
