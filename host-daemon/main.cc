@@ -39,6 +39,7 @@
 #ifdef IVCUDA_HAVE_METRICS
 #include "host-daemon/metrics.h"
 #endif
+#include "host-daemon/rules.h"
 #include "host-daemon/sandbox.h"
 #include "host-daemon/status.h"
 #include "host-daemon/tenant_share.h"
@@ -721,6 +722,11 @@ int main(int argc, char** argv) {
     rl.rlim_cur = rl.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &rl);
   }
+#if defined(IVCUDA_MUTANTS)
+  if (*ivcuda::host::rules::removed() != '\0')
+    IVLOG_WARN("mutation build: rule(s) %s removed for this run (IVCUDA_MUTATE; tests/mutations)",
+               ivcuda::host::rules::removed());
+#endif
   if (auto u = ivcuda::host::sandbox::resolve_user(o.sandbox); !u) {
     IVLOG_ERROR("%s", u.error().what.c_str());
     return 2;
