@@ -87,7 +87,7 @@ tries=(
   "qemu64-irqchip-off|qemu64,-cx16|ACCEL_OPTS=kernel-irqchip=off|clearcpuid=xsave"
   "qemu64-irqchip-split|qemu64,-cx16|ACCEL_OPTS=kernel-irqchip=split|clearcpuid=xsave nosmp"
   "qemu64-memlock-256M|qemu64,-cx16|-overcommit mem-lock=on -m 256M|clearcpuid=xsave nopti mitigations=off"
-  "qemu64-clearcpuid|qemu64,-cx16|-m 256M|clearcpuid=xsave nofxsr clearcpuid=cx16,xsave,avx,avx2 nopti mitigations=off nosmp"
+  "qemu64-clearcpuid|qemu64,-cx16|-m 256M|nokaslr clearcpuid=xsave,avx,avx2 nopti mitigations=off nosmp"
   "host-baseline|host||"
 )
 
