@@ -37,16 +37,17 @@ g++ $FLAGS $DEFS -o $W/on_double $TESTS -L$W -livcuda-gpu-double -Wl,-rpath,$W -
 . tests/lib/verdicts.sh
 g++ $FLAGS $DEFS -o $W/on_real $TESTS -L/usr/local/cuda/lib64/stubs -lcuda -pthread || exit 1
 # The cases both builds hold but for [double_only]: the double's build lists them without a
-# driver, so the count does not come from the build under test.
-$W/on_double --list-test-names-only '~[double_only]' >$W/names 2>&1; rc=$?
-[ $rc -eq 0 ] || { cat $W/names; echo "FAIL: the double's build cannot list its cases"; exit 1; }
+# driver, so the count does not come from the build under test. (Catch2 v2's listing exits
+# with the number of cases listed: not a status to judge.)
+$W/on_double --list-test-names-only '~[double_only]' >$W/names 2>&1
 mapfile -t names < <(grep . $W/names)
+[ ${#names[@]} -gt 0 ] || { cat $W/names; echo "FAIL: the double's build lists no case"; exit 1; }
 # the double's own run, the real build's list, one case per test case
 expect_cases $((2 + ${#names[@]}))
 $W/on_double -w NoTests >$W/on_double.log 2>&1; rc=$?
 verdict "the double's own tests on the double ($(tail -2 $W/on_double.log | head -1))" $rc
-$W/on_real --list-test-names-only '~[double_only]' >$W/real-names 2>&1; rc=$?
-[ $rc -eq 0 ] && [ ${#names[@]} -gt 0 ] && diff $W/names $W/real-names >/dev/null
+$W/on_real --list-test-names-only '~[double_only]' >$W/real-names 2>&1
+diff $W/names $W/real-names
 listed=$?
 verdict "the real-driver build lists the same ${#names[@]} test cases" $listed
 # One process per test case; -w NoTests: a name that matches nothing fails.
