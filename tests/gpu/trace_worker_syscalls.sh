@@ -61,7 +61,10 @@ targets="ivcudad ivcuda_guest ivcuda_gpu_double_kernels drv_core drv_kernels drv
 bin=$build/tests/bin
 ptx=$build/tests/gpu_double/test_kernels.ptx
 fatbin=$build/tests/gpu_double/test_kernels.fatbin
-sock=/tmp/ivcuda-trace.sock
+# A socket of this run's own: another run of this script at the same time must not share it.
+sockdir=$(mktemp -d /tmp/ivcuda-trace.XXXXXX)
+trap 'rm -rf "$sockdir"' EXIT
+sock=$sockdir/ivcudad.sock
 programs=(
   "$bin/drv_core"
   "$bin/drv_kernels --ptx $ptx --fatbin $fatbin"
@@ -122,13 +125,15 @@ grep -E "sandbox|cannot" "$out/ivcudad-sandboxed.log" | grep -v "landlock rule" 
 
 echo "== tracing ivcudad --sandbox off (the workers' calls after the sandbox point)"
 rm -f "$sock"
-IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" \
+# ivcudad's own pid in traced.pid: SIGTERM to strace would leave the daemon running.
+rm -f "$out/traced.pid"
+IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" "${tagged[@]}" "$out/traced.pid" \
   "$build/host-daemon/ivcudad" --sandbox off --socket "$sock" --shm-size "$shm" --driver "$driver" \
   >"$out/ivcudad-trace.log" 2>&1 &
 daemon=$!
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
 run_programs "traced" "$out/ivcudad-trace.log" "${programs[@]}"
-kill "$daemon"; wait "$daemon" 2>/dev/null
+kill "$(cat "$out/traced.pid" 2>/dev/null || echo "$daemon")"; wait "$daemon" 2>/dev/null
 
 echo "== the workers' system calls after the sandbox point, against the allowlist"
 "$build/host-daemon/ivcudad" --print-syscall-allowlist >"$out/allowlist.txt"
