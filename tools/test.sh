@@ -7,6 +7,8 @@
 #  - tsan (ThreadSanitizer): the ring and transport tests;
 #  - fuzz (clang, libFuzzer + ASan + UBSan): each harness of tests/fuzz replays
 #    its corpus and fuzzes a fixed time (IVCUDA_FUZZ_SECONDS, 30 s each).
+# First the lint of the test code (tools/lint_tests.py): a verdict that takes a substitution's
+# status, a literal verdict, a script without an expected count refuse the run.
 # Nothing is skipped quietly: a test group whose tools are missing fails the
 # configure, a test that exits "skipped" fails the run, and every preset must
 # register exactly the tests in tests/expected-tests.tsv. A developer on a
@@ -14,6 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
+echo "=== lint: test code that cannot fail (tools/lint_tests.py; its own test: tests/lint)"
+python3 tools/lint_tests.py
 export PATH=/usr/local/cuda/bin:$PATH
 jobs=${IVCUDA_JOBS:-$(nproc)}
 allow=${IVCUDA_ALLOW_SKIPS:-}
