@@ -814,7 +814,13 @@ def pool_seeds():
             continue
         words = Words(*(Ref(data.op, w, data.index) for w in range(8)))
         got = s.new("MemPoolImportPtr", "base", ctx=s.ctx, pool=imp, proc=2, data=words)
+        # The exporting process importing its own pool: the driver's import, not an alias.
+        own = s.new("MemPoolImport", token=Words(tok, Ref(tok.op, tok.word + 1, tok.index)), handle_type=fd, proc=1)
+        got_own = s.new("MemPoolImportPtr", "base", ctx=s.ctx, pool=own, proc=1, data=words)
+        if last == "MemPoolPtrFree":
+            s.call("MemPoolPtrFree", ctx=s.ctx, stream=st, dptr=got_own, proc=1, **{"async": 1})
         if last == "MemPoolImportPtr":
+            s.call("MemPoolImportPtr", ctx=s.ctx, pool=own, proc=3, data=words)
             s.call("MemPoolImportPtr", ok=False, ctx=s.ctx, pool=p, proc=2, data=words)   # not an imported pool
             s.call("MemPoolImportPtr", ok=False, ctx=s.ctx, pool=imp, proc=1, data=words)  # the exporter
             s.call("MemPoolImportPtr", ok=False, ctx=s.ctx, pool=imp, proc=2, data=Words(1, 2, 3))
