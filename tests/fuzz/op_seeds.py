@@ -585,6 +585,8 @@ def _func_get_attribute(s):
               "CU_FUNC_ATTRIBUTE_NUM_REGS"):
         s.call("FuncGetAttribute", ctx=s.ctx, function=s.fn, attrib=C[a])
     s.call("FuncGetAttribute", ok=False, ctx=s.ctx, function=s.fn + 1, attrib=0)
+    s.call("FuncGetAttribute", ok=False, ctx=s.ctx, function=s.fn, attrib=1 << 20)  # no CUfunction_attribute
+    s.call("FuncGetAttribute", ok=False, ctx=s.ctx, function=s.fn, attrib=-1)
     yield s
 
 
@@ -1204,6 +1206,7 @@ def vmm_seeds():
     s.call("MemGranularity", prop=prop(1, fd), option=C["CU_MEM_ALLOC_GRANULARITY_RECOMMENDED"])
     s.call("MemGranularity", ok=False, prop=dict(prop(3)), option=0)
     s.call("MemGranularity", ok=False, prop=dict(prop(0), loc_type=77), option=0)
+    s.call("MemGranularity", ok=False, prop=prop(0), option=2)  # no CUmemAllocationGranularity_flags
     yield s
     s = start("MemAddressReserve")
     s.new("MemAddressReserve", "base", size=MIB2)
