@@ -23,6 +23,7 @@ and one line per handler; --table also writes the per-handler numbers as TSV.
 import argparse
 import os
 import re
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -151,4 +152,5 @@ def main():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` is no error
     sys.exit(main())
