@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "arrays.h"
+
 namespace ivcuda::gpu_double {
 
 State& state() {
@@ -163,6 +165,7 @@ void State::release_context_resources(Handle ctx) {
   for (Handle h : dead_graphs) destroy_graph(*this, h);
   std::erase_if(execs, [&](const auto& kv) { return kv.second.ctx == ctx; });
   std::erase_if(captures, [&](const auto& kv) { return !streams.contains(kv.first); });
+  release_context_arrays(*this, ctx);
 }
 
 namespace {
