@@ -10,6 +10,8 @@
 #include <cstring>
 #include <new>
 
+#include "host-daemon/rules.h"
+
 namespace ivcuda::host {
 
 namespace {
@@ -181,7 +183,8 @@ std::optional<ShareEntry> TenantShare::lookup(ShareKind kind, const ShareTicket&
   Locked lk(r_);
   if (!lk.held()) return std::nullopt;
   const Slot& s = r_->slot[t.slot];
-  if (s.kind != static_cast<std::uint32_t>(kind) || !same_token(s.token, t.token)) return std::nullopt;
+  if (IVCUDA_RULE("share-ticket") && (s.kind != static_cast<std::uint32_t>(kind) || !same_token(s.token, t.token)))
+    return std::nullopt;
   return to_entry(s);
 }
 
