@@ -446,7 +446,8 @@ CUresult Worker::on_MemPoolImportPtr(Call& c) {
   if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   const PoolEntry* p = pools_.find(r.pool);
-  if (p == nullptr || p->real == nullptr || (IVCUDA_RULE("pool-ticket") && !p->imported)) return CUDA_ERROR_INVALID_VALUE;
+  if (p == nullptr || p->real == nullptr || (IVCUDA_RULE("pool-ticket") && !p->imported))
+    return CUDA_ERROR_INVALID_VALUE;
   const auto ticket = decode_ticket(kPoolPtrMagic, reinterpret_cast<const std::byte*>(r.data));
   if (!ticket) return CUDA_ERROR_INVALID_VALUE;
   const auto e = cfg_.share->lookup(ShareKind::kPoolPtr, *ticket);

@@ -7,9 +7,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,7 +27,9 @@ using proto::Op;
 
 namespace {
 
-proto::ReqHello hello_of(pid_t pid) { return proto::ReqHello{proto::kProtoVersion, static_cast<std::uint32_t>(pid), 0, 0, {}}; }
+proto::ReqHello hello_of(pid_t pid) {
+  return proto::ReqHello{proto::kProtoVersion, static_cast<std::uint32_t>(pid), 0, 0, {}};
+}
 
 std::uint64_t primary_ctx(RawGuest& g, std::uint32_t channel) {
   std::vector<std::byte> out;
