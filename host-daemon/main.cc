@@ -240,28 +240,36 @@ std::uint64_t new_generation() {
   return g | 1;  // never zero
 }
 
+// Maps the memory and writes a fresh layout: whatever a previous daemon or
+// guest left there is not trusted. Only in a child of format_shared's.
+bool format_in_place(int fd, const ivcuda::ring::Layout& layout, std::uint64_t generation, std::uint32_t host_peer,
+                     std::uint32_t vectors, std::uint64_t features) {
+  auto map = ivcuda::sys::Mapping::map_shared(fd, layout.shm_size);
+  if (!map) return false;
+  std::memset(map->data(), 0, layout.rings_off + layout.channel_stride * layout.channels);
+  return ivcuda::ring::format_bar(map->data(), layout, generation, host_peer, vectors, features).ok();
+}
+
 // Clears and formats memory that others hold too: an ivshmem-plain file that
 // QEMU opens, or the memory of an ivshmem-server whose peers all have its fd.
 // Such memory can shrink under a mapping, and touching a page past its new
-// end raises SIGBUS. So the size is checked first, and a short-lived child
-// does the touching: a shrink in between costs that child, never the daemon
-// that serves every guest. Returns false (logged) if the memory is not served.
+// end (or one its file system has no room for) raises SIGBUS. So the size is
+// checked first, and a short-lived child does the touching: a fault costs
+// that child, never the daemon that serves every guest. Returns false
+// (logged) if the memory is not served.
 ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, std::uint64_t generation,
                                    std::uint32_t host_peer, std::uint32_t vectors, std::uint64_t features) {
   IVCUDA_TRY_ASSIGN(const std::uint64_t size, ivcuda::sys::file_size(fd));
-  if (size < layout.shm_size)
+  if (IVCUDA_RULE("shared-memory-size") && size < layout.shm_size)
     return ivcuda::make_error(EINVAL, "the shared memory has " + std::to_string(size) +
                                           " bytes, the layout needs " + std::to_string(layout.shm_size));
+  if (!IVCUDA_RULE("format-in-child"))  // the mutant: the daemon touches the memory itself
+    return format_in_place(fd, layout, generation, host_peer, vectors, features)
+               ? ivcuda::Result<void>{}
+               : ivcuda::make_error(EIO, "cannot map the shared memory to format it");
   const pid_t pid = ::fork();
   if (pid < 0) return ivcuda::make_error(errno, std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    auto map = ivcuda::sys::Mapping::map_shared(fd, layout.shm_size);
-    if (!map) ::_exit(3);
-    // A fresh layout every start: whatever a previous daemon or guest left
-    // there is not trusted.
-    std::memset(map->data(), 0, layout.rings_off + layout.channel_stride * layout.channels);
-    ::_exit(ivcuda::ring::format_bar(map->data(), layout, generation, host_peer, vectors, features) ? 0 : 4);
-  }
+  if (pid == 0) ::_exit(format_in_place(fd, layout, generation, host_peer, vectors, features) ? 0 : 4);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -1372,7 +1380,7 @@ int main(int argc, char** argv) {
         IVLOG_WARN("refusing a guest on %s: SO_PEERCRED: %s", l.path.c_str(), std::strerror(errno));
         continue;
       }
-      if (o.max_guests_per_uid != 0 && guests_of(cred.uid) >= o.max_guests_per_uid) {
+      if (IVCUDA_RULE("guests-per-uid") && o.max_guests_per_uid != 0 && guests_of(cred.uid) >= o.max_guests_per_uid) {
         IVLOG_WARN("refusing a guest of uid %u (pid %d): it has %u guests already (--max-guests-per-uid)",
                    static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), o.max_guests_per_uid);
         ++refused;

@@ -400,7 +400,8 @@ CUresult Worker::on_MemPoolExportPtr(Call& c) {
   auto it = ranges_.upper_bound(r.dptr);
   if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
   --it;
-  if (!ring::span_within(r.dptr, 1, it->first, it->second.size) || it->second.kind != RangeKind::kAlloc)
+  if (IVCUDA_RULE("pool-ticket") &&
+      (!ring::span_within(r.dptr, 1, it->first, it->second.size) || it->second.kind != RangeKind::kAlloc))
     return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t base = it->first, size = it->second.size;
   if (it->second.ctx != 0)
@@ -441,7 +442,8 @@ CUresult Worker::on_MemPoolImportPtr(Call& c) {
   const auto r = c.req<ReqPoolPtrImport>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   const PoolEntry* p = pools_.find(r.pool);
-  if (p == nullptr || p->real == nullptr || !p->imported) return CUDA_ERROR_INVALID_VALUE;
+  if (p == nullptr || p->real == nullptr || (IVCUDA_RULE("pool-ticket") && !p->imported))
+    return CUDA_ERROR_INVALID_VALUE;
   const auto ticket = decode_ticket(kPoolPtrMagic, reinterpret_cast<const std::byte*>(r.data));
   if (!ticket) return CUDA_ERROR_INVALID_VALUE;
   const auto found = share_lookup(ShareKind::kPoolPtr, *ticket);

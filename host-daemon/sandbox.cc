@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 
 namespace ivcuda::host::sandbox {
 
@@ -431,13 +432,13 @@ void apply_to_daemon(const Config& c) {
   // Nothing the daemon runs may gain privileges (it executes nothing itself;
   // its workers inherit this). It keeps root, when started as root, to make
   // workers drop to --user: docs/security.md, "Sandbox".
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+  if (IVCUDA_RULE("worker-sandbox") && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
     IVLOG_WARN("sandbox: no_new_privs on the daemon: %s", std::strerror(errno));
 }
 
 Result<void> before_driver(const Config& c, const std::string& driver_path, Applied* a) {
   trace_mark("worker-start");
-  if (!c.enabled) return {};
+  if (!c.enabled || !IVCUDA_RULE("worker-sandbox")) return {};
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
     return make_error(errno, std::string("no_new_privs: ") + std::strerror(errno));
   a->no_new_privs = true;
@@ -462,7 +463,7 @@ Result<void> after_driver(const Config& c, Applied* a) {
                static_cast<unsigned>(::getuid()));
     return {};
   }
-  if (!c.user.empty()) {
+  if (!c.user.empty() && IVCUDA_RULE("worker-sandbox")) {
     const gid_t groups[] = {c.gid};
     if (::setgroups(1, groups) != 0 || ::setgid(c.gid) != 0 || ::setuid(c.uid) != 0)
       return make_error(errno, "dropping to --user " + c.user + ": " + std::strerror(errno));

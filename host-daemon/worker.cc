@@ -178,10 +178,11 @@ Result<void> Worker::init() {
 Result<void> Worker::map_bar() {
   // Memory smaller than the layout would fault on first touch: refuse it.
   IVCUDA_TRY_ASSIGN(const std::uint64_t size, sys::file_size(cfg_.shm_fd));
-  if (size < l_.shm_size)
+  if (IVCUDA_RULE("shared-memory-size") && size < l_.shm_size)
     return make_error(EINVAL, "the shared memory has " + std::to_string(size) + " bytes, the layout needs " +
                                   std::to_string(l_.shm_size));
-  auto m = cfg_.random_bar_address ? sys::Mapping::map_shared_random(cfg_.shm_fd, l_.shm_size)
+  auto m = cfg_.random_bar_address && IVCUDA_RULE("bar-address-random")
+               ? sys::Mapping::map_shared_random(cfg_.shm_fd, l_.shm_size)
                                    : sys::Mapping::map_shared(cfg_.shm_fd, l_.shm_size);
   if (!m) {
     IVLOG_WARN("guest %u: %s; mapping the BAR where the kernel puts it", cfg_.guest_id, m.error().what.c_str());

@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "state.h"
+#include "strays.h"
 
 using namespace ivcuda::gpu_double;
 
@@ -104,7 +105,7 @@ CUresult free_kind(State& s, std::uintptr_t p, MemKind kind, CUresult not_found)
 CUresult check_unified(const State& s, std::uintptr_t p, std::size_t n) {
   if (p == 0) return CUDA_ERROR_INVALID_VALUE;
   if (s.find(p) == nullptr) return CUDA_SUCCESS;
-  return s.find(p, n) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  return check_device_range(s, p, n);
 }
 
 CUresult check_host(const void* p) {
@@ -891,6 +892,8 @@ CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* out, CUdeviceptr
   return guarded([&](State& s) -> CUresult {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const auto a = s.allocations.find(static_cast<std::uintptr_t>(ptr));
+    if (s.find(static_cast<std::uintptr_t>(ptr)) == nullptr)
+      note_stray(static_cast<std::uintptr_t>(ptr), 1, __FILE__, __LINE__);
     if (a == s.allocations.end() || a->second.pool == 0 || a->second.kind != MemKind::kDevice)
       return CUDA_ERROR_INVALID_VALUE;
     const auto it = s.pools.find(a->second.pool);
@@ -915,6 +918,7 @@ CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool,
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     const auto it = s.pools.find(from_handle(pool));
+    if (it != s.pools.end() && !it->second.imported) note_stray(from_handle(pool), 0, __FILE__, __LINE__);
     if (ptr_out == nullptr || data == nullptr || it == s.pools.end() || !it->second.imported)
       return CUDA_ERROR_INVALID_VALUE;
     PoolPtrData d;

@@ -370,8 +370,12 @@ void physical_ref(State& s, Handle mem);
 void physical_unref(State& s, Handle mem);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
-// global): what a device pointer may reach.
-CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n);
+// global): what a device pointer may reach. A range outside them is noted as a stray and,
+// in the HMM-like mode, accepted where its pages are mapped (strays.h).
+// `file` and `line` name the caller's line in a stray's record (g++ and clang take both
+// builtins as the call site's when they are default arguments).
+CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n, const char* file = __builtin_FILE(),
+                            unsigned line = __builtin_LINE());
 
 template <class T>
 T* to_handle(Handle h) {
