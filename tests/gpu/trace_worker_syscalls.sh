@@ -21,6 +21,7 @@ mkdir -p "$out"
 build=$(cd "${IVCUDA_TRACE_BUILD:-$root/build/gpu}" 2>/dev/null && pwd || echo "$root/build/gpu")
 driver=${IVCUDA_TRACE_DRIVER:-libcuda.so.1}
 deps=/tmp/ivcuda-deps
+. "$root/tests/gpu/sandbox_mode.sh"  # --sandbox degraded below Landlock ABI 6, said here
 
 strace=$(command -v strace || true)
 if [ -z "$strace" ]; then
@@ -106,7 +107,7 @@ grep -E "sandbox|cannot" "$out/ivcudad-sandboxed.log" | grep -v "landlock rule" 
 
 echo "== tracing ivcudad --sandbox off (the workers' calls after the sandbox point)"
 rm -f "$sock"
-IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" \
+IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -e raw=ioctl,fcntl,sched_setaffinity,prlimit64 -o "$out/worker-trace.txt" \
   "$build/host-daemon/ivcudad" --sandbox off --socket "$sock" --shm-size "$shm" --driver "$driver" \
   >"$out/ivcudad-trace.log" 2>&1 &
 daemon=$!
@@ -120,4 +121,5 @@ python3 "$root/tests/gpu/worker_syscalls.py" "$out/worker-trace.txt" "$out/allow
   "$out/ivcudad-sandboxed.log" >"$out/worker-syscalls.txt"
 rc=$?
 cat "$out/worker-syscalls.txt"
+python3 "$root/tests/gpu/worker_arguments.py" "$out/worker-trace.txt" || rc=1  # calls the filter narrows
 exit $rc
