@@ -36,6 +36,7 @@
 #include "host-daemon/control.h"
 #include "host-daemon/log.h"
 #include "host-daemon/mps.h"
+#include "host-daemon/plain_file.h"
 #ifdef IVCUDA_HAVE_METRICS
 #include "host-daemon/metrics.h"
 #endif
@@ -290,7 +291,7 @@ void sandbox_hooks(const Options& o, ivcuda::host::SupervisorConfig& sc) {
   static sandbox::Applied applied;
   const sandbox::Config* cfg = &o.sandbox;
   sc.before_start = [cfg](const ivcuda::host::WorkerConfig& wc) {
-    return sandbox::before_driver(*cfg, wc.driver_path, &applied);
+    return sandbox::before_driver(*cfg, {wc.driver_path, wc.nvml_path}, &applied);
   };
   sc.after_start = [cfg](ivcuda::host::Worker&) -> ivcuda::Result<void> {
     IVCUDA_TRY(sandbox::after_driver(*cfg, &applied));
@@ -388,11 +389,24 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
                          std::uint64_t generation, const std::string& path, std::int64_t id,
                          ivcuda::host::GuestStats* stats, ivcuda::host::FdBroker& broker,
                          const std::function<void()>& forget_in_child, const std::vector<std::string>& driver_env) {
-  ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
-    IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
+  // Made here, exclusively, or one an ivcudad made before (plain_file.h).
+  gid_t group = static_cast<gid_t>(-1);
+  if (!o.socket_group.empty()) {
+    const struct group* g = ::getgrnam(o.socket_group.c_str());
+    if (g == nullptr) {
+      IVLOG_ERROR("--socket-group %s: no such group", o.socket_group.c_str());
+      return -1;
+    }
+    group = g->gr_gid;
+  }
+  auto plain = ivcuda::host::open_plain_file(path, o.shm_size, group);
+  if (!plain) {
+    IVLOG_ERROR("ivshmem-plain file %s; not serving it", plain.error().what.c_str());
     return -1;
   }
+  IVLOG_INFO("ivshmem-plain file %s: %s", path.c_str(),
+             plain->created ? "made (O_EXCL)" : "an ivcudad's earlier file, served again");
+  ivcuda::sys::UniqueFd fd = std::move(plain->fd);
   // QEMU opens this file too: format it as memory others hold.
   if (auto f = format_shared(fd.get(), layout, generation, 0, 1, 0); !f) {
     IVLOG_ERROR("ivshmem-plain file %s: %s; not serving it", path.c_str(), f.error().what.c_str());
@@ -643,9 +657,12 @@ void define_options(CLI::App& app, Options& o) {
       ->check(CLI::Range(0u, 8u))
       ->capture_default_str();
   app.add_option("--sandbox", o.sandbox_mode,
-                 "on: each worker runs with no_new_privs, a seccomp allowlist and Landlock (where the kernel "
-                 "has it) once its driver is open; off: none of it, for debugging only")
-      ->check(CLI::IsMember({"on", "off"}))
+                 "on: each worker runs with no_new_privs, no capabilities, a seccomp allowlist and Landlock "
+                 "once its driver is open, and the daemon does not serve on a kernel below Landlock ABI 6; "
+                 "degraded: the same with whatever Landlock the kernel has (said at start); off: none of it, "
+                 "for debugging only. Also from the environment: IVCUDA_SANDBOX")
+      ->check(CLI::IsMember({"on", "degraded", "off"}))
+      ->envname("IVCUDA_SANDBOX")
       ->capture_default_str();
   app.add_option("--user", o.sandbox.user,
                  "workers drop to this user once their driver is open (the daemon must run as root; the "
@@ -694,7 +711,7 @@ int main(int argc, char** argv) {
       std::printf("%s\t%s\t%s\n", s.name, ivcuda::host::sandbox::rule_name(s.rule), s.why);
     return 0;
   }
-  o.sandbox.enabled = o.sandbox_mode == "on";
+  (void)ivcuda::host::sandbox::parse_mode(o.sandbox_mode, &o.sandbox.mode);  // checked by CLI11
   o.control_socket_given = app.get_option("--control-socket")->count() > 0;
 
   using ivcuda::log::Level;
@@ -715,6 +732,10 @@ int main(int argc, char** argv) {
 #endif
   if (auto u = ivcuda::host::sandbox::resolve_user(o.sandbox); !u) {
     IVLOG_ERROR("%s", u.error().what.c_str());
+    return 2;
+  }
+  if (auto k = ivcuda::host::sandbox::prepare(o.sandbox); !k) {
+    IVLOG_ERROR("%s", k.error().what.c_str());
     return 2;
   }
   ivcuda::host::sandbox::apply_to_daemon(o.sandbox);

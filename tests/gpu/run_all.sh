@@ -32,6 +32,7 @@ root=$(pwd)
 final=${OUT:-$root/out}
 mkdir -p "$final"
 work=$(mktemp -d /tmp/ivcuda-all.XXXXXX)
+. "$root/tests/gpu/sandbox_mode.sh"  # --sandbox degraded below Landlock ABI 6, said here
 parts=${*:-suite vm double bench}
 start=$SECONDS
 ok=() bad=()
