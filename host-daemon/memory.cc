@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
@@ -428,8 +429,9 @@ bool Worker::poll_copy_park(Channel& ch) {
 // A small pageable DtoH comes back in the reply record. The copy into the
 // worker's own (pageable) memory is synchronous, so it is made only once the
 // stream has reached it: an event marks that point, and the call is parked
-// until then unless it is there already. Everything is checked again then:
-// another guest thread may have freed the memory or the stream meanwhile.
+// until then unless it is there already. Everything is checked again then
+// (dtoh_inline): another guest thread may have freed the memory or the
+// stream meanwhile, or begun capturing the stream.
 CUresult Worker::on_MemcpyDtoHInline(Call& c) {
   const auto r = c.req<ReqCopy>();
   if ((c.rec.hdr.flags & abi::kRecNeedsReply) == 0) return CUDA_ERROR_INVALID_VALUE;  // it is all in the reply
@@ -476,6 +478,13 @@ CUresult Worker::dtoh_inline(const ReqCopy& r, std::size_t room, std::vector<std
   if ((r.flags & kAsync) != 0) {
     CUstream s;
     st = resolve_stream(r.ctx, r.stream, &s);
+    // `data` is the worker's own heap, freed after the reply: the copy must
+    // never become a graph node. A parked copy was checked when it arrived,
+    // but another guest thread may have begun capturing the stream since, so
+    // the stream is asked again here, right before the copy. Nothing else
+    // can begin a capture in between: every driver call of this worker is
+    // made on this one thread.
+    if (st == CUDA_SUCCESS && IVCUDA_RULE("parked-copy-capture")) st = refuse_in_capture(s);
     // Into pageable memory the driver returns once the copy is done.
     if (st == CUDA_SUCCESS) st = cu_.cuMemcpyDtoHAsync(data, r.src, r.bytes, s);
   } else {
