@@ -62,7 +62,10 @@ CUresult Worker::on_MemFree(Call& c) {
   const bool pool_done = pool_on_free(r.dptr, it->second.size);
   if (!ipc_done || !pool_done) return CUDA_SUCCESS;
   const CUresult st = cu_.cuMemFree(r.dptr);
-  if (st == CUDA_SUCCESS) ranges_.erase(it);
+  if (st == CUDA_SUCCESS) {
+    pool_freed(it->second);  // a stream-ordered allocation's memory stays its pool's (pools.cc)
+    ranges_.erase(it);
+  }
   return st;
 }
 
@@ -70,6 +73,7 @@ CUresult Worker::on_MemGetInfo(Call& c) {
   const auto r = c.req<ReqCtx>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   reap_mem_releases();  // what sparse arrays no longer map counts as free (arrays.cc)
+  settle_pools(true);   // what pools gave back since (pools.cc)
   size_t f = 0, t = 0;
   const CUresult st = cu_.cuMemGetInfo(&f, &t);
   // Under a quota the tenant's view: the quota as the total, what is left of
