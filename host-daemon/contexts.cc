@@ -317,7 +317,11 @@ CUresult Worker::on_CtxSetLimit(Call& c) {
   std::uint64_t want = 0;
   if (!limit_bytes(limit, r.value, b.base[slot], ce->device, &want)) return CUDA_ERROR_OUT_OF_MEMORY;
   const std::uint64_t had = b.bytes[slot];
-  if (want > had && !b.charge.grow(want - had)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (want > had) {
+    Charge more = quota_.take(want - had);  // through take(): pools give back what they keep first
+    if (!more) return CUDA_ERROR_OUT_OF_MEMORY;
+    b.charge.absorb(std::move(more));
+  }
   const CUresult st = cu_.cuCtxSetLimit(limit, r.value);
   if (st != CUDA_SUCCESS) {
     if (want > had) b.charge.shrink(want - had);
