@@ -64,12 +64,6 @@ bool copy_extent(const CopyEnd& e, std::uint64_t width, std::uint64_t height, st
 
 // ------------------------------------------------------------------ capture helpers
 
-// A copy through memory the worker only lends for the duration of the call
-// (an inline record, a staging chunk) cannot become a graph node: the graph
-// would replay from memory that has been reused. Such a copy into a
-// capturing stream fails as CUDA fails an unsupported capture operation,
-// and the capture is invalidated the way the driver does it for other
-// illegal calls (synchronising a capturing stream does exactly that).
 CUresult Worker::on_CaptureMode(Call& c) {
   const auto r = c.req<ReqCaptureMode>();
   if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(r.mode, &c.ch.capture_mode))
@@ -77,9 +71,19 @@ CUresult Worker::on_CaptureMode(Call& c) {
   return CUDA_SUCCESS;
 }
 
+// A copy through memory the worker only lends for the duration of the call
+// (an inline record, a staging chunk, a reply's buffer) cannot become a graph
+// node: the graph would replay from memory that has been reused. Such a copy
+// into a capturing stream fails as CUDA fails an unsupported capture
+// operation, and the capture is invalidated the way the driver does it for
+// other illegal calls (synchronising a capturing stream does exactly that).
+// Called right before the copy is issued. A stream whose state the driver
+// cannot tell is refused too (the legacy stream during another stream's
+// global capture: the copy itself would fail there).
 CUresult Worker::refuse_in_capture(CUstream s) {
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (cu_.cuStreamIsCapturing(s, &cs) != CUDA_SUCCESS || cs == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
+  if (CUresult st = cu_.cuStreamIsCapturing(s, &cs); st != CUDA_SUCCESS) return st;
+  if (cs == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
   if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) (void)cu_.cuStreamSynchronize(s);
   if (errors_logged_++ < 100)
     IVLOG_INFO("guest %u: a pageable-memory copy cannot be captured into a graph", cfg_.guest_id);

@@ -89,6 +89,7 @@ struct Options {
   unsigned warm_workers = 1;  // per socket: started ahead of the next guest
   std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
+  std::uint64_t context_reserve = ivcuda::host::kDefaultContextReserve;  // --context-reserve: per context, charged
   ivcuda::host::ObjectLimits limits;     // --object-limits
   std::string socket_group;              // --socket-group: who may connect (QEMU's user)
   std::string socket_mode;               // --socket-mode, octal
@@ -356,6 +357,7 @@ ivcuda::host::SupervisorConfig supervisor_config(const Options& o, const GuestSe
   cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
   cfg.devices = *g.gpus;
   cfg.mem_limit = g.mem_limit;
+  cfg.context_reserve = o.context_reserve;
   cfg.limits = o.limits;
   cfg.stats = g.stats;
   cfg.driver_env = g.driver_env;
@@ -438,6 +440,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
   cfg.devices = gpus;
   cfg.mem_limit = o.mem_limit;
+  cfg.context_reserve = o.context_reserve;
   cfg.limits = o.limits;
   cfg.stats = stats;
   cfg.driver_env = driver_env;
@@ -528,6 +531,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
       cfg.devices = gpus;
       cfg.mem_limit = o.mem_limit;
+      cfg.context_reserve = o.context_reserve;
       cfg.limits = o.limits;
       cfg.driver_env = driver_env;
       cfg.spin = std::chrono::microseconds(o.spin_us);
@@ -630,6 +634,12 @@ void define_options(CLI::App& app, Options& o) {
                  "and cuMemGetInfo/cuDeviceTotalMem show it as the total")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  app.add_option("--context-reserve", o.context_reserve,
+                 "device memory charged to a guest's quota for each CUDA context its worker holds for it (the "
+                 "one it starts with, created ones, other GPUs' primary ones; 0: none); a guest whose quota "
+                 "cannot cover its first context gets CUDA_ERROR_OUT_OF_MEMORY from cuInit")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles, pool pointers) one tenant may have exported at "
                  "once (a tenant: a VM, or one user's process-mode programs on one socket)")
@@ -691,8 +701,8 @@ void define_options(CLI::App& app, Options& o) {
   app.add_option("--mps-log-dir", o.mps_cfg.log_dir, "with --mps: the MPS control daemon's log directory")
       ->capture_default_str();
   app.add_option("--mps-mem-headroom", o.mps_headroom,
-                 "with --mps and a quota: MPS caps each guest's device memory at its quota plus this (contexts "
-                 "and code take memory that the quota does not count)")
+                 "with --mps and a quota: MPS caps each guest's device memory at its quota plus this (code and "
+                 "what a context holds beyond --context-reserve take memory that the quota does not count)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--metrics-listen", o.metrics_listen,
