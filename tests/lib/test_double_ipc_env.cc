@@ -1,5 +1,5 @@
 // Linked into the Catch2 tests whose daemons serve the GPU test double's
-// cross-process state: hostile_guest_test (CUDA IPC memory and pools shared
+// cross-process state: hostile_guest_test and hostile_tenant_test (CUDA IPC memory and pools shared
 // between workers: the double opens the exporter's memfd through
 // /proc/PID/fd, which Landlock refuses across workers, and fills it with
 // pwrite64, which no driver needs) and nvml_worker_test (the NVML double
