@@ -286,9 +286,9 @@ bool reached(Runtime* rt, const Staging& g, std::uint64_t target) {
 // Waits until the counter reaches `target`. Spins first (a chunk's DMA takes
 // tens of microseconds), then naps; a wait that takes longer (the chunk's
 // stream is busy with a long kernel, or the host is gone) becomes a Flush
-// round trip: the host answers Flush once every chunk the channel posted
-// before it is done, and with the first error of posted work since the last
-// synchronising call.
+// round trip: the host answers FlushWait once every chunk the channel posted
+// before it is done. It is no synchronising call: errors of posted work stay
+// for the next one (whether a wait takes this path depends on timing).
 CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, ChannelStaging& cs, std::uint64_t target) {
   const auto t0 = std::chrono::steady_clock::now();
   for (unsigned i = 0;; ++i) {
@@ -301,7 +301,7 @@ CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, ChannelSt
     if (waited > std::chrono::milliseconds(2)) break;
     if (waited > std::chrono::microseconds(200)) ::usleep(20);
   }
-  const CUresult st = rt->call<Op::kFlush>(proto::ReqCtx{ctx});
+  const CUresult st = rt->call<Op::kFlushWait>(proto::ReqCtx{ctx});
   if (st != CUDA_SUCCESS || reached(rt, g, target)) return st;
   // The daemon counted fewer chunks than were posted: start again from its
   // count rather than wait for chunks it will never count.

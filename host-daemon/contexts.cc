@@ -59,6 +59,12 @@ CUresult Worker::on_Goodbye(Call& c) {
 }
 
 CUresult Worker::on_Flush(Call&) { return CUDA_SUCCESS; }
+// A guest thread that waits for its staged chunks (guest/memory.cc
+// wait_staged) asks for this instead of Flush: answered as Flush is, once the
+// channel's copies are done, but it is no synchronising call, so it leaves
+// the errors of posted work for the next one to report (when a wait turns
+// into a round trip is a matter of timing, a reported error must not be).
+CUresult Worker::on_FlushWait(Call&) { return CUDA_SUCCESS; }
 
 CUresult Worker::on_DeviceInfo(Call& c) {
   const auto r = c.req<ReqDevice>();

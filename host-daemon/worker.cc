@@ -415,7 +415,8 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     if (errors_logged_++ < 100)
       IVLOG_WARN("guest %u channel %u: unknown op %u refused", cfg_.guest_id, ch.index, op);
   } else if ((evicted_ || refused_ != CUDA_SUCCESS) && op != static_cast<std::uint16_t>(proto::Op::kGoodbye) &&
-             op != static_cast<std::uint16_t>(proto::Op::kFlush)) {
+             op != static_cast<std::uint16_t>(proto::Op::kFlush) &&
+             op != static_cast<std::uint16_t>(proto::Op::kFlushWait)) {
     // Evicted, or refused at the start: nothing reaches the driver. A
     // staged chunk's counter still moves, or the guest would wait on it
     // forever.
@@ -444,7 +445,8 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     // first; a Flush answers once the channel's copies are done (memory.cc).
     settle_copies_before(static_cast<proto::Op>(op), call);
     st = (this->*kHandlers[op])(call);
-    if (op == static_cast<std::uint16_t>(proto::Op::kFlush) && needs_reply && st == CUDA_SUCCESS)
+    if ((op == static_cast<std::uint16_t>(proto::Op::kFlush) || op == static_cast<std::uint16_t>(proto::Op::kFlushWait)) &&
+        needs_reply && st == CUDA_SUCCESS)
       st = park_on_copies(call);
   }
   const auto pop = static_cast<proto::Op>(op);

@@ -167,7 +167,8 @@ enum class HandleKind : u8 {
   X(MemPoolPtrFree, ReqPoolPtrFree, RepNone, 1)                       \
   X(MemMapArrays, ReqMapArrays, RepNone, 1)                             \
   X(Nvml, ReqNvml, RepNvml, 1)                                          \
-  X(MemcpyDtoHInline, ReqCopy, RepCopyInline, 1)
+  X(MemcpyDtoHInline, ReqCopy, RepCopyInline, 1)                        \
+  X(FlushWait, ReqCtx, RepNone, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,

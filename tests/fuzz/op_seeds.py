@@ -318,6 +318,11 @@ def session_seeds():
     s.call("MemcpyHtoDArena", ctx=s.ctx, dst=buf, bytes=512, arena_off=ARENA_OFF)  # a staged chunk
     s.call("Flush", ctx=s.ctx)
     yield s
+    s = start("FlushWait")
+    buf = s.alloc(s.ctx)
+    s.call("MemcpyHtoDArena", ctx=s.ctx, dst=buf, bytes=512, arena_off=ARENA_OFF)  # a staged chunk
+    s.call("FlushWait", ctx=s.ctx)
+    yield s
     s = start("Goodbye")
     s.call("Goodbye", ctx=s.ctx)
     s.call("Goodbye", ctx=0)
