@@ -1,6 +1,6 @@
 // ivcuda-bench: each workload natively and through ivcuda in the same run.
 //
-//   ivcuda-bench --ptx test_kernels.ptx --ivcuda-lib BUILD/lib --socket SOCK
+//   ivcuda-bench --ptx test_kernels.ptx --ivcuda-lib BUILD/lib --socket SOCK --daemon-log LOG
 //                [--quick] [--json FILE] [--png FILE] [--native-lib DIR]
 //
 // The parent runs every workload twice in child processes: once against the
@@ -14,7 +14,14 @@
 //
 // Page-locked sizes up to 1 GiB need an ivcudad arena of more than that
 // (--shm-size 4G); a smaller one drops the sizes that do not fit.
+//
+// A figure through ivcuda counts only if ivcuda served it: each child checks
+// that ivcuda's libcuda.so.1 is (or, natively, is not) the one mapped in it,
+// and the parent finds each ivcuda child's hello in ivcudad's log (LOG, where
+// the daemon writes it). A child that loaded the machine's driver would give
+// ratios of 1 and prove nothing; the run then fails.
 #include <cuda.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +37,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -548,7 +556,68 @@ struct Mode {
   std::string name;
   std::string lib_path;  // LD_LIBRARY_PATH for the child; empty: inherit
   std::string socket;    // IVCUDA_SOCKET, or empty
+  std::string daemon_log;  // ivcudad's log, which must show each child's hello; empty: native
+  std::string ivcuda_lib;  // where ivcuda's libcuda.so.1 is, which the child must (not) have mapped
 };
+
+// --- The proof that ivcuda served a run -------------------------------------
+// The children learn which libcuda.so.1 they must (ivcuda) or must not (native)
+// have mapped from this variable, "ivcuda:PATH" or "native:PATH", PATH being
+// ivcuda's library with its links resolved, as /proc/self/maps names it.
+constexpr const char* kLibcudaCheck = "IVCUDA_BENCH_LIBCUDA";
+
+std::string resolved(const std::string& path) {
+  char buf[4096];
+  return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
+}
+
+// Sets what the children of `mode` check (before they are forked).
+void expect_libcuda(const Mode& mode) {
+  const std::string what = mode.daemon_log.empty() ? "native:" : "ivcuda:";
+  ::setenv(kLibcudaCheck, (what + resolved(mode.ivcuda_lib + "/libcuda.so.1")).c_str(), 1);
+}
+
+// In a child: 0 when ivcuda's libcuda.so.1 is mapped here exactly when it must be.
+int check_libcuda() {
+  const char* want = std::getenv(kLibcudaCheck);
+  if (want == nullptr) return 0;  // a child started by hand (the VM test's --child runs)
+  const std::string w = want;
+  const bool ivcuda = w.rfind("ivcuda:", 0) == 0;
+  const std::string path = w.substr(w.find(':') + 1);
+  std::ifstream maps("/proc/self/maps");
+  bool mapped = false;
+  for (std::string line; std::getline(maps, line);) {
+    const auto at = line.find('/');
+    if (at != std::string::npos && line.compare(at, std::string::npos, path) == 0) mapped = true;
+  }
+  if (mapped == ivcuda) return 0;
+  std::fprintf(stderr, "ivcuda-bench: this %s child %s %s\n", ivcuda ? "ivcuda" : "native",
+               ivcuda ? "has not mapped ivcuda's" : "has mapped ivcuda's", path.c_str());
+  return 6;
+}
+
+// Where the daemon's log ends now: hellos past it are of children started after.
+std::uintmax_t log_mark(const Mode& mode) {
+  struct stat st{};
+  return !mode.daemon_log.empty() && ::stat(mode.daemon_log.c_str(), &st) == 0 ? static_cast<std::uintmax_t>(st.st_size)
+                                                                              : 0;
+}
+
+// Whether the log, past `mark`, has the worker's line for a served hello of `pid`
+// ("... info: guest G: process PID says hello (parent Q)", host-daemon/contexts.cc).
+bool served(const Mode& mode, std::uintmax_t mark, pid_t pid) {
+  if (mode.daemon_log.empty()) return true;
+  std::ifstream log(mode.daemon_log);
+  log.seekg(static_cast<std::streamoff>(mark));
+  const std::string said = ": process " + std::to_string(pid) + " says hello (parent ";
+  for (std::string line; std::getline(log, line);) {
+    const auto at = line.find(said);
+    if (at != std::string::npos && line.find(" info: guest ") != std::string::npos && line.back() == ')') return true;
+  }
+  std::fprintf(stderr, "ivcuda-bench: ivcudad's log %s shows no hello from the %s child %d: not served by ivcuda\n",
+               mode.daemon_log.c_str(), mode.name.c_str(), static_cast<int>(pid));
+  return false;
+}
 
 // Start-up (run_startup_child), `runs` times, `gap_ms` apart so that
 // ivcudad's pool of warm workers refills between starts as it would between
@@ -559,6 +628,8 @@ std::map<std::string, std::pair<std::string, double>> run_startups(const char* s
   std::vector<double> first, exit_ms;
   for (int r = 0; r < runs; ++r) {
     ::usleep(static_cast<useconds_t>(gap_ms) * 1000);
+    const std::uintmax_t mark = log_mark(mode);
+    expect_libcuda(mode);
     int fds[2];
     if (::pipe(fds) != 0) std::exit(4);
     const auto t0 = Clock::now();
@@ -590,6 +661,7 @@ std::map<std::string, std::pair<std::string, double>> run_startups(const char* s
       std::fprintf(stderr, "ivcuda-bench: the %s start-up run failed (status %d)\n", mode.name.c_str(), status);
       std::exit(2);
     }
+    if (!served(mode, mark, pid)) std::exit(2);
     first.push_back(t_first);
     exit_ms.push_back(t_exit);
   }
@@ -604,6 +676,8 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
                                                                    const std::string& ptx, const char* what,
                                                                    int count, bool quick, int settle_ms) {
   std::vector<std::pair<pid_t, int>> kids;
+  const std::uintmax_t mark = log_mark(mode);
+  expect_libcuda(mode);
   const bool crowd = std::string(what) == "crowd";
   const CrowdBarrier barrier(crowd ? bench::kCrowdPhases : 0);
   const std::string gate = barrier.arg();
@@ -646,6 +720,7 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
       std::fprintf(stderr, "ivcuda-bench: the %s run failed (status %d)\n", mode.name.c_str(), status);
       std::exit(2);
     }
+    if (!served(mode, mark, pid)) std::exit(2);
     std::size_t pos = 0;
     while (pos < text.size()) {
       const std::size_t eol = text.find('\n', pos);
@@ -669,7 +744,7 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string ptx, lib, sock, json, png, native_lib, child, gate;
+  std::string ptx, lib, sock, json, png, native_lib, child, gate, daemon_log;
   bool quick = false;
   int startup_runs = 0, startup_gap_ms = 3000;
   std::vector<std::string> only;
@@ -678,6 +753,7 @@ int main(int argc, char** argv) {
   app.add_option("--ptx", ptx, "the test kernels' PTX (build/tests/gpu_double/test_kernels.ptx)");
   app.add_option("--ivcuda-lib", lib, "directory holding ivcuda's libcuda.so.1");
   app.add_option("--socket", sock, "ivcudad's socket");
+  app.add_option("--daemon-log", daemon_log, "ivcudad's log, which must show each ivcuda child's hello");
   app.add_flag("--quick", quick, "fewer sizes and repetitions (a smoke run)");
   app.add_option("--json", json, "also write the figures as JSON here");
   app.add_option("--png", png, "also draw the JSON as a PNG here (bench/plot.py)");
@@ -698,22 +774,26 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (startup_runs == 0) startup_runs = quick ? 3 : 7;
   if (settle_ms < 0) settle_ms = quick ? 0 : 4000;
-  if (!child.empty()) return run_child(ptx, child, quick, PhaseGates::parse(gate), settle_ms);
+  if (!child.empty()) {
+    if (const int rc = check_libcuda(); rc != 0) return rc;
+    return run_child(ptx, child, quick, PhaseGates::parse(gate), settle_ms);
+  }
   if (!png.empty() && json.empty()) {
     std::fprintf(stderr, "ivcuda-bench: --png draws the JSON: give --json too\n");
     return 2;
   }
   const bool kernels = only.empty() || std::find(only.begin(), only.end(), "startup") == only.end() || only.size() > 1;
-  if ((kernels && ptx.empty()) || lib.empty() || sock.empty()) {
-    std::fprintf(stderr, "ivcuda-bench: --ivcuda-lib, --socket and (but for --only startup) --ptx are required\n");
+  if ((kernels && ptx.empty()) || lib.empty() || sock.empty() || daemon_log.empty()) {
+    std::fprintf(stderr,
+                 "ivcuda-bench: --ivcuda-lib, --socket, --daemon-log and (but for --only startup) --ptx are required\n");
     return 2;
   }
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return 2;
   self[n] = '\0';
-  const Mode native{"native", native_lib, ""};
-  const Mode ivc{"ivcuda", lib, sock};
+  const Mode native{"native", native_lib, "", "", lib};
+  const Mode ivc{"ivcuda", lib, sock, daemon_log, lib};
   const int crowd = 8;
   const auto part = [&](const char* p) { return only.empty() || std::find(only.begin(), only.end(), p) != only.end(); };
   std::map<std::string, std::pair<std::string, double>> nat, ivr;

@@ -145,8 +145,10 @@ CUresult Worker::on_FuncGetAttribute(Call& c) {
   FuncEntry* f = funcs_.find(r.function);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult st = use_ctx(modules_.find(f->module)->ctx); st != CUDA_SUCCESS) return st;
+  CUfunction_attribute attrib;
+  if (!wire_enum(r.attrib, &attrib)) return CUDA_ERROR_INVALID_VALUE;
   int v = 0;
-  const CUresult st = cu_.cuFuncGetAttribute(&v, static_cast<CUfunction_attribute>(r.attrib), f->real);
+  const CUresult st = cu_.cuFuncGetAttribute(&v, attrib, f->real);
   c.set_reply(RepValue{v});
   return st;
 }

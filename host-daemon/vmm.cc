@@ -56,8 +56,10 @@ CUresult Worker::on_MemGranularity(Call& c) {
   const auto r = c.req<ReqMemGranularity>();
   CUmemAllocationProp prop;
   if (CUresult st = to_driver_prop(r.prop, &prop); st != CUDA_SUCCESS) return st;
+  CUmemAllocationGranularity_flags option;
+  if (!wire_enum(r.option, &option)) return CUDA_ERROR_INVALID_VALUE;
   size_t g = 0;
-  const CUresult st = cu_.cuMemGetAllocationGranularity(&g, &prop, static_cast<CUmemAllocationGranularity_flags>(r.option));
+  const CUresult st = cu_.cuMemGetAllocationGranularity(&g, &prop, option);
   c.set_reply(RepValue{static_cast<std::int64_t>(g)});
   return st;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_enum_ranges.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/worker.h"
 
 namespace ivcuda::host {
@@ -26,7 +27,7 @@ void abandon_host_nodes() noexcept;
 // itself answers values it does not know.
 template <class E>
 bool wire_enum(std::uint64_t v, E* out) {
-  if (v > EnumRange<E>::limit) return false;
+  if (IVCUDA_RULE("enum-range") && v > EnumRange<E>::limit) return false;
   *out = static_cast<E>(v);
   return true;
 }

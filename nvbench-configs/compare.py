@@ -12,7 +12,11 @@ from submission to completion, so that difference is what forwarding adds to eve
 task. A run given without LABEL= is called "guest" when it is the only one, else by its file name.
 
 --plot draws the ratios (matplotlib; without it the plot is left out, saying so, and the rest
-goes on). Exit status: 0 on success, 1 if OUT or PNG cannot be written, 2 on unreadable or
+goes on). Exit status: 0 when every state the native run measured was measured by every other
+run too; 3 when the comparison is incomplete: a state native measured is missing from another
+run or was skipped there (a state native skipped too is no fault of the other run), or no state
+at all was measured by native and another run (NVBench exits 0 for skipped states, so a run that
+skipped everything looks like success); 1 if OUT or PNG cannot be written; 2 on unreadable or
 invalid input. The comparison itself needs the standard library only, so that it runs in a bare
 guest.
 """
@@ -222,6 +226,27 @@ def compare(native_records, runs):
     }
 
 
+def gaps(result, native_records, runs):
+    """Why the comparison is incomplete, one line each; empty when it is complete."""
+    problems = []
+    tables = [(label, {_key(r): r for r in records}) for label, records in runs]
+    for nat in native_records:
+        if nat["skipped"]:
+            continue
+        for label, table in tables:
+            rec = table.get(_key(nat))
+            if rec is None:
+                problems.append(f"{_title(nat)}: measured natively, missing from the {label} run")
+            elif rec["skipped"]:
+                problems.append(f"{_title(nat)}: measured natively, skipped by the {label} run "
+                                f"({rec['skip_reason'] or 'no reason given'})")
+    measured = [row for row in result["states"]
+                if row["native_skipped"] is None and any(v is None for v in row["skipped"].values())]
+    if not measured:
+        problems.append("no state was measured by the native run and another")
+    return problems
+
+
 def _title(rec):
     suffix = f" (run {rec['occurrence'] + 1})" if rec["occurrence"] else ""
     return f"{rec['benchmark']} [{rec['state']}]{suffix}"
@@ -369,6 +394,8 @@ def main(argv=None):
 
     result = compare(native, loaded)
     sys.stdout.write(render(result, args.native, dict(runs)))
+    problems = gaps(result, native, loaded)
+    result["incomplete"] = problems
 
     status = 0
     if args.json_out:
@@ -391,6 +418,13 @@ def main(argv=None):
         else:
             print(f"compare.py: {why}: no plot written (pip install matplotlib, or "
                   f"apt-get install python3-matplotlib)", file=sys.stderr)
+    if problems:
+        print(f"\ncomparison incomplete ({len(problems)}):")
+        for line in problems:
+            print(f"  {line}")
+        print(f"compare.py: the comparison is incomplete: {problems[0]}"
+              f"{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}", file=sys.stderr)
+        return status or 3
     return status
 
 

@@ -10,6 +10,8 @@ root=$(cd "$here/.." && pwd)
 prog=$(basename "$0")
 # shellcheck source=nvbench-configs/setup.sh disable=SC1091
 . "$here/setup.sh" # CUDA_BENCH_VERSION, CMAKE_VERSION, CMAKE_MINIMUM
+# shellcheck source=tests/lib/verdicts.sh disable=SC1091
+. "$root/tests/lib/verdicts.sh" # log_mark, served_by: the proof that ivcudad served a run
 
 synopsis="usage: $prog [options] [-- NVBENCH_ARGS...]"
 
@@ -61,8 +63,10 @@ options:
   -h, --help          show this help
 
 Every run gets CUDA_MODULE_LOADING=EAGER unless it is set already.
-Exit status: 0 when every run passed and the comparison was printed; 1 when a
-build or a run failed; 2 on bad usage; 3 when something the runs need is
+Exit status: 0 when every run passed and the comparison is complete (every state
+the native run measured was measured by every other run: compare.py); 1 when a
+build or a run failed, a run was not served by ivcudad, or the comparison is
+incomplete or missing; 2 on bad usage; 3 when something the runs need is
 missing (the wheel, a GPU, ivcuda's build, a guest).
 EOF
 }
@@ -400,7 +404,8 @@ cat /tmp/g.log; echo IVCUDA_NVBENCH_JSON_BEGIN; cat /tmp/g.json; echo; echo IVCU
   fi
   python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/guest.json" 2>/dev/null ||
     fail "the guest's JSON did not come back whole (console: $out/guest.log)"
-  grep -Eq "says hello" "$out/ivcudad-guest.log" ||
+  # A served hello (not a refused one) from some process of the guest: its pids are the VM's own.
+  grep -Eq " info: guest [0-9]+: process [0-9]+ says hello \(parent [0-9]+\)$" "$out/ivcudad-guest.log" ||
     fail "the guest run never reached ivcudad (see $out/ivcudad-guest.log)"
   if grep -q "(accel tcg)" "$out/run-in-guest.err"; then
     echo "$prog: the guest ran under TCG (QEMU emulating the CPU): its CPU-side figures are the emulator's, not a KVM guest's" >&2
@@ -468,6 +473,7 @@ if ((run_process)); then
   for s in "${sets[@]}"; do
     pre=${s/cpp/}
     pre=${pre:+$pre-}
+    mark=$(log_mark "$out/ivcudad-process.log")
     # Every call ivcuda refused or that failed, by function, written when the process ends.
     pid=$(run_set "$s" process "${penv[@]}" "IVCUDA_LOG_UNSUPPORTED=$out/${pre}process-unsupported.txt" \
       "IVCUDA_LOG_ERRORS=$out/${pre}process-errors.txt")
@@ -475,7 +481,7 @@ if ((run_process)); then
       [[ ! -s $f ]] || echo "$prog: the $s set through ivcuda: $(basename "$f" .txt | sed 's/.*process-//') calls listed in $f" >&2
     done
     # Through ivcuda, not some other libcuda.so.1: ivcudad saw that very process.
-    grep -Eq "process $pid says hello|says hello \(parent $pid\)" "$out/ivcudad-process.log" ||
+    served_by "$out/ivcudad-process.log" "$pid" "$mark" ||
       fail "the process-mode run (pid $pid) never reached ivcudad: it did not load ivcuda's libcuda.so.1 (see $out/ivcudad-process.log)"
   done
   stop_daemon
@@ -486,20 +492,32 @@ if ((run_guest)); then
 fi
 
 # --- comparison ---------------------------------------------------------------------------------
-compare_set() { # SET: compare.py over the runs of one set
-  local set=$1 prefix='' nat=$native_json runs=()
+compare_set() { # SET: compare.py over the runs of one set; every run asked for must be there
+  local set=$1 prefix='' nat=$native_json runs=() m
   [[ $set == python ]] && prefix=python-
   [[ -n $nat && $set == cpp ]] || nat=$out/${prefix}native.json
-  [[ -f $nat ]] || { echo "$prog: no native result for the $set set: not compared" >&2; return 0; }
-  ((run_process)) && [[ -f $out/${prefix}process.json ]] && runs+=("process=$out/${prefix}process.json")
-  ((run_guest)) && [[ -f $out/${prefix}guest.json ]] && runs+=("guest=$out/${prefix}guest.json")
+  for m in process guest; do
+    local asked=run_$m
+    ((${!asked})) || continue
+    # (the test guest has no Python: no python set there, and run.sh said so)
+    [[ $m == guest && $set == python && -z $guest_ssh ]] && continue
+    if [[ -f $out/${prefix}$m.json ]]; then runs+=("$m=$out/${prefix}$m.json")
+    else echo "$prog: the $m run of the $set set left no result: not compared" >&2; return 1; fi
+  done
   [[ $set == cpp && -n $vfio ]] && runs+=("vfio=$vfio")
-  ((${#runs[@]})) || { echo "$prog: only a native run of the $set set: nothing to compare" >&2; return 0; }
+  if ((${#runs[@]} == 0)); then
+    echo "$prog: no run but the native one for the $set set: nothing compared" >&2
+    return 0
+  fi
+  [[ -f $nat ]] || { echo "$prog: no native result for the $set set: not compared" >&2; return 1; }
   echo
   echo "== $set set: ${runs[*]%%=*} against native"
   local rc=0
   python3 "$here/compare.py" --json "$out/${prefix}comparison.json" --plot "$out/${prefix}comparison.png" \
     "$nat" "${runs[@]}" | tee "$out/${prefix}comparison.txt" || rc=$?
+  # compare.py's 3 (incomplete: a state native measured missing or skipped elsewhere) is a
+  # failed comparison here; run.sh's own 3 means a missing prerequisite.
+  ((rc != 3)) || rc=1
   return $rc
 }
 status=0

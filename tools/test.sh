@@ -6,7 +6,10 @@
 #  - asan (AddressSanitizer + UBSan): all tests but the VM ones;
 #  - tsan (ThreadSanitizer): the ring and transport tests;
 #  - fuzz (clang, libFuzzer + ASan + UBSan): each harness of tests/fuzz replays
-#    its corpus and fuzzes a fixed time (IVCUDA_FUZZ_SECONDS, 30 s each).
+#    its corpus and fuzzes a fixed time (IVCUDA_FUZZ_SECONDS, 30 s each);
+#    worker_fuzz must reach its coverage floor (tests/fuzz/README.md).
+# First the lint of the test code (tools/lint_tests.py): a verdict that takes a substitution's
+# status, a literal verdict, a script without an expected count refuse the run.
 # Nothing is skipped quietly: a test group whose tools are missing fails the
 # configure, a test that exits "skipped" fails the run, and every preset must
 # register exactly the tests in tests/expected-tests.tsv. A developer on a
@@ -14,6 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
+echo "=== lint: test code that cannot fail (tools/lint_tests.py; its own test: tests/lint)"
+python3 tools/lint_tests.py
 export PATH=/usr/local/cuda/bin:$PATH
 jobs=${IVCUDA_JOBS:-$(nproc)}
 allow=${IVCUDA_ALLOW_SKIPS:-}
@@ -61,6 +66,9 @@ check_tests tsan --labels ring,transport
 check_tests fuzz --labels fuzz
 echo "=== tests: fuzz (each harness a fixed time)"
 run_tests fuzz -L "^fuzz$" -j "$jobs"
+# What worker_fuzz reached of the worker's handlers (per handler: build/fuzz/tests/fuzz/worker_fuzz.coverage.txt).
+cov=build/fuzz/tests/fuzz/worker_fuzz.coverage.txt
+[ ! -f "$cov" ] || head -n 1 "$cov"
 echo "=== tests: tsan (ring, transport)"
 run_tests tsan -L "^(ring|transport)$" -j "$jobs"
 echo "=== tests: asan"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ivcuda-bench --quick against the GPU test double, "natively" (the double as
-# the program's libcuda.so.1) and through ivcudad: every figure must be there.
+# the program's libcuda.so.1) and through ivcudad: every figure must be there,
+# and the bench itself proves its ivcuda children served (--daemon-log).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 double=$2
@@ -12,7 +13,7 @@ mkdir "$work/native" && ln -s "$(readlink -f "$double")" "$work/native/libcuda.s
 daemon=$!
 for _ in $(seq 100); do [ -S "$work/s" ] && break; sleep 0.05; done
 LD_LIBRARY_PATH=$work/native "$build/bench/ivcuda-bench" --quick --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-  --native-lib "$work/native" --ivcuda-lib "$build/lib" --socket "$work/s" --json "$work/bench.json" \
+  --native-lib "$work/native" --ivcuda-lib "$build/lib" --socket "$work/s" --daemon-log "$work/log" --json "$work/bench.json" \
   --png "$work/bench.png" --startup-gap-ms 200 | tee "$work/out"
 for fig in null.ctx_synchronize.median null.stream_query.p99 launch.empty.rate launch.10us.rate \
            sleep.100us.task sleep.1000us.task_p99 htod.pinned.1024KiB htod.pageable.4KiB \

@@ -57,6 +57,7 @@ for c in "${cases[@]}"; do
   # shellcheck disable=SC2086 # one word per variable
   env $envs timeout 120 "$py" "$here/$script" >"$out/$name.native" 2>"$out/$name.native.err"; rn=$?
   rm -f "$out/$name.pid" "$out/$name.unsupported"
+  mark=$(log_mark "$out/ivcudad.log")
   # shellcheck disable=SC2086
   env $envs IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_LOG_UNSUPPORTED="$out/$name.unsupported" \
     IVCUDA_LOG_ERRORS="$out/$name.errors" IVCUDA_CALL_STATS="$out/$name.calls" \
@@ -66,14 +67,15 @@ for c in "${cases[@]}"; do
   why=
   [ $rn -eq 0 ] || why="native exit $rn"
   [ $ri -eq 0 ] || why="${why:+$why, }ivcuda exit $ri"
-  served_by "$out/ivcudad.log" "$(cat "$out/$name.pid" 2>/dev/null)" || why="${why:+$why, }not served by ivcudad"
+  served_by "$out/ivcudad.log" "$(cat "$out/$name.pid" 2>/dev/null || echo 0)" "$mark" ||
+    why="${why:+$why, }not served by ivcudad"
   diff <(grep -v '^TIME ' "$out/$name.native") <(grep -v '^TIME ' "$out/$name.ivcuda") >"$out/$name.diff" ||
     why="${why:+$why, }outputs differ"
   grep -q "NOT_SUPPORTED .*call" "$out/$name.unsupported" 2>/dev/null && why="${why:+$why, }NOT_SUPPORTED calls"
   ratio=
   [ -n "$tn" ] && [ -n "$ti" ] && ratio=$(awk -v a="$ti" -v b="$tn" 'BEGIN { printf "%.2f", a / b }')
   if [ -z "$why" ]; then
-    verdict "$name: identical output, time native ${tn}s ivcuda ${ti}s (x$ratio)" 0
+    echo "  $name: identical output, served, time native ${tn}s ivcuda ${ti}s (x$ratio)"
     # Where a slow case's time went: its costliest requests (IVCUDA_CALL_STATS).
     if awk -v r="${ratio:-0}" 'BEGIN { exit !(r > 1.5) }'; then
       grep -A6 "requests by kind" "$out/$name.calls" 2>/dev/null | sed 's/^/  calls> /' | head -14
@@ -84,8 +86,9 @@ for c in "${cases[@]}"; do
     head -6 "$out/$name.diff" | sed 's/^/  diff> /'
     grep "NOT_SUPPORTED" "$out/$name.unsupported" 2>/dev/null | sed 's/^/  /' | head -30
     grep "FAILED" "$out/$name.errors" 2>/dev/null | sed 's/^/  /' | head -30
-    verdict "$name" 1
   fi
+  [ -z "$why" ]; rc=$?
+  verdict "$name" $rc
 done
 echo "== frameworks summary:"
 finish

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The long fuzz run: every harness at once, for a fixed time, on N cores.
 #   tests/fuzz/long_run.sh DIR CORES SECONDS [OUT]
-# DIR holds the harnesses (worker_fuzz, ivshmem_fuzz, reply_fuzz) and
-# libivcuda-gpu-double.so, copied from build/fuzz (tests/fuzz/README.md); it needs
-# no clang, no CUDA and no liburing (linked statically). Run from the repository root:
-# the seeds and regression inputs of tests/fuzz/corpus are replayed first.
+# DIR holds the harnesses (worker_fuzz, ivshmem_fuzz, reply_fuzz), libivcuda-gpu-double.so
+# and libivcuda-nvml-double.so, copied from build/fuzz (tests/fuzz/README.md); it needs
+# no clang, no CUDA and no liburing (linked statically). Without the NVML double every
+# NVML request would stop at LIBRARY_NOT_FOUND, so the run refuses to start without it.
+# Run from the repository root: the seeds and regression inputs of tests/fuzz/corpus are
+# replayed first, with each harness's dictionary (tests/fuzz/<harness>.dict).
 # Cores are shared out one process each, worker_fuzz getting the remainder: each
 # process fuzzes until the time is up, restarting after a crash (the crash is
 # counted and its input kept under OUT, default fuzz-long-run/). Processes of one
@@ -19,11 +21,11 @@ harnesses=(worker_fuzz ivshmem_fuzz reply_fuzz)
 corpus=tests/fuzz/corpus
 [ -d "$corpus" ] || { echo "long_run: run it from the repository root (no $corpus here)"; exit 2; }
 for h in "${harnesses[@]}"; do [ -x "$dir/$h" ] || { echo "long_run: $dir/$h missing"; exit 2; }; done
-[ -f "$dir/libivcuda-gpu-double.so" ] || { echo "long_run: $dir/libivcuda-gpu-double.so missing"; exit 2; }
+for lib in libivcuda-gpu-double.so libivcuda-nvml-double.so; do
+  [ -f "$dir/$lib" ] || { echo "long_run: $dir/$lib missing (tests/fuzz/README.md, \"Long run\")"; exit 2; }
+done
 export IVCUDA_FUZZ_DOUBLE="$dir/libivcuda-gpu-double.so"
-# The NVML test double, where it was copied too (worker_fuzz's NVML queries; without it they
-# answer LIBRARY_NOT_FOUND).
-[ ! -f "$dir/libivcuda-nvml-double.so" ] || export IVCUDA_FUZZ_NVML_DOUBLE="$dir/libivcuda-nvml-double.so"
+export IVCUDA_FUZZ_NVML_DOUBLE="$dir/libivcuda-nvml-double.so"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 n=${#harnesses[@]}
@@ -35,7 +37,9 @@ run_core() {
   mkdir -p "$out/$h/corpus" "$out/$h/crashes"
   while left=$((deadline - $(date +%s))); [ "$left" -gt 0 ]; do
     k=$((k + 1))
-    "$dir/$h" -max_total_time="$left" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+    local dict=()
+    [ ! -f "tests/fuzz/$h.dict" ] || dict=(-dict="tests/fuzz/$h.dict")
+    "$dir/$h" -max_total_time="$left" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "${dict[@]}" \
       -artifact_prefix="$out/$h/crashes/" "$out/$h/corpus" "$corpus/$h" \
       >"$out/$h/log.$core.$k" 2>&1
     local rc=$?

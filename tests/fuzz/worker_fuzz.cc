@@ -19,7 +19,16 @@
 // is replaced by the NN-th newest (0: the newest; modulo their count) of the
 // nonzero words the replies so far carried (the first four of each reply
 // payload), plus xxxxxxxx: a seed can name "the pointer the MemAlloc above
-// returned, + 64" (tests/fuzz/make_seeds.py writes such seeds).
+// returned, + 64". A word 0xF0CC01'OO'wa'aaaaaa names a reply by its op
+// instead, which keeps naming the same object when the fuzzer inserts or
+// drops records before it: OO the op (its low byte), w (3 bits) which of the
+// first eight payload words of that op's successful replies, a (5 bits) the
+// age (0: the newest; modulo their count), plus the 24-bit addend aaaaaa.
+// tests/fuzz/make_seeds.py writes such seeds, one or more per op.
+//
+// An input whose first byte is 0x83 (a serve chunk with its top bit set) gets
+// a worker that maps the BAR at a random address, as ivcudad's workers do
+// (WorkerConfig::random_bar_address; off for the others: see kMaxRandomBars).
 //
 // A fresh worker serves every input (Worker::create per input, on freshly
 // formatted shared memory), so inputs replay deterministically: handles are
@@ -31,7 +40,10 @@
 // behind when it ends (virtual memory, pools) it must give back itself.
 #include <cuda.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +53,7 @@
 #include <vector>
 
 #include "host-daemon/log.h"
+#include "host-daemon/tenant_share.h"
 #include "host-daemon/worker.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/layout.h"
@@ -56,8 +69,17 @@ constexpr std::uint64_t kShmBytes = 1u << 20;
 constexpr std::uint32_t kRingBytes = 16 * 1024;
 constexpr std::uint64_t kStagingBytes = 64 * 1024;
 constexpr std::uint64_t kSubstTag = 0xF0CC00;  // bits 63..40 of a word to replace
+constexpr std::uint64_t kReplyTag = 0xF0CC01;  // the same, naming a reply by its op
+constexpr std::uint8_t kRandomBarByte = 0x83;
+// Under ASan each new BAR address grows the page tables of the shadow memory
+// for good (about 2 KB each, measured: docs/security.md, "Fuzzing"). A process
+// maps at most this many BARs at random addresses (some 32 MB of page tables);
+// past it such inputs get the fixed address too, which bounds the growth in a
+// run of any length.
+constexpr unsigned kMaxRandomBars = 16384;
 // Bounds on the work one input can ask for.
 constexpr int kMaxServes = 64;
+static_assert(static_cast<unsigned>(proto::Op::kCount) <= 256, "kReplyTag names an op in 8 bits");
 
 struct Env {
   sys::UniqueFd shm;
@@ -65,8 +87,16 @@ struct Env {
   ring::Layout l;
   sys::UniqueFd host_efd, guest_efd;
   std::string driver;
-  std::string nvml;  // the NVML test double (NVML queries; empty: none, they answer LIBRARY_NOT_FOUND)
+  std::string nvml;  // the NVML test double (NVML queries)
+  std::unique_ptr<host::TenantShare> share;  // IPC and pool-pointer exports (a tenant of one worker)
+  unsigned random_bars = 0;
+  // Per op over the whole run: replies seen, and those that said CUDA_SUCCESS
+  // (IVCUDA_FUZZ_OPSTATS=1 prints them at exit; tests/fuzz/coverage.py reads them).
+  std::uint64_t replies[256] = {};
+  std::uint64_t successes[256] = {};
 };
+
+void print_op_stats();
 
 Env& env() {
   static Env* e = [] {
@@ -84,7 +114,22 @@ Env& env() {
     const char* drv = std::getenv("IVCUDA_FUZZ_DOUBLE");  // the long run carries the .so elsewhere
     n->driver = drv != nullptr && *drv != '\0' ? drv : IVCUDA_GPU_DOUBLE_PATH;
     const char* nvml = std::getenv("IVCUDA_FUZZ_NVML_DOUBLE");
-    n->nvml = nvml != nullptr ? nvml : IVCUDA_NVML_DOUBLE_PATH;
+    n->nvml = nvml != nullptr && *nvml != '\0' ? nvml : IVCUDA_NVML_DOUBLE_PATH;
+    // Without the NVML double every Nvml request would answer
+    // LIBRARY_NOT_FOUND before the per-function code: not fuzzing it at all.
+    for (const std::string* lib : {&n->driver, &n->nvml})
+      if (::access(lib->c_str(), R_OK) != 0) {
+        std::fprintf(stderr, "worker_fuzz: %s: %s (IVCUDA_FUZZ_DOUBLE, IVCUDA_FUZZ_NVML_DOUBLE name them)\n",
+                     lib->c_str(), std::strerror(errno));
+        std::abort();
+      }
+    auto share = host::TenantShare::create(64);
+    if (!share) {
+      std::fprintf(stderr, "worker_fuzz: TenantShare::create: %s\n", share.error().what.c_str());
+      std::abort();
+    }
+    n->share = std::move(*share);
+    if (std::getenv("IVCUDA_FUZZ_OPSTATS") != nullptr) std::atexit(print_op_stats);
     ring::LayoutParams p;
     p.shm_size = kShmBytes;
     p.channels = kChannels;
@@ -108,6 +153,19 @@ Env& env() {
     return n;
   }();
   return *e;
+}
+
+void print_op_stats() {
+  const Env& e = env();
+  unsigned answered = 0, ok = 0;
+  for (unsigned op = 1; op < static_cast<unsigned>(proto::Op::kCount); ++op) {
+    answered += e.replies[op] != 0 ? 1 : 0;
+    ok += e.successes[op] != 0 ? 1 : 0;
+    std::fprintf(stderr, "OPSTAT: %s replies %llu success %llu\n", proto::op_name(static_cast<std::uint16_t>(op)),
+                 static_cast<unsigned long long>(e.replies[op]), static_cast<unsigned long long>(e.successes[op]));
+  }
+  std::fprintf(stderr, "OPSTAT: %u of %u ops answered, %u with CUDA_SUCCESS\n", answered,
+               static_cast<unsigned>(proto::Op::kCount) - 1, ok);
 }
 
 // Aborts (a finding) when the ended worker left device memory allocated in
@@ -185,6 +243,11 @@ struct Session {
   GuestChannel ch[kChannels];
   std::uint32_t ticket = 1;
   std::vector<std::uint64_t> vals;  // words the replies carried
+  struct Reply {
+    std::uint16_t op;
+    std::uint64_t w[8];  // the payload's first 64 bytes, zero-padded
+  };
+  std::vector<Reply> replies;  // the successful ones, oldest first
   int serves = 0;
 
   GuestChannel& open(std::uint32_t c) {
@@ -204,9 +267,25 @@ struct Session {
       if (!g.open) continue;
       ring::Record rec;
       while (g.cpl.poll(&rec) == ring::RingStatus::kOk) {
-        // IVCUDA_FUZZ_TRACE=1: each reply's op and status, for writing seeds.
+        // IVCUDA_FUZZ_TRACE=1: each reply's op, status and first payload words, for writing seeds.
         static const bool trace = std::getenv("IVCUDA_FUZZ_TRACE") != nullptr;
-        if (trace) std::fprintf(stderr, "worker_fuzz: reply op %u status %d\n", rec.hdr.op, rec.hdr.status);
+        if (trace) {
+          std::uint64_t head[4] = {};
+          std::memcpy(head, rec.payload.data(), std::min(sizeof head, rec.payload.size()));
+          std::fprintf(stderr, "worker_fuzz: reply op %u %s status %d payload %llx %llx %llx %llx\n", rec.hdr.op,
+                       proto::op_name(rec.hdr.op), rec.hdr.status, static_cast<unsigned long long>(head[0]),
+                       static_cast<unsigned long long>(head[1]), static_cast<unsigned long long>(head[2]),
+                       static_cast<unsigned long long>(head[3]));
+        }
+        const bool known = rec.hdr.op < static_cast<std::uint16_t>(proto::Op::kCount);
+        e.replies[rec.hdr.op & 0xff] += known ? 1 : 0;
+        if (rec.hdr.status == CUDA_SUCCESS) {
+          e.successes[rec.hdr.op & 0xff] += known ? 1 : 0;
+          Reply r{rec.hdr.op, {}};
+          std::memcpy(r.w, rec.payload.data(), std::min(sizeof r.w, rec.payload.size()));
+          replies.push_back(r);
+          if (replies.size() > 1024) replies.erase(replies.begin(), replies.begin() + 512);
+        }
         for (std::size_t i = 0; i + 8 <= rec.payload.size() && i < 32; i += 8) {
           std::uint64_t v;
           std::memcpy(&v, rec.payload.data() + i, 8);
@@ -252,8 +331,13 @@ struct Session {
     for (std::size_t i = 0; i + 8 <= payload.size(); i += 8) {
       std::uint64_t v;
       std::memcpy(&v, p + i, 8);
-      if ((v >> 40) != kSubstTag || vals.empty()) continue;
-      v = vals[vals.size() - 1 - ((v >> 32) & 0xff) % vals.size()] + (v & 0xffffffffu);
+      if ((v >> 40) == kSubstTag && !vals.empty()) {
+        v = vals[vals.size() - 1 - ((v >> 32) & 0xff) % vals.size()] + (v & 0xffffffffu);
+      } else if ((v >> 40) == kReplyTag) {
+        if (!from_reply(&v)) continue;
+      } else {
+        continue;
+      }
       std::memcpy(p + i, &v, 8);
     }
     g.req.commit();
@@ -263,6 +347,22 @@ struct Session {
       g.awaited_seq = h.seq;
     }
     if ((tag & 0x08) != 0) serve();
+  }
+
+  // A kReplyTag word: the word of the op's reply it names, plus the addend.
+  bool from_reply(std::uint64_t* v) const {
+    const auto op = static_cast<std::uint16_t>((*v >> 32) & 0xff);
+    const unsigned word = (*v >> 29) & 7, age = (*v >> 24) & 31;
+    std::size_t n = 0;
+    for (const Reply& r : replies) n += r.op == op ? 1 : 0;
+    if (n == 0) return false;
+    std::size_t skip = age % n;
+    for (auto it = replies.rbegin(); it != replies.rend(); ++it) {
+      if (it->op != op || skip-- != 0) continue;
+      *v = it->w[word] + (*v & 0xffffff);
+      return true;
+    }
+    return false;
   }
 
   void arena(Input& in) {
@@ -307,7 +407,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.driver_path = e.driver;
   cfg.nvml_path = e.nvml;
   cfg.forward_stdout = false;  // stdout stays the fuzzer's
-  cfg.random_bar_address = false;  // see WorkerConfig: ASan's shadow page tables
+  cfg.share = e.share.get();
+  // See WorkerConfig and kMaxRandomBars: ASan's shadow page tables.
+  cfg.random_bar_address = size != 0 && data[0] == kRandomBarByte && e.random_bars < kMaxRandomBars;
+  e.random_bars += cfg.random_bar_address ? 1 : 0;
   auto w = host::Worker::create(std::move(cfg));
   if (!w) {
     std::fprintf(stderr, "worker_fuzz: Worker::create: %s\n", w.error().what.c_str());

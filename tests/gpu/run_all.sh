@@ -6,7 +6,8 @@
 #   double  the GPU test double's own tests against the real driver (real_driver_check.sh)
 #   multi   several GPUs (run_multi_gpu.sh; nvidia-h200-x2)
 #   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)
-#   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases)
+#   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases; the bench
+#           fails unless ivcudad's log shows each of its ivcuda children served, --daemon-log)
 #   startup ivcuda-bench's start-up figures (a program's start to its first result and exit,
 #           native vs ivcuda), with ivcudad's warm workers and without (--warm-workers 0),
 #           --shm-size 4G as in bench; and the workers' own start-up costs from ivcudad's log
@@ -151,7 +152,8 @@ for p in $parts; do
       daemon=$!
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
       timeout 300 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" --only solo,crowd \
-        --ivcuda-lib "$build/lib" --socket "$sock" --json "$final/$tag.json" 2>&1 | tee "$final/$tag.txt"
+        --ivcuda-lib "$build/lib" --socket "$sock" --daemon-log "$work/bench-ivcudad.log" --json "$final/$tag.json" 2>&1 |
+        tee "$final/$tag.txt"
       rc=$?
       kill $daemon; wait $daemon 2>/dev/null
       # The plot needs matplotlib, which this machine's python3 may lack: then
@@ -179,7 +181,8 @@ for p in $parts; do
       [ $warm = 0 ] || bparts=startup,solo
       timeout 200 "$build/bench/ivcuda-bench" --only $bparts --quick --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
         --startup-gap-ms 4000 --settle-ms 4000 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-        --ivcuda-lib "$build/lib" --socket "$sock" --json "$work/startup-warm$warm.json" 2>&1 |
+        --ivcuda-lib "$build/lib" --socket "$sock" --daemon-log "$work/startup-warm$warm-ivcudad.log" \
+        --json "$work/startup-warm$warm.json" 2>&1 |
         grep -E "^(figure|startup|htod|dtoh)" | tee -a "$final/startup.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill $daemon; wait $daemon 2>/dev/null
@@ -201,7 +204,8 @@ for p in $parts; do
         tee -a "$final/startup.txt"
       timeout 200 "$build/bench/ivcuda-bench" --only startup,solo --quick --startup-runs "${IVCUDA_STARTUP_RUNS:-5}" \
         --startup-gap-ms 4000 --settle-ms 4000 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-        --ivcuda-lib "$build/lib" --socket "$sock" --json "$work/startup-huge.json" 2>&1 |
+        --ivcuda-lib "$build/lib" --socket "$sock" --daemon-log "$work/startup-huge-ivcudad.log" \
+        --json "$work/startup-huge.json" 2>&1 |
         grep -E "^(figure|startup|htod|dtoh)" | tee -a "$final/startup.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill $daemon; wait $daemon 2>/dev/null

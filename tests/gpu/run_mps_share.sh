@@ -28,17 +28,43 @@ cleanup() {
 trap cleanup EXIT
 
 # one LABEL [ENV...]: a run alone. two LABEL ENV_A ENV_B: two at once, same start.
+# A run through ivcuda (IVCUDA_SOCKET among its ENV) must be served: ivcudad's log shows that
+# very process (one that found this machine's libcuda.so.1 would match native and prove nothing).
+log=$out/ivcudad.log
+run() {  # LABEL ENV... -- ARGS...
+  local label=$1 envs=() pidf mark rc
+  shift
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  pidf=$out/$(echo "$label" | tr / _).pid
+  rm -f "$pidf"
+  mark=$(log_mark "$log")
+  env "${envs[@]}" "${tagged[@]}" "$pidf" "$prog" --ptx "$ptx" --seconds "$secs" --label "$label" "$@" \
+    >>"$out/runs.jsonl" 2>>"$out/errors.txt"
+  rc=$?
+  case " ${envs[*]} " in
+    *" IVCUDA_SOCKET="*)
+      if ! served_by "$log" "$(cat "$pidf" 2>/dev/null || echo 0)" "$mark"; then
+        echo "$label: not served by ivcudad (no hello from its process in $log)"
+        echo "$label" >>"$out/unserved.txt"  # a file: two() runs its sides in subshells
+        rc=1
+      fi ;;
+  esac
+  return $rc
+}
 one() {
   local label=$1
   shift
-  env "$@" "$prog" --ptx "$ptx" --seconds "$secs" --label "$label" >>"$out/runs.jsonl" 2>>"$out/errors.txt"
+  run "$label" "$@" --
 }
 two() {
   local label=$1 a=$2 b=$3 at
   at=$(( $(date +%s%3N) + 3000 ))
-  env $a "$prog" --ptx "$ptx" --seconds "$secs" --start-at "$at" --label "$label/A" >>"$out/runs.jsonl" 2>>"$out/errors.txt" &
+  # shellcheck disable=SC2086 # each side's environment, word by word
+  run "$label/A" $a -- --start-at "$at" &
   local pa=$!
-  env $b "$prog" --ptx "$ptx" --seconds "$secs" --start-at "$at" --label "$label/B" >>"$out/runs.jsonl" 2>>"$out/errors.txt" &
+  # shellcheck disable=SC2086
+  run "$label/B" $b -- --start-at "$at" &
   local pb=$!
   wait $pa && wait $pb
 }
@@ -52,6 +78,7 @@ start_ivcudad() {  # ARGS...
 }
 stop_ivcudad() { kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; daemon=; }
 : >"$out/runs.jsonl"
+rm -f "$out/unserved.txt"
 
 rc=0
 # Without MPS: the driver time-slices.
@@ -122,6 +149,9 @@ for sc in ["alone", "timesliced", "mps50-alone", "mps50-50", "mps75-25"]:
 print("ivcuda within 10 % of native in every run" if ok else "SOME RUN DIFFERS FROM NATIVE BY MORE THAN 10 %")
 sys.exit(0 if ok else 1)
 PY
+rc=$?
+# The shares compared must all come from runs ivcudad served.
+[ -s "$out/unserved.txt" ] && { echo "not served by ivcudad: $(paste -sd' ' "$out/unserved.txt")"; rc=1; }
 verdict "each guest's compute share through ivcuda matches the same share natively (within 10 %)" $?
 echo "ivcudactl status during ivcuda 75/25:"
 cat "$out/ivcudactl.txt" 2>/dev/null

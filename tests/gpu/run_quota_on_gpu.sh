@@ -20,10 +20,14 @@ daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 expect_cases 3
+log=$out/ivcudad.log
+mark=$(log_mark "$log")
 guest() {  # NAME SCRIPT
-  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib QUOTA_GIB=20 timeout 240 "$py" "$root/tests/frameworks/$2" \
-    >"$out/$1.out" 2>"$out/$1.err"
+  rm -f "$out/$1.pid"
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib QUOTA_GIB=20 timeout 240 "${tagged[@]}" "$out/$1.pid" \
+    "$py" "$root/tests/frameworks/$2" >"$out/$1.out" 2>"$out/$1.err"
 }
+served() { served_by "$log" "$(cat "$out/$1.pid" 2>/dev/null || echo 0)" "$mark" || { echo "$1: not served by ivcudad"; return 1; }; }
 guest torch quota_torch.py & t=$!
 guest jax quota_jax.py & j=$!
 peak=0
@@ -47,6 +51,7 @@ echo "GPU memory used at the peak (nvidia-smi, both guests and their workers): $
 grep -E "MiB|python|ivcudad" "$out/nvidia-smi.txt" | head -12
 echo "ivcudactl status at the peak:"
 cat "$out/ivcudactl.txt"
-! grep -q "died of signal" "$out/ivcudad.log"
+# Both served (their hellos in the log), the daemon still up, no worker killed by a signal.
+served torch && served jax && kill -0 "$daemon" 2>/dev/null && ! grep -q "died of signal" "$log"
 verdict "ivcudad served both to the end" $?
 finish

@@ -6,7 +6,11 @@
 # GPU suite's programs through it, and prints every call made after that
 # point against the allowlist (MISSING lines: calls the allowlist lacks), the
 # files the workers opened, and which of those no Landlock rule covers.
-# Then it starts a sandboxed daemon once (one program) to show its log line.
+# First it starts a sandboxed daemon once (two programs) to show its log lines
+# and Landlock rules. Every program must run to its end and be served by the
+# daemon (its hello in the log), and the trace must show the workers past the
+# sandbox point (tests/gpu/worker_syscalls.py): a run where the programs failed
+# to start, or strace followed nothing, fails.
 #   bash tests/gpu/trace_worker_syscalls.sh      (from the repository root, after
 #                                                 tests/gpu/run_gpu_suite.sh built build/gpu)
 # Needs strace: the system's, or Debian's strace and libunwind8 .debs in .deps/
@@ -57,7 +61,10 @@ targets="ivcudad ivcuda_guest ivcuda_gpu_double_kernels drv_core drv_kernels drv
 bin=$build/tests/bin
 ptx=$build/tests/gpu_double/test_kernels.ptx
 fatbin=$build/tests/gpu_double/test_kernels.fatbin
-sock=/tmp/ivcuda-trace.sock
+# A socket of this run's own: another run of this script at the same time must not share it.
+sockdir=$(mktemp -d /tmp/ivcuda-trace.XXXXXX)
+trap 'rm -rf "$sockdir"' EXIT
+sock=$sockdir/ivcudad.sock
 programs=(
   "$bin/drv_core"
   "$bin/drv_kernels --ptx $ptx --fatbin $fatbin"
@@ -79,15 +86,30 @@ programs=(
 # IVCUDA_TRACE_QUICK=1: three programs only (a short device lease).
 [ "${IVCUDA_TRACE_QUICK:-}" = 1 ] && programs=("${programs[0]}" "${programs[1]}" "$bin/rt_basic_static")
 shm=${IVCUDA_TRACE_SHM:-2G}
-run_programs() {  # LOG: runs every program through the daemon at $sock
-  local p rc
-  for p in "${programs[@]}"; do
-    [ -x "${p%% *}" ] || { echo "  not built: ${p%% *}"; continue; }
+# shellcheck source=../lib/verdicts.sh
+. "$root/tests/lib/verdicts.sh"
+sandboxed=("$bin/drv_core" "$bin/drv_kernels --ptx $ptx --fatbin $fatbin")
+# each program with the sandbox on, each traced, and the trace against the allowlist and
+# against the Landlock rules
+expect_cases $((${#sandboxed[@]} + ${#programs[@]} + 2))
+run_programs() {  # WHAT LOG PROGRAM...: runs each through the daemon at $sock, one case each
+  local what=$1 log=$2 p rc mark pid
+  shift 2
+  for p in "$@"; do
+    if [ ! -x "${p%% *}" ]; then not_run "$what: ${p#"$bin"/}" "not built: ${p%% *}"; continue; fi
+    mark=$(log_mark "$log")
+    rm -f "$out/trace-prog.pid"
     # shellcheck disable=SC2086 # the entry is a command line
-    IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 600 $p >"$out/trace-prog.out" 2>&1
+    IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 600 "${tagged[@]}" "$out/trace-prog.pid" $p \
+      >"$out/trace-prog.out" 2>&1
     rc=$?
-    echo "  rc=$rc  ${p#"$bin"/}"
+    pid=$(cat "$out/trace-prog.pid" 2>/dev/null)
+    if [ $rc -eq 0 ] && ! served_by "$log" "${pid:-0}" "$mark"; then
+      echo "  not served by ivcudad: no hello from process ${pid:-?} in $log"
+      rc=99
+    fi
     [ $rc -eq 0 ] || tail -5 "$out/trace-prog.out"
+    verdict "$what: ${p#"$bin"/}" $rc
   done
 }
 
@@ -97,27 +119,41 @@ IVCUDA_SANDBOX_SELFTEST=1 "$build/host-daemon/ivcudad" --socket "$sock" --shm-si
   --log-level debug >"$out/ivcudad-sandboxed.log" 2>&1 &
 daemon=$!
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
-saved=("${programs[@]}")
-programs=("$bin/drv_core" "$bin/drv_kernels --ptx $ptx --fatbin $fatbin")
-run_programs
-programs=("${saved[@]}")
+run_programs "sandboxed" "$out/ivcudad-sandboxed.log" "${sandboxed[@]}"
 kill "$daemon"; wait "$daemon" 2>/dev/null
 grep -E "sandbox|cannot" "$out/ivcudad-sandboxed.log" | grep -v "landlock rule" | sort -u | sed 's/^/  /'
 
 echo "== tracing ivcudad --sandbox off (the workers' calls after the sandbox point)"
 rm -f "$sock"
-IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" \
+# ivcudad's own pid in traced.pid: SIGTERM to strace would leave the daemon running.
+rm -f "$out/traced.pid"
+IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" "${tagged[@]}" "$out/traced.pid" \
   "$build/host-daemon/ivcudad" --sandbox off --socket "$sock" --shm-size "$shm" --driver "$driver" \
   >"$out/ivcudad-trace.log" 2>&1 &
 daemon=$!
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
-run_programs
-kill "$daemon"; wait "$daemon" 2>/dev/null
+run_programs "traced" "$out/ivcudad-trace.log" "${programs[@]}"
+kill "$(cat "$out/traced.pid" 2>/dev/null || echo "$daemon")"; wait "$daemon" 2>/dev/null
 
 echo "== the workers' system calls after the sandbox point, against the allowlist"
 "$build/host-daemon/ivcudad" --print-syscall-allowlist >"$out/allowlist.txt"
-python3 "$root/tests/gpu/worker_syscalls.py" "$out/worker-trace.txt" "$out/allowlist.txt" \
-  "$out/ivcudad-sandboxed.log" >"$out/worker-syscalls.txt"
+# Every traced program's process has a worker of its own.
+syscalls() {
+  python3 "$root/tests/gpu/worker_syscalls.py" "$out/worker-trace.txt" "$out/allowlist.txt" \
+    "$out/ivcudad-sandboxed.log" --min-workers ${#programs[@]} "$@"
+}
+syscalls --check syscalls >"$out/worker-syscalls.txt"
 rc=$?
 cat "$out/worker-syscalls.txt"
-exit $rc
+verdict "the workers' calls after the sandbox point (${#programs[@]} programs' workers at least) are all allowed" $rc
+# The sandboxed workers say whether Landlock was in force ("landlock no (why)" where not).
+no_landlock=$(grep -o "landlock no ([^)]*)*" "$out/ivcudad-sandboxed.log" | head -1)
+if [ -n "$no_landlock" ]; then
+  not_run "the paths the workers opened after the sandbox point are all under Landlock rules" \
+    "the sandboxed workers ran without Landlock: $no_landlock"
+else
+  syscalls --check landlock | grep -E "^(LANDLOCK\?|FAIL) "
+  rc=${PIPESTATUS[0]}
+  verdict "the paths the workers opened after the sandbox point are all under Landlock rules" $rc
+fi
+finish

@@ -7,14 +7,22 @@
   MISSING name                            one line per call the allowlist lacks
   PATH phase result flags path            files the workers opened (init: between
                                           the worker's start and the sandbox point)
-  LANDLOCK? path                          opened paths no Landlock rule of the
+  LANDLOCK? path                          paths a worker opened after the sandbox
+                                          point that no Landlock rule of the
                                           worker's debug log covers (a guess:
-                                          symlinks are not resolved)
+                                          symlinks are not resolved); opens before
+                                          it are not bound by Landlock
+  FAIL why                                what makes the trace no proof
 
-  worker_syscalls.py TRACE ALLOWLIST [DAEMON_LOG]
+  worker_syscalls.py TRACE ALLOWLIST DAEMON_LOG [--min-workers N] [--check syscalls|landlock]
 ALLOWLIST is `ivcudad --print-syscall-allowlist`; DAEMON_LOG, written with
 --log-level debug, gives the Landlock rules (the trace runs with the sandbox
 off, so its rules are those of a worker started with it on; see the script).
+Exit status 0 only when at least N workers (default 1) reached the sandbox
+point and made calls after it (an empty trace, or one that followed no worker,
+proves nothing), and then, as --check says (default both): every one of those
+calls is allowed; the log has Landlock rules and every path opened after the
+point is covered by one.
 """
 import collections
 import re
@@ -29,7 +37,19 @@ OPEN = re.compile(r'^(open|openat|execve|access|faccessat2?|readlink|readlinkat|
 
 
 def main():
-    trace, allow_file = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    min_workers, checks = 1, {'syscalls', 'landlock'}
+    if '--min-workers' in args:
+        i = args.index('--min-workers')
+        min_workers = int(args[i + 1])
+        del args[i:i + 2]
+    if '--check' in args:
+        i = args.index('--check')
+        checks = {args[i + 1]}
+        del args[i:i + 2]
+    if len(args) != 3 or not checks <= {'syscalls', 'landlock'}:
+        sys.exit('usage: worker_syscalls.py TRACE ALLOWLIST DAEMON_LOG [--min-workers N] [--check syscalls|landlock]')
+    trace, allow_file, daemon_log = args
     allowed = {l.split('\t')[0]: l.split('\t')[1] for l in open(allow_file) if '\t' in l}
     parent, phase_of, worker_of = {}, {}, {}
     after = collections.Counter()
@@ -81,17 +101,32 @@ def main():
         print(f'MISSING {name}')
     for (phase, call, result, flags, path), n in sorted(paths.items()):
         print(f'PATH {phase} {call} {result} {flags} {path} x{n}')
-    if len(sys.argv) > 3:
-        rules = []
-        for l in open(sys.argv[3], errors='replace'):
-            r = re.search(r'landlock rule (\S+) access', l)
-            if r:
-                rules.append(r.group(1))
-        for path, result in sorted({(k[4], k[2]) for k in paths}):
-            if not any(path == r or path.startswith(r.rstrip('/') + '/') for r in rules):
-                print(f'LANDLOCK? {path} ({result})')
-    print(f'{len(after)} distinct system calls after the sandbox point, {len(missing)} missing from the allowlist')
-    return 1 if missing else 0
+    rules = []
+    for l in open(daemon_log, errors='replace'):
+        r = re.search(r'landlock rule (\S+) access', l)
+        if r:
+            rules.append(r.group(1))
+    uncovered = sorted({(k[4], k[2]) for k in paths if k[0] == 'serve'
+                        and not any(k[4] == r or k[4].startswith(r.rstrip('/') + '/') for r in rules)})
+    for path, result in uncovered:
+        print(f'LANDLOCK? {path} ({result})')
+    served = sum(1 for phase in phase_of.values() if phase == 'serve')
+    failures = []
+    if served < min_workers:
+        failures.append(f'{served} workers reached the sandbox point, {min_workers} expected')
+    if not after:
+        failures.append('no system call after the sandbox point was traced')
+    if 'syscalls' in checks and missing:
+        failures.append(f'{len(missing)} system calls after the sandbox point are not in the allowlist')
+    if 'landlock' in checks and not rules:
+        failures.append(f'{daemon_log} names no Landlock rule (--log-level debug, a sandboxed worker)')
+    if 'landlock' in checks and uncovered:
+        failures.append(f'{len(uncovered)} paths opened after the sandbox point are covered by no Landlock rule')
+    for why in failures:
+        print(f'FAIL {why}')
+    print(f'{served} workers past the sandbox point; {len(after)} distinct system calls after it, '
+          f'{len(missing)} missing from the allowlist; {len(uncovered)} paths no Landlock rule covers')
+    return 1 if failures else 0
 
 
 if __name__ == '__main__':

@@ -349,6 +349,30 @@ const TexObj* find_object(unsigned long long value, bool surface) {
   auto it = objects().find(value);
   return it == objects().end() || it->second.surface != surface ? nullptr : &it->second;
 }
+void release_context_arrays(State& s, Handle ctx) {
+  std::erase_if(objects(), [&](const auto& kv) { return kv.second.ctx == ctx; });
+  for (auto it = mipmaps().begin(); it != mipmaps().end();) {
+    if (it->second.ctx != ctx) {
+      ++it;
+      continue;
+    }
+    for (Handle l : it->second.levels) {
+      release_backing(s, arrays().at(l));
+      arrays().erase(l);
+    }
+    for (TileBacking& t : it->second.tail) unback(s, t);
+    unback(s, it->second.whole);
+    it = mipmaps().erase(it);
+  }
+  for (auto it = arrays().begin(); it != arrays().end();) {
+    if (it->second.ctx != ctx || it->second.mipmap != 0) {
+      ++it;
+      continue;
+    }
+    release_backing(s, it->second);
+    it = arrays().erase(it);
+  }
+}
 }  // namespace ivcuda::gpu_double
 
 namespace {

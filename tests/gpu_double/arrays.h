@@ -63,5 +63,8 @@ struct TexObj {
 // Null when unknown.
 ArrayObj* find_array(Handle h);
 const TexObj* find_object(unsigned long long value, bool surface);
+// Destroys ctx's arrays, mipmapped arrays and texture and surface objects, as the driver
+// does with their context; their tiles let go of the physical memory that backs them.
+void release_context_arrays(State& s, Handle ctx);
 
 }  // namespace ivcuda::gpu_double

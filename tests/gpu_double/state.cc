@@ -15,6 +15,8 @@
 
 extern char** environ;
 
+#include "arrays.h"
+
 namespace ivcuda::gpu_double {
 
 State& state() {
@@ -213,6 +215,7 @@ void State::release_context_resources(Handle ctx) {
   for (Handle h : dead_graphs) destroy_graph(*this, h);
   std::erase_if(execs, [&](const auto& kv) { return kv.second.ctx == ctx; });
   std::erase_if(captures, [&](const auto& kv) { return !streams.contains(kv.first); });
+  release_context_arrays(*this, ctx);
 }
 
 namespace {

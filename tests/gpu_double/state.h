@@ -296,7 +296,7 @@ struct State {
   const Allocation* find(std::uintptr_t p, std::size_t n = 0) const;
   // Frees an allocation's storage and forgets it.
   void release(std::map<std::uintptr_t, Allocation>::iterator it);
-  // Destroys everything created in ctx (allocations, streams, events, modules).
+  // Destroys everything created in ctx (allocations, streams, events, modules, arrays).
   void release_context_resources(Handle ctx);
   // The sticky fault of ctx's device, or CUDA_SUCCESS.
   CUresult fault_of(Handle ctx) const {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Stands in for ivcudad in the run.sh tests: listens on --socket and, for each client that sends
-its process id (fake_nvbench.py), logs "process PID says hello" as ivcudad does. Its arguments are
+its process id (fake_nvbench.py), logs the line ivcudad's worker logs for a served hello. Its arguments are
 appended to FAKE_RECORD (as {"daemon": [...]}). Ends on SIGTERM."""
 import json
 import os
@@ -21,5 +21,6 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         conn, _ = server.accept()
         with conn:
             pid = conn.recv(64).decode().strip()
-            print(f"worker: process {pid} says hello", flush=True)
+            print(f"00:00:00.000 ivcudad worker g1 info: guest 1: process {pid} says hello (parent 1)",
+                  flush=True)
             conn.sendall(b"ok")

@@ -37,6 +37,11 @@ compare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compare)
 
 
+# compare.py's exit status when a state native measured is missing or skipped elsewhere, or
+# nothing was measured by both: the hand-written files here are incomplete on purpose.
+INCOMPLETE = 3
+
+
 def run_compare(*args, python=sys.executable, env=None):
     return subprocess.run([python, COMPARE, *args], capture_output=True, text=True,
                           timeout=120, env=env)
@@ -156,9 +161,9 @@ class CompareMatching(unittest.TestCase):
 
 
 class CompareCommandLine(unittest.TestCase):
-    def test_prints_every_metric_ratio_and_overhead_and_exits_zero(self):
+    def test_prints_every_metric_ratio_and_overhead(self):
         p = run_compare(NATIVE, GUEST)
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.returncode, INCOMPLETE, p.stderr)  # data/guest.json lacks a state
         out = p.stdout
         self.assertIn("simple [Device=0]", out)
         lines = out.splitlines()
@@ -189,7 +194,7 @@ class CompareCommandLine(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "cmp.json")
             p = run_compare("--json", out, NATIVE, GUEST)
-            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.returncode, INCOMPLETE, p.stderr)
             with open(out, encoding="utf-8") as f:
                 doc = json.load(f)
         self.assertEqual(doc["native"], NATIVE)
@@ -238,7 +243,7 @@ class CompareCommandLine(unittest.TestCase):
 
     def test_labelled_runs_get_a_column_each(self):
         p = run_compare(NATIVE, "process=" + PROCESS, "guest=" + GUEST, "vfio=" + VFIO)
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.returncode, INCOMPLETE, p.stderr)
         lines = p.stdout.splitlines()
         start = lines.index("simple [Device=0]")
         self.assertRegex(lines[start + 1], r"native\s+process\s+process/native\s+guest\s+"
@@ -253,7 +258,7 @@ class CompareCommandLine(unittest.TestCase):
 
     def test_unlabelled_runs_are_named_by_their_files(self):
         p = run_compare(NATIVE, PROCESS, VFIO)
-        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.returncode, INCOMPLETE, p.stderr)
         self.assertIn("overhead per task (process - native cold CPU mean)", p.stdout)
         self.assertIn("overhead per task (vfio - native cold CPU mean)", p.stdout)
 
@@ -263,6 +268,74 @@ class CompareCommandLine(unittest.TestCase):
                 p = run_compare(NATIVE, *args)
                 self.assertEqual(p.returncode, 2)
                 self.assertIn("its own label", p.stderr)
+
+
+class CompareCompleteness(unittest.TestCase):
+    """A comparison passes only when every state native measured was measured by every run."""
+
+    def write(self, tmp, name, benchmarks):
+        path = os.path.join(tmp, name)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"benchmarks": benchmarks}, f)
+        return path
+
+    @staticmethod
+    def state(name, skipped=False, mean="0.001"):
+        summaries = [{"tag": "nv/cold/time/gpu/mean",
+                      "data": [{"name": "value", "type": "float64", "value": mean}]}]
+        return {"name": name, "is_skipped": skipped,
+                "skip_reason": "skipped on purpose" if skipped else "", "summaries": summaries}
+
+    def test_a_run_that_measured_every_state_exits_zero(self):
+        p = run_compare(NATIVE, "again=" + NATIVE)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertNotIn("comparison incomplete", p.stdout)
+
+    def test_a_state_missing_from_a_run_exits_three_naming_it(self):
+        p = run_compare(NATIVE, GUEST)
+        self.assertEqual(p.returncode, INCOMPLETE)
+        self.assertIn("single_float64_axis [Device=0 Duration=0.0002]: measured natively, missing from "
+                      "the guest run", p.stdout)
+        self.assertIn("the comparison is incomplete", p.stderr)
+
+    def test_a_state_skipped_by_a_run_exits_three(self):
+        p = run_compare(NATIVE, GUEST)
+        self.assertIn("copy_sweep_grid_shape [Device=0 T=I32]: measured natively, skipped by the guest "
+                      "run (Warmup time did not meet", p.stdout)
+
+    def test_a_state_native_skipped_too_is_no_fault_of_the_run(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            both = [{"name": "b", "states": [self.state("Device=0 N=1"), self.state("Device=0 N=2", True)]}]
+            nat = self.write(tmp, "native.json", both)
+            run = self.write(tmp, "run.json", both)
+            p = run_compare(nat, "process=" + run)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+
+    def test_a_run_without_benchmarks_or_with_every_state_skipped_exits_three(self):
+        # The audit's E3: both exited 0 before.
+        with tempfile.TemporaryDirectory() as tmp:
+            nat = self.write(tmp, "native.json", [{"name": "b", "states": [self.state("Device=0 N=1")]}])
+            empty = self.write(tmp, "empty.json", [])
+            skipped = self.write(tmp, "skipped.json", [{"name": "b", "states": [self.state("Device=0 N=1", True)]}])
+            for run in (empty, skipped):
+                with self.subTest(run=os.path.basename(run)):
+                    p = run_compare(nat, "process=" + run)
+                    self.assertEqual(p.returncode, INCOMPLETE, p.stdout + p.stderr)
+                    self.assertIn("no state was measured by the native run and another", p.stdout)
+
+    def test_nothing_measured_natively_exits_three(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            states = [{"name": "b", "states": [self.state("Device=0 N=1", True)]}]
+            p = run_compare(self.write(tmp, "native.json", states), "process=" + self.write(tmp, "r.json", states))
+        self.assertEqual(p.returncode, INCOMPLETE, p.stdout + p.stderr)
+
+    def test_the_json_output_lists_what_is_missing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "cmp.json")
+            run_compare("--json", out, NATIVE, GUEST)
+            with open(out, encoding="utf-8") as f:
+                doc = json.load(f)
+        self.assertEqual(len(doc["incomplete"]), 2)
 
 
 class ComparePlot(unittest.TestCase):
@@ -279,7 +352,7 @@ class ComparePlot(unittest.TestCase):
             png = os.path.join(tmp, "cmp.png")
             p = run_compare("--plot", png, NATIVE, "process=" + PROCESS, "guest=" + GUEST,
                             python=PLOT_PYTHON)
-            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.returncode, INCOMPLETE, p.stderr)
             self.assertIn("plot: " + png, p.stdout)
             with open(png, "rb") as f:
                 head = f.read(24)
@@ -305,12 +378,35 @@ class ComparePlotWithoutMatplotlib(unittest.TestCase):
             env = dict(os.environ, PYTHONPATH=tmp)
             png = os.path.join(tmp, "cmp.png")
             p = run_compare("--plot", png, NATIVE, GUEST, env=env)
-            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.returncode, INCOMPLETE, p.stderr)
             self.assertFalse(os.path.exists(png))
         self.assertIn("matplotlib is not installed: no plot written", p.stderr)
         self.assertIn("simple [Device=0]", p.stdout)  # the table is there all the same
 
 
+
+
+def complete_data(dst):
+    """data/ with every run's file made complete: the states native measured that a run lacks or
+    skipped, taken from native.json (run.sh fails on an incomplete comparison)."""
+    os.makedirs(dst)
+    with open(NATIVE, encoding="utf-8") as f:
+        native = json.load(f)
+    shutil.copyfile(NATIVE, os.path.join(dst, "native.json"))
+    for side in ("process", "guest", "vfio"):
+        with open(os.path.join(DATA, side + ".json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        benches = {b["name"]: b for b in doc["benchmarks"]}
+        for nb in native["benchmarks"]:
+            b = benches.setdefault(nb["name"], {"name": nb["name"], "states": []})
+            if b not in doc["benchmarks"]:
+                doc["benchmarks"].append(b)
+            states = {st["name"]: st for st in b["states"] or []}
+            for ns in nb["states"] or []:
+                if ns["name"] not in states or states[ns["name"]].get("is_skipped"):
+                    b["states"] = [st for st in b["states"] or [] if st["name"] != ns["name"]] + [ns]
+        with open(os.path.join(dst, side + ".json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f)
 
 
 def write_script(path, text):
@@ -339,6 +435,9 @@ class RunScript(unittest.TestCase):
         self.gpu(True)
         self.out = os.path.join(self.tmp, "out")
         self.record = os.path.join(self.tmp, "record.jsonl")
+        # The runs' results, complete (the incomplete files of data/ have tests of their own).
+        self.data = os.path.join(self.tmp, "data")
+        complete_data(self.data)
 
     def tearDown(self):
         self._tmp.cleanup()
@@ -353,7 +452,7 @@ class RunScript(unittest.TestCase):
         env = dict(os.environ)
         for k in ("LD_PRELOAD", "IVCUDA_SOCKET", "CUDA_MODULE_LOADING", "FAKE_FAIL"):
             env.pop(k, None)
-        env.update(FAKE_LIBDIR=self.libdir, FAKE_RECORD=self.record, FAKE_DATA=DATA,
+        env.update(FAKE_LIBDIR=self.libdir, FAKE_RECORD=self.record, FAKE_DATA=self.data,
                    PATH=self.bin + os.pathsep + env["PATH"])
         env.update(env_extra or {})
         head = ["--exe", FAKE, "--out", self.out, "--ivcuda-build", self.build] if base else []
@@ -474,8 +573,25 @@ class RunScript(unittest.TestCase):
         self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
         self.assertIn("never reached ivcudad", p.stderr)
 
+    def test_a_process_run_that_lacks_or_skipped_native_states_fails(self):
+        # data/process.json lacks two states native measured; data/guest.json skipped one.
+        for side, file in (("process", PROCESS), ("process", GUEST)):
+            with self.subTest(file=os.path.basename(file)):
+                shutil.copyfile(file, os.path.join(self.data, "process.json"))
+                p = self.run_sh("--modes", "native,process")
+                self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+                self.assertIn("comparison incomplete", p.stdout)
+                self.assertIn(f"the {side} run", p.stdout)
+
+    def test_a_process_run_that_skipped_everything_fails(self):
+        with open(os.path.join(self.data, "process.json"), "w", encoding="utf-8") as f:
+            json.dump({"benchmarks": []}, f)
+        p = self.run_sh("--modes", "native,process")
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("no state was measured by the native run and another", p.stdout)
+
     def test_vfio_results_are_a_third_column(self):
-        p = self.run_sh("--modes", "native,process", "--vfio", VFIO)
+        p = self.run_sh("--modes", "native,process", "--vfio", os.path.join(self.data, "vfio.json"))
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertIn("overhead per task (vfio - native cold CPU mean): +1.000 us", p.stdout)
         self.assertRegex(p.stdout, r"native\s+process\s+process/native\s+vfio\s+vfio/native")

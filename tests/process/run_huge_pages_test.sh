@@ -32,18 +32,41 @@ expect=fallback
 if [ "${size_kb:-0}" = 2048 ] && [ "${free:-0}" -ge "$want" ]; then expect=huge; fi
 echo "huge pages free: ${free:-none} of ${size_kb:-?} kB; expecting: $expect"
 
+quota_mib=96  # the third guest checks its quota on this memory, and ends
 "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 128M --staging-size 2M --channels 4 \
-  --driver "$driver" --nvml none --control-socket none --huge-pages on >"$log" 2>&1 &
+  --driver "$driver" --nvml none --control-socket none --huge-pages on --mem-limit "${quota_mib}M" \
+  >"$log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-guest() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$@"; }
+# guest NAME OUTFILE PROGRAM ARGS...: one case, judged by the program's own exit status and by
+# ivcudad's log showing that very process served (a guest that found another libcuda.so.1 would
+# pass without touching the pool).
+guest() {
+  local name=$1 out=$2 mark rc pid
+  shift 2
+  mark=$(log_mark "$log")
+  rm -f "$work/pid"
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "${tagged[@]}" "$work/pid" "$@" >"$out" 2>&1
+  rc=$?
+  pid=$(cat "$work/pid" 2>/dev/null)
+  if [ $rc -eq 0 ] && ! served_by "$log" "${pid:-0}" "$mark"; then
+    echo "not served by ivcudad: no hello from process ${pid:-?} in its log"
+    rc=99
+  fi
+  [ $rc -ne 0 ] && cat "$out"
+  verdict "$name ($expect): $(tail -1 "$out")" $rc
+}
 
-guest "$bin/drv_kernels" --ptx "$ptx" >"$work/kernels" 2>&1
-verdict "drv_kernels runs ($expect): $(tail -1 "$work/kernels")" $?
-guest "$bin/rt_basic_static" >"$work/rt" 2>&1
-verdict "rt_basic (static cudart: pageable and page-locked copies) runs ($expect): $(tail -1 "$work/rt")" $?
-guest "$bin/drv_quota" --hold-mib 4 >"$work/pageable" 2>&1
-verdict "a third guest runs ($expect): $(tail -1 "$work/pageable")" $?
+guest "drv_kernels runs" "$work/kernels" "$bin/drv_kernels" --ptx "$ptx"
+# nvcc builds the runtime-API program without sanitizers: in a sanitizer build (IVCUDA_SANITIZE),
+# the runtimes ivcuda's library needs are loaded first, as run_process_tests.sh does.
+preload=
+case "${IVCUDA_SANITIZE:-}" in *address*) preload="$(gcc -print-file-name=libasan.so)" ;; esac
+case "${IVCUDA_SANITIZE:-}" in *undefined*) preload="$preload $(gcc -print-file-name=libubsan.so)" ;; esac
+guest "rt_basic (static cudart: pageable and page-locked copies) runs" "$work/rt" \
+  env LD_PRELOAD="$preload" "$bin/rt_basic_static"
+guest "a third guest runs, its ${quota_mib} MiB quota kept on every path" "$work/third" \
+  "$bin/drv_quota" --quota-mib "$quota_mib"
 if [ $expect = huge ]; then
   n=$(grep -c "its memory is on 2 MiB huge pages" "$log")
   [ "$n" -ge 3 ]

@@ -19,10 +19,9 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-passed=0 failed=0
-verdict() {
-  if [ "$2" -eq 0 ]; then echo "PASS $1"; passed=$((passed + 1)); else echo "FAIL $1"; failed=$((failed + 1)); fi
-}
+# shellcheck source=../lib/verdicts.sh
+. "$here/../lib/verdicts.sh"
+expect_cases 5
 # Waits up to 10 s for PATTERN to appear at least N times in the daemon's log.
 wait_log() { for _ in $(seq 200); do [ "$(grep -c -- "$1" "$work/log")" -ge "$2" ] && return 0; sleep 0.05; done; return 1; }
 alive() { kill -0 "$daemon" 2>/dev/null; }
@@ -81,5 +80,4 @@ exec 7>&-
 wait "$crowd" 2>/dev/null; crowd=
 
 alive; verdict "ivcudad is still running" $?
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

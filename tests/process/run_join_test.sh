@@ -15,8 +15,9 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-passed=0 failed=0
-verdict() { if [ "$2" -eq 0 ]; then echo "PASS $1"; passed=$((passed + 1)); else echo "FAIL $1"; failed=$((failed + 1)); fi; }
+# shellcheck source=../lib/verdicts.sh
+. "$here/../lib/verdicts.sh"
+expect_cases 3
 
 python3 "$here/std_ivshmem_server.py" "$work/server.sock" $((256 << 20)) 4 &
 server=$!
@@ -37,5 +38,4 @@ for _ in $(seq 100); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.05; done
 kill -0 "$daemon" 2>/dev/null; alive=$?
 [ $alive -ne 0 ] && daemon=
 verdict "ivcudad ends when the server goes away" $((alive == 0))
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

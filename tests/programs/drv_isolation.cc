@@ -6,11 +6,14 @@
 //       starts a child doing checked work, faults its own context meanwhile
 //       (a kernel writing through a wild pointer: the error is sticky here),
 //       and requires the child to finish with correct results;
-//   drv_isolation --reclaim [--mib N] [--report FILE]
+//   drv_isolation --reclaim [--mib N] [--allow-mib A] [--report FILE]
 //       starts a child that allocates N MiB (default 256) and waits, sees the
 //       memory in use (cuMemGetInfo), SIGKILLs the child mid-run and measures
-//       how long until the memory is free again (at most 1 s), doing checked
-//       work of its own meanwhile; FILE gets the figures (appended);
+//       how long until all of it is free again (at most 1 s), doing checked
+//       work of its own meanwhile; A MiB (default 0) may stay taken by what
+//       others start meanwhile, which only the caller knows (through ivcuda on
+//       a GPU: a context for each worker the daemon starts); FILE gets the
+//       figures (appended);
 //   drv_isolation --used
 //       prints the device memory in use (MiB), for scripts;
 //   drv_isolation --foreign
@@ -206,25 +209,35 @@ int main(int argc, char** argv) {
     ::close(out);
     // The memory returns when the GPU side of the child is gone; meanwhile
     // this process goes on working. Measured against what was free while the
-    // child held it: a worker the host starts meanwhile (a spare for the
-    // VM's next process) takes a context's worth (about 440 MiB on an H200),
-    // so half the child's memory coming back is the verdict.
+    // child held it, all of it must come back: a fixed slack would hide a
+    // leak as large. What others take meanwhile (a worker the host starts,
+    // a spare for a VM's next process, holds a context: about 440 MiB on an
+    // H200, nothing with the GPU test double) is the caller's --allow-mib.
+    const char* allow_arg = check::arg(argc, argv, "--allow-mib");
+    const size_t allow = static_cast<size_t>(allow_arg != nullptr ? std::atoi(allow_arg) : 0) << 20;
+    const size_t enough = held + (want > allow ? want - allow : 0);
     size_t now = 0;
     auto elapsed = std::chrono::milliseconds(0);
     for (;;) {
       now = free_mem();
       elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0);
-      if (now >= held + want / 2 || elapsed > std::chrono::seconds(5)) break;
+      if (now >= enough || elapsed > std::chrono::seconds(5)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    EXPECT(now >= held + want / 2);
+    EXPECT(now >= enough);
+    if (now < enough)
+      std::fprintf(stderr, "drv_isolation: %zu of the child's %d MiB came back (%zu MiB allowed to stay taken)\n",
+                   now > held ? (now - held) >> 20 : 0, mib, allow >> 20);
     EXPECT(elapsed <= std::chrono::milliseconds(1000));
     std::printf("SIGKILLed child's %d MiB free again after %s1 s\n", mib,
                 elapsed <= std::chrono::milliseconds(1000) ? "<= " : "MORE THAN ");
     if (const char* report = check::arg(argc, argv, "--report"))
       if (FILE* f = std::fopen(report, "a")) {
-        std::fprintf(f, "free memory down by %zu MiB while the child held %d MiB; back %lld ms after its SIGKILL\n",
-                     down, mib, static_cast<long long>(elapsed.count()));
+        std::fprintf(f,
+                     "free memory down by %zu MiB while the child held %d MiB; %zu MiB back %lld ms after its "
+                     "SIGKILL (%zu MiB allowed to stay taken)\n",
+                     down, mib, now > held ? (now - held) >> 20 : 0, static_cast<long long>(elapsed.count()),
+                     allow >> 20);
         std::fclose(f);
       }
     if (work(20) != 0) return 1;

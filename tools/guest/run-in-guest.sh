@@ -19,8 +19,11 @@
 #                      /dev/kvm opens, QEMU starts with it, and this machine is
 #                      not itself a VM (nested KVM crashes the 6.1 guest on the
 #                      GPU machines: see README.md); IVCUDA_GUEST_ACCEL sets the default
-#                      (IVCUDA_GUEST_CPU sets the TCG CPU model, default max;
-#                      KVM always uses host)
+#                      (IVCUDA_GUEST_CPU sets the CPU model, default max
+#                      under TCG and host under KVM)
+#   --accel-opts OPTS  appended to -accel, e.g. kernel-irqchip=split
+#   --qemu-args ARGS   more QEMU arguments, split at spaces (the KVM
+#                      configuration tests/gpu/kvm_probe.sh found, for one)
 #   --log FILE         also write the guest console to FILE (it always streams
 #                      to stderr)
 #   --verbose          show the guest kernel's boot messages
@@ -39,7 +42,7 @@ die() { echo "run-in-guest: $*" >&2; exit 125; }
 
 image=${IVCUDA_GUEST_IMAGE:-}
 shm_file='' shm_size='' socket='' vectors=1 timeout=60 mem=512M smp=1
-accel=${IVCUDA_GUEST_ACCEL:-auto} log='' verbose=0 append=''
+accel=${IVCUDA_GUEST_ACCEL:-auto} log='' verbose=0 append='' accel_opts='' qemu_args=''
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--verbose | --) ;;
@@ -58,6 +61,8 @@ while [[ $# -gt 0 ]]; do
 	--log) log=$2; shift 2 ;;
 	--verbose) verbose=1; shift ;;
 	--append) append=$2; shift 2 ;;
+	--accel-opts) accel_opts=$2; shift 2 ;;
+	--qemu-args) qemu_args=$2; shift 2 ;;
 	--) shift; break ;;
 	-*) die "unknown option: $1" ;;
 	*) break ;;
@@ -103,16 +108,20 @@ qemu_accel() {
 	fi
 }
 acc=$(qemu_accel)
-if [[ $acc == kvm ]]; then cpu=host; else cpu=${IVCUDA_GUEST_CPU:-max}; fi
+if [[ $acc == kvm ]]; then cpu=${IVCUDA_GUEST_CPU:-host}; else cpu=${IVCUDA_GUEST_CPU:-max}; fi
 
 args=(
-	-machine q35 -accel "$acc" -cpu "$cpu" -smp "$smp" -m "$mem"
+	-machine q35 -accel "$acc${accel_opts:+,$accel_opts}" -cpu "$cpu" -smp "$smp" -m "$mem"
 	-nodefaults -no-user-config -display none -no-reboot
 	-chardev "stdio,id=con,signal=off"
 	-serial chardev:con -monitor none
 	-device 'isa-debug-exit,iobase=0xf4,iosize=0x04'
 	-kernel "$image/vmlinux" -initrd "$image/initramfs.cpio.gz"
 )
+if [[ -n $qemu_args ]]; then
+	read -ra more <<<"$qemu_args"
+	args+=("${more[@]}")
+fi
 
 if [[ -n $shm_file ]]; then
 	if [[ -z $shm_size ]]; then
