@@ -94,13 +94,12 @@ CUresult Worker::on_DeviceInfo(Call& c) {
            CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM})
     if (static_cast<int>(a) < static_cast<int>(kAttrSlots)) rep.attrs[a] = 0;
   // Pools the guest may not have (pools.cc): host-memory pools. Of the
-  // shareable handle types only POSIX fds travel, and only where the tenant
-  // has a registry for the pointers.
+  // shareable handle types only POSIX fds travel.
   for (const auto a : {CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED})
     if (static_cast<std::size_t>(a) < kAttrSlots) rep.attrs[a] = 0;
   static_assert(CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES < kAttrSlots);
   rep.attrs[CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES] &=
-      cfg_.share != nullptr ? static_cast<std::int32_t>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) : 0;
+      static_cast<std::int32_t>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   c.set_reply(rep);
   return CUDA_SUCCESS;
 }

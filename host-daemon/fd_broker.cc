@@ -2,20 +2,23 @@
 
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "host-daemon/rules.h"
+
 namespace ivcuda::host {
 
 namespace {
 
-enum : std::uint32_t { kDeposit = 1, kFetch = 2, kNewLine = 3 };
+enum : std::uint32_t { kDeposit = 1, kFetch = 2, kNewLine = 3, kPublish = 4, kLookup = 5, kWithdraw = 6 };
 
-// One message each way; a deposit request and a successful fetch answer
-// carry one fd.
-struct Msg {
+// One message each way, of the exact size its op has. A deposit request and
+// a successful fetch or new-line answer carry one fd; nothing else does.
+struct Msg {  // kDeposit, kFetch, kNewLine
   std::uint32_t op = 0;
   std::uint32_t status = 0;  // answers: 0 or an errno value
   BrokerToken token{};
@@ -23,8 +26,22 @@ struct Msg {
 };
 static_assert(sizeof(Msg) == 32);
 
-Result<void> send_msg(int sock, const Msg& m, int fd, int flags) {
-  iovec iov{const_cast<Msg*>(&m), sizeof m};
+struct ShareMsg {  // kPublish, kLookup, kWithdraw (tenant_share.h)
+  std::uint32_t op = 0;
+  std::uint32_t status = 0;
+  std::uint32_t kind = 0;
+  std::uint32_t slot = 0;  // the ticket; kWithdraw's answer: 1 if there was an entry
+  std::uint64_t token[2] = {0, 0};
+  std::uint32_t owner_proc = 0;
+  std::uint32_t mine = 0;  // kLookup's answer
+  std::uint64_t key = 0, base = 0, size = 0, aux = 0;
+  std::byte payload[64] = {};
+};
+static_assert(sizeof(ShareMsg) == 136);
+constexpr std::size_t kMaxMsg = sizeof(ShareMsg);
+
+Result<void> send_packet(int sock, const void* p, std::size_t n, int fd, int flags) {
+  iovec iov{const_cast<void*>(p), n};
   msghdr h{};
   h.msg_iov = &iov;
   h.msg_iovlen = 1;
@@ -38,20 +55,19 @@ Result<void> send_msg(int sock, const Msg& m, int fd, int flags) {
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
   }
-  ssize_t n;
+  ssize_t sent;
   do {
-    n = ::sendmsg(sock, &h, MSG_NOSIGNAL | flags);
-  } while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof m)) return make_error(n < 0 ? errno : EPROTO, "fd broker: sendmsg");
+    sent = ::sendmsg(sock, &h, MSG_NOSIGNAL | flags);
+  } while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<ssize_t>(n)) return make_error(sent < 0 ? errno : EPROTO, "fd broker: sendmsg");
   return {};
 }
 
-// Receives one message and the fd it carries, if any (-1). A message of the
-// wrong size, or with more than one fd or other control data, is EPROTO
-// (any fds that came with it are closed).
-Result<std::pair<Msg, sys::UniqueFd>> recv_msg(int sock) {
-  Msg m;
-  iovec iov{&m, sizeof m};
+// Receives one message of at most `cap` bytes and the fd it carries, if any.
+// A longer message, more than one fd, or cut control data is EPROTO (any fds
+// that came with it are closed).
+Result<std::pair<std::size_t, sys::UniqueFd>> recv_packet(int sock, void* buf, std::size_t cap) {
+  iovec iov{buf, cap};
   msghdr h{};
   h.msg_iov = &iov;
   h.msg_iovlen = 1;
@@ -63,7 +79,7 @@ Result<std::pair<Msg, sys::UniqueFd>> recv_msg(int sock) {
     n = ::recvmsg(sock, &h, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n == 0) return make_error(ECONNRESET, "fd broker: peer hung up");
-  if (n < 0) return make_error(errno, "fd broker: recvmsg");
+  if (n < 0) return make_error(errno == EAGAIN ? ETIMEDOUT : errno, "fd broker: recvmsg");
   std::vector<sys::UniqueFd> got;
   for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -74,10 +90,15 @@ Result<std::pair<Msg, sys::UniqueFd>> recv_msg(int sock) {
       got.emplace_back(fd);
     }
   }
-  if (n != static_cast<ssize_t>(sizeof m) || got.size() > 1 || (h.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0)
+  if (n < 4 || got.size() > 1 || (h.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0)
     return make_error(EPROTO, "fd broker: malformed message");
   sys::UniqueFd fd = got.empty() ? sys::UniqueFd{} : std::move(got[0]);
-  return std::pair<Msg, sys::UniqueFd>{m, std::move(fd)};
+  return std::pair<std::size_t, sys::UniqueFd>{static_cast<std::size_t>(n), std::move(fd)};
+}
+
+bool valid_kind(std::uint32_t k) {
+  return k == static_cast<std::uint32_t>(ShareKind::kIpcMem) || k == static_cast<std::uint32_t>(ShareKind::kIpcEvent) ||
+         k == static_cast<std::uint32_t>(ShareKind::kPoolPtr);
 }
 
 }  // namespace
@@ -89,135 +110,334 @@ Result<BrokerToken> new_broker_token() {
   return t;
 }
 
-Result<void> BrokerClient::deposit(const BrokerToken& token, int fd, std::uint64_t value) {
+// ------------------------------------------------------------------ worker
+
+template <class M>
+Result<M> BrokerClient::ask(const M& m, int fd_out, sys::UniqueFd* fd_in) {
   if (!fd_.valid()) return make_error(ENOTCONN, "fd broker: not connected");
+  if (auto st = send_packet(fd_.get(), &m, sizeof m, fd_out, 0); !st) {
+    fd_.reset();
+    return make_error(st.error().code, st.error().what);
+  }
+  alignas(8) std::byte buf[kMaxMsg];
+  auto got = recv_packet(fd_.get(), buf, sizeof buf);
+  M ans;
+  if (got && got->first == sizeof ans) std::memcpy(&ans, buf, sizeof ans);
+  if (!got || got->first != sizeof ans || ans.op != m.op) {
+    fd_.reset();
+    return make_error(got ? EPROTO : got.error().code, "fd broker: no answer");
+  }
+  if (fd_in != nullptr) *fd_in = std::move(got->second);
+  return ans;
+}
+
+Result<void> BrokerClient::deposit(const BrokerToken& token, int fd, std::uint64_t value) {
   Msg m;
   m.op = kDeposit;
   m.token = token;
   m.value = value;
-  IVCUDA_TRY(send_msg(fd_.get(), m, fd, 0));
-  IVCUDA_TRY_ASSIGN(auto ans, recv_msg(fd_.get()));
-  if (ans.first.status != 0) return make_error(static_cast<int>(ans.first.status), "fd broker: deposit refused");
+  IVCUDA_TRY_ASSIGN(const Msg ans, ask(m, fd, nullptr));
+  if (ans.status != 0) return make_error(static_cast<int>(ans.status), "fd broker: deposit refused");
   return {};
 }
 
 Result<std::pair<sys::UniqueFd, std::uint64_t>> BrokerClient::fetch(const BrokerToken& token) {
-  if (!fd_.valid()) return make_error(ENOTCONN, "fd broker: not connected");
   Msg m;
   m.op = kFetch;
   m.token = token;
-  IVCUDA_TRY(send_msg(fd_.get(), m, -1, 0));
-  IVCUDA_TRY_ASSIGN(auto ans, recv_msg(fd_.get()));
-  if (ans.first.status != 0) return make_error(static_cast<int>(ans.first.status), "fd broker: no such deposit");
-  if (!ans.second.valid()) return make_error(EPROTO, "fd broker: answer without an fd");
-  return std::pair<sys::UniqueFd, std::uint64_t>{std::move(ans.second), ans.first.value};
+  sys::UniqueFd fd;
+  IVCUDA_TRY_ASSIGN(const Msg ans, ask(m, -1, &fd));
+  if (ans.status != 0) return make_error(static_cast<int>(ans.status), "fd broker: no such deposit");
+  if (!fd.valid()) return make_error(EPROTO, "fd broker: answer without an fd");
+  return std::pair<sys::UniqueFd, std::uint64_t>{std::move(fd), ans.value};
 }
 
 Result<sys::UniqueFd> BrokerClient::new_line() {
-  if (!fd_.valid()) return make_error(ENOTCONN, "fd broker: not connected");
   Msg m;
   m.op = kNewLine;
-  IVCUDA_TRY(send_msg(fd_.get(), m, -1, 0));
-  IVCUDA_TRY_ASSIGN(auto ans, recv_msg(fd_.get()));
-  if (ans.first.status != 0) return make_error(static_cast<int>(ans.first.status), "fd broker: no new line");
-  if (!ans.second.valid()) return make_error(EPROTO, "fd broker: answer without an fd");
-  return std::move(ans.second);
+  sys::UniqueFd fd;
+  IVCUDA_TRY_ASSIGN(const Msg ans, ask(m, -1, &fd));
+  if (ans.status != 0) return make_error(static_cast<int>(ans.status), "fd broker: no new line");
+  if (!fd.valid()) return make_error(EPROTO, "fd broker: answer without an fd");
+  return fd;
 }
 
-Result<sys::UniqueFd> FdBroker::add_worker(std::uint32_t tenant) {
+Result<ShareTicket> BrokerClient::publish(const ShareEntry& e) {
+  ShareMsg m;
+  m.op = kPublish;
+  m.kind = static_cast<std::uint32_t>(e.kind);
+  m.owner_proc = e.owner_proc;
+  m.key = e.key;
+  m.base = e.base;
+  m.size = e.size;
+  m.aux = e.aux;
+  std::memcpy(m.payload, e.payload.data(), sizeof m.payload);
+  IVCUDA_TRY_ASSIGN(const ShareMsg ans, ask(m, -1, nullptr));
+  if (ans.status != 0) return make_error(static_cast<int>(ans.status), "share registry: not published");
+  return ShareTicket{ans.slot, ShareToken{{ans.token[0], ans.token[1]}}};
+}
+
+Result<ShareFound> BrokerClient::lookup(ShareKind kind, const ShareTicket& t) {
+  ShareMsg m;
+  m.op = kLookup;
+  m.kind = static_cast<std::uint32_t>(kind);
+  m.slot = t.slot;
+  m.token[0] = t.token.w[0];
+  m.token[1] = t.token.w[1];
+  IVCUDA_TRY_ASSIGN(const ShareMsg ans, ask(m, -1, nullptr));
+  if (ans.status != 0) return make_error(static_cast<int>(ans.status), "share registry: no such entry");
+  ShareFound f;
+  f.entry.kind = kind;
+  f.entry.owner_proc = ans.owner_proc;
+  f.entry.key = ans.key;
+  f.entry.base = ans.base;
+  f.entry.size = ans.size;
+  f.entry.aux = ans.aux;
+  std::memcpy(f.entry.payload.data(), ans.payload, sizeof ans.payload);
+  f.mine = ans.mine != 0;
+  return f;
+}
+
+Result<void> BrokerClient::withdraw(ShareKind kind, std::uint64_t key) {
+  ShareMsg m;
+  m.op = kWithdraw;
+  m.kind = static_cast<std::uint32_t>(kind);
+  m.key = key;
+  IVCUDA_TRY_ASSIGN(const ShareMsg ans, ask(m, -1, nullptr));
+  if (ans.status != 0) return make_error(static_cast<int>(ans.status), "share registry: withdraw refused");
+  return {};
+}
+
+// ------------------------------------------------------------------ daemon
+
+Result<sys::UniqueFd> FdBroker::make_line(std::uint32_t guest) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return make_error(errno, "fd broker: socketpair");
-  ends_[sv[0]] = {sys::UniqueFd(sv[0]), tenant};
-  ++tenants_[tenant].workers;
-  return sys::UniqueFd(sv[1]);
+  sys::UniqueFd ours(sv[0]), theirs(sv[1]);
+  // The worker's waits for an answer end (set here: a sandboxed worker
+  // need not be allowed setsockopt).
+  const timeval limit{static_cast<time_t>(BrokerClient::kAnswerTimeout.count()), 0};
+  if (::setsockopt(theirs.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) != 0 ||
+      ::setsockopt(theirs.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0)
+    return make_error(errno, "fd broker: setsockopt");
+  const int key = ours.get();
+  lines_[key] = Line{std::move(ours), next_line_++, guest};
+  ++guests_[guest].lines;
+  return theirs;
+}
+
+Result<sys::UniqueFd> FdBroker::add_worker(std::uint32_t guest, Tenancy t) {
+  if (auto [g, fresh] = guests_.try_emplace(guest); fresh) g->second.tenancy = t;
+  return make_line(guest);
+}
+
+void FdBroker::admit(std::uint32_t guest, Tenancy t) {
+  Guest& g = guests_[guest];
+  if (g.tenancy.kind == Tenancy::Kind::kPending && !g.tenant) g.tenancy = t;
 }
 
 std::vector<int> FdBroker::fds() const {
   std::vector<int> v;
-  for (const auto& [fd, e] : ends_) v.push_back(fd);
+  for (const auto& [fd, l] : lines_) v.push_back(fd);
   return v;
 }
 
-std::size_t FdBroker::deposits(std::uint32_t tenant) const {
-  auto it = tenants_.find(tenant);
-  return it == tenants_.end() ? 0 : it->second.by_token.size();
+std::size_t FdBroker::deposits_of(std::uint32_t guest) const {
+  auto it = guests_.find(guest);
+  return it == guests_.end() ? 0 : it->second.deposits;
+}
+
+std::size_t FdBroker::entries_of(std::uint32_t guest) const {
+  auto g = guests_.find(guest);
+  if (g == guests_.end() || !g->second.tenant) return 0;
+  auto t = tenants_.find(*g->second.tenant);
+  return t == tenants_.end() ? 0 : t->second.registry.of_guest(guest);
 }
 
 void FdBroker::close_in_child() noexcept {
-  for (auto& [fd, e] : ends_) e.first.reset();
-  ends_.clear();
-  tenants_.clear();
-  total_ = 0;
+  lines_.clear();
+  tenants_.clear();  // other tenants' deposited fds are not the child's either
+  guests_.clear();
+  total_deposits_ = 0;
+}
+
+// The guest's tenant, filed at its first request that needs one (see
+// fd_broker.h); null while it may share nothing yet.
+FdBroker::Tenant* FdBroker::tenant_of(std::uint32_t guest, bool asks_line) {
+  auto g = guests_.find(guest);
+  if (g == guests_.end()) return nullptr;
+  if (!g->second.tenant) {
+    const Tenancy& how = g->second.tenancy;
+    TenantKey k{1, guest, 0};  // the connection
+    if (how.kind == Tenancy::Kind::kPending && IVCUDA_RULE("share-pending-line")) return nullptr;
+    // A guest asking a line for another process's worker is a VM: never
+    // filed with its user's process-mode programs.
+    if (how.kind == Tenancy::Kind::kUser && !(asks_line && IVCUDA_RULE("share-vm-connection")))
+      k = TenantKey{2, how.socket, how.uid};
+    if (!IVCUDA_RULE("share-tenant")) k = TenantKey{3, 0, 0};  // removed: one tenant for all, as a socket was
+    g->second.tenant = k;
+    auto t = tenants_.find(k);
+    if (t == tenants_.end())
+      t = tenants_.emplace(k, Tenant{ShareRegistry(lim_.entries_per_tenant, lim_.entries_per_guest), {}, 0}).first;
+    ++t->second.guests;
+  }
+  return &tenants_.at(*g->second.tenant);
+}
+
+void FdBroker::forget_deposits(Tenant& t, bool (*match)(const Deposit&, std::uint64_t), std::uint64_t what) {
+  for (auto it = t.deposits.begin(); it != t.deposits.end();) {
+    if (!match(it->second, what)) {
+      ++it;
+      continue;
+    }
+    if (auto g = guests_.find(it->second.guest); g != guests_.end() && g->second.deposits > 0) --g->second.deposits;
+    --total_deposits_;
+    it = t.deposits.erase(it);
+  }
 }
 
 void FdBroker::drop(int fd) {
-  auto it = ends_.find(fd);
-  if (it == ends_.end()) return;
-  const std::uint32_t tenant = it->second.second;
-  ends_.erase(it);
-  auto t = tenants_.find(tenant);
-  if (t != tenants_.end() && --t->second.workers == 0) {
-    total_ -= t->second.by_token.size();
-    tenants_.erase(t);
+  auto it = lines_.find(fd);
+  if (it == lines_.end()) return;
+  const Line line = std::move(it->second);
+  lines_.erase(it);
+  auto g = guests_.find(line.guest);
+  if (g == guests_.end()) return;
+  if (g->second.lines > 0) --g->second.lines;
+  if (!g->second.tenant || !IVCUDA_RULE("share-owner-end")) return;
+  // Its worker ended: what it shared goes (its charges went with it).
+  Tenant& t = tenants_.at(*g->second.tenant);
+  forget_deposits(t, [](const Deposit& d, std::uint64_t l) { return d.line == l; }, line.id);
+  (void)t.registry.drop_line(line.id);
+}
+
+void FdBroker::end_guest(std::uint32_t guest) {
+  auto g = guests_.find(guest);
+  if (g == guests_.end()) return;
+  for (auto it = lines_.begin(); it != lines_.end();)
+    it = it->second.guest == guest ? lines_.erase(it) : std::next(it);
+  if (g->second.tenant && IVCUDA_RULE("share-owner-end")) {
+    if (auto t = tenants_.find(*g->second.tenant); t != tenants_.end()) {
+      forget_deposits(t->second, [](const Deposit& d, std::uint64_t gid) { return d.guest == gid; }, guest);
+      (void)t->second.registry.drop_guest(guest);
+      if (--t->second.guests == 0) tenants_.erase(t);
+    }
   }
+  guests_.erase(g);
 }
 
 void FdBroker::serve(int fd) {
-  auto end = ends_.find(fd);
-  if (end == ends_.end()) return;
-  auto got = recv_msg(fd);
-  if (!got) {  // hung up, or not speaking the protocol: it gets nothing more
-    drop(fd);
-    return;
-  }
-  auto& [m, passed] = *got;
-  Tenant& t = tenants_[end->second.second];
+  auto it = lines_.find(fd);
+  if (it == lines_.end()) return;
+  alignas(8) std::byte buf[kMaxMsg];
+  auto got = recv_packet(fd, buf, sizeof buf);
+  // Hung up, or not speaking the protocol: it gets nothing more.
+  if (!got) return drop(fd);
+  std::uint32_t op = 0;
+  std::memcpy(&op, buf, sizeof op);
+  const bool ok = op == kDeposit || op == kFetch || op == kNewLine
+                      ? serve_fds(it->second, buf, got->first, std::move(got->second))
+                      : !got->second.valid() && serve_share(it->second, buf, got->first);
+  if (!ok) drop(fd);
+}
+
+bool FdBroker::serve_fds(Line& line, const void* msg, std::size_t n, sys::UniqueFd passed) {
+  if (n != sizeof(Msg)) return false;
+  Msg m;
+  std::memcpy(&m, msg, sizeof m);
+  if ((m.op == kDeposit) != passed.valid()) return false;  // exactly the deposit carries an fd
   Msg ans;
   ans.op = m.op;
   int give = -1;
-  sys::UniqueFd line;  // kNewLine: the new line's far end, sent with the answer
-  if (m.op == kNewLine && !passed.valid()) {
-    // A VM's supervisor asks one line per worker it starts, for the same
-    // tenant. Lines are bounded per tenant: each costs the daemon an fd.
-    if (t.workers >= kMaxLinesPerTenant) {
+  sys::UniqueFd far;  // kNewLine: the new line's far end, sent with the answer
+  Tenant* t = tenant_of(line.guest, m.op == kNewLine);
+  Guest& g = guests_.at(line.guest);
+  if (t == nullptr) {
+    ans.status = EACCES;
+  } else if (m.op == kNewLine) {
+    if (g.lines >= lim_.lines_per_guest) {
       ans.status = EMFILE;
-    } else if (auto far = add_worker(end->second.second); far) {
-      line = std::move(*far);
-      give = line.get();
+    } else if (auto l = make_line(line.guest); l) {
+      far = std::move(*l);
+      give = far.get();
     } else {
-      ans.status = static_cast<std::uint32_t>(far.error().code);
+      ans.status = static_cast<std::uint32_t>(l.error().code);
     }
-  } else if (m.op == kDeposit && passed.valid()) {
-    if (t.by_token.count(m.token) != 0) {
+  } else if (m.op == kDeposit) {
+    if (t->deposits.count(m.token) != 0) {
       ans.status = EEXIST;
-    } else if (total_ >= kMaxDeposits && t.order.empty()) {
+    } else if (IVCUDA_RULE("share-guest-caps") && g.deposits >= lim_.deposits_per_guest) {
+      ans.status = ENOSPC;
+    } else if (IVCUDA_RULE("share-tenant-caps") &&
+               (t->deposits.size() >= lim_.deposits_per_tenant || total_deposits_ >= lim_.deposits)) {
       ans.status = ENOSPC;
     } else {
-      if (t.by_token.size() >= kMaxDepositsPerTenant || total_ >= kMaxDeposits) {
-        t.by_token.erase(t.order.front());
-        t.order.pop_front();
-        --total_;
-      }
-      t.by_token[m.token] = Deposit{std::move(passed), m.value};
-      t.order.push_back(m.token);
-      ++total_;
+      t->deposits[m.token] = Deposit{std::move(passed), m.value, line.id, line.guest};
+      ++g.deposits;
+      ++total_deposits_;
     }
-  } else if (m.op == kFetch && !passed.valid()) {
-    auto d = t.by_token.find(m.token);
-    if (d == t.by_token.end()) {
+  } else {
+    auto d = t->deposits.find(m.token);
+    if (d == t->deposits.end()) {
       ans.status = ENOENT;
     } else {
       give = d->second.fd.get();
       ans.value = d->second.value;
     }
-  } else {
-    drop(fd);
-    return;
   }
   // The daemon never waits on a worker: one that does not read its answer
   // loses its line.
-  if (!send_msg(fd, ans, give, MSG_DONTWAIT)) drop(fd);
+  return send_packet(line.fd.get(), &ans, sizeof ans, give, MSG_DONTWAIT).ok();
+}
+
+bool FdBroker::serve_share(Line& line, const void* msg, std::size_t n) {
+  if (n != sizeof(ShareMsg)) return false;
+  ShareMsg m;
+  std::memcpy(&m, msg, sizeof m);
+  if (m.op != kPublish && m.op != kLookup && m.op != kWithdraw) return false;
+  ShareMsg ans;
+  ans.op = m.op;
+  Tenant* t = tenant_of(line.guest, false);
+  const auto kind = static_cast<ShareKind>(m.kind);
+  if (t == nullptr) {
+    ans.status = EACCES;
+  } else if (!valid_kind(m.kind)) {
+    ans.status = EINVAL;
+  } else if (m.op == kPublish) {
+    ShareEntry e;
+    e.kind = kind;
+    e.owner_proc = m.owner_proc;
+    e.key = m.key;
+    e.base = m.base;
+    e.size = m.size;
+    e.aux = m.aux;
+    std::memcpy(e.payload.data(), m.payload, sizeof m.payload);
+    if (auto tk = t->registry.publish(e, ShareOwner{line.id, line.guest}); tk) {
+      ans.slot = tk->slot;
+      ans.token[0] = tk->token.w[0];
+      ans.token[1] = tk->token.w[1];
+    } else {
+      ans.status = static_cast<std::uint32_t>(tk.error().code);
+    }
+  } else if (m.op == kLookup) {
+    const ShareTicket tk{m.slot, ShareToken{{m.token[0], m.token[1]}}};
+    if (auto f = t->registry.lookup(kind, tk, line.id); f) {
+      ans.kind = m.kind;
+      ans.owner_proc = f->entry.owner_proc;
+      ans.mine = f->mine ? 1 : 0;
+      ans.key = f->entry.key;
+      ans.base = f->entry.base;
+      ans.size = f->entry.size;
+      ans.aux = f->entry.aux;
+      std::memcpy(ans.payload, f->entry.payload.data(), sizeof ans.payload);
+    } else {
+      ans.status = ENOENT;
+    }
+  } else {
+    ans.slot = t->registry.withdraw(kind, m.key, line.id) ? 1 : 0;
+  }
+  return send_packet(line.fd.get(), &ans, sizeof ans, -1, MSG_DONTWAIT).ok();
 }
 
 }  // namespace ivcuda::host

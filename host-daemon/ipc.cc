@@ -1,20 +1,24 @@
 // CUDA IPC between processes of one tenant: cuIpcGetMemHandle,
 // cuIpcOpenMemHandle, cuIpcCloseMemHandle, cuIpcGetEventHandle,
 // cuIpcOpenEventHandle. The guest side is guest/ipc.cc; the registry that
-// carries handles between the workers of a tenant is tenant_share.h.
+// carries handles between the workers of a tenant is tenant_share.h, kept by
+// the daemon and reached over the worker's line (fd_broker.h).
 //
 // Export: the object must be the guest's own; the worker asks the driver for
-// its handle, keeps that handle in the tenant's registry and gives the guest
-// only a ticket (slot + random token). Import: the ticket is looked up in
-// this worker's tenant's registry only, so a forged ticket, a stale one or
-// one from another tenant is CUDA_ERROR_INVALID_HANDLE before any driver call.
+// its handle, publishes that handle in the tenant's registry and gives the
+// guest only a ticket (slot + random token). Import: the daemon looks the
+// ticket up in the registry of this worker's tenant only, so a forged
+// ticket, a stale one or one from another tenant is CUDA_ERROR_INVALID_HANDLE
+// before any driver call.
 //
-// Who exported decides how an open is served:
+// Who exported decides how an open is served (the daemon says whether this
+// worker's line published the entry):
 //  - another worker (process mode: every guest process has its own worker):
 //    the driver opens the real handle, and the mapping becomes device memory
-//    the guest owns (RangeKind::kIpc) until it closes it;
-//  - this worker, another guest process (a VM: its processes share one
-//    worker, and the driver refuses opens in the exporting process): the
+//    the guest owns (RangeKind::kIpc), charged to its quota, until it closes
+//    it;
+//  - this worker, another guest process (one worker for several guest
+//    processes: the driver refuses opens in the exporting process): the
 //    answer is the allocation itself, counted per opening process; if its
 //    owner frees it meanwhile, the real free waits for the last close
 //    (RangeKind::kFreed), as the driver keeps memory alive for importers;
@@ -27,6 +31,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
 
@@ -43,7 +48,6 @@ constexpr std::uint32_t kEventMagic = 0x45435649u;  // "IVCE"
 
 CUresult Worker::on_IpcGetMemHandle(Call& c) {
   const auto r = c.req<ReqIpcGet>();
-  if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   if (r.object == 0) {  // names nothing: the driver's own answer for it
     CUipcMemHandle unused{};
@@ -64,26 +68,22 @@ CUresult Worker::on_IpcGetMemHandle(Call& c) {
   const CUresult st = cu_.cuIpcGetMemHandle(&real, r.object);
   if (st != CUDA_SUCCESS) return st;
   RepIpcHandle rep{};
-  auto ticket = cfg_.share->find_own(ShareKind::kIpcMem, base);
+  ShareEntry e;
+  e.kind = ShareKind::kIpcMem;
+  e.owner_proc = r.proc;
+  e.key = base;
+  e.base = base;
+  e.size = size;
+  static_assert(sizeof real == 64);
+  std::memcpy(e.payload.data(), &real, sizeof real);
+  // Exported before: the same ticket (the registry keeps one per object).
+  auto ticket = share_publish(e);
   if (!ticket) {
-    ShareEntry e;
-    e.kind = ShareKind::kIpcMem;
-    e.owner_guest = cfg_.guest_id;
-    e.owner_proc = r.proc;
-    e.key = base;
-    e.base = base;
-    e.size = size;
-    static_assert(sizeof real == 64);
-    std::memcpy(e.payload.data(), &real, sizeof real);
-    auto t = cfg_.share->publish(e);
-    if (!t) {
-      IVLOG_DEBUG("guest %u: cannot export 0x%llx: %s", cfg_.guest_id, static_cast<unsigned long long>(base),
-                  t.error().what.c_str());
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    ticket = *t;
-    ipc_exported_mem_.insert(base);
+    IVLOG_DEBUG("guest %u: cannot export 0x%llx: %s", cfg_.guest_id, static_cast<unsigned long long>(base),
+                ticket.error().what.c_str());
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  ipc_exported_mem_.insert(base);
   encode_ticket(kMemMagic, *ticket, reinterpret_cast<std::byte*>(rep.bytes));
   c.set_reply(rep);
   return CUDA_SUCCESS;
@@ -91,15 +91,15 @@ CUresult Worker::on_IpcGetMemHandle(Call& c) {
 
 CUresult Worker::on_IpcOpenMemHandle(Call& c) {
   const auto r = c.req<ReqIpcOpen>();
-  if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   const auto ticket = decode_ticket(kMemMagic, reinterpret_cast<const std::byte*>(r.handle));
   if (!ticket) return CUDA_ERROR_INVALID_HANDLE;
-  const auto e = cfg_.share->lookup(ShareKind::kIpcMem, *ticket);
-  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  const auto found = share_lookup(ShareKind::kIpcMem, *ticket);
+  if (!found) return CUDA_ERROR_INVALID_HANDLE;
+  const ShareEntry* e = &found->entry;
   CUipcMemHandle real{};
   std::memcpy(&real, e->payload.data(), sizeof real);
-  if (e->owner_pid == static_cast<std::int32_t>(::getpid())) {
+  if (found->mine) {
     if (e->owner_proc == r.proc) {
       // The exporting process itself: the driver's own answer.
       CUdeviceptr d = 0;
@@ -118,6 +118,15 @@ CUresult Worker::on_IpcOpenMemHandle(Call& c) {
     c.set_reply(RepRange{e->base, it->second.size});
     return CUDA_SUCCESS;
   }
+  // Another worker's memory. While it is open this guest holds a reference
+  // that keeps it alive (its exporter may free it and leave meanwhile), so
+  // it counts against this guest's quota too (docs/design.md, "Tenants
+  // and what they share").
+  Charge charge;
+  if (IVCUDA_RULE("import-charged")) {
+    charge = quota_.take(e->size);
+    if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   CUdeviceptr d = 0;
   CUresult st = cu_.cuIpcOpenMemHandle(&d, real, r.flags);
   if (st != CUDA_SUCCESS) return st;
@@ -128,7 +137,15 @@ CUresult Worker::on_IpcOpenMemHandle(Call& c) {
   std::uint64_t size = e->size;
   if (cu_.cuMemGetAddressRange(&mb, &ms, d) == CUDA_SUCCESS && mb <= d && ms > d - mb) size = ms - (d - mb);
   IpcOpen& o = ipc_opens_[d];
-  if (o.opens.empty()) ranges_[d] = DevRange{size, r.ctx, RangeKind::kIpc};
+  if (o.opens.empty()) {
+    // Charged for what the driver maps, not only for what the exporter said.
+    if (charge && size > charge.bytes() && !charge.grow(size - charge.bytes())) {
+      (void)cu_.cuIpcCloseMemHandle(d);
+      ipc_opens_.erase(d);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ranges_[d] = DevRange{size, r.ctx, RangeKind::kIpc, 0, std::move(charge)};
+  }
   ++o.opens[r.proc];
   c.set_reply(RepRange{d, ranges_[d].size});
   return CUDA_SUCCESS;
@@ -136,7 +153,6 @@ CUresult Worker::on_IpcOpenMemHandle(Call& c) {
 
 CUresult Worker::on_IpcCloseMemHandle(Call& c) {
   const auto r = c.req<ReqIpcClose>();
-  if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   auto it = ipc_opens_.find(r.dptr);
   const bool opened_here = it != ipc_opens_.end() && it->second.opens.count(r.proc) != 0;
   if (!opened_here) {
@@ -160,7 +176,7 @@ CUresult Worker::on_IpcCloseMemHandle(Call& c) {
   ipc_opens_.erase(it);
   if (!own) {
     // Exported onwards from here? Not after it is gone.
-    if (ipc_exported_mem_.erase(r.dptr) != 0) (void)cfg_.share->withdraw(ShareKind::kIpcMem, r.dptr);
+    if (ipc_exported_mem_.erase(r.dptr) != 0) share_withdraw(ShareKind::kIpcMem, r.dptr);
     ranges_.erase(range);
   } else if (range->second.kind == RangeKind::kFreed && !pool_holds(r.dptr)) {
     st = cu_.cuMemFree(r.dptr);  // its owner freed it before: now it goes
@@ -175,8 +191,7 @@ bool Worker::ipc_holds(std::uint64_t base) const {
 }
 
 bool Worker::ipc_on_free(std::uint64_t base) {
-  if (cfg_.share != nullptr && ipc_exported_mem_.erase(base) != 0)
-    (void)cfg_.share->withdraw(ShareKind::kIpcMem, base);
+  if (ipc_exported_mem_.erase(base) != 0) share_withdraw(ShareKind::kIpcMem, base);
   auto it = ipc_opens_.find(base);
   if (it == ipc_opens_.end() || !it->second.own) return true;
   auto range = ranges_.find(base);
@@ -188,27 +203,21 @@ bool Worker::ipc_on_free(std::uint64_t base) {
 
 CUresult Worker::on_IpcGetEventHandle(Call& c) {
   const auto r = c.req<ReqIpcGet>();
-  if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   EventEntry* ev = events_.find(r.object);
   if (ev == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult st = use_ctx(ev->ctx); st != CUDA_SUCCESS) return st;
   CUipcEventHandle real{};
   const CUresult st = cu_.cuIpcGetEventHandle(&real, ev->real);
   if (st != CUDA_SUCCESS) return st;
-  auto ticket = cfg_.share->find_own(ShareKind::kIpcEvent, r.object);
-  if (!ticket) {
-    ShareEntry e;
-    e.kind = ShareKind::kIpcEvent;
-    e.owner_guest = cfg_.guest_id;
-    e.owner_proc = r.proc;
-    e.key = r.object;
-    static_assert(sizeof real == 64);
-    std::memcpy(e.payload.data(), &real, sizeof real);
-    auto t = cfg_.share->publish(e);
-    if (!t) return CUDA_ERROR_OUT_OF_MEMORY;
-    ticket = *t;
-    ipc_exported_events_.insert(r.object);
-  }
+  ShareEntry e;
+  e.kind = ShareKind::kIpcEvent;
+  e.owner_proc = r.proc;
+  e.key = r.object;
+  static_assert(sizeof real == 64);
+  std::memcpy(e.payload.data(), &real, sizeof real);
+  auto ticket = share_publish(e);
+  if (!ticket) return CUDA_ERROR_OUT_OF_MEMORY;
+  ipc_exported_events_.insert(r.object);
   RepIpcHandle rep{};
   encode_ticket(kEventMagic, *ticket, reinterpret_cast<std::byte*>(rep.bytes));
   c.set_reply(rep);
@@ -217,15 +226,15 @@ CUresult Worker::on_IpcGetEventHandle(Call& c) {
 
 CUresult Worker::on_IpcOpenEventHandle(Call& c) {
   const auto r = c.req<ReqIpcOpen>();
-  if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   const auto ticket = decode_ticket(kEventMagic, reinterpret_cast<const std::byte*>(r.handle));
   if (!ticket) return CUDA_ERROR_INVALID_HANDLE;
-  const auto e = cfg_.share->lookup(ShareKind::kIpcEvent, *ticket);
-  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  const auto found = share_lookup(ShareKind::kIpcEvent, *ticket);
+  if (!found) return CUDA_ERROR_INVALID_HANDLE;
+  const ShareEntry* e = &found->entry;
   CUipcEventHandle real{};
   std::memcpy(&real, e->payload.data(), sizeof real);
-  if (e->owner_pid == static_cast<std::int32_t>(::getpid())) {
+  if (found->mine) {
     if (e->owner_proc == r.proc) {
       CUevent ev = nullptr;
       const CUresult st = cu_.cuIpcOpenEventHandle(&ev, real);
@@ -249,8 +258,7 @@ CUresult Worker::on_IpcOpenEventHandle(Call& c) {
 }
 
 bool Worker::ipc_on_event_destroy(std::uint64_t handle, CUevent real) {
-  if (cfg_.share != nullptr && ipc_exported_events_.erase(handle) != 0)
-    (void)cfg_.share->withdraw(ShareKind::kIpcEvent, handle);
+  if (ipc_exported_events_.erase(handle) != 0) share_withdraw(ShareKind::kIpcEvent, handle);
   auto it = ipc_event_names_.find(real);
   if (it == ipc_event_names_.end()) return true;
   if (--it->second <= 1) ipc_event_names_.erase(it);  // one name left: it destroys for real
@@ -263,8 +271,7 @@ void Worker::ipc_drop_ctx(std::uint64_t ctx, bool close_in_driver) {
   std::vector<std::uint64_t> gone;
   for (auto& [addr, r] : ranges_) {
     if (r.ctx != ctx) continue;
-    if (cfg_.share != nullptr && ipc_exported_mem_.erase(addr) != 0)
-      (void)cfg_.share->withdraw(ShareKind::kIpcMem, addr);
+    if (ipc_exported_mem_.erase(addr) != 0) share_withdraw(ShareKind::kIpcMem, addr);
     auto o = ipc_opens_.find(addr);
     if (close_in_driver && r.kind == RangeKind::kIpc && o != ipc_opens_.end())
       for (const auto& [proc, n] : o->second.opens)
@@ -279,8 +286,7 @@ void Worker::ipc_drop_ctx(std::uint64_t ctx, bool close_in_driver) {
     if (e.ctx == ctx) events.emplace_back(h, e.real);
   });
   for (const auto& [h, real] : events) {
-    if (cfg_.share != nullptr && ipc_exported_events_.erase(h) != 0)
-      (void)cfg_.share->withdraw(ShareKind::kIpcEvent, h);
+    if (ipc_exported_events_.erase(h) != 0) share_withdraw(ShareKind::kIpcEvent, h);
     if (!close_in_driver) ipc_event_names_.erase(real);  // the driver destroyed them with the context
   }
 }

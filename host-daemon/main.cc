@@ -56,24 +56,6 @@ constexpr std::size_t kNoListener = static_cast<std::size_t>(-1);
 // --join: other peers of the ivshmem-server whose eventfds we keep.
 constexpr std::size_t kJoinMaxPeers = 8;
 ivcuda::host::Worker* g_worker = nullptr;
-// Every tenant's registry of shared objects (host-daemon/tenant_share.h).
-// A worker keeps only its own tenant's mapping.
-std::vector<ivcuda::host::TenantShare*> g_shares;
-
-void keep_only_share(const ivcuda::host::TenantShare* mine) {
-  for (auto* s : g_shares)
-    if (s != mine) s->unmap();
-}
-
-std::unique_ptr<ivcuda::host::TenantShare> make_share(std::uint32_t slots) {
-  auto s = ivcuda::host::TenantShare::create(slots);
-  if (!s) {
-    IVLOG_ERROR("%s", s.error().what.c_str());
-    return nullptr;
-  }
-  g_shares.push_back(s->get());
-  return std::move(*s);
-}
 
 void on_hangup(int) { g_reload = 1; }
 
@@ -100,7 +82,8 @@ struct Options {
   unsigned poll_us = 500;
   std::string join;
   std::vector<std::string> guest_sockets;  // SOCKET=GPUS
-  std::uint32_t share_slots = ivcuda::host::TenantShare::kDefaultSlots;
+  std::uint32_t share_slots = ivcuda::host::ShareRegistry::kDefaultSlots;           // per tenant
+  std::uint32_t share_slots_guest = ivcuda::host::ShareRegistry::kDefaultPerGuest;  // per guest
   std::uint32_t vm_spares = 1;
   unsigned warm_workers = 1;  // per socket: started ahead of the next guest
   std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
@@ -345,7 +328,6 @@ struct GuestSetup {
   int shm_fd = -1;
   const ivcuda::ivshmem::GuestConnection* fds = nullptr;  // doorbells (and conn when there)
   int broker_fd = -1;
-  ivcuda::host::TenantShare* share = nullptr;
   pid_t peer_pid = -1;
   ivcuda::host::GuestStats* stats = nullptr;
   std::vector<std::string> driver_env;
@@ -354,7 +336,6 @@ struct GuestSetup {
 ivcuda::host::SupervisorConfig supervisor_config(const Options& o, const GuestSetup& g) {
   ivcuda::host::SupervisorConfig sc;
   ivcuda::host::WorkerConfig& cfg = sc.worker;
-  cfg.share = g.share;
   cfg.guest_id = static_cast<std::uint32_t>(g.id);
   cfg.shm_fd = g.shm_fd;
   cfg.layout = *g.layout;
@@ -384,7 +365,6 @@ ivcuda::host::SupervisorConfig supervisor_config(const Options& o, const GuestSe
 int run_worker(const Options& o, const GuestSetup& g) {
   // Die with the daemon: a worker must not outlive the process that manages it.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  keep_only_share(g.share);
   return ivcuda::host::run_supervisor(supervisor_config(o, g), &g_stop);
 }
 
@@ -392,16 +372,14 @@ int run_worker(const Options& o, const GuestSetup& g) {
 // daemon hands it the guest on handoff_fd (vm_supervisor.h).
 int run_warm(const Options& o, const GuestSetup& g, int handoff_fd) {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  keep_only_share(g.share);
   return ivcuda::host::run_warm_supervisor(supervisor_config(o, g), handoff_fd, &g_stop);
 }
 
 // Creates and formats an ivshmem-plain memory file and forks its worker.
 pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const ivcuda::ring::Layout& layout,
                          std::uint64_t generation, const std::string& path, std::int64_t id,
-                         ivcuda::host::GuestStats* stats, ivcuda::host::TenantShare* share,
-                         ivcuda::host::FdBroker& broker, const std::function<void()>& forget_in_child,
-                         const std::vector<std::string>& driver_env) {
+                         ivcuda::host::GuestStats* stats, ivcuda::host::FdBroker& broker,
+                         const std::function<void()>& forget_in_child, const std::vector<std::string>& driver_env) {
   ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
     IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
@@ -415,9 +393,9 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   auto host_efd = ivcuda::sys::make_eventfd(true);
   auto guest_efd = ivcuda::sys::make_eventfd(true);
   if (!host_efd || !guest_efd) return -1;
-  // The file's guest is a tenant of its own; its processes' workers pass
-  // exported allocations through the broker.
-  auto broker_end = broker.add_worker(static_cast<std::uint32_t>(id));
+  // The file's guest is a tenant of its own; its processes' workers share
+  // through the broker.
+  auto broker_end = broker.add_worker(static_cast<std::uint32_t>(id), ivcuda::host::Tenancy::own());
   const pid_t pid = ::fork();
   if (pid != 0) {
     if (pid > 0) IVLOG_INFO("ivshmem-plain guest %lld on %s; worker pid %d", static_cast<long long>(id), path.c_str(),
@@ -426,10 +404,8 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   }
   forget_in_child();
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  keep_only_share(share);
   ivcuda::host::SupervisorConfig sc;
   ivcuda::host::WorkerConfig& cfg = sc.worker;
-  cfg.share = share;
   cfg.guest_id = static_cast<std::uint32_t>(id);
   cfg.shm_fd = fd.get();
   cfg.layout = layout;
@@ -513,15 +489,13 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       if (guest < 0) (void)ivcuda::sys::wait_readable(client->socket_fd(), 200);
     }
     if (guest < 0) break;
-    // Each guest of the server is a tenant of its own: a registry per guest.
-    const auto share = make_share(o.share_slots);
-    if (!share) return 1;
+    // Each guest of the server is a tenant of its own, served by one worker
+    // with no line to a broker: its processes share through that worker's
+    // own registry (tenant_share.h).
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      keep_only_share(share.get());
       ivcuda::host::WorkerConfig cfg;
-      cfg.share = share.get();
       cfg.guest_id = static_cast<std::uint32_t>(guest);
       cfg.shm_fd = client->shm_fd();
       cfg.layout = *layout;
@@ -559,7 +533,6 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
     if (WIFSIGNALED(status))
       IVLOG_WARN("worker for guest peer %lld died of signal %d", static_cast<long long>(guest), WTERMSIG(status));
     IVLOG_INFO("guest peer %lld left; its worker is gone", static_cast<long long>(guest));
-    std::erase(g_shares, share.get());
   }
   return 0;
 }
@@ -636,7 +609,12 @@ void define_options(CLI::App& app, Options& o) {
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
-                 "objects (CUDA IPC memory and event handles) one tenant may have exported at once")
+                 "objects (CUDA IPC memory and event handles, pool pointers) one tenant may have exported at "
+                 "once (a tenant: a VM, or one user's process-mode programs on one socket)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--share-slots-per-guest", o.share_slots_guest,
+                 "of those, what one guest (one VM, one process-mode program) may have exported at once")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--warm-workers", o.warm_workers,
@@ -783,7 +761,6 @@ int main(int argc, char** argv) {
     std::vector<int> gpus;
     std::uint64_t mem_limit;
     ivcuda::ivshmem::IvshmemServer server;
-    std::unique_ptr<ivcuda::host::TenantShare> share;  // this tenant's shared objects
     unsigned compute = 100;                // % of the SMs under --mps
     unsigned warm = 1;                     // workers kept started ahead
     bool huge = false;                     // guests' memory on 2 MiB pages
@@ -796,8 +773,6 @@ int main(int argc, char** argv) {
       IVLOG_ERROR("cannot listen on %s: %s", path.c_str(), server.error().what.c_str());
       return false;
     }
-    auto share = make_share(o.share_slots);
-    if (!share) return false;
     // Who may connect: the listening socket's group and mode (QEMU runs as
     // its own user; a systemd unit's UMask keeps the socket closed until then).
     if (!o.socket_group.empty() || !o.socket_mode.empty()) {
@@ -817,7 +792,7 @@ int main(int argc, char** argv) {
       }
     }
     listeners.push_back(
-        Listener{path, std::move(grant), mem_limit, std::move(*server), std::move(share), compute, warm, huge});
+        Listener{path, std::move(grant), mem_limit, std::move(*server), compute, warm, huge});
     return true;
   };
   if (!add_listener(o.socket, gpus, o.mem_limit, o.compute, o.warm_workers, o.huge_pages == "on")) return 1;
@@ -868,7 +843,6 @@ int main(int argc, char** argv) {
     std::vector<int> gpus;
     unsigned compute = 0;  // % of the SMs under --mps; 0: no MPS
     std::size_t listener = kNoListener;  // index into listeners; kNoListener: a plain file
-    ivcuda::host::TenantShare* share = nullptr;  // its tenant's registry
     // A copy of the guest's connection: when the worker has ended, the
     // daemon hangs up on the guest itself. A worker that died may leave its
     // own reference behind for a while (its io_uring's armed poll is torn
@@ -1086,9 +1060,12 @@ int main(int argc, char** argv) {
     return {{"ok", false}, {"error", "unknown command '" + cmd + "' (status, evict, reload)"}};
   };
 
-  // Exported allocations travel between the workers of one listener (one
-  // tenant) through here.
-  ivcuda::host::FdBroker broker;
+  // What the workers of one tenant share travels through here (fd_broker.h:
+  // a VM, a plain file or one user's programs on one socket is a tenant).
+  ivcuda::host::FdBroker::Limits share_limits;
+  share_limits.entries_per_tenant = o.share_slots;
+  share_limits.entries_per_guest = o.share_slots_guest;
+  ivcuda::host::FdBroker broker(share_limits);
   // What a forked guest process must not keep of the daemon's: the other
   // listeners, the operator's sockets, other guests' connections and boards.
   auto forget_in_child = [&](const GuestBoard* mine) {
@@ -1178,13 +1155,16 @@ int main(int argc, char** argv) {
       return false;
     }
     ivcuda::sys::UniqueFd ours(sv[0]), theirs(sv[1]);
-    auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
+    // Its guest's user is not known yet: the line shares nothing until the
+    // guest is handed over (admit, below).
+    auto broker_end = broker.add_worker(static_cast<std::uint32_t>(e.id), ivcuda::host::Tenancy::pending());
     if (!broker_end)
       IVLOG_WARN("a warm worker for %s: no fd broker (%s): its guest can import only its own exports",
                  l.path.c_str(), broker_end.error().what.c_str());
     const pid_t pid = ::fork();
     if (pid < 0) {
       IVLOG_ERROR("a warm worker for %s: fork: %s", l.path.c_str(), std::strerror(errno));
+      broker.end_guest(static_cast<std::uint32_t>(e.id));
       return false;
     }
     if (pid == 0) {
@@ -1199,7 +1179,6 @@ int main(int argc, char** argv) {
       g.shm_fd = shm->get();
       g.fds = &*bells;
       g.broker_fd = broker_end ? broker_end->release() : -1;
-      g.share = l.share.get();
       g.stats = &e.board->stats();
       g.driver_env = driver_env(l.compute, l.mem_limit, l.gpus);
       ::_exit(run_warm(o, g, theirs.get()));
@@ -1228,15 +1207,13 @@ int main(int argc, char** argv) {
   auto let_go_warm = [&](Warm& e) {
     e.handoff.reset();
     warm_let_go.insert(e.pid);
+    broker.end_guest(static_cast<std::uint32_t>(e.id));
   };
 
   // ivshmem-plain guests: a memory file each, formatted here, served by a
   // worker that polls. Their ids start above every peer id.
-  std::vector<std::unique_ptr<ivcuda::host::TenantShare>> plain_shares;  // one tenant per file
   for (std::size_t i = 0; i < o.plain_files.size(); ++i) {
     const std::int64_t id = 0x10000 + static_cast<std::int64_t>(i);
-    plain_shares.push_back(make_share(o.share_slots));
-    if (!plain_shares.back()) return 1;
     auto board = new_board(o.mem_limit);
     if (!board) {
       IVLOG_ERROR("ivshmem-plain file %s: no status board: %s", o.plain_files[i].c_str(), std::strerror(errno));
@@ -1244,7 +1221,7 @@ int main(int argc, char** argv) {
     }
     GuestBoard* mine = board.get();
     const pid_t pid = spawn_plain_worker(o, gpus, *layout, generation, o.plain_files[i], id, &board->stats(),
-                                         plain_shares.back().get(), broker, [&] { forget_in_child(mine); },
+                                         broker, [&] { forget_in_child(mine); },
                                          driver_env(o.compute, o.mem_limit, gpus));
     if (pid < 0) return 1;
     Served s;
@@ -1253,7 +1230,6 @@ int main(int argc, char** argv) {
     s.socket = o.plain_files[i];
     s.gpus = gpus;
     s.compute = o.mps ? o.compute : 0;
-    s.share = plain_shares.back().get();
     s.board = std::move(board);
     workers[pid] = std::move(s);
   }
@@ -1279,6 +1255,7 @@ int main(int argc, char** argv) {
                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), static_cast<long long>(wait.count()));
         until = clk::now() + wait;
         wait = std::min<std::chrono::seconds>(wait * 2, std::chrono::seconds(60));
+        broker.end_guest(static_cast<std::uint32_t>(w->id));
         pools[li].erase(w);
       }
       if (was_warm) continue;
@@ -1289,10 +1266,9 @@ int main(int argc, char** argv) {
       else
         IVLOG_INFO("worker for guest %lld ended (status %d)", id, WEXITSTATUS(status));
       if (it != workers.end()) {
-        // What it exported is gone with it (a worker that crashed could not
-        // say so itself). A registry whose lock is held too long is left.
-        if (it->second.share != nullptr && it->second.share->withdraw_owner(pid, 1000) < 0)
-          IVLOG_WARN("guest %lld: its tenant's registry stayed locked; its exports stay listed", id);
+        // What it shared is gone with it, also what a worker that crashed
+        // could not withdraw itself (fd_broker.h).
+        broker.end_guest(static_cast<std::uint32_t>(id));
         if (it->second.conn && it->second.conn->valid()) ::shutdown(it->second.conn->get(), SHUT_RDWR);
         workers.erase(it);
       }
@@ -1433,8 +1409,12 @@ int main(int argc, char** argv) {
         continue;
       }
       pid_t pid = -1;
+      // Its tenant: its user on this socket, or (a VM) its connection (fd_broker.h).
+      const auto tenancy = ivcuda::host::Tenancy::user(static_cast<std::uint32_t>(li), cred.uid);
       if (warm) {
-        // The entry's process takes the guest from here (vm_supervisor.h).
+        // The entry's process takes the guest from here (vm_supervisor.h);
+        // its line shares from now on, as this guest's.
+        broker.admit(static_cast<std::uint32_t>(id), tenancy);
         if (auto st = ivcuda::ivshmem::send_msg(warm->handoff.get(), cred.pid, conn->conn.get()); !st) {
           IVLOG_ERROR("guest %lld: cannot hand it to its warm worker: %s", id, st.error().what.c_str());
           ::kill(warm->pid, SIGKILL);
@@ -1443,13 +1423,14 @@ int main(int argc, char** argv) {
         }
         pid = warm->pid;
       } else {
-        auto broker_end = broker.add_worker(static_cast<std::uint32_t>(li));
+        auto broker_end = broker.add_worker(static_cast<std::uint32_t>(id), tenancy);
         if (!broker_end)
           IVLOG_WARN("guest %lld: no fd broker (%s): it can import only its own exports", id,
                      broker_end.error().what.c_str());
         pid = ::fork();
         if (pid < 0) {
           IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
+          broker.end_guest(static_cast<std::uint32_t>(id));
           continue;
         }
         if (pid == 0) {
@@ -1463,7 +1444,6 @@ int main(int argc, char** argv) {
           g.shm_fd = shm->get();
           g.fds = &*conn;
           g.broker_fd = broker_end ? broker_end->release() : -1;
-          g.share = l.share.get();
           g.peer_pid = cred.pid;
           g.stats = &board->stats();
           g.driver_env = driver_env(l.compute, l.mem_limit, l.gpus);
@@ -1478,7 +1458,6 @@ int main(int argc, char** argv) {
       s.gpus = l.gpus;
       s.compute = o.mps ? l.compute : 0;
       s.listener = li;
-      s.share = l.share.get();
       s.conn = std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0));
       s.board = std::move(board);
       workers[pid] = std::move(s);

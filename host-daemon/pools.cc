@@ -38,6 +38,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
 
@@ -121,7 +122,7 @@ void Worker::pool_forget(CUmemoryPool real) {
       ++it;
       continue;
     }
-    if (cfg_.share != nullptr) (void)cfg_.share->withdraw(ShareKind::kPoolPtr, it->first);
+    share_withdraw(ShareKind::kPoolPtr, it->first);
     it = pool_ptr_exports_.erase(it);
   }
   // An fd already exported stays the driver's to judge; no alias can follow.
@@ -327,8 +328,10 @@ CUresult Worker::on_MemPoolExport(Call& c) {
       return CUDA_SUCCESS;
     }
   BrokerToken token;
-  Export* e = share_fd(std::move(owned), 0, &token);
-  if (e == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+  Export* e = nullptr;
+  // A pool's fd holds no memory of its own (its allocations are charged
+  // one by one): no charge travels with it.
+  if (CUresult sst = share_fd(std::move(owned), 0, nullptr, &token, &e); sst != CUDA_SUCCESS) return sst;
   e->pool = p->real;
   e->proc = r.proc;
   std::memcpy(rep.token, token.data(), sizeof rep.token);
@@ -394,7 +397,6 @@ CUresult Worker::on_MemPoolImport(Call& c) {
 // export data stays in the registry.
 CUresult Worker::on_MemPoolExportPtr(Call& c) {
   const auto r = c.req<ReqPoolPtr>();
-  if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   auto it = ranges_.upper_bound(r.dptr);
   if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
   --it;
@@ -406,31 +408,26 @@ CUresult Worker::on_MemPoolExportPtr(Call& c) {
   CUmemPoolPtrExportData data{};
   const CUresult st = cu_.cuMemPoolExportPointer(&data, r.dptr);
   if (st != CUDA_SUCCESS) return st;
-  auto ticket = cfg_.share->find_own(ShareKind::kPoolPtr, r.dptr);
+  // Its pool, for imports through an alias (which must name that pool).
+  CUmemoryPool from = nullptr;
+  if (cu_.cuPointerGetAttribute(&from, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, r.dptr) != CUDA_SUCCESS) from = nullptr;
+  ShareEntry e;
+  e.kind = ShareKind::kPoolPtr;
+  e.owner_proc = r.proc;
+  e.key = r.dptr;
+  e.base = r.dptr;
+  e.size = size - (r.dptr - base);
+  e.aux = reinterpret_cast<std::uint64_t>(from);
+  static_assert(sizeof data == 64);
+  std::memcpy(e.payload.data(), &data, sizeof data);
+  // Exported before: the same ticket (the registry keeps one per pointer).
+  auto ticket = share_publish(e);
   if (!ticket) {
-    // Its pool, for imports through an alias (which must name that pool).
-    CUmemoryPool from = nullptr;
-    if (cu_.cuPointerGetAttribute(&from, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, r.dptr) != CUDA_SUCCESS)
-      from = nullptr;
-    ShareEntry e;
-    e.kind = ShareKind::kPoolPtr;
-    e.owner_guest = cfg_.guest_id;
-    e.owner_proc = r.proc;
-    e.key = r.dptr;
-    e.base = r.dptr;
-    e.size = size - (r.dptr - base);
-    e.aux = reinterpret_cast<std::uint64_t>(from);
-    static_assert(sizeof data == 64);
-    std::memcpy(e.payload.data(), &data, sizeof data);
-    auto t = cfg_.share->publish(e);
-    if (!t) {
-      IVLOG_DEBUG("guest %u: cannot export pool pointer 0x%llx: %s", cfg_.guest_id,
-                  static_cast<unsigned long long>(r.dptr), t.error().what.c_str());
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    ticket = *t;
-    pool_ptr_exports_[r.dptr] = from;
+    IVLOG_DEBUG("guest %u: cannot export pool pointer 0x%llx: %s", cfg_.guest_id,
+                static_cast<unsigned long long>(r.dptr), ticket.error().what.c_str());
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  if (pool_ptr_exports_.count(r.dptr) == 0) pool_ptr_exports_[r.dptr] = from;
   RepIpcHandle rep{};
   encode_ticket(kPoolPtrMagic, *ticket, reinterpret_cast<std::byte*>(rep.bytes));
   c.set_reply(rep);
@@ -442,19 +439,18 @@ CUresult Worker::on_MemPoolExportPtr(Call& c) {
 // for export data that is not of the pool) before the driver is called.
 CUresult Worker::on_MemPoolImportPtr(Call& c) {
   const auto r = c.req<ReqPoolPtrImport>();
-  if (cfg_.share == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   const PoolEntry* p = pools_.find(r.pool);
   if (p == nullptr || p->real == nullptr || !p->imported) return CUDA_ERROR_INVALID_VALUE;
   const auto ticket = decode_ticket(kPoolPtrMagic, reinterpret_cast<const std::byte*>(r.data));
   if (!ticket) return CUDA_ERROR_INVALID_VALUE;
-  const auto e = cfg_.share->lookup(ShareKind::kPoolPtr, *ticket);
-  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  const auto found = share_lookup(ShareKind::kPoolPtr, *ticket);
+  if (!found) return CUDA_ERROR_INVALID_VALUE;
+  const ShareEntry* e = &found->entry;
   if (p->alias) {
     // A sibling process imports this worker's own allocation: the allocation
     // itself, if it came from the very pool the alias names.
-    if (e->owner_pid != static_cast<std::int32_t>(::getpid()) || e->aux != reinterpret_cast<std::uint64_t>(p->real) ||
-        e->owner_proc == r.proc)
+    if (!found->mine || e->aux != reinterpret_cast<std::uint64_t>(p->real) || e->owner_proc == r.proc)
       return CUDA_ERROR_INVALID_VALUE;
     auto it = ranges_.upper_bound(e->base);
     if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
@@ -464,13 +460,21 @@ CUresult Worker::on_MemPoolImportPtr(Call& c) {
     PoolImport& imp = pool_imports_[e->base];
     imp.own = true;
     ++imp.by[r.proc];
-    // The extent from this worker's books, not from the registry every
-    // worker of the tenant can write.
+    // The extent from this worker's books, not from what an exporter told
+    // the registry.
     c.set_reply(RepRange{e->base, it->second.size - (e->base - it->first)});
     return CUDA_SUCCESS;
   }
   CUmemPoolPtrExportData data{};
   std::memcpy(&data, e->payload.data(), sizeof data);
+  // Another process's allocation: while imported, this guest holds a
+  // reference that keeps it alive, so it counts against this guest's quota
+  // too (docs/design.md, "Tenants and what they share").
+  Charge charge;
+  if (IVCUDA_RULE("import-charged")) {
+    charge = quota_.take(e->size);
+    if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   CUdeviceptr d = 0;
   const CUresult st = cu_.cuMemPoolImportPointer(&d, p->real, &data);
   if (st != CUDA_SUCCESS) return st;
@@ -492,7 +496,15 @@ CUresult Worker::on_MemPoolImportPtr(Call& c) {
   std::uint64_t size = e->size;
   if (cu_.cuMemGetAddressRange(&mb, &ms, d) == CUDA_SUCCESS && mb <= d && ms > d - mb) size = ms - (d - mb);
   PoolImport& imp = pool_imports_[d];
-  if (imp.by.empty()) ranges_[d] = DevRange{size, r.ctx, RangeKind::kPoolImport, r.pool};
+  if (imp.by.empty()) {
+    // Charged for what the driver maps, not only for what the exporter said.
+    if (charge && size > charge.bytes() && !charge.grow(size - charge.bytes())) {
+      (void)cu_.cuMemFree(d);
+      pool_imports_.erase(d);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ranges_[d] = DevRange{size, r.ctx, RangeKind::kPoolImport, r.pool, std::move(charge)};
+  }
   ++imp.by[r.proc];
   c.set_reply(RepRange{d, ranges_[d].size});
   return CUDA_SUCCESS;
@@ -541,7 +553,7 @@ bool Worker::pool_holds(std::uint64_t base) const {
 bool Worker::pool_on_free(std::uint64_t base, std::uint64_t size) {
   // What was exported of it cannot be imported any more.
   for (auto it = pool_ptr_exports_.lower_bound(base); it != pool_ptr_exports_.end() && it->first - base < size;) {
-    if (cfg_.share != nullptr) (void)cfg_.share->withdraw(ShareKind::kPoolPtr, it->first);
+    share_withdraw(ShareKind::kPoolPtr, it->first);
     it = pool_ptr_exports_.erase(it);
   }
   if (!pool_holds(base)) return true;
@@ -561,7 +573,7 @@ void Worker::pool_drop_ctx(std::uint64_t ctx, bool close_in_driver) {
       ++it;
       continue;
     }
-    if (cfg_.share != nullptr) (void)cfg_.share->withdraw(ShareKind::kPoolPtr, it->first);
+    share_withdraw(ShareKind::kPoolPtr, it->first);
     it = pool_ptr_exports_.erase(it);
   }
   // Imports end with their context (kFreed allocations are ipc_drop_ctx's to free).

@@ -1,220 +1,103 @@
 #include "host-daemon/tenant_share.h"
 
-#include <pthread.h>
-#include <sys/mman.h>
 #include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <new>
+
+#include "host-daemon/rules.h"
 
 namespace ivcuda::host {
 
 namespace {
-constexpr std::uint64_t kRegionMagic = 0x5441524853564931ull;  // "1IVSHRAT"
-
-// A slot as it lies in the shared region. `kind` is written last on publish
-// and first on withdraw, so a holder that dies mid-update leaves either a
-// free slot or a complete one.
-struct Slot {
-  std::uint32_t kind;
-  std::int32_t owner_pid;
-  std::uint32_t owner_guest;
-  std::uint32_t owner_proc;
-  std::uint64_t token[2];
-  std::uint64_t key;
-  std::uint64_t base;
-  std::uint64_t size;
-  std::byte payload[64];
-  std::uint64_t aux;
-};
-static_assert(sizeof(Slot) == 128);
-
-bool same_token(const std::uint64_t a[2], const ShareToken& b) {
+bool same_token(const ShareToken& a, const ShareToken& b) {
   // No early exit: how far a guess matched is not told by timing.
-  return ((a[0] ^ b.w[0]) | (a[1] ^ b.w[1])) == 0;
-}
-
-ShareEntry to_entry(const Slot& s) {
-  ShareEntry e;
-  e.kind = static_cast<ShareKind>(s.kind);
-  e.owner_pid = s.owner_pid;
-  e.owner_guest = s.owner_guest;
-  e.owner_proc = s.owner_proc;
-  e.key = s.key;
-  e.base = s.base;
-  e.size = s.size;
-  e.aux = s.aux;
-  std::memcpy(e.payload.data(), s.payload, sizeof s.payload);
-  return e;
+  return ((a.w[0] ^ b.w[0]) | (a.w[1] ^ b.w[1])) == 0;
 }
 }  // namespace
 
-// Every worker of the tenant can write the region, so its own header is not
-// believed: the slot count each process uses is its private copy.
-struct TenantShare::Region {
-  std::uint64_t magic;
-  std::uint32_t slots;
-  std::uint32_t used;
-  pthread_mutex_t mu;
-  Slot slot[1];  // `slots` of them
-};
+ShareRegistry::ShareRegistry(std::uint32_t slots, std::uint32_t per_guest)
+    : slots_(std::clamp<std::uint32_t>(slots, 1, kMaxSlots)), per_guest_(std::max<std::uint32_t>(per_guest, 1)) {}
 
-// Holds the registry's lock. A previous holder that died is forgiven: every
-// slot is either free or complete (see Slot).
-struct TenantShare::Locked {
-  explicit Locked(Region* r, int timeout_ms = -1) : r_(r) {
-    int rc;
-    if (timeout_ms < 0) {
-      rc = pthread_mutex_lock(&r->mu);
-    } else {
-      timespec until{};
-      clock_gettime(CLOCK_REALTIME, &until);
-      until.tv_sec += timeout_ms / 1000;
-      until.tv_nsec += static_cast<long>(timeout_ms % 1000) * 1000000;
-      if (until.tv_nsec >= 1000000000) {
-        until.tv_sec += 1;
-        until.tv_nsec -= 1000000000;
-      }
-      rc = pthread_mutex_timedlock(&r->mu, &until);
-    }
-    if (rc == EOWNERDEAD) {
-      pthread_mutex_consistent(&r->mu);
-      rc = 0;
-    }
-    held_ = rc == 0;
-  }
-  ~Locked() {
-    if (held_) pthread_mutex_unlock(&r_->mu);
-  }
-  Locked(const Locked&) = delete;
-  Locked& operator=(const Locked&) = delete;
-  bool held() const noexcept { return held_; }
-
- private:
-  Region* r_;
-  bool held_ = false;
-};
-
-Result<std::unique_ptr<TenantShare>> TenantShare::create(std::uint32_t slots) {
-  if (slots == 0 || slots > (1u << 20)) return make_error(EINVAL, "registry slots out of range");
-  const std::size_t bytes = offsetof(Region, slot) + std::size_t{slots} * sizeof(Slot);
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return make_error(errno, std::string("tenant registry: mmap: ") + std::strerror(errno));
-  auto* r = static_cast<Region*>(p);  // zero-filled: every slot free
-  r->magic = kRegionMagic;
-  r->slots = slots;
-  pthread_mutexattr_t a;
-  pthread_mutexattr_init(&a);
-  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-  const int rc = pthread_mutex_init(&r->mu, &a);
-  pthread_mutexattr_destroy(&a);
-  if (rc != 0) {
-    ::munmap(p, bytes);
-    return make_error(rc, std::string("tenant registry: mutex: ") + std::strerror(rc));
-  }
-  return std::unique_ptr<TenantShare>(new TenantShare(r, bytes, slots));
+std::uint32_t ShareRegistry::of_guest(std::uint32_t guest) const {
+  auto it = guest_used_.find(guest);
+  return it == guest_used_.end() ? 0 : it->second;
 }
 
-TenantShare::~TenantShare() { unmap(); }
-
-void TenantShare::unmap() noexcept {
-  if (r_ != nullptr) ::munmap(r_, bytes_);
-  r_ = nullptr;
-}
-
-std::uint32_t TenantShare::capacity() const noexcept { return r_ == nullptr ? 0 : slots_; }
-
-std::uint32_t TenantShare::in_use() {
-  if (r_ == nullptr) return 0;
-  Locked lk(r_);
-  return lk.held() ? r_->used : 0;
-}
-
-Result<ShareTicket> TenantShare::publish(const ShareEntry& e) {
-  if (r_ == nullptr) return make_error(ENODEV, "no tenant registry");
+Result<ShareTicket> ShareRegistry::publish(const ShareEntry& e, ShareOwner owner) {
+  if (e.kind == ShareKind::kFree) return make_error(EINVAL, "share registry: no kind");
+  const OwnKey k{owner.line, static_cast<std::uint32_t>(e.kind), e.key};
+  if (auto it = own_.find(k); it != own_.end()) return ShareTicket{it->second, slot_[it->second].token};
+  // One guest's share of the tenant's room: its siblings (other processes of
+  // the user or VM) keep theirs.
+  if (IVCUDA_RULE("share-guest-caps") && of_guest(owner.guest) >= per_guest_)
+    return make_error(ENOSPC, "share registry: the guest's share is used up");
   ShareTicket t;
-  // Drawn before the lock: getrandom may block early at boot, never after.
   if (::getrandom(t.token.w, sizeof t.token.w, 0) != static_cast<ssize_t>(sizeof t.token.w))
-    return make_error(errno, "getrandom for a share token failed");
-  Locked lk(r_);
-  if (!lk.held()) return make_error(EDEADLK, "tenant registry lock");
-  for (std::uint32_t i = 0; i < slots_; ++i) {
-    Slot& s = r_->slot[i];
-    if (s.kind != 0) continue;
-    s.owner_pid = static_cast<std::int32_t>(::getpid());
-    s.owner_guest = e.owner_guest;
-    s.owner_proc = e.owner_proc;
-    s.token[0] = t.token.w[0];
-    s.token[1] = t.token.w[1];
-    s.key = e.key;
-    s.base = e.base;
-    s.size = e.size;
-    s.aux = e.aux;
-    std::memcpy(s.payload, e.payload.data(), sizeof s.payload);
-    __atomic_store_n(&s.kind, static_cast<std::uint32_t>(e.kind), __ATOMIC_RELEASE);
-    ++r_->used;
-    t.slot = i;
-    return t;
+    return make_error(errno != 0 ? errno : EIO, "getrandom for a share token failed");
+  if (!free_.empty()) {
+    t.slot = free_.back();
+    free_.pop_back();
+  } else if (slot_.size() < slots_ || !IVCUDA_RULE("share-tenant-caps")) {
+    t.slot = static_cast<std::uint32_t>(slot_.size());
+    slot_.emplace_back();
+  } else {
+    return make_error(ENOSPC, "share registry: the tenant's slots are used up");
   }
-  return make_error(ENOSPC, "tenant registry full");
+  Slot& s = slot_[t.slot];
+  s.e = e;
+  s.token = t.token;
+  s.owner = owner;
+  s.used = true;
+  own_[k] = t.slot;
+  ++guest_used_[owner.guest];
+  ++used_;
+  return t;
 }
 
-std::optional<ShareTicket> TenantShare::find_own(ShareKind kind, std::uint64_t key) {
-  if (r_ == nullptr) return std::nullopt;
-  const auto me = static_cast<std::int32_t>(::getpid());
-  Locked lk(r_);
-  if (!lk.held()) return std::nullopt;
-  for (std::uint32_t i = 0; i < slots_; ++i) {
-    const Slot& s = r_->slot[i];
-    if (s.kind == static_cast<std::uint32_t>(kind) && s.owner_pid == me && s.key == key)
-      return ShareTicket{i, ShareToken{{s.token[0], s.token[1]}}};
-  }
-  return std::nullopt;
+std::optional<ShareFound> ShareRegistry::lookup(ShareKind kind, const ShareTicket& t, std::uint64_t line) const {
+  if (kind == ShareKind::kFree || t.slot >= slot_.size()) return std::nullopt;
+  const Slot& s = slot_[t.slot];
+  if (!s.used || s.e.kind != kind || !same_token(s.token, t.token)) return std::nullopt;
+  ShareFound f{s.e, s.owner.line == line};
+  if (!f.mine) f.entry.key = f.entry.base = f.entry.aux = 0;
+  return f;
 }
 
-std::optional<ShareEntry> TenantShare::lookup(ShareKind kind, const ShareTicket& t) {
-  if (r_ == nullptr || kind == ShareKind::kFree || t.slot >= slots_) return std::nullopt;
-  Locked lk(r_);
-  if (!lk.held()) return std::nullopt;
-  const Slot& s = r_->slot[t.slot];
-  if (s.kind != static_cast<std::uint32_t>(kind) || !same_token(s.token, t.token)) return std::nullopt;
-  return to_entry(s);
+void ShareRegistry::release(std::uint32_t i) {
+  Slot& s = slot_[i];
+  own_.erase(OwnKey{s.owner.line, static_cast<std::uint32_t>(s.e.kind), s.e.key});
+  if (auto g = guest_used_.find(s.owner.guest); g != guest_used_.end() && --g->second == 0) guest_used_.erase(g);
+  s = Slot{};  // the driver's handle does not linger in a free slot
+  free_.push_back(i);
+  --used_;
 }
 
-unsigned TenantShare::withdraw(ShareKind kind, std::uint64_t key) {
-  if (r_ == nullptr) return 0;
-  const auto me = static_cast<std::int32_t>(::getpid());
-  Locked lk(r_);
-  if (!lk.held()) return 0;
+bool ShareRegistry::withdraw(ShareKind kind, std::uint64_t key, std::uint64_t line) {
+  auto it = own_.find(OwnKey{line, static_cast<std::uint32_t>(kind), key});
+  if (it == own_.end()) return false;
+  release(it->second);
+  return true;
+}
+
+unsigned ShareRegistry::drop_line(std::uint64_t line) {
   unsigned n = 0;
-  for (std::uint32_t i = 0; i < slots_; ++i) {
-    Slot& s = r_->slot[i];
-    if (s.kind != static_cast<std::uint32_t>(kind) || s.owner_pid != me || s.key != key) continue;
-    __atomic_store_n(&s.kind, 0u, __ATOMIC_RELEASE);
-    std::memset(&s, 0, sizeof s);
-    --r_->used;
-    ++n;
-  }
+  for (std::uint32_t i = 0; i < slot_.size(); ++i)
+    if (slot_[i].used && slot_[i].owner.line == line) {
+      release(i);
+      ++n;
+    }
   return n;
 }
 
-int TenantShare::withdraw_owner(pid_t pid, int timeout_ms) {
-  if (r_ == nullptr) return 0;
-  Locked lk(r_, timeout_ms);
-  if (!lk.held()) return -1;
-  int n = 0;
-  for (std::uint32_t i = 0; i < slots_; ++i) {
-    Slot& s = r_->slot[i];
-    if (s.kind == 0 || s.owner_pid != static_cast<std::int32_t>(pid)) continue;
-    __atomic_store_n(&s.kind, 0u, __ATOMIC_RELEASE);
-    std::memset(&s, 0, sizeof s);
-    if (r_->used > 0) --r_->used;
-    ++n;
-  }
+unsigned ShareRegistry::drop_guest(std::uint32_t guest) {
+  unsigned n = 0;
+  for (std::uint32_t i = 0; i < slot_.size(); ++i)
+    if (slot_[i].used && slot_[i].owner.guest == guest) {
+      release(i);
+      ++n;
+    }
   return n;
 }
 

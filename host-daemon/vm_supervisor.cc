@@ -550,7 +550,6 @@ void Supervisor::finish_slot(std::uint32_t s, int status) {
   // held: what was charged for them returns to the VM's quota.
   const std::uint64_t charged = vm_->mem_release_all(s);
   if (cfg_.worker.stats != nullptr) cfg_.worker.stats->mem_used.fetch_sub(charged, std::memory_order_relaxed);
-  if (cfg_.worker.share != nullptr) (void)cfg_.worker.share->withdraw_owner(p.pid, 1000);
   if (p.reclaim_guest) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - p.killed).count();
     IVLOG_INFO("guest %u: process %d exited; reclaimed its worker pid %d in %lld ms (%u channel(s), %llu KiB "

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
 
@@ -234,7 +235,8 @@ CUresult Worker::on_MemGetProperties(Call& c) {
   return CUDA_SUCCESS;
 }
 
-std::uint64_t Worker::adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size) {
+std::uint64_t Worker::adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size,
+                                       std::shared_ptr<Charge> charge) {
   std::uint64_t found = 0;
   mem_handles_.for_each([&](std::uint64_t h, MemHandleEntry& e) {
     if (e.real == real && found == 0) {  // also one only sparse arrays still map (refs 0)
@@ -242,7 +244,10 @@ std::uint64_t Worker::adopt_mem_handle(CUmemGenericAllocationHandle real, std::u
       found = h;
     }
   });
-  return found != 0 ? found : mem_handles_.insert(MemHandleEntry{real, size});
+  if (found != 0) return found;
+  MemHandleEntry e{real, size};
+  e.charge = std::move(charge);
+  return mem_handles_.insert(std::move(e));
 }
 
 CUresult Worker::on_MemRetainHandle(Call& c) {
@@ -254,17 +259,22 @@ CUresult Worker::on_MemRetainHandle(Call& c) {
   CUmemGenericAllocationHandle h = 0;
   const CUresult st = cu_.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(r.dptr));
   if (st != CUDA_SUCCESS) return st;
-  // The driver counts one more reference, released through this new handle.
-  c.set_reply(RepHandle{adopt_mem_handle(h, it->second.size)});
+  // The driver counts one more reference, released through this new handle;
+  // it keeps the memory, and so its charge, after the mapping goes.
+  c.set_reply(RepHandle{adopt_mem_handle(h, it->second.size, it->second.charge)});
   return CUDA_SUCCESS;
 }
 
 // Sharing an allocation with another process of the tenant. The driver's
 // fd stays on the host: this worker keeps it (and leaves a dup with the
-// daemon's broker for the tenant's other workers) under a random token, and
-// the guest gets the token. Only POSIX file descriptors can travel so; the
-// other handle types get the driver's own answer when it refuses them, and
-// NOT_SUPPORTED when it would hand out something the guest cannot carry.
+// daemon for the tenant's other workers, fd_broker.h) under a random token,
+// and the guest gets the token. Only POSIX file descriptors can travel so;
+// the other handle types get the driver's own answer when it refuses them,
+// and NOT_SUPPORTED when it would hand out something the guest cannot carry.
+// An exported fd is a reference to the memory (cuMemRelease frees nothing
+// while one is open), so the export keeps the allocation's charge: released
+// or not, exported memory counts against the exporter until it ends (the
+// host cannot see the guest close its copy of the fd).
 CUresult Worker::on_MemExportShareable(Call& c) {
   const auto r = c.req<ReqMemExport>();
   MemHandleEntry* e = guest_mem(r.handle);
@@ -281,7 +291,8 @@ CUresult Worker::on_MemExportShareable(Call& c) {
   const CUresult st = cu_.cuMemExportToShareableHandle(&fd, e->real, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, r.flags);
   if (st != CUDA_SUCCESS) return st;
   BrokerToken token;
-  if (share_fd(sys::UniqueFd(fd), e->size, &token) == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+  std::shared_ptr<Charge> charge = IVCUDA_RULE("export-charged") ? e->charge : nullptr;
+  if (CUresult sst = share_fd(sys::UniqueFd(fd), e->size, std::move(charge), &token); sst != CUDA_SUCCESS) return sst;
   RepShareToken rep{};
   std::memcpy(rep.token, token.data(), sizeof rep.token);
   c.set_reply(rep);
@@ -300,11 +311,20 @@ CUresult Worker::on_MemImportShareable(Call& c) {
   // A forged token, or one of another tenant, is what the driver calls an
   // fd that is no exported memory.
   if (fd < 0) return CUDA_ERROR_UNKNOWN;
+  // The imported handle is a reference of this guest's that keeps the memory
+  // alive whatever its exporter does, so it counts against this guest too;
+  // one of this worker's own exports is already charged here.
+  std::shared_ptr<Charge> charge = own != nullptr ? own->charge : nullptr;
+  if (own == nullptr && IVCUDA_RULE("import-charged")) {
+    Charge ch = quota_.take(size);
+    if (!ch) return CUDA_ERROR_OUT_OF_MEMORY;
+    charge = std::make_shared<Charge>(std::move(ch));
+  }
   CUmemGenericAllocationHandle h = 0;
   const CUresult st = cu_.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (st != CUDA_SUCCESS) return st;
-  c.set_reply(RepHandle{adopt_mem_handle(h, size)});
+  c.set_reply(RepHandle{adopt_mem_handle(h, size, std::move(charge))});
   return CUDA_SUCCESS;
 }
 

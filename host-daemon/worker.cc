@@ -229,9 +229,6 @@ void Worker::drain_console() {
 }
 
 void Worker::cleanup() noexcept {
-  // What this guest exported goes with it (the daemon does the same after
-  // reaping a worker that could not).
-  if (cfg_.share != nullptr) (void)cfg_.share->withdraw_owner(::getpid());
   if (cu_.handle == nullptr) return;
   abandon_copies();      // memory.cc: before the contexts their events belong to
   abandon_host_nodes();  // graphs.cc: a host node waiting for the gone guest gives up

@@ -99,14 +99,10 @@ struct WorkerConfig {
   // Point fd 1 at a pipe and forward what lands there (the driver's device
   // printf output) to the guest with the replies of synchronising calls.
   bool forward_stdout = true;
-  // The tenant's registry of exported objects (CUDA IPC, pool pointers),
-  // inherited from the daemon; borrowed. Null: nothing can be shared (IPC and
-  // pool pointer exports answer NOT_SUPPORTED, and the devices report no
-  // shareable pool handle types).
-  TenantShare* share = nullptr;
-  // This worker's line to the daemon's fd broker (exported allocations
-  // between the tenant's workers); -1: none, only this worker's own
-  // exports can be imported. Owned by the worker.
+  // This worker's line to the daemon (fd_broker.h): exported allocations and
+  // the tenant's registry of IPC handles and pool pointers (tenant_share.h),
+  // shared with the other workers of its tenant. -1: none, only this
+  // worker's own exports can be imported. Owned by the worker.
   int broker_fd = -1;
   // A VM's per-process worker (vm_supervisor.h): serves only the channels
   // the supervisor gives slot `vm_slot`, takes page-locked memory from the
@@ -222,7 +218,9 @@ class Worker {
   }
   // The guest's handle for a driver handle the driver just gave one more
   // reference to: the one it has (one more reference), or a new one.
-  std::uint64_t adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size);
+  // A new handle carries `charge` (the memory's charge, quota.h).
+  std::uint64_t adopt_mem_handle(CUmemGenericAllocationHandle real, std::uint64_t size,
+                                 std::shared_ptr<Charge> charge = nullptr);
   struct MappingEntry {    // one cuMemMap of (part of) an allocation
     std::uint64_t size = 0;
     std::uint64_t handle = 0;  // the guest's handle it was mapped with
@@ -484,23 +482,35 @@ class Worker {
     CUmemGenericAllocationHandle real = 0;
   };
   std::vector<PendingRelease> pending_releases_;
-  // Driver file descriptors shared with the tenant (worker_common.cc): what
-  // this worker exported, by the token the guest holds, and its line to the
-  // daemon's broker for the exports of the tenant's other workers.
+  // What is shared with the tenant (worker_common.cc): driver file
+  // descriptors this worker exported, by the token the guest holds, and its
+  // line to the daemon (fd_broker.h) for the tenant's deposits and registry.
   BrokerClient broker_;
   struct Export {
     sys::UniqueFd fd;
     std::uint64_t value = 0;       // what an importer gets with the fd (an allocation's size)
     CUmemoryPool pool = nullptr;   // a pool's export (pools.cc): the driver's pool while it lives
     std::uint32_t proc = 0;        // a pool's export: the guest process that exported it
+    // An allocation's export: the fd is a reference to the memory, so its
+    // charge lives as long as the export (quota.h).
+    std::shared_ptr<Charge> charge{};
   };
+  static constexpr std::size_t kMaxExports = 1024;
   std::map<BrokerToken, Export> exports_;
-  // Keeps `fd` under a fresh token and leaves a dup with the broker for the
-  // tenant's other workers. Null: no token could be drawn.
-  Export* share_fd(sys::UniqueFd fd, std::uint64_t value, BrokerToken* token);
+  // Keeps `fd` under a fresh token and leaves a dup with the daemon for the
+  // tenant's other workers. OUT_OF_MEMORY: the guest's exports, or its
+  // tenant's, are at their cap; OPERATING_SYSTEM: no token could be drawn.
+  CUresult share_fd(sys::UniqueFd fd, std::uint64_t value, std::shared_ptr<Charge> charge, BrokerToken* token,
+                    Export** out = nullptr);
   // The fd a token names: one of this worker's exports (*own set), or a dup
-  // the broker holds for this tenant (*fetched owns it). -1: neither.
+  // the daemon holds for this tenant (*fetched owns it). -1: neither.
   int shared_fd(const BrokerToken& token, Export** own, sys::UniqueFd* fetched, std::uint64_t* value);
+  // The tenant's registry (tenant_share.h): the daemon's over the line, or,
+  // without one, this worker's own (only its own guest processes share).
+  ShareRegistry local_share_;
+  Result<ShareTicket> share_publish(const ShareEntry& e);
+  std::optional<ShareFound> share_lookup(ShareKind kind, const ShareTicket& t);
+  void share_withdraw(ShareKind kind, std::uint64_t key);
   std::map<std::uint64_t, MappingEntry> mappings_;        // cuMemMap: address -> mapping
   std::vector<std::uint64_t> primary_;          // guest ordinal -> primary ctx handle
   std::map<std::uint64_t, DevRange> ranges_;    // device address -> range the guest owns

@@ -8,6 +8,7 @@
 // what this guest owns, and only then calls the driver.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -73,23 +74,30 @@ bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {
   return off >= l_.arena_off && ring::range_ok(off - l_.arena_off, len, l_.arena_size);
 }
 
-// ------------------------------------------------------------------ shared fds
+// ------------------------------------------------------------------ sharing
 
 // The driver's fd never leaves the host: the guest gets the token, which this
-// worker honours from its own exports and the broker only for its tenant.
-Worker::Export* Worker::share_fd(sys::UniqueFd fd, std::uint64_t value, BrokerToken* token) {
+// worker honours from its own exports and the daemon only in its tenant.
+CUresult Worker::share_fd(sys::UniqueFd fd, std::uint64_t value, std::shared_ptr<Charge> charge, BrokerToken* token,
+                          Export** out) {
+  // Refused past the cap rather than dropping an older export: a token the
+  // guest holds keeps working as long as its exporter lives.
+  if (exports_.size() >= kMaxExports) return CUDA_ERROR_OUT_OF_MEMORY;
   auto t = new_broker_token();
-  if (!t) return nullptr;
-  if (broker_.connected())
-    if (auto dep = broker_.deposit(*t, fd.get(), value); !dep)
+  if (!t) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (broker_.connected()) {
+    if (auto dep = broker_.deposit(*t, fd.get(), value); !dep) {
+      if (dep.error().code == ENOSPC) return CUDA_ERROR_OUT_OF_MEMORY;  // the guest's or tenant's cap
       IVLOG_WARN("guest %u: export not shared with the tenant's other workers: %s", cfg_.guest_id,
                  dep.error().what.c_str());
-  // Bounded: past the cap one export goes (its importers keep what they have).
-  if (exports_.size() >= FdBroker::kMaxDepositsPerTenant) exports_.erase(exports_.begin());
+    }
+  }
   *token = *t;
   Export& e = exports_[*t];
   e = Export{std::move(fd), value};
-  return &e;
+  e.charge = std::move(charge);
+  if (out != nullptr) *out = &e;
+  return CUDA_SUCCESS;
 }
 
 int Worker::shared_fd(const BrokerToken& token, Export** own, sys::UniqueFd* fetched, std::uint64_t* value) {
@@ -105,6 +113,28 @@ int Worker::shared_fd(const BrokerToken& token, Export** own, sys::UniqueFd* fet
   *fetched = std::move(got->first);
   *value = got->second;
   return fetched->get();
+}
+
+Result<ShareTicket> Worker::share_publish(const ShareEntry& e) {
+  if (!broker_.connected()) return local_share_.publish(e, ShareOwner{1, 0});
+  return broker_.publish(e);
+}
+
+std::optional<ShareFound> Worker::share_lookup(ShareKind kind, const ShareTicket& t) {
+  if (!broker_.connected()) return local_share_.lookup(kind, t, 1);
+  auto f = broker_.lookup(kind, t);
+  if (!f) return std::nullopt;
+  return *f;
+}
+
+void Worker::share_withdraw(ShareKind kind, std::uint64_t key) {
+  if (!broker_.connected()) {
+    (void)local_share_.withdraw(kind, key, 1);
+    return;
+  }
+  // A line that failed meanwhile took the entry with it (the daemon drops
+  // what a line published when it closes).
+  (void)broker_.withdraw(kind, key);
 }
 
 // ------------------------------------------------------------------ teardown

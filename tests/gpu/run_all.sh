@@ -12,6 +12,7 @@
 #           native vs ivcuda), with ivcudad's warm workers and without (--warm-workers 0),
 #           --shm-size 4G as in bench; and the workers' own start-up costs from ivcudad's log
 #   quota   PyTorch and JAX guests at once under 20 GiB quotas (run_quota_on_gpu.sh)
+#   share   exported, released and IPC-opened memory on the GPU and in the quota (run_share_on_gpu.sh)
 #   mps     compute shares: a compute-bound loop alone and two at once, time-sliced and under MPS
 #           at 50/50 and 75/25, natively and through ivcudad --mps (run_mps_share.sh)
 #   kill    1000 process-mode guests SIGKILLed mid-run (run_kill_loop.sh;
@@ -89,6 +90,13 @@ for p in $parts; do
       part quota "${PIPESTATUS[0]}"
     else
       part quota 1
+    fi ;;
+  share)
+    if build_gpu ivcudad ivcuda_guest; then
+      OUT=$work timeout 300 bash tests/gpu/run_share_on_gpu.sh build/gpu 2>&1 | tee "$final/share.txt"
+      part share "${PIPESTATUS[0]}"
+    else
+      part share 1
     fi ;;
   mps)
     if build_gpu ivcudad ivcudactl ivcuda_guest ivcuda-compute-share ivcuda_gpu_double_kernels; then

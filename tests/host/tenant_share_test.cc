@@ -1,14 +1,10 @@
-// The tenant registry that carries CUDA IPC and pool-pointer exports between
-// a tenant's workers: tickets match only as issued, entries are per process, a full
-// registry says so, and a worker that dies holding the lock or its entries
-// leaves a usable registry behind.
+// The registry that carries CUDA IPC and pool-pointer exports between a
+// tenant's workers (the daemon keeps one per tenant): tickets match only as
+// issued, an exporter's own names reach only its own line, one guest cannot
+// take its tenant's room, and what a line or a guest published goes with it.
 #include "host-daemon/tenant_share.h"
 
 #include <catch2/catch.hpp>
-
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstring>
 
@@ -16,8 +12,9 @@ using ivcuda::host::decode_ticket;
 using ivcuda::host::encode_ticket;
 using ivcuda::host::ShareEntry;
 using ivcuda::host::ShareKind;
+using ivcuda::host::ShareOwner;
+using ivcuda::host::ShareRegistry;
 using ivcuda::host::ShareTicket;
-using ivcuda::host::TenantShare;
 
 namespace {
 ShareEntry entry(ShareKind kind, std::uint64_t key) {
@@ -26,66 +23,77 @@ ShareEntry entry(ShareKind kind, std::uint64_t key) {
   e.key = key;
   e.base = key;
   e.size = 4096;
+  e.aux = 0xabcull;
   e.payload[0] = std::byte{0x42};
   return e;
 }
+constexpr ShareOwner kLine1{1, 10}, kLine2{2, 10}, kOtherGuest{3, 20};
 }  // namespace
 
 TEST_CASE("a ticket finds its entry only with the right kind, slot and token", "[host][ipc]") {
-  auto share = TenantShare::create(8);
-  REQUIRE(share);
-  auto& s = **share;
-  auto t = s.publish(entry(ShareKind::kIpcMem, 0x1000));
+  ShareRegistry s(8);
+  auto t = s.publish(entry(ShareKind::kIpcMem, 0x1000), kLine1);
   REQUIRE(t);
-  auto e = s.lookup(ShareKind::kIpcMem, *t);
-  REQUIRE(e);
-  CHECK(e->key == 0x1000);
-  CHECK(e->owner_pid == ::getpid());
-  CHECK(e->payload[0] == std::byte{0x42});
-  CHECK_FALSE(s.lookup(ShareKind::kIpcEvent, *t));
+  auto mine = s.lookup(ShareKind::kIpcMem, *t, kLine1.line);
+  REQUIRE(mine);
+  CHECK(mine->mine);
+  CHECK(mine->entry.key == 0x1000);
+  CHECK(mine->entry.payload[0] == std::byte{0x42});
+  // Another worker learns the driver's handle and the size, none of the exporter's own names.
+  auto theirs = s.lookup(ShareKind::kIpcMem, *t, kOtherGuest.line);
+  REQUIRE(theirs);
+  CHECK_FALSE(theirs->mine);
+  CHECK(theirs->entry.payload[0] == std::byte{0x42});
+  CHECK(theirs->entry.size == 4096);
+  CHECK(theirs->entry.key == 0);
+  CHECK(theirs->entry.base == 0);
+  CHECK(theirs->entry.aux == 0);
+  CHECK_FALSE(s.lookup(ShareKind::kIpcEvent, *t, kLine1.line));
   ShareTicket bad = *t;
   bad.token.w[1] ^= 1;
-  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, bad));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, bad, kLine1.line));
   bad = *t;
   bad.slot = 7;
-  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, bad));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, bad, kLine1.line));
   bad.slot = 1u << 30;  // out of range
-  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, bad));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, bad, kLine1.line));
   // A second registry (another tenant) never held this token.
-  auto other = TenantShare::create(8);
-  REQUIRE(other);
-  REQUIRE((*other)->publish(entry(ShareKind::kIpcMem, 0x2000)));
-  CHECK_FALSE((*other)->lookup(ShareKind::kIpcMem, *t));
-  // Exporting again finds the same ticket; withdrawing forgets it.
-  auto again = s.find_own(ShareKind::kIpcMem, 0x1000);
+  ShareRegistry other(8);
+  REQUIRE(other.publish(entry(ShareKind::kIpcMem, 0x2000), kLine1));
+  CHECK_FALSE(other.lookup(ShareKind::kIpcMem, *t, kLine1.line));
+  // Exporting again gives the same ticket; another line's export of the same key is its own.
+  auto again = s.publish(entry(ShareKind::kIpcMem, 0x1000), kLine1);
   REQUIRE(again);
   CHECK(again->slot == t->slot);
-  CHECK(s.withdraw(ShareKind::kIpcMem, 0x1000) == 1);
-  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *t));
-  CHECK(s.in_use() == 0);
+  auto sibling = s.publish(entry(ShareKind::kIpcMem, 0x1000), kLine2);
+  REQUIRE(sibling);
+  CHECK(sibling->slot != t->slot);
+  // Only the exporting line withdraws it.
+  CHECK_FALSE(s.withdraw(ShareKind::kIpcMem, 0x1000, kOtherGuest.line));
+  CHECK(s.withdraw(ShareKind::kIpcMem, 0x1000, kLine1.line));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *t, kLine1.line));
+  CHECK(s.in_use() == 1);
 }
 
 TEST_CASE("pool pointer exports are a kind of their own and keep the exporter's pool", "[host][ipc][pools]") {
-  auto share = TenantShare::create(8);
-  REQUIRE(share);
-  auto& s = **share;
+  ShareRegistry s(8);
   ShareEntry e = entry(ShareKind::kPoolPtr, 0x7000);
   e.aux = 0xfeedull;  // the driver pool the pointer came from
   e.owner_proc = 42;
   for (std::size_t i = 0; i < e.payload.size(); ++i) e.payload[i] = static_cast<std::byte>(i);
-  auto t = s.publish(e);
+  auto t = s.publish(e, kLine1);
   REQUIRE(t);
   // IPC memory on the same key is another entry, and neither kind's ticket finds the other.
-  auto ipc = s.publish(entry(ShareKind::kIpcMem, 0x7000));
+  auto ipc = s.publish(entry(ShareKind::kIpcMem, 0x7000), kLine1);
   REQUIRE(ipc);
-  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *t));
-  CHECK_FALSE(s.lookup(ShareKind::kIpcEvent, *t));
-  CHECK_FALSE(s.lookup(ShareKind::kPoolPtr, *ipc));
-  auto got = s.lookup(ShareKind::kPoolPtr, *t);
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *t, kLine1.line));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcEvent, *t, kLine1.line));
+  CHECK_FALSE(s.lookup(ShareKind::kPoolPtr, *ipc, kLine1.line));
+  auto got = s.lookup(ShareKind::kPoolPtr, *t, kLine1.line);
   REQUIRE(got);
-  CHECK(got->aux == 0xfeedull);
-  CHECK(got->owner_proc == 42);
-  CHECK(got->payload == e.payload);
+  CHECK(got->entry.aux == 0xfeedull);
+  CHECK(got->entry.owner_proc == 42);
+  CHECK(got->entry.payload == e.payload);
   // The guest's 64 bytes: any byte flipped finds nothing.
   constexpr std::uint32_t kMagic = 0x50435649u;
   std::byte b[64];
@@ -95,15 +103,12 @@ TEST_CASE("pool pointer exports are a kind of their own and keep the exporter's 
     std::memcpy(bad, b, sizeof b);
     bad[i] ^= std::byte{0x01};
     const auto d = decode_ticket(kMagic, bad);
-    CHECK_FALSE((d && s.lookup(ShareKind::kPoolPtr, *d)));
+    CHECK_FALSE((d && s.lookup(ShareKind::kPoolPtr, *d, kLine1.line)));
   }
-  auto again = s.find_own(ShareKind::kPoolPtr, 0x7000);
-  REQUIRE(again);
-  CHECK(again->slot == t->slot);
   // Withdrawing the pointer leaves the IPC export of the same address alone.
-  CHECK(s.withdraw(ShareKind::kPoolPtr, 0x7000) == 1);
-  CHECK_FALSE(s.lookup(ShareKind::kPoolPtr, *t));
-  CHECK(s.lookup(ShareKind::kIpcMem, *ipc));
+  CHECK(s.withdraw(ShareKind::kPoolPtr, 0x7000, kLine1.line));
+  CHECK_FALSE(s.lookup(ShareKind::kPoolPtr, *t, kLine1.line));
+  CHECK(s.lookup(ShareKind::kIpcMem, *ipc, kLine1.line));
 }
 
 TEST_CASE("the 64 bytes a guest holds decode only as they were encoded", "[host][ipc]") {
@@ -120,54 +125,45 @@ TEST_CASE("the 64 bytes a guest holds decode only as they were encoded", "[host]
   CHECK_FALSE(decode_ticket(0x4d435649u, b));
 }
 
-TEST_CASE("a full registry refuses, and a worker's entries go with it", "[host][ipc]") {
-  auto share = TenantShare::create(4);
-  REQUIRE(share);
-  auto& s = **share;
-  // Entries made by a child process (a worker) are visible here (the daemon).
-  const pid_t child = ::fork();
-  if (child == 0) {
-    for (int i = 0; i < 3; ++i)
-      if (!s.publish(entry(ShareKind::kIpcMem, 0x1000 + i))) ::_exit(1);
-    ::_exit(0);
+TEST_CASE("one guest holds at most its share of a tenant's registry, a tenant at most its slots", "[host][ipc]") {
+  ShareRegistry s(8, 3);
+  for (std::uint32_t guest : {1u, 2u}) {
+    for (std::uint64_t k = 0; k < 3; ++k)
+      REQUIRE(s.publish(entry(ShareKind::kIpcEvent, k), ShareOwner{guest, guest}));
+    auto over = s.publish(entry(ShareKind::kIpcEvent, 99), ShareOwner{guest, guest});
+    REQUIRE_FALSE(over);
+    CHECK(over.error().code == ENOSPC);
+    CHECK(s.of_guest(guest) == 3);
   }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
-  CHECK(s.in_use() == 3);
-  REQUIRE(s.publish(entry(ShareKind::kIpcEvent, 1)));
-  auto full = s.publish(entry(ShareKind::kIpcEvent, 2));
+  REQUIRE(s.publish(entry(ShareKind::kIpcEvent, 0), ShareOwner{3, 3}));
+  REQUIRE(s.publish(entry(ShareKind::kIpcEvent, 1), ShareOwner{3, 3}));
+  auto full = s.publish(entry(ShareKind::kIpcEvent, 2), ShareOwner{3, 3});
   REQUIRE_FALSE(full);
   CHECK(full.error().code == ENOSPC);
-  CHECK(s.withdraw(ShareKind::kIpcMem, 0x1000) == 0);  // not this process's entry
-  CHECK(s.withdraw_owner(child, 1000) == 3);
-  CHECK(s.in_use() == 1);
+  CHECK(s.in_use() == 8);
 }
 
-TEST_CASE("a worker that dies holding the registry's lock does not wedge it", "[host][ipc]") {
-  auto share = TenantShare::create(4);
-  REQUIRE(share);
-  auto& s = **share;
-  int go[2];
-  REQUIRE(::pipe(go) == 0);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    // Stop inside publish while it holds the lock: getrandom runs before the
-    // lock, so a stop signal from here lands in the loop of many publishes.
-    ::close(go[0]);
-    (void)!::write(go[1], "x", 1);
-    for (;;) (void)s.publish(entry(ShareKind::kIpcMem, 1)), (void)s.withdraw(ShareKind::kIpcMem, 1);
-  }
-  ::close(go[1]);
-  char c;
-  REQUIRE(::read(go[0], &c, 1) == 1);
-  ::usleep(20000);
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
-  // Whether or not it died inside, the registry answers.
-  CHECK(s.withdraw_owner(child, 1000) >= 0);
-  auto t = s.publish(entry(ShareKind::kIpcMem, 2));
-  REQUIRE(t);
-  CHECK(s.lookup(ShareKind::kIpcMem, *t));
-  ::close(go[0]);
+TEST_CASE("what a line or a guest published goes when it ends, and a reused slot's old tickets find nothing",
+          "[host][ipc]") {
+  ShareRegistry s(4);
+  auto a = s.publish(entry(ShareKind::kIpcMem, 1), kLine1);
+  auto b = s.publish(entry(ShareKind::kIpcMem, 2), kLine2);
+  auto c = s.publish(entry(ShareKind::kIpcMem, 3), kOtherGuest);
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(c);
+  CHECK(s.drop_line(kLine1.line) == 1);  // its worker ended
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *a, kLine2.line));
+  CHECK(s.lookup(ShareKind::kIpcMem, *b, kLine2.line));
+  CHECK(s.drop_guest(kLine2.guest) == 1);  // its connection ended
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *b, kOtherGuest.line));
+  CHECK(s.lookup(ShareKind::kIpcMem, *c, kOtherGuest.line));
+  CHECK(s.of_guest(kLine1.guest) == 0);
+  // The freed slots are used again, under fresh tokens.
+  auto d = s.publish(entry(ShareKind::kIpcMem, 4), kOtherGuest);
+  REQUIRE(d);
+  CHECK((d->slot == a->slot || d->slot == b->slot));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *a, kOtherGuest.line));
+  CHECK_FALSE(s.lookup(ShareKind::kIpcMem, *b, kOtherGuest.line));
+  CHECK(s.in_use() == 2);
 }
