@@ -454,13 +454,15 @@ CUresult Worker::map_entry(const ArrayMapEntry& w, CUarrayMapInfo* out, std::vec
   if (w.op != CU_MEM_OPERATION_TYPE_MAP && w.op != CU_MEM_OPERATION_TYPE_UNMAP) return CUDA_ERROR_INVALID_VALUE;
   // Mapping a null memory handle crashes the H200's driver (580): refused
   // here with the answer the driver gives other unusable handles.
-  if (w.op == CU_MEM_OPERATION_TYPE_MAP && w.mem_handle == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (IVCUDA_RULE("memops-own-memory") && w.op == CU_MEM_OPERATION_TYPE_MAP && w.mem_handle == 0)
+    return CUDA_ERROR_INVALID_VALUE;
   if (w.mem_handle != 0) {
     MemHandleEntry* e = guest_mem(w.mem_handle);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     // An offset outside the allocation names no memory of it; refused here
     // rather than trusting the driver with it (it crashes on a null handle).
-    if (w.op == CU_MEM_OPERATION_TYPE_MAP && w.offset >= e->size) return CUDA_ERROR_INVALID_VALUE;
+    if (IVCUDA_RULE("memops-own-memory") && w.op == CU_MEM_OPERATION_TYPE_MAP && w.offset >= e->size)
+      return CUDA_ERROR_INVALID_VALUE;
     out->memHandle.memHandle = e->real;
   }
   set_enum(&out->subresourceType, w.subresource_type);

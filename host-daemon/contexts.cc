@@ -1,9 +1,11 @@
 // Sessions (hello, goodbye, flush), device information and contexts: primary
 // contexts as the guest retains them, created contexts, limits. The guest side
 // is guest/contexts.cc.
+#include <algorithm>
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
 
@@ -23,7 +25,7 @@ CUresult Worker::on_Hello(Call& c) {
   // one of its channels is somebody using a channel that is not theirs.
   if (cfg_.vm != nullptr) {
     const std::int32_t mine = cfg_.vm->slot(cfg_.vm_slot).guest_pid.load();
-    if (static_cast<std::int32_t>(r.pid) != mine) {
+    if (IVCUDA_RULE("vm-process-workers") && static_cast<std::int32_t>(r.pid) != mine) {
       if (errors_logged_++ < 100)
         IVLOG_WARN("guest %u channel %u: process %u says hello on a channel of process %d; refused", cfg_.guest_id,
                    c.ch.index, r.pid, mine);
@@ -104,16 +106,44 @@ CUresult Worker::on_DeviceInfo(Call& c) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// Context flags a guest may ask for: a primary context's
+// (cuDevicePrimaryCtxSetFlags), and a created context's (cuCtxCreate,
+// cuCtxSetFlags), which may also ask for synchronous memory operations to
+// synchronise. The core-dump flags are not among them: they make the driver
+// write a GPU core dump file (and open a pipe) from the worker's process, on
+// the host (issue 28).
+constexpr unsigned kPrimaryCtxFlags = CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX;
+constexpr unsigned kGuestCtxFlags = kPrimaryCtxFlags | CU_CTX_SYNC_MEMOPS;
+}  // namespace
+
+// A context the worker makes for the guest is charged to its quota before
+// the driver sees the call (the first GPU's primary, which the worker holds
+// from its start, is charged in init()).
+Charge Worker::context_charge() {
+  if (!IVCUDA_RULE("context-charged")) return quota_.take(0);
+  Charge ch = quota_.take(cfg_.context_reserve);
+  if (!ch && errors_logged_++ < 100)
+    IVLOG_WARN("guest %u: no room in its quota for one more context (--context-reserve %llu MiB); refused",
+               cfg_.guest_id, static_cast<unsigned long long>(cfg_.context_reserve >> 20));
+  return ch;
+}
+
 CUresult Worker::on_PrimaryRetain(Call& c) {
   const auto r = c.req<ReqDevice>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
   const auto h = primary_[dev_index(r.device)];
   CtxEntry* e = ctxs_.find(h);
   if (e->guest_refs == 0) {
+    // Another GPU's primary context is made now; the first GPU's exists
+    // already (the arena's) and was charged then.
+    Charge ch;
+    if (devices_[dev_index(r.device)] != devices_[0] && !(ch = context_charge())) return CUDA_ERROR_OUT_OF_MEMORY;
     CUcontext real = nullptr;
     const CUresult st = cu_.cuDevicePrimaryCtxRetain(&real, devices_[dev_index(r.device)]);
     if (st != CUDA_SUCCESS) return st;
     e->real = real;
+    e->charge = std::move(ch);
   }
   ++e->guest_refs;
   c.set_reply(RepHandle{h});
@@ -128,9 +158,16 @@ CUresult Worker::on_PrimaryRelease(Call& c) {
   if (e->guest_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (--e->guest_refs == 0) {
     release_primary_objects(*e, h);
+    settle_pools(false);  // its stream-ordered allocations went back to their pools
     cu_.cuDevicePrimaryCtxRelease(devices_[dev_index(r.device)]);
     if (current_ == e->real && e->real != arena_ctx_) current_ = nullptr;
-    if (e->real != arena_ctx_) e->real = nullptr;
+    if (e->real != arena_ctx_) {
+      // The driver's context went with the last retain, and with it what it
+      // and its limits held.
+      e->real = nullptr;
+      e->charge.release();
+      e->limits = LimitBooks{};
+    }
   }
   return CUDA_SUCCESS;
 }
@@ -143,7 +180,10 @@ CUresult Worker::on_PrimaryReset(Call& c) {
   // Resetting destroys what the guest made in the primary context. The
   // driver context itself is kept when it holds the arena registration: the
   // guest cannot tell the difference, and its page-locked memory stays valid.
-  if (e->real != nullptr && e->guest_refs > 0) release_primary_objects(*e, h);
+  if (e->real != nullptr && e->guest_refs > 0) {
+    release_primary_objects(*e, h);
+    settle_pools(false);
+  }
   if (e->real != nullptr) cu_.cuCtxSynchronize();
   return CUDA_SUCCESS;
 }
@@ -162,8 +202,7 @@ CUresult Worker::on_PrimaryGetState(Call& c) {
 CUresult Worker::on_PrimarySetFlags(Call& c) {
   const auto r = c.req<ReqDeviceFlags>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
-  constexpr unsigned kKnown = CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX;
-  if ((r.flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if ((r.flags & ~kPrimaryCtxFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
   CtxEntry* e = ctxs_.find(primary_[dev_index(r.device)]);
   const CUresult st = cu_.cuDevicePrimaryCtxSetFlags(devices_[dev_index(r.device)], r.flags);
   if (st == CUDA_SUCCESS) e->flags = r.flags;
@@ -173,7 +212,10 @@ CUresult Worker::on_PrimarySetFlags(Call& c) {
 CUresult Worker::on_CtxCreate(Call& c) {
   const auto r = c.req<ReqDeviceFlags>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+  if (IVCUDA_RULE("context-flags") && (r.flags & ~kGuestCtxFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (full(ctxs_, cfg_.limits.contexts, "context")) return CUDA_ERROR_OUT_OF_MEMORY;
+  Charge ch = context_charge();
+  if (!ch) return CUDA_ERROR_OUT_OF_MEMORY;
   CUcontext real = nullptr;
   const CUresult st = cu_.cuCtxCreate(&real, nullptr, r.flags, devices_[dev_index(r.device)]);
   if (st != CUDA_SUCCESS) return st;
@@ -181,7 +223,8 @@ CUresult Worker::on_CtxCreate(Call& c) {
   CtxEntry e;
   e.real = real;
   e.device = r.device;
-  c.set_reply(RepHandle{ctxs_.insert(e)});
+  e.charge = std::move(ch);
+  c.set_reply(RepHandle{ctxs_.insert(std::move(e))});
   return CUDA_SUCCESS;
 }
 
@@ -194,6 +237,7 @@ CUresult Worker::on_CtxDestroy(Call& c) {
   if (current_ == e->real) current_ = nullptr;
   drop_ctx_objects(r.handle);
   ctxs_.erase(r.handle);
+  settle_pools(false);  // its stream-ordered allocations went back to their pools
   return CUDA_SUCCESS;
 }
 
@@ -214,12 +258,86 @@ CUresult Worker::on_CtxGetLimit(Call& c) {
   return st;
 }
 
+// Device bytes a limit's value reserves in a context of guest device `device`
+// beyond `base`, the driver's value before the guest first set it; false when
+// the product overflows (refused).
+bool Worker::limit_bytes(CUlimit limit, std::uint64_t value, std::uint64_t base, int device, std::uint64_t* out) {
+  const std::uint64_t extra = value > base ? value - base : 0;
+  switch (limit) {
+    case CU_LIMIT_STACK_SIZE: {
+      // Each thread the device can hold resident gets the stack: the driver
+      // reserves it up front, for all of them (cudaDeviceSetLimit fails with
+      // an allocation error for this reason).
+      int sms = 0, per_sm = 0;
+      const CUdevice d = devices_[dev_index(device)];
+      if (cu_.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d) != CUDA_SUCCESS ||
+          cu_.cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, d) != CUDA_SUCCESS)
+        sms = per_sm = 4096;  // cannot tell: as if very large
+      const std::uint64_t threads = static_cast<std::uint64_t>(std::max(sms, 1)) * static_cast<std::uint64_t>(std::max(per_sm, 1));
+      return mul_ok(extra, threads, out);
+    }
+    case CU_LIMIT_PRINTF_FIFO_SIZE:
+    case CU_LIMIT_MALLOC_HEAP_SIZE:
+      *out = extra;
+      return true;
+    case CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT:
+      // The device runtime keeps a record per pending launch; its size is not
+      // documented. The estimate errs high (a launch's parameters alone may be
+      // 32 KiB) until tests/programs/drv_context_cost measures it.
+      return mul_ok(extra, kPendingLaunchBytes, out);
+    default:
+      *out = 0;
+      return true;
+  }
+}
+
+// What a limit reserves on the device is charged before the driver sees the
+// value (issue 28: a stack of 1 MiB per thread is 260 GiB on an H200's
+// resident threads): the bytes beyond what the context had before the
+// guest's first set, after the value the driver actually took.
 CUresult Worker::on_CtxSetLimit(Call& c) {
   const auto r = c.req<ReqLimit>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CtxEntry* ce = nullptr;
+  if (CUresult st = use_ctx(r.ctx, &ce); st != CUDA_SUCCESS) return st;
   CUlimit limit;
   if (!wire_enum(r.limit, &limit)) return CUDA_ERROR_INVALID_VALUE;
-  return cu_.cuCtxSetLimit(limit, r.value);
+  const int slot = static_cast<int>(limit);
+  const bool charged = limit == CU_LIMIT_STACK_SIZE || limit == CU_LIMIT_PRINTF_FIFO_SIZE ||
+                       limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT;
+  static_assert(CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT < kChargedLimits);
+  if (!charged || !IVCUDA_RULE("context-limits-charged")) return cu_.cuCtxSetLimit(limit, r.value);
+  LimitBooks& b = ce->limits;
+  if (!b.known[slot]) {
+    size_t v = 0;
+    if (CUresult st = cu_.cuCtxGetLimit(&v, limit); st != CUDA_SUCCESS) return st;
+    b.base[slot] = v;
+    b.known[slot] = true;
+  }
+  if (!b.charge) b.charge = quota_.take(0);
+  std::uint64_t want = 0;
+  if (!limit_bytes(limit, r.value, b.base[slot], ce->device, &want)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const std::uint64_t had = b.bytes[slot];
+  if (want > had) {
+    Charge more = quota_.take(want - had);  // through take(): pools give back what they keep first
+    if (!more) return CUDA_ERROR_OUT_OF_MEMORY;
+    b.charge.absorb(std::move(more));
+  }
+  const CUresult st = cu_.cuCtxSetLimit(limit, r.value);
+  if (st != CUDA_SUCCESS) {
+    if (want > had) b.charge.shrink(want - had);
+    return st;
+  }
+  // The driver may round the value up; what it took is what it holds.
+  size_t took = 0;
+  std::uint64_t held = want;
+  if (cu_.cuCtxGetLimit(&took, limit) == CUDA_SUCCESS && took > r.value &&
+      limit_bytes(limit, took, b.base[slot], ce->device, &held) && held > want)
+    (void)b.charge.hold(held - want);
+  else
+    held = want;
+  if (held < had) b.charge.shrink(had - held);
+  b.bytes[slot] = held;
+  return CUDA_SUCCESS;
 }
 
 // Context flags and configuration, the persisting-L2 reset, and events of
@@ -236,7 +354,10 @@ CUresult Worker::on_CtxMisc(Call& c) {
       c.set_reply(RepValue{u});
       return st;
     }
-    case kCtxSetFlags: return cu_.cuCtxSetFlags(r.value);
+    case kCtxSetFlags:
+      if (IVCUDA_RULE("context-flags") && (r.value & ~std::uint64_t{kGuestCtxFlags}) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+      return cu_.cuCtxSetFlags(static_cast<unsigned>(r.value));
     case kCtxGetCacheConfig: {
       CUfunc_cache v = CU_FUNC_CACHE_PREFER_NONE;
       const CUresult st = cu_.cuCtxGetCacheConfig(&v);

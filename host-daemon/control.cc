@@ -4,11 +4,14 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -16,6 +19,7 @@
 #include <sstream>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 
 namespace ivcuda::host {
 
@@ -118,6 +122,19 @@ Result<ControlServer> ControlServer::listen(const std::string& path, const std::
       return make_error(errno, path + ": cannot give it to group " + group + ": " + std::strerror(errno));
   }
   if (::listen(s.listen_.get(), 16) != 0) return make_error(errno, "listen " + path + ": " + std::strerror(errno));
+  // One descriptor for the daemon's loop: the socket, its clients, the timer
+  // that ends the slow ones.
+  s.epoll_ = sys::UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  s.timer_ = sys::UniqueFd(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+  if (!s.epoll_.valid() || !s.timer_.valid())
+    return make_error(errno, std::string("control socket: epoll/timerfd: ") + std::strerror(errno));
+  for (const int fd : {s.listen_.get(), s.timer_.get()}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(s.epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      return make_error(errno, std::string("control socket: epoll_ctl: ") + std::strerror(errno));
+  }
   return s;
 }
 
@@ -130,31 +147,136 @@ bool ControlServer::allowed(int conn) const {
   return cred.gid == gid_ || in_groups(cred.pid, gid_);
 }
 
-void ControlServer::serve(const Handler& handler, std::chrono::milliseconds timeout) {
-  for (int i = 0; i < 16; ++i) {  // a burst of clients, not more per pass
-    sys::UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+void ControlServer::close_in_child() noexcept {
+  clients_.clear();
+  listen_.reset();
+  epoll_.reset();
+  timer_.reset();
+}
+
+void ControlServer::refuse(int conn) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  (void)::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+  // One short line into a fresh socket's empty buffer: never waits.
+  static const std::string kDenied = nlohmann::json{{"ok", false}, {"error", "permission denied"}}.dump() + "\n";
+  (void)::send(conn, kDenied.data(), kDenied.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  // A refused user who connects in a loop must not flood the log either.
+  const auto now = Clock::now();
+  if (now - refusal_logged_ < std::chrono::seconds(1)) {
+    ++refusals_unlogged_;
+    return;
+  }
+  IVLOG_WARN("control socket: refused uid %u (pid %d): not root, not the daemon's user, not in the control group"
+             "%s", static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid),
+             refusals_unlogged_ == 0 ? "" : (" (and " + std::to_string(refusals_unlogged_) + " more since the last "
+                                             "such line)").c_str());
+  refusal_logged_ = now;
+  refusals_unlogged_ = 0;
+}
+
+void ControlServer::accept_new(std::chrono::milliseconds timeout) {
+  for (int i = 0; i < 64; ++i) {  // a burst, not more per pass
+    sys::UniqueFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!conn.valid()) return;
+    // Who it is, before a byte of it is read: a refused user gets its answer
+    // now and never a place among the clients being served.
+    if (IVCUDA_RULE("control-creds-at-accept") && !allowed(conn.get())) {
+      refuse(conn.get());
+      continue;
+    }
+    if (clients_.size() >= kMaxClients) {
+      static const std::string kBusy = nlohmann::json{{"ok", false}, {"error", "busy, try again"}}.dump() + "\n";
+      (void)::send(conn.get(), kBusy.data(), kBusy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      continue;
+    }
+    clients_.push_back(Client{std::move(conn), {}, {}, 0, Clock::now() + timeout});
+    watch(clients_.back(), true);
+  }
+}
+
+void ControlServer::watch(const Client& c, bool op_add) noexcept {
+  epoll_event ev{};
+  ev.events = c.out.empty() ? EPOLLIN : EPOLLOUT;
+  ev.data.fd = c.fd.get();
+  (void)::epoll_ctl(epoll_.get(), op_add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c.fd.get(), &ev);
+}
+
+bool ControlServer::step(Client& c, const Handler& handler, std::chrono::milliseconds timeout) {
+  if (c.out.empty()) {
+    char buf[4096];
+    bool eof = false;
+    for (;;) {
+      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0) {
+        c.in.append(buf, static_cast<std::size_t>(n));
+        if (c.in.size() > kMaxRequest || c.in.find('\n') != std::string::npos) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) break;
+      eof = true;  // closed (or failed): what came is the request, if anything did
+      break;
+    }
+    const auto nl = c.in.find('\n');
+    const bool complete = nl != std::string::npos || (eof && !c.in.empty());
+    const bool too_long = nl == std::string::npos && c.in.size() > kMaxRequest;
+    if (!complete && !too_long) return !eof;  // more to come, or gone without a word
     nlohmann::json reply;
-    std::string line;
-    if (!read_line(conn.get(), &line, static_cast<int>(timeout.count()))) continue;  // nothing (in time): hang up
-    if (!allowed(conn.get())) {
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      (void)::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len);
-      IVLOG_WARN("control socket: refused uid %u (pid %d): not root, not the daemon's user, not in the control "
-                 "group", static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid));
-      reply = {{"ok", false}, {"error", "permission denied"}};
+    if (too_long) {
+      reply = {{"ok", false}, {"error", "bad request: longer than 64 KiB"}};
     } else {
       try {
-        const auto request = nlohmann::json::parse(line);
+        const auto request = nlohmann::json::parse(c.in.substr(0, nl));
         if (!request.is_object()) throw std::invalid_argument("a request is a JSON object");
         reply = handler(request);
       } catch (const std::exception& e) {
         reply = {{"ok", false}, {"error", std::string("bad request: ") + e.what()}};
       }
     }
-    (void)write_all(conn.get(), reply.dump() + "\n", static_cast<int>(timeout.count()));
+    c.out = reply.dump() + "\n";
+    c.deadline = Clock::now() + timeout;  // as long again to take the answer
+    watch(c, false);
   }
+  while (c.sent < c.out.size()) {
+    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.sent, c.out.size() - c.sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      c.sent += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return n < 0 && errno == EAGAIN;  // the rest when it takes more
+    }
+  }
+  return false;  // answered
+}
+
+void ControlServer::arm_timer() noexcept {
+  itimerspec t{};
+  if (!clients_.empty()) {
+    auto first = clients_.front().deadline;
+    for (const auto& c : clients_) first = std::min(first, c.deadline);
+    const auto left = std::max(std::chrono::nanoseconds(1), first - Clock::now());
+    t.it_value.tv_sec = static_cast<time_t>(left.count() / 1000000000);
+    t.it_value.tv_nsec = static_cast<long>(left.count() % 1000000000);
+  }
+  (void)::timerfd_settime(timer_.get(), 0, &t, nullptr);  // all zero: disarmed
+}
+
+void ControlServer::serve(const Handler& handler, std::chrono::milliseconds timeout) {
+  if (!epoll_.valid()) return;
+  std::uint64_t expirations = 0;
+  (void)!::read(timer_.get(), &expirations, sizeof expirations);
+  accept_new(timeout);
+  const auto now = Clock::now();
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    // Closing the descriptor takes it out of the epoll set too.
+    if (now >= it->deadline || !step(*it, handler, timeout))
+      it = clients_.erase(it);
+    else
+      ++it;
+  }
+  arm_timer();
 }
 
 Result<nlohmann::json> control_request(const std::string& path, const nlohmann::json& request,
@@ -170,10 +292,13 @@ Result<nlohmann::json> control_request(const std::string& path, const nlohmann::
     return make_error(e, "cannot connect to " + path + ": " + why);
   }
   const int ms = static_cast<int>(timeout.count());
-  if (!write_all(fd.get(), request.dump() + "\n", ms))
-    return make_error(EIO, "cannot send the request to " + path);
+  // A refused client is answered and dropped before its request is read, so
+  // sending may fail where the answer is waiting: read it all the same.
+  const bool sent = write_all(fd.get(), request.dump() + "\n", ms);
   std::string line;
-  if (!read_line(fd.get(), &line, ms)) return make_error(ETIMEDOUT, "no answer from ivcudad on " + path);
+  if (!read_line(fd.get(), &line, ms))
+    return sent ? make_error(ETIMEDOUT, "no answer from ivcudad on " + path)
+                : make_error(EIO, "cannot send the request to " + path);
   try {
     auto reply = nlohmann::json::parse(line);
     if (!reply.is_object()) return make_error(EPROTO, "ivcudad's answer is not a JSON object");

@@ -64,12 +64,6 @@ bool copy_extent(const CopyEnd& e, std::uint64_t width, std::uint64_t height, st
 
 // ------------------------------------------------------------------ capture helpers
 
-// A copy through memory the worker only lends for the duration of the call
-// (an inline record, a staging chunk) cannot become a graph node: the graph
-// would replay from memory that has been reused. Such a copy into a
-// capturing stream fails as CUDA fails an unsupported capture operation,
-// and the capture is invalidated the way the driver does it for other
-// illegal calls (synchronising a capturing stream does exactly that).
 CUresult Worker::on_CaptureMode(Call& c) {
   const auto r = c.req<ReqCaptureMode>();
   if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(r.mode, &c.ch.capture_mode))
@@ -77,9 +71,19 @@ CUresult Worker::on_CaptureMode(Call& c) {
   return CUDA_SUCCESS;
 }
 
+// A copy through memory the worker only lends for the duration of the call
+// (an inline record, a staging chunk, a reply's buffer) cannot become a graph
+// node: the graph would replay from memory that has been reused. Such a copy
+// into a capturing stream fails as CUDA fails an unsupported capture
+// operation, and the capture is invalidated the way the driver does it for
+// other illegal calls (synchronising a capturing stream does exactly that).
+// Called right before the copy is issued. A stream whose state the driver
+// cannot tell is refused too (the legacy stream during another stream's
+// global capture: the copy itself would fail there).
 CUresult Worker::refuse_in_capture(CUstream s) {
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (cu_.cuStreamIsCapturing(s, &cs) != CUDA_SUCCESS || cs == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
+  if (CUresult st = cu_.cuStreamIsCapturing(s, &cs); st != CUDA_SUCCESS) return st;
+  if (cs == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
   if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) (void)cu_.cuStreamSynchronize(s);
   if (errors_logged_++ < 100)
     IVLOG_INFO("guest %u: a pageable-memory copy cannot be captured into a graph", cfg_.guest_id);
@@ -494,7 +498,8 @@ CUresult Worker::on_GraphKernelAttr(Call& c) {
 // The worker's host node parameters for the guest's pair at BAR offset p.dst.
 CUresult Worker::host_node_params(const GraphNodeParams& p, CUDA_HOST_NODE_PARAMS* out) {
   constexpr std::uint64_t kWord = sizeof(std::uint32_t);
-  if (p.dst % kWord != 0 || !arena_range(p.dst, 2 * kWord)) return CUDA_ERROR_INVALID_VALUE;
+  if (IVCUDA_RULE("graph-node-params") && (p.dst % kWord != 0 || !arena_range(p.dst, 2 * kWord)))
+    return CUDA_ERROR_INVALID_VALUE;
   auto it = host_slots_.find(p.dst);
   if (it == host_slots_.end()) {
     if (host_slots_.size() >= kMaxHostSlots) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -523,7 +528,7 @@ CUresult Worker::to_driver_memset(const GraphNodeParams& p, CUDA_MEMSET_NODE_PAR
     if (__builtin_mul_overflow(p.pitch, p.height - 1, &rows) || __builtin_add_overflow(rows, row, &extent))
       return CUDA_ERROR_INVALID_VALUE;
   }
-  if (extent != 0 && !owns_device(p.dst, extent)) return CUDA_ERROR_INVALID_VALUE;
+  if (IVCUDA_RULE("graph-node-params") && extent != 0 && !owns_device(p.dst, extent)) return CUDA_ERROR_INVALID_VALUE;
   *out = CUDA_MEMSET_NODE_PARAMS{};
   out->dst = p.dst;
   out->pitch = p.pitch;
@@ -540,13 +545,15 @@ CUresult Worker::to_driver_copy(const GraphNodeParams& p, CUDA_MEMCPY3D* out) {
     std::uint64_t extent = 0;
     if (!copy_extent(e, p.width_bytes, p.copy_height, p.depth, &extent)) return CUDA_ERROR_INVALID_VALUE;
     if (e.type == CU_MEMORYTYPE_DEVICE) {
-      if (extent != 0 && !owns_device(e.addr, extent)) return CUDA_ERROR_INVALID_VALUE;
+      if (IVCUDA_RULE("graph-node-params") && extent != 0 && !owns_device(e.addr, extent))
+        return CUDA_ERROR_INVALID_VALUE;
       *type = CU_MEMORYTYPE_DEVICE;
       *dev = e.addr;
       return CUDA_SUCCESS;
     }
     if (e.type == CU_MEMORYTYPE_HOST) {
-      if (!arena_range(e.addr, std::max<std::uint64_t>(extent, 1))) return CUDA_ERROR_INVALID_VALUE;
+      if (IVCUDA_RULE("graph-node-params") && !arena_range(e.addr, std::max<std::uint64_t>(extent, 1)))
+        return CUDA_ERROR_INVALID_VALUE;
       *type = CU_MEMORYTYPE_HOST;
       *host = arena_ptr(e.addr);
       return CUDA_SUCCESS;
@@ -1166,8 +1173,9 @@ CUresult Worker::on_GraphQuery(Call& c) {
       // are (docs/security.md), so every hexadecimal number is masked.
       std::string clean;
       clean.reserve(text.size());
+      const bool mask = IVCUDA_RULE("graph-dot-masked");
       for (std::size_t i = 0; i < text.size();) {
-        if (text[i] == '0' && i + 2 < text.size() && (text[i + 1] == 'x' || text[i + 1] == 'X') &&
+        if (mask && text[i] == '0' && i + 2 < text.size() && (text[i + 1] == 'x' || text[i + 1] == 'X') &&
             std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
           clean += "0x?";
           i += 2;

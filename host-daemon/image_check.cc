@@ -6,6 +6,8 @@
 #include <cstring>
 #include <optional>
 
+#include "host-daemon/rules.h"
+
 namespace ivcuda::host {
 namespace {
 
@@ -29,7 +31,9 @@ T load(std::span<const std::byte> s, std::size_t off) {
 // [off, off + len) lies within `size`, written so that nothing can wrap.
 bool within(std::uint64_t off, std::uint64_t len, std::uint64_t size) { return off <= size && len <= size - off; }
 
-ImageVerdict refuse(ImageKind kind, std::string why) { return ImageVerdict{false, kind, std::move(why)}; }
+ImageVerdict refuse(ImageKind kind, std::string why) {
+  return ImageVerdict{!IVCUDA_RULE("image-extents"), kind, std::move(why)};
+}
 
 // A table of `count` entries of `entsize` bytes at `off`: the entry size must
 // hold the structure the driver reads, and the whole table must fit.

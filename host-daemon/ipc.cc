@@ -58,7 +58,8 @@ CUresult Worker::on_IpcGetMemHandle(Call& c) {
   --it;
   // Memory the guest owns and has not freed; which kinds the driver can
   // export is the driver's to say.
-  if (!ring::span_within(r.object, 1, it->first, it->second.size) || it->second.kind == RangeKind::kFreed)
+  if (IVCUDA_RULE("ipc-export-own") &&
+      (!ring::span_within(r.object, 1, it->first, it->second.size) || it->second.kind == RangeKind::kFreed))
     return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t base = it->first, size = it->second.size;
   // Asked in the allocation's own context (mappings belong to none).

@@ -36,6 +36,7 @@
 #include "host-daemon/control.h"
 #include "host-daemon/log.h"
 #include "host-daemon/mps.h"
+#include "host-daemon/plain_file.h"
 #ifdef IVCUDA_HAVE_METRICS
 #include "host-daemon/metrics.h"
 #endif
@@ -88,6 +89,7 @@ struct Options {
   unsigned warm_workers = 1;  // per socket: started ahead of the next guest
   std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
+  std::uint64_t context_reserve = ivcuda::host::kDefaultContextReserve;  // --context-reserve: per context, charged
   ivcuda::host::ObjectLimits limits;     // --object-limits
   std::string socket_group;              // --socket-group: who may connect (QEMU's user)
   std::string socket_mode;               // --socket-mode, octal
@@ -240,28 +242,36 @@ std::uint64_t new_generation() {
   return g | 1;  // never zero
 }
 
+// Maps the memory and writes a fresh layout: whatever a previous daemon or
+// guest left there is not trusted. Only in a child of format_shared's.
+bool format_in_place(int fd, const ivcuda::ring::Layout& layout, std::uint64_t generation, std::uint32_t host_peer,
+                     std::uint32_t vectors, std::uint64_t features) {
+  auto map = ivcuda::sys::Mapping::map_shared(fd, layout.shm_size);
+  if (!map) return false;
+  std::memset(map->data(), 0, layout.rings_off + layout.channel_stride * layout.channels);
+  return ivcuda::ring::format_bar(map->data(), layout, generation, host_peer, vectors, features).ok();
+}
+
 // Clears and formats memory that others hold too: an ivshmem-plain file that
 // QEMU opens, or the memory of an ivshmem-server whose peers all have its fd.
 // Such memory can shrink under a mapping, and touching a page past its new
-// end raises SIGBUS. So the size is checked first, and a short-lived child
-// does the touching: a shrink in between costs that child, never the daemon
-// that serves every guest. Returns false (logged) if the memory is not served.
+// end (or one its file system has no room for) raises SIGBUS. So the size is
+// checked first, and a short-lived child does the touching: a fault costs
+// that child, never the daemon that serves every guest. Returns false
+// (logged) if the memory is not served.
 ivcuda::Result<void> format_shared(int fd, const ivcuda::ring::Layout& layout, std::uint64_t generation,
                                    std::uint32_t host_peer, std::uint32_t vectors, std::uint64_t features) {
   IVCUDA_TRY_ASSIGN(const std::uint64_t size, ivcuda::sys::file_size(fd));
-  if (size < layout.shm_size)
+  if (IVCUDA_RULE("shared-memory-size") && size < layout.shm_size)
     return ivcuda::make_error(EINVAL, "the shared memory has " + std::to_string(size) +
                                           " bytes, the layout needs " + std::to_string(layout.shm_size));
+  if (!IVCUDA_RULE("format-in-child"))  // the mutant: the daemon touches the memory itself
+    return format_in_place(fd, layout, generation, host_peer, vectors, features)
+               ? ivcuda::Result<void>{}
+               : ivcuda::make_error(EIO, "cannot map the shared memory to format it");
   const pid_t pid = ::fork();
   if (pid < 0) return ivcuda::make_error(errno, std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    auto map = ivcuda::sys::Mapping::map_shared(fd, layout.shm_size);
-    if (!map) ::_exit(3);
-    // A fresh layout every start: whatever a previous daemon or guest left
-    // there is not trusted.
-    std::memset(map->data(), 0, layout.rings_off + layout.channel_stride * layout.channels);
-    ::_exit(ivcuda::ring::format_bar(map->data(), layout, generation, host_peer, vectors, features) ? 0 : 4);
-  }
+  if (pid == 0) ::_exit(format_in_place(fd, layout, generation, host_peer, vectors, features) ? 0 : 4);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -282,7 +292,7 @@ void sandbox_hooks(const Options& o, ivcuda::host::SupervisorConfig& sc) {
   static sandbox::Applied applied;
   const sandbox::Config* cfg = &o.sandbox;
   sc.before_start = [cfg](const ivcuda::host::WorkerConfig& wc) {
-    return sandbox::before_driver(*cfg, wc.driver_path, &applied);
+    return sandbox::before_driver(*cfg, {wc.driver_path, wc.nvml_path}, &applied);
   };
   sc.after_start = [cfg](ivcuda::host::Worker&) -> ivcuda::Result<void> {
     IVCUDA_TRY(sandbox::after_driver(*cfg, &applied));
@@ -347,6 +357,7 @@ ivcuda::host::SupervisorConfig supervisor_config(const Options& o, const GuestSe
   cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
   cfg.devices = *g.gpus;
   cfg.mem_limit = g.mem_limit;
+  cfg.context_reserve = o.context_reserve;
   cfg.limits = o.limits;
   cfg.stats = g.stats;
   cfg.driver_env = g.driver_env;
@@ -380,11 +391,24 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
                          std::uint64_t generation, const std::string& path, std::int64_t id,
                          ivcuda::host::GuestStats* stats, ivcuda::host::FdBroker& broker,
                          const std::function<void()>& forget_in_child, const std::vector<std::string>& driver_env) {
-  ivcuda::sys::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(o.shm_size)) != 0) {
-    IVLOG_ERROR("ivshmem-plain file %s: %s", path.c_str(), std::strerror(errno));
+  // Made here, exclusively, or one an ivcudad made before (plain_file.h).
+  gid_t group = static_cast<gid_t>(-1);
+  if (!o.socket_group.empty()) {
+    const struct group* g = ::getgrnam(o.socket_group.c_str());
+    if (g == nullptr) {
+      IVLOG_ERROR("--socket-group %s: no such group", o.socket_group.c_str());
+      return -1;
+    }
+    group = g->gr_gid;
+  }
+  auto plain = ivcuda::host::open_plain_file(path, o.shm_size, group);
+  if (!plain) {
+    IVLOG_ERROR("ivshmem-plain file %s; not serving it", plain.error().what.c_str());
     return -1;
   }
+  IVLOG_INFO("ivshmem-plain file %s: %s", path.c_str(),
+             plain->created ? "made (O_EXCL)" : "an ivcudad's earlier file, served again");
+  ivcuda::sys::UniqueFd fd = std::move(plain->fd);
   // QEMU opens this file too: format it as memory others hold.
   if (auto f = format_shared(fd.get(), layout, generation, 0, 1, 0); !f) {
     IVLOG_ERROR("ivshmem-plain file %s: %s; not serving it", path.c_str(), f.error().what.c_str());
@@ -416,6 +440,7 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
   cfg.devices = gpus;
   cfg.mem_limit = o.mem_limit;
+  cfg.context_reserve = o.context_reserve;
   cfg.limits = o.limits;
   cfg.stats = stats;
   cfg.driver_env = driver_env;
@@ -506,6 +531,7 @@ int run_join(const Options& o, const std::vector<int>& gpus, std::uint64_t gener
       cfg.nvml_path = o.nvml == "none" ? std::string() : o.nvml;
       cfg.devices = gpus;
       cfg.mem_limit = o.mem_limit;
+      cfg.context_reserve = o.context_reserve;
       cfg.limits = o.limits;
       cfg.driver_env = driver_env;
       cfg.spin = std::chrono::microseconds(o.spin_us);
@@ -608,6 +634,12 @@ void define_options(CLI::App& app, Options& o) {
                  "and cuMemGetInfo/cuDeviceTotalMem show it as the total")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
+  app.add_option("--context-reserve", o.context_reserve,
+                 "device memory charged to a guest's quota for each CUDA context its worker holds for it (the "
+                 "one it starts with, created ones, other GPUs' primary ones; 0: none); a guest whose quota "
+                 "cannot cover its first context gets CUDA_ERROR_OUT_OF_MEMORY from cuInit")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles, pool pointers) one tenant may have exported at "
                  "once (a tenant: a VM, or one user's process-mode programs on one socket)")
@@ -635,9 +667,12 @@ void define_options(CLI::App& app, Options& o) {
       ->check(CLI::Range(0u, 8u))
       ->capture_default_str();
   app.add_option("--sandbox", o.sandbox_mode,
-                 "on: each worker runs with no_new_privs, a seccomp allowlist and Landlock (where the kernel "
-                 "has it) once its driver is open; off: none of it, for debugging only")
-      ->check(CLI::IsMember({"on", "off"}))
+                 "on: each worker runs with no_new_privs, no capabilities, a seccomp allowlist and Landlock "
+                 "once its driver is open, and the daemon does not serve on a kernel below Landlock ABI 6; "
+                 "degraded: the same with whatever Landlock the kernel has (said at start); off: none of it, "
+                 "for debugging only. Also from the environment: IVCUDA_SANDBOX")
+      ->check(CLI::IsMember({"on", "degraded", "off"}))
+      ->envname("IVCUDA_SANDBOX")
       ->capture_default_str();
   app.add_option("--user", o.sandbox.user,
                  "workers drop to this user once their driver is open (the daemon must run as root; the "
@@ -666,8 +701,8 @@ void define_options(CLI::App& app, Options& o) {
   app.add_option("--mps-log-dir", o.mps_cfg.log_dir, "with --mps: the MPS control daemon's log directory")
       ->capture_default_str();
   app.add_option("--mps-mem-headroom", o.mps_headroom,
-                 "with --mps and a quota: MPS caps each guest's device memory at its quota plus this (contexts "
-                 "and code take memory that the quota does not count)")
+                 "with --mps and a quota: MPS caps each guest's device memory at its quota plus this (code and "
+                 "what a context holds beyond --context-reserve take memory that the quota does not count)")
       ->transform(CLI::AsSizeValue(false))
       ->capture_default_str();
   app.add_option("--metrics-listen", o.metrics_listen,
@@ -686,7 +721,7 @@ int main(int argc, char** argv) {
       std::printf("%s\t%s\t%s\n", s.name, ivcuda::host::sandbox::rule_name(s.rule), s.why);
     return 0;
   }
-  o.sandbox.enabled = o.sandbox_mode == "on";
+  (void)ivcuda::host::sandbox::parse_mode(o.sandbox_mode, &o.sandbox.mode);  // checked by CLI11
   o.control_socket_given = app.get_option("--control-socket")->count() > 0;
 
   using ivcuda::log::Level;
@@ -707,6 +742,10 @@ int main(int argc, char** argv) {
 #endif
   if (auto u = ivcuda::host::sandbox::resolve_user(o.sandbox); !u) {
     IVLOG_ERROR("%s", u.error().what.c_str());
+    return 2;
+  }
+  if (auto k = ivcuda::host::sandbox::prepare(o.sandbox); !k) {
+    IVLOG_ERROR("%s", k.error().what.c_str());
     return 2;
   }
   ivcuda::host::sandbox::apply_to_daemon(o.sandbox);
@@ -1372,7 +1411,7 @@ int main(int argc, char** argv) {
         IVLOG_WARN("refusing a guest on %s: SO_PEERCRED: %s", l.path.c_str(), std::strerror(errno));
         continue;
       }
-      if (o.max_guests_per_uid != 0 && guests_of(cred.uid) >= o.max_guests_per_uid) {
+      if (IVCUDA_RULE("guests-per-uid") && o.max_guests_per_uid != 0 && guests_of(cred.uid) >= o.max_guests_per_uid) {
         IVLOG_WARN("refusing a guest of uid %u (pid %d): it has %u guests already (--max-guests-per-uid)",
                    static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), o.max_guests_per_uid);
         ++refused;

@@ -33,7 +33,8 @@ CUresult Worker::memops_from_wire(std::span<const MemOp> ops, std::vector<CUstre
     if (is_wait(m.operation) || is_write(m.operation)) {
       // Another guest's or the host's memory: INVALID_VALUE, the driver's
       // answer for an address it cannot use (alignment it checks itself).
-      if (!owns_device(m.address, word_bytes(m.operation))) return CUDA_ERROR_INVALID_VALUE;
+      if (IVCUDA_RULE("memops-own-memory") && !owns_device(m.address, word_bytes(m.operation)))
+        return CUDA_ERROR_INVALID_VALUE;
       // A 32-bit operation's value is the low half of the union (x86-64).
       const cuuint64_t v = word_bytes(m.operation) == 4 ? static_cast<cuuint32_t>(m.value) : m.value;
       if (is_wait(m.operation)) {

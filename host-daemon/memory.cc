@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
@@ -61,7 +62,10 @@ CUresult Worker::on_MemFree(Call& c) {
   const bool pool_done = pool_on_free(r.dptr, it->second.size);
   if (!ipc_done || !pool_done) return CUDA_SUCCESS;
   const CUresult st = cu_.cuMemFree(r.dptr);
-  if (st == CUDA_SUCCESS) ranges_.erase(it);
+  if (st == CUDA_SUCCESS) {
+    pool_freed(it->second);  // a stream-ordered allocation's memory stays its pool's (pools.cc)
+    ranges_.erase(it);
+  }
   return st;
 }
 
@@ -69,6 +73,7 @@ CUresult Worker::on_MemGetInfo(Call& c) {
   const auto r = c.req<ReqCtx>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   reap_mem_releases();  // what sparse arrays no longer map counts as free (arrays.cc)
+  settle_pools(true);   // what pools gave back since (pools.cc)
   size_t f = 0, t = 0;
   const CUresult st = cu_.cuMemGetInfo(&f, &t);
   // Under a quota the tenant's view: the quota as the total, what is left of
@@ -428,8 +433,9 @@ bool Worker::poll_copy_park(Channel& ch) {
 // A small pageable DtoH comes back in the reply record. The copy into the
 // worker's own (pageable) memory is synchronous, so it is made only once the
 // stream has reached it: an event marks that point, and the call is parked
-// until then unless it is there already. Everything is checked again then:
-// another guest thread may have freed the memory or the stream meanwhile.
+// until then unless it is there already. Everything is checked again then
+// (dtoh_inline): another guest thread may have freed the memory or the
+// stream meanwhile, or begun capturing the stream.
 CUresult Worker::on_MemcpyDtoHInline(Call& c) {
   const auto r = c.req<ReqCopy>();
   if ((c.rec.hdr.flags & abi::kRecNeedsReply) == 0) return CUDA_ERROR_INVALID_VALUE;  // it is all in the reply
@@ -476,6 +482,13 @@ CUresult Worker::dtoh_inline(const ReqCopy& r, std::size_t room, std::vector<std
   if ((r.flags & kAsync) != 0) {
     CUstream s;
     st = resolve_stream(r.ctx, r.stream, &s);
+    // `data` is the worker's own heap, freed after the reply: the copy must
+    // never become a graph node. A parked copy was checked when it arrived,
+    // but another guest thread may have begun capturing the stream since, so
+    // the stream is asked again here, right before the copy. Nothing else
+    // can begin a capture in between: every driver call of this worker is
+    // made on this one thread.
+    if (st == CUDA_SUCCESS && IVCUDA_RULE("parked-copy-capture")) st = refuse_in_capture(s);
     // Into pageable memory the driver returns once the copy is done.
     if (st == CUDA_SUCCESS) st = cu_.cuMemcpyDtoHAsync(data, r.src, r.bytes, s);
   } else {

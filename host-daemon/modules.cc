@@ -98,7 +98,7 @@ CUresult Worker::on_ModuleGetFunction(Call& c) {
       st = cu_.cuFuncGetParamInfo(f, i, &off, &size);
       if (st == CUDA_ERROR_INVALID_VALUE) break;
       if (st != CUDA_SUCCESS) return st;
-      if (i == kMaxParams) {
+      if (IVCUDA_RULE("kernel-params-complete") && i == kMaxParams) {
         IVLOG_WARN("guest %u: kernel %s has more than %u parameters; refused", cfg_.guest_id, name.c_str(),
                    kMaxParams);
         return CUDA_ERROR_NOT_SUPPORTED;

@@ -82,6 +82,84 @@ void Worker::destroy_created_pools() noexcept {
     p.real = nullptr;
   });
   pool_names_.clear();
+  pool_reserves_.clear();
+}
+
+// ------------------------------------------------------------------ reserves
+//
+// A pool keeps memory it got from the driver after the allocations in it are
+// freed: up to its release threshold across synchronisations, and all of it
+// until the next one. Natively that memory is used device memory (cuMemGetInfo
+// does not count it free). Here it stays charged to the guest's quota, as
+// RESERVED_MEM_CURRENT - USED_MEM_CURRENT of the pool (the driver's own
+// figures), so that neither a high threshold nor frees without a
+// synchronisation, times the pools a guest may create, hold memory the quota
+// does not see (issue 28). A freed allocation's charge moves to its pool's
+// reserve at once, and comes back to the quota when the driver says the pool
+// gave the memory back. Before a charge is refused, the pools' unused memory
+// is given back (cuMemPoolTrimTo), which costs the guest only the time to get
+// it again.
+
+void Worker::settle_pool(CUmemoryPool pool, bool may_shrink) {
+  if (pool == nullptr || !IVCUDA_RULE("pool-reserve-charged")) return;
+  const auto held = [&](std::uint64_t* out) {
+    cuuint64_t reserved = 0, used = 0;
+    if (cu_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS ||
+        cu_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS)
+      return false;
+    *out = reserved > used ? reserved - used : 0;
+    return true;
+  };
+  std::uint64_t want = 0;
+  if (!held(&want)) return;
+  Charge& ch = pool_reserves_[pool];
+  if (!ch) ch = quota_.take(0);
+  if (want > ch.bytes() && !ch.grow(want - ch.bytes())) {
+    // More than the quota covers: the pool keeps only what it must (memory
+    // a pending free or a running kernel still uses), and that is charged
+    // past the limit, so that the guest's next charges are refused.
+    (void)cu_.cuMemPoolTrimTo(pool, 0);
+    if (!held(&want)) want = ch.bytes();
+    if (want > ch.bytes()) (void)ch.hold(want - ch.bytes());
+  }
+  if (may_shrink && want < ch.bytes()) ch.shrink(ch.bytes() - want);
+}
+
+// A stream-ordered allocation was just freed (cuMemFreeAsync or cuMemFree):
+// its memory is its pool's now.
+void Worker::pool_freed(DevRange& r) {
+  if (r.from_pool == nullptr || !IVCUDA_RULE("pool-reserve-charged")) return;
+  auto it = pool_reserves_.find(r.from_pool);
+  if (it == pool_reserves_.end()) return;  // a pool that is gone took it along
+  it->second.absorb(std::move(r.charge));
+  settle_pool(r.from_pool, false);
+}
+
+// Every pool the guest allocated from: after a context's end freed its
+// allocations into them (may_shrink false), or for the guest's view.
+void Worker::settle_pools(bool may_shrink) {
+  for (auto& [pool, ch] : pool_reserves_) settle_pool(pool, may_shrink);
+}
+
+// Before a charge is refused: every pool gives back what it keeps unused.
+bool Worker::reclaim_pool_reserves() {
+  bool freed = false;
+  for (auto& [pool, ch] : pool_reserves_) {
+    if (ch.bytes() == 0) continue;
+    const std::uint64_t before = ch.bytes();
+    (void)cu_.cuMemPoolTrimTo(pool, 0);
+    settle_pool(pool, true);
+    freed |= ch.bytes() < before;
+  }
+  return freed;
+}
+
+// A destroyed pool's memory goes with its last allocation; nothing of it is
+// queried again (the driver's handle is gone).
+void Worker::drop_pool_reserve(CUmemoryPool pool) {
+  pool_reserves_.erase(pool);
+  for (auto& [addr, r] : ranges_)
+    if (r.from_pool == pool) r.from_pool = nullptr;
 }
 
 CUresult Worker::destroy_pool(std::uint64_t handle) {
@@ -113,6 +191,7 @@ CUresult Worker::destroy_pool(std::uint64_t handle) {
   pool_names_.erase(names);
   pools_.erase(handle);
   pool_forget(real);
+  drop_pool_reserve(real);
   return CUDA_SUCCESS;
 }
 
@@ -220,6 +299,9 @@ CUresult Worker::on_MemPool(Call& c) {
       void* v = is_int ? static_cast<void*>(&iv) : static_cast<void*>(&uv);
       if (r.kind == kPoolSetAttr) {
         st = cu_.cuMemPoolSetAttribute(p->real, attr, v);
+        // A threshold keeps freed memory across synchronisations.
+        if (st == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && pool_reserves_.contains(p->real))
+          settle_pool(p->real, true);
       } else {
         st = cu_.cuMemPoolGetAttribute(p->real, attr, v);
         rep.value = is_int ? iv : static_cast<std::int64_t>(uv);
@@ -228,6 +310,7 @@ CUresult Worker::on_MemPool(Call& c) {
     }
     case kPoolTrim:
       st = cu_.cuMemPoolTrimTo(p->real, r.value);
+      if (st == CUDA_SUCCESS && pool_reserves_.contains(p->real)) settle_pool(p->real, true);
       break;
     case kPoolDestroy:
       // The driver refuses a default pool itself. Allocations still out stay
@@ -259,19 +342,26 @@ CUresult Worker::on_MemAllocAsync(Call& c) {
   CUresult st;
   Charge charge = quota_.take(r.bytes);
   if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUmemoryPool from = nullptr;
   if (r.pool != 0) {
     PoolEntry* p = pools_.find(r.pool);
     // An imported pool hands out nothing: the driver refuses one, and an
     // alias (whose driver pool is this worker's own) is refused alike.
     if (p == nullptr || p->real == nullptr || p->alias) return CUDA_ERROR_INVALID_VALUE;
     st = cu_.cuMemAllocFromPoolAsync(&d, r.bytes, p->real, s);
+    from = p->real;
   } else {
     st = cu_.cuMemAllocAsync(&d, r.bytes, s);
+    if (st == CUDA_SUCCESS &&
+        cu_.cuPointerGetAttribute(&from, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, d) != CUDA_SUCCESS)
+      from = nullptr;
   }
   if (st != CUDA_SUCCESS) return st;
   // The guest's memory like any allocation: device-pointer checks accept it,
   // cuMemFree may free it and it is freed when the guest goes away.
-  ranges_[d] = DevRange{r.bytes, r.ctx, RangeKind::kAlloc, r.pool, std::move(charge)};
+  DevRange& range = ranges_[d] = DevRange{r.bytes, r.ctx, RangeKind::kAlloc, r.pool, std::move(charge)};
+  range.from_pool = from;
+  settle_pool(from, true);  // what the pool got beyond it (or reused of its reserve)
   c.set_reply(RepMemAlloc{d, 0});
   return CUDA_SUCCESS;
 }
@@ -291,7 +381,10 @@ CUresult Worker::on_MemFreeAsync(Call& c) {
   const CUresult st = cu_.cuMemFreeAsync(r.dptr, s);
   // Work queued before the free may still use the memory; nothing the guest
   // sends from now on may.
-  if (st == CUDA_SUCCESS) ranges_.erase(it);
+  if (st == CUDA_SUCCESS) {
+    pool_freed(it->second);
+    ranges_.erase(it);
+  }
   return st;
 }
 
@@ -400,7 +493,8 @@ CUresult Worker::on_MemPoolExportPtr(Call& c) {
   auto it = ranges_.upper_bound(r.dptr);
   if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
   --it;
-  if (!ring::span_within(r.dptr, 1, it->first, it->second.size) || it->second.kind != RangeKind::kAlloc)
+  if (IVCUDA_RULE("pool-ticket") &&
+      (!ring::span_within(r.dptr, 1, it->first, it->second.size) || it->second.kind != RangeKind::kAlloc))
     return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t base = it->first, size = it->second.size;
   if (it->second.ctx != 0)
@@ -441,7 +535,8 @@ CUresult Worker::on_MemPoolImportPtr(Call& c) {
   const auto r = c.req<ReqPoolPtrImport>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   const PoolEntry* p = pools_.find(r.pool);
-  if (p == nullptr || p->real == nullptr || !p->imported) return CUDA_ERROR_INVALID_VALUE;
+  if (p == nullptr || p->real == nullptr || (IVCUDA_RULE("pool-ticket") && !p->imported))
+    return CUDA_ERROR_INVALID_VALUE;
   const auto ticket = decode_ticket(kPoolPtrMagic, reinterpret_cast<const std::byte*>(r.data));
   if (!ticket) return CUDA_ERROR_INVALID_VALUE;
   const auto found = share_lookup(ShareKind::kPoolPtr, *ticket);

@@ -14,6 +14,29 @@ bool Charge::grow(std::uint64_t extra) noexcept {
   return true;
 }
 
+bool Charge::hold(std::uint64_t extra) noexcept {
+  if (q_ == nullptr || !q_->add(extra, false)) return false;
+  bytes_ += extra;
+  return true;
+}
+
+void Charge::shrink(std::uint64_t n) noexcept {
+  n = std::min(n, bytes_);
+  if (q_ != nullptr && n != 0) q_->sub(n);
+  bytes_ -= n;
+}
+
+void Charge::absorb(Charge&& o) noexcept {
+  if (&o == this || o.q_ == nullptr) return;
+  if (q_ == nullptr) q_ = o.q_;
+  if (q_ != o.q_) {  // another quota's bytes are not ours to hold
+    o.release();
+    return;
+  }
+  bytes_ += std::exchange(o.bytes_, 0);
+  o.q_ = nullptr;
+}
+
 void Charge::release() noexcept {
   if (q_ != nullptr && bytes_ != 0) q_->sub(bytes_);
   q_ = nullptr;
@@ -39,13 +62,15 @@ void MemQuota::close() noexcept {
 }
 
 Charge MemQuota::take(std::uint64_t bytes) noexcept {
-  if (!add(bytes)) return Charge{};
+  // An empty charge (a record that grows later) is granted past the limit too.
+  if (bytes == 0) return closed_ ? Charge{} : Charge{this, 0};
+  if (!add(bytes) && !(reclaim_ && reclaim_() && add(bytes))) return Charge{};
   return Charge{this, bytes};
 }
 
-bool MemQuota::add(std::uint64_t bytes) noexcept {
+bool MemQuota::add(std::uint64_t bytes, bool enforce) noexcept {
   if (closed_) return false;
-  const std::uint64_t lim = limit();
+  const std::uint64_t lim = enforce ? limit() : 0;
   if (vm_ != nullptr) {
     if (!vm_->mem_charge(slot_, bytes, lim)) return false;
   } else {

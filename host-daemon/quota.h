@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 namespace ivcuda::host {
@@ -42,6 +43,16 @@ class Charge {
   std::uint64_t bytes() const noexcept { return bytes_; }
   // Charges `extra` bytes more; false (and nothing changed) past the limit.
   bool grow(std::uint64_t extra) noexcept;
+  // Charges `extra` bytes more even past the limit: memory the driver holds
+  // already (a pool's reserve it could not give back), which the books must
+  // show so that the guest's next charges are refused. False only for an
+  // empty Charge or a closed quota.
+  bool hold(std::uint64_t extra) noexcept;
+  // Gives `n` of its bytes back (all of them at most).
+  void shrink(std::uint64_t n) noexcept;
+  // Takes over o's bytes (charged to the same quota): nothing is given back
+  // in between, o ends empty.
+  void absorb(Charge&& o) noexcept;
   void release() noexcept;
 
  private:
@@ -64,8 +75,13 @@ class MemQuota {
   // changes it on `ivcudactl reload`); null: `limit` stays.
   void configure(std::uint64_t limit, VmShared* vm, std::uint32_t slot, GuestStats* board = nullptr) noexcept;
 
-  // `bytes` charged to the guest, or an empty Charge when that would pass the limit.
+  // `bytes` charged to the guest, or an empty Charge when that would pass the
+  // limit even after the reclaim hook gave back what it could.
   [[nodiscard]] Charge take(std::uint64_t bytes) noexcept;
+  // Called once by a take() that does not fit, before it is refused: gives
+  // back memory the guest holds only as a reserve (its pools' freed memory,
+  // pools.cc) and says whether anything came back. Must not call take().
+  void set_reclaim(std::function<bool()> f) { reclaim_ = std::move(f); }
   // What the guest holds now (all of a VM's processes), and its limit (0: none).
   std::uint64_t used() const noexcept;
   std::uint64_t limit() const noexcept;
@@ -79,9 +95,10 @@ class MemQuota {
 
  private:
   friend class Charge;
-  bool add(std::uint64_t bytes) noexcept;
+  bool add(std::uint64_t bytes, bool enforce = true) noexcept;
   void sub(std::uint64_t bytes) noexcept;
 
+  std::function<bool()> reclaim_;
   std::uint64_t limit_ = 0;
   GuestStats* board_ = nullptr;
   bool closed_ = false;

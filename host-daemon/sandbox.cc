@@ -4,10 +4,14 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
+#include <linux/sockios.h>
+#include <net/if.h>
 #include <pwd.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 
 namespace ivcuda::host::sandbox {
 
@@ -55,7 +60,7 @@ constexpr Syscall kAllow[] = {
     {"set_mempolicy", Rule::kAny, "the driver places its allocations near the GPU"},
     {"mbind", Rule::kAny, "same, per range"},
     {"membarrier", Rule::kAny, "process-wide memory barriers some runtimes use"},
-    {"memfd_create", Rule::kAny, "DOT text and pool probes (worker), IPC memory (the GPU test double)"},
+    {"memfd_create", Rule::kAny, "DOT text and pool probes (worker), the driver's shareable memory"},
     // threads and waiting
     {"clone", Rule::kThreadsOnly, "the driver's threads (CLONE_THREAD only: never a new process)"},
     {"clone3", Rule::kEnosys, "its flags are out of a filter's reach: ENOSYS makes the C library use clone"},
@@ -66,7 +71,7 @@ constexpr Syscall kAllow[] = {
     {"exit_group", Rule::kAny, "the worker ends"},
     {"sched_yield", Rule::kAny, "spinning waits (the worker's parked synchronise, the driver)"},
     {"sched_getaffinity", Rule::kAny, "CPU counts"},
-    {"sched_setaffinity", Rule::kAny, "the driver places its threads (within the worker's cpuset)"},
+    {"sched_setaffinity", Rule::kSelfOnly, "the driver places itself (within the worker's cpuset); never another process"},
     {"sched_getparam", Rule::kAny, "thread attributes"},
     {"sched_getscheduler", Rule::kAny, "thread attributes"},
     {"sched_get_priority_min", Rule::kAny, "thread attributes"},
@@ -104,19 +109,20 @@ constexpr Syscall kAllow[] = {
     {"readv", Rule::kAny, "same"},
     {"writev", Rule::kAny, "same"},
     {"pread64", Rule::kAny, "DOT text from its memfd"},
-    {"pwrite64", Rule::kAny, "the GPU test double fills IPC memfds"},
     {"lseek", Rule::kAny, "file offsets"},
     {"close", Rule::kAny, "descriptors"},
     {"dup", Rule::kAny, "descriptors"},
     {"dup3", Rule::kAny, "descriptors"},
     {"pipe2", Rule::kAny, "the driver's internal pipes"},
-    {"fcntl", Rule::kAny, "descriptor flags"},
+    {"fcntl", Rule::kFcntlSome, "descriptor flags, locks, seals; no owner or signal (F_SETOWN would aim SIGIO anywhere)"},
     {"ftruncate", Rule::kAny, "sizing memfds"},
     {"fstat", Rule::kAny, "sizes and types of descriptors"},
     {"newfstatat", Rule::kAny, "same (fstat's form in glibc), and paths Landlock lets it see"},
     {"statx", Rule::kAny, "same"},
     {"getdents64", Rule::kAny, "listing a directory Landlock allows (/proc/self/fd, /dev)"},
-    {"ioctl", Rule::kAny, "the driver's requests to its device files (Landlock decides which files open)"},
+    {"ioctl", Rule::kIoctlNoNetTty,
+     "the driver's requests to its device files (Landlock decides which files open); none of the socket, "
+     "network-device or terminal types, which reach the host's network configuration and ttys"},
     {"sendmsg", Rule::kAny, "the fd broker's line (SCM_RIGHTS) - an existing socket; none can be made"},
     {"recvmsg", Rule::kAny, "same"},
     {"sendto", Rule::kAny, "send() on existing sockets"},
@@ -150,7 +156,7 @@ constexpr Syscall kAllow[] = {
     {"uname", Rule::kAny, "the kernel's version"},
     {"sysinfo", Rule::kAny, "memory sizes"},
     {"getrlimit", Rule::kAny, "limits"},
-    {"prlimit64", Rule::kReadLimits, "limits, read only"},
+    {"prlimit64", Rule::kReadOwnLimits, "its own limits, read only"},
     {"getrusage", Rule::kAny, "CPU time"},
     {"times", Rule::kAny, "CPU time"},
     {"getrandom", Rule::kAny, "IPC tokens, random mapping addresses"},
@@ -164,16 +170,58 @@ constexpr int kPrctlAllowed[] = {PR_SET_NAME,         PR_GET_NAME,     PR_SET_TI
                                  PR_GET_DUMPABLE,     PR_GET_SECCOMP,  PR_GET_NO_NEW_PRIVS, PR_GET_PDEATHSIG,
                                  PR_GET_CHILD_SUBREAPER, kPrSetVma};
 
+// Under the test switch only (Config::test_double_ipc): what the GPU test
+// double needs beyond a driver.
+constexpr Syscall kTestDoubleCalls[] = {
+    {"pwrite64", Rule::kAny, "the GPU test double fills its IPC and pool-export memfds"},
+};
+
+// Sanitizer builds only, for their runtimes (never a product's workers):
+// LeakSanitizer stops the worker's threads at exit from a tracer task that
+// shares its memory (clone with CLONE_VM, not CLONE_THREAD), attaches to them
+// with ptrace and waits for it; Landlock's scope keeps ptrace inside the
+// worker's own domain.
+constexpr Syscall kSanitizerCalls[] = {
+    {"clone", Rule::kMemorySharing, "LeakSanitizer's tracer (CLONE_VM)"},
+    {"ptrace", Rule::kAny, "LeakSanitizer stops the worker's threads"},
+    {"wait4", Rule::kAny, "LeakSanitizer waits for its tracer"},
+};
+
+// fcntl commands a sandboxed worker may use (Rule::kFcntlSome). Not among
+// them: F_SETOWN, F_SETOWN_EX and F_SETSIG (with O_ASYNC they send any signal
+// to any process the worker's credentials reach, past the ban on kill), and
+// F_SETLEASE and F_NOTIFY (a lease holds other processes' opens of a shared
+// file for up to lease-break-time).
+constexpr int kFcntlAllowed[] = {F_DUPFD,   F_GETFD,       F_SETFD,     F_GETFL,       F_SETFL,
+                                 F_GETLK,   F_SETLK,       F_SETLKW,    F_GETOWN,      F_GETSIG,
+                                 F_GETOWN_EX, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW,  F_GETLEASE,
+                                 F_DUPFD_CLOEXEC, F_SETPIPE_SZ, F_GETPIPE_SZ, F_ADD_SEALS, F_GET_SEALS};
+
+// ioctl request types (bits 8-15 of the request) a sandboxed worker may not
+// use (Rule::kIoctlNoNetTty): 0x89 sockets and network devices (SIOC*: on
+// any socket, sock_ioctl hands them to the network stack: interface flags,
+// addresses, bridges, routes; FIOSETOWN and SIOCSPGRP set a signal owner),
+// 0x8b wireless extensions, 0x54 terminals (TIOCSTI types into a tty the
+// worker inherited; FIOASYNC, FIONBIO and FIONREAD live there too, and
+// neither the worker nor a driver needs them: fcntl covers the flags).
+constexpr std::uint8_t kIoctlTypesRefused[] = {0x54, 0x89, 0x8b};
+
 std::span<const Syscall> allowlist() { return kAllow; }
+std::span<const Syscall> test_double_calls() { return kTestDoubleCalls; }
+std::span<const Syscall> sanitizer_calls() { return kSanitizerCalls; }
 
 const char* rule_name(Rule r) noexcept {
   switch (r) {
     case Rule::kAny: return "any";
     case Rule::kThreadsOnly: return "CLONE_THREAD only";
     case Rule::kOwnProcess: return "own threads only";
-    case Rule::kReadLimits: return "read only";
+    case Rule::kSelfOnly: return "this process only";
+    case Rule::kReadOwnLimits: return "own limits, read only";
     case Rule::kPrctlSome: return "listed options only";
+    case Rule::kFcntlSome: return "listed commands only";
+    case Rule::kIoctlNoNetTty: return "no socket, network or terminal requests";
     case Rule::kEnosys: return "ENOSYS";
+    case Rule::kMemorySharing: return "CLONE_VM only";
   }
   return "?";
 }
@@ -227,15 +275,6 @@ std::string errno_name(int e) {
     case ENOSYS: return "ENOSYS";
     default: return std::strerror(e);
   }
-}
-
-bool is_gpu_double(const std::string& driver_path, void* handle) {
-  std::string file = driver_path;
-  Dl_info info{};
-  if (void* sym = handle != nullptr ? ::dlsym(handle, "cuInit") : nullptr;
-      sym != nullptr && ::dladdr(sym, &info) != 0 && info.dli_fname != nullptr)
-    file = info.dli_fname;
-  return file.find("ivcuda-gpu-double") != std::string::npos;
 }
 
 // Directories of every file mapped into the worker now: its own libraries and
@@ -303,14 +342,8 @@ std::vector<PathRule> landlock_rules() {
   return r;
 }
 
-Result<int> apply_landlock(std::string* note) {
-  const long abi = ll_create_ruleset(nullptr, 0, kCreateRulesetVersion);
-  if (abi < 0) {
-    *note = errno == ENOSYS ? "the kernel has no Landlock"
-            : errno == EOPNOTSUPP ? "Landlock is disabled in this kernel (boot lsm=)"
-                                  : std::string("landlock_create_ruleset: ") + std::strerror(errno);
-    return 0;
-  }
+// Applies the ruleset for Landlock ABI `abi` (> 0); returns it.
+Result<int> apply_landlock(int abi) {
   RulesetAttr attr{};
   attr.handled_access_fs = kFsAllV1 | (abi >= 2 ? kFsRefer : 0) | (abi >= 3 ? kFsTruncate : 0);
   std::size_t size = sizeof attr.handled_access_fs;
@@ -348,7 +381,85 @@ Result<int> apply_landlock(std::string* note) {
 
 // ------------------------------------------------------------------- seccomp
 
-Result<std::size_t> apply_seccomp() {
+#if defined(__SANITIZE_THREAD__)
+constexpr const char* kNoSeccompNote =
+    "a ThreadSanitizer build (its runtime's needs under a filter are not worked out)";
+#else
+constexpr const char* kNoSeccompNote = nullptr;
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitizerRuntime = true;
+#else
+constexpr bool kSanitizerRuntime = false;
+#endif
+
+// Masks and values over an ioctl request's type (bits 8-15) that together
+// match every type but the refused ones: a filter can only allow, so the
+// complement is covered by prefixes of the type's bits, at most 8 per refused
+// type. Only the low 32 bits are looked at, as the kernel does (its `cmd` is
+// an unsigned int).
+void cover_types(std::uint32_t prefix, int len, std::vector<std::pair<std::uint32_t, std::uint32_t>>* out) {
+  bool hit = false;
+  for (const std::uint8_t t : kIoctlTypesRefused) hit = hit || (static_cast<std::uint32_t>(t) >> (8 - len)) == prefix;
+  const std::uint32_t mask = ((0xffu << (8 - len)) & 0xffu) << 8;
+  if (!hit) {
+    out->push_back({mask, prefix << (8 - len) << 8});
+  } else if (len < 8) {
+    cover_types(prefix << 1, len + 1, out);
+    cover_types((prefix << 1) | 1, len + 1, out);
+  }
+}
+
+// One row of the table as filter rules. rc of libseccomp (0 or -errno).
+int add_rule(scmp_filter_ctx ctx, int nr, Rule rule, scmp_datum_t self) {
+  auto allow = [&](std::initializer_list<scmp_arg_cmp> cmps) {
+    return ::seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, nr, static_cast<unsigned>(cmps.size()), cmps.begin());
+  };
+  int rc = 0;
+  switch (rule) {
+    case Rule::kAny: return allow({});
+    case Rule::kThreadsOnly: return allow({arg_cmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD)});
+    case Rule::kMemorySharing: return allow({arg_cmp(0, SCMP_CMP_MASKED_EQ, CLONE_VM, CLONE_VM)});
+    case Rule::kOwnProcess: return allow({arg_cmp(0, SCMP_CMP_EQ, self)});
+    case Rule::kSelfOnly:
+      if (!IVCUDA_RULE("worker-affinity-self-only")) return allow({});
+      for (const scmp_datum_t pid : {scmp_datum_t{0}, self})
+        if (rc == 0) rc = allow({arg_cmp(0, SCMP_CMP_EQ, pid)});
+      return rc;
+    case Rule::kReadOwnLimits:
+      if (!IVCUDA_RULE("worker-prlimit-self-only")) return allow({arg_cmp(2, SCMP_CMP_EQ, 0)});
+      for (const scmp_datum_t pid : {scmp_datum_t{0}, self})
+        if (rc == 0) rc = allow({arg_cmp(0, SCMP_CMP_EQ, pid), arg_cmp(2, SCMP_CMP_EQ, 0)});
+      return rc;
+    case Rule::kPrctlSome:
+      for (const int opt : kPrctlAllowed)
+        if (rc == 0) rc = allow({arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt))});
+      // LeakSanitizer makes the worker traceable by its own tracer at exit.
+      if (kSanitizerRuntime)
+        for (const int opt : {PR_SET_DUMPABLE, PR_SET_PTRACER})
+          if (rc == 0) rc = allow({arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt))});
+      return rc;
+    case Rule::kFcntlSome:
+      if (!IVCUDA_RULE("worker-fcntl-no-signals")) return allow({});
+      for (const int cmd : kFcntlAllowed)
+        if (rc == 0) rc = allow({arg_cmp(1, SCMP_CMP_EQ, static_cast<scmp_datum_t>(cmd))});
+      return rc;
+    case Rule::kIoctlNoNetTty: {
+      if (!IVCUDA_RULE("worker-ioctl-no-net-tty")) return allow({});
+      std::vector<std::pair<std::uint32_t, std::uint32_t>> cover;
+      cover_types(0, 0, &cover);
+      for (const auto& [mask, value] : cover)
+        if (rc == 0) rc = allow({arg_cmp(1, SCMP_CMP_MASKED_EQ, mask, value)});
+      return rc;
+    }
+    case Rule::kEnosys: return ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0);
+  }
+  return -EINVAL;
+}
+
+// Returns how many calls of the product's table it allows; *extra: how many
+// more the test switch or the sanitizer runtime added.
+Result<std::size_t> apply_seccomp(const Config& c, std::size_t* extra) {
   scmp_filter_ctx ctx = ::seccomp_init(SCMP_ACT_ERRNO(EPERM));
   if (ctx == nullptr) return make_error(ENOMEM, "seccomp_init failed");
   struct Release {
@@ -359,52 +470,110 @@ Result<std::size_t> apply_seccomp() {
   if (int rc = ::seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1); rc != 0)
     return make_error(-rc, std::string("seccomp TSYNC: ") + std::strerror(-rc));
   std::size_t n = 0;
+  *extra = 0;
   const auto self = static_cast<scmp_datum_t>(::getpid());
-  for (const Syscall& s : kAllow) {
-    const int nr = ::seccomp_syscall_resolve_name(s.name);
-    if (nr == __NR_SCMP_ERROR) {
-      IVLOG_DEBUG("sandbox: %s is no system call here", s.name);
-      continue;
+  std::vector<std::span<const Syscall>> tables = {kAllow};
+  if (c.test_double_ipc) tables.push_back(kTestDoubleCalls);
+  if (kSanitizerRuntime) tables.push_back(kSanitizerCalls);
+  for (const auto table : tables)
+    for (const Syscall& s : table) {
+      std::size_t& count = table.data() == std::data(kAllow) ? n : *extra;
+      const int nr = ::seccomp_syscall_resolve_name(s.name);
+      if (nr == __NR_SCMP_ERROR) {
+        IVLOG_DEBUG("sandbox: %s is no system call here", s.name);
+        continue;
+      }
+      if (const int rc = add_rule(ctx, nr, s.rule, self); rc != 0)
+        return make_error(-rc, std::string("seccomp rule for ") + s.name + ": " + std::strerror(-rc));
+      if (s.rule != Rule::kEnosys) ++count;
     }
-    int rc = 0;
-    switch (s.rule) {
-      case Rule::kAny: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0); break;
-      case Rule::kThreadsOnly:
-        rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, arg_cmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
-        break;
-      case Rule::kOwnProcess: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(self))); break;
-      case Rule::kReadLimits: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1, arg_cmp(2, SCMP_CMP_EQ, 0)); break;
-      case Rule::kPrctlSome:
-        for (const int opt : kPrctlAllowed)
-          if (rc == 0)
-            rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 1,
-                                    arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt)));
-        break;
-      case Rule::kEnosys: rc = ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), nr, 0); break;
-    }
-    if (rc != 0) return make_error(-rc, std::string("seccomp rule for ") + s.name + ": " + std::strerror(-rc));
-    if (s.rule != Rule::kEnosys) ++n;
-  }
   if (int rc = ::seccomp_load(ctx); rc != 0)
     return make_error(-rc, std::string("seccomp_load: ") + std::strerror(-rc));
   return n;
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr const char* kSanitizerNote =
-    "a sanitizer build (its runtime forks a symbolizer, reads /proc and traces threads at exit)";
-#else
-constexpr const char* kSanitizerNote = nullptr;
-#endif
+// ------------------------------------------------------------- capabilities
+//
+// Three system calls, written out: libcap would be a dependency for them.
+// The bounding set goes first (dropping from it needs CAP_SETPCAP, which the
+// drop to --user takes away), so that not even an execve could give a
+// capability back; then the permitted, effective, inheritable and ambient
+// sets. A root worker without --user keeps uid 0 but no capability: it cannot
+// configure the network, trace or signal other users' processes, or open the
+// daemon's /proc/PID/mem (the kernel wants the tracer's capabilities to cover
+// the target's).
+
+// Empties the bounding set; *note says why not where it cannot (a daemon that
+// is not root has no CAP_SETPCAP, and no capability to bound).
+Result<void> drop_bounding_set(std::string* note) {
+  for (int cap = 0;; ++cap) {
+    const int in = ::prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
+    if (in < 0) break;  // EINVAL: past the kernel's last capability
+    if (in == 0) continue;
+    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0) continue;
+    if (errno == EPERM && ::geteuid() != 0) {
+      *note = "bounding set kept: no CAP_SETPCAP (the daemon is not root)";
+      return {};
+    }
+    return make_error(errno, "dropping capability " + std::to_string(cap) + " from the bounding set: " +
+                                 std::strerror(errno));
+  }
+  return {};
+}
+
+Result<void> drop_capabilities() {
+  (void)::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct none[2] = {};
+  if (::syscall(SYS_capset, &hdr, none) != 0)
+    return make_error(errno, std::string("capset: ") + std::strerror(errno));
+  __user_cap_data_struct now[2] = {};
+  if (::syscall(SYS_capget, &hdr, now) != 0) return make_error(errno, std::string("capget: ") + std::strerror(errno));
+  for (const auto& d : now)
+    if (d.effective != 0 || d.permitted != 0 || d.inheritable != 0)
+      return make_error(EPERM, "capabilities are still held after capset");
+  return {};
+}
 
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
+const char* mode_name(Mode m) {
+  return m == Mode::kOn ? "on" : m == Mode::kDegraded ? "degraded" : "off";
+}
+
+// Why the mode does not serve with Landlock ABI `abi`, or "" when it does.
+std::string landlock_refusal(const Config& c, int abi, const std::string& why_none) {
+  if (!IVCUDA_RULE("sandbox-landlock-6") || c.mode != Mode::kOn || c.test_double_ipc || abi >= kLandlockAbiForOn)
+    return "";
+  const std::string have = abi > 0 ? "Landlock ABI " + std::to_string(abi) : "no Landlock (" + why_none + ")";
+  return "--sandbox on needs Landlock ABI " + std::to_string(kLandlockAbiForOn) +
+         " (Linux 6.12: signals and abstract sockets scoped to the worker); this kernel has " + have +
+         ". --sandbox degraded serves without it (docs/security.md, \"Sandbox\")";
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------- steps
+
+bool parse_mode(const std::string& s, Mode* out) {
+  if (s == "on") *out = Mode::kOn;
+  else if (s == "degraded") *out = Mode::kDegraded;
+  else if (s == "off") *out = Mode::kOff;
+  else return false;
+  return true;
+}
+
+int landlock_abi(std::string* why) {
+  const long abi = ll_create_ruleset(nullptr, 0, kCreateRulesetVersion);
+  if (abi > 0) return static_cast<int>(abi);
+  *why = errno == ENOSYS ? "the kernel has no Landlock"
+         : errno == EOPNOTSUPP ? "Landlock is disabled in this kernel (boot lsm=)"
+                               : std::string("landlock_create_ruleset: ") + std::strerror(errno);
+  return 0;
+}
 
 Result<void> resolve_user(Config& c) {
   if (c.user.empty()) return {};
@@ -422,8 +591,27 @@ Result<void> resolve_user(Config& c) {
   return {};
 }
 
+Result<void> prepare(Config& c) {
+  c.test_double_ipc = env_is("IVCUDA_TEST_DOUBLE_IPC", "1");
+  if (!c.enabled()) return {};
+  if (c.test_double_ipc)
+    IVLOG_WARN("TEST SWITCH IVCUDA_TEST_DOUBLE_IPC=1: workers run without Landlock and may pwrite64, for the GPU "
+               "test double's IPC; never set it where real guests are served");
+  std::string why;
+  const int abi = landlock_abi(&why);
+  if (const std::string refusal = landlock_refusal(c, abi, why); !refusal.empty()) return make_error(EPERM, refusal);
+  if (c.mode == Mode::kDegraded)
+    IVLOG_WARN("SANDBOX DEGRADED (--sandbox degraded): %s; workers keep the rest of their sandbox",
+               abi >= kLandlockAbiForOn ? ("Landlock ABI " + std::to_string(abi) + " would allow on").c_str()
+               : abi > 0 ? ("Landlock ABI " + std::to_string(abi) + ": no signal or abstract-socket scope").c_str()
+                         : ("no Landlock: " + why + "; files are limited only by the workers' user").c_str());
+  if (c.user.empty() && ::geteuid() == 0)
+    IVLOG_INFO("sandbox: workers keep uid 0 without --user, with no capability (packaging/ivcudad.toml names a user)");
+  return {};
+}
+
 void apply_to_daemon(const Config& c) {
-  if (!c.enabled) {
+  if (!c.enabled()) {
     IVLOG_WARN("SANDBOX OFF (--sandbox off): workers keep every privilege of the daemon and may make any "
                "system call; use this only to debug");
     return;
@@ -431,38 +619,53 @@ void apply_to_daemon(const Config& c) {
   // Nothing the daemon runs may gain privileges (it executes nothing itself;
   // its workers inherit this). It keeps root, when started as root, to make
   // workers drop to --user: docs/security.md, "Sandbox".
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+  if (IVCUDA_RULE("worker-sandbox") && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
     IVLOG_WARN("sandbox: no_new_privs on the daemon: %s", std::strerror(errno));
 }
 
-Result<void> before_driver(const Config& c, const std::string& driver_path, Applied* a) {
+Result<void> before_driver(const Config& c, const std::vector<std::string>& libraries, Applied* a) {
   trace_mark("worker-start");
-  if (!c.enabled) return {};
+  if (!c.enabled() || !IVCUDA_RULE("worker-sandbox")) return {};
+  // A terminal the daemon was started from must not be the worker's: what a
+  // worker could type into it (TIOCSTI) would run as whoever owns the shell.
+  if (IVCUDA_RULE("worker-stdin-null")) {
+    const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null < 0 || ::dup2(null, STDIN_FILENO) < 0)
+      return make_error(errno, std::string("stdin from /dev/null: ") + std::strerror(errno));
+    if (null != STDIN_FILENO) ::close(null);
+  }
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
     return make_error(errno, std::string("no_new_privs: ") + std::strerror(errno));
   a->no_new_privs = true;
-  // Loaded (not started) now, so that its directory and its dependencies'
-  // are known; Worker::create's dlopen finds it loaded.
-  void* handle = ::dlopen(driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (is_gpu_double(driver_path, handle) && !env_is("IVCUDA_SANDBOX_LANDLOCK_WITH_DOUBLE", "1")) {
-    // The double imports another worker's IPC memory through
-    // /proc/<pid>/fd/<n>; Landlock refuses that across domains (a real
-    // driver shares through its kernel module instead).
-    a->landlock_note = "the GPU test double (its IPC reads other workers' /proc/<pid>/fd)";
+  // Loaded (not started) now, so that their directories and their
+  // dependencies' are known; Worker::create's dlopen finds them loaded.
+  for (const std::string& lib : libraries)
+    if (!lib.empty()) (void)::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (c.test_double_ipc) {
+    a->landlock_note = "test switch IVCUDA_TEST_DOUBLE_IPC=1 (the GPU test double's IPC reads other workers' "
+                       "/proc/PID/fd, its ledger lies anywhere)";
     return {};
   }
-  IVCUDA_TRY_ASSIGN(a->landlock_abi, apply_landlock(&a->landlock_note));
+  // Asked again here: a worker must not serve with less than its mode allows,
+  // whatever the daemon found at start.
+  const int abi = landlock_abi(&a->landlock_note);
+  if (const std::string refusal = landlock_refusal(c, abi, a->landlock_note); !refusal.empty())
+    return make_error(EPERM, refusal);
+  if (abi == 0) return {};  // degraded: said in the log line
+  IVCUDA_TRY_ASSIGN(a->landlock_abi, apply_landlock(abi));
   return {};
 }
 
 Result<void> after_driver(const Config& c, Applied* a) {
   trace_mark("sandbox");
-  if (!c.enabled) {
-    IVLOG_WARN("sandbox OFF: no seccomp, no Landlock, no_new_privs not set, uid %u",
+  if (!c.enabled()) {
+    IVLOG_WARN("sandbox OFF: no seccomp, no Landlock, no_new_privs not set, uid %u, capabilities kept",
                static_cast<unsigned>(::getuid()));
     return {};
   }
-  if (!c.user.empty()) {
+  const bool drop_caps = IVCUDA_RULE("worker-no-capabilities");
+  if (drop_caps) IVCUDA_TRY(drop_bounding_set(&a->capabilities_note));
+  if (!c.user.empty() && IVCUDA_RULE("worker-sandbox")) {
     const gid_t groups[] = {c.gid};
     if (::setgroups(1, groups) != 0 || ::setgid(c.gid) != 0 || ::setuid(c.uid) != 0)
       return make_error(errno, "dropping to --user " + c.user + ": " + std::strerror(errno));
@@ -474,19 +677,32 @@ Result<void> after_driver(const Config& c, Applied* a) {
     // A change of credentials clears the parent-death signal: set it again.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   }
-  if (kSanitizerNote != nullptr) {
-    a->seccomp_note = kSanitizerNote;
+  if (drop_caps) {
+    IVCUDA_TRY(drop_capabilities());
+    a->capabilities_dropped = true;
+  }
+  if (kNoSeccompNote != nullptr) {
+    a->seccomp_note = kNoSeccompNote;
   } else {
-    IVCUDA_TRY_ASSIGN(a->allowed_syscalls, apply_seccomp());
+    IVCUDA_TRY_ASSIGN(a->allowed_syscalls, apply_seccomp(c, &a->extra_syscalls));
     a->seccomp = true;
   }
   const std::string ll = a->landlock_abi > 0 ? "yes (ABI " + std::to_string(a->landlock_abi) + ")"
                                              : "no (" + a->landlock_note + ")";
+  const std::string more = a->extra_syscalls == 0 ? ""
+                           : "; " + std::to_string(a->extra_syscalls) + " more for " +
+                                 (c.test_double_ipc ? "the test switch" : "") +
+                                 (c.test_double_ipc && kSanitizerRuntime ? " and " : "") +
+                                 (kSanitizerRuntime ? "the sanitizer runtime" : "");
   const std::string sc = a->seccomp ? "yes (" + std::to_string(a->allowed_syscalls) +
-                                          " system calls allowed, others EPERM)"
+                                          " system calls allowed, others EPERM" + more + ")"
                                     : "no (" + a->seccomp_note + ")";
-  IVLOG_INFO("sandbox: no_new_privs %s, landlock %s, seccomp %s, uid %u gid %u", a->no_new_privs ? "yes" : "no",
-             ll.c_str(), sc.c_str(), static_cast<unsigned>(::getuid()), static_cast<unsigned>(::getgid()));
+  const std::string caps = !a->capabilities_dropped ? "kept"
+                           : a->capabilities_note.empty() ? "none (bounding set empty)"
+                                                          : "none (" + a->capabilities_note + ")";
+  IVLOG_INFO("sandbox %s: no_new_privs %s, landlock %s, seccomp %s, capabilities %s, uid %u gid %u",
+             mode_name(c.mode), a->no_new_privs ? "yes" : "no", ll.c_str(), sc.c_str(), caps.c_str(),
+             static_cast<unsigned>(::getuid()), static_cast<unsigned>(::getgid()));
   return {};
 }
 
@@ -513,9 +729,20 @@ void self_test_if_asked(const Applied& a) {
   const int fd = ::open("/etc/hostname", O_RDONLY | O_CLOEXEC);
   const std::string open = result(fd);
   if (fd >= 0) ::close(fd);
+  // Aimed at the daemon, undone at once where it was allowed.
+  int p[2] = {-1, -1};
+  std::string setown = "not tried", net = "not tried";
+  if (::pipe2(p, O_CLOEXEC) == 0) {
+    setown = result(::fcntl(p[0], F_SETOWN, ::getppid()));
+    ifreq ifr{};
+    std::strcpy(ifr.ifr_name, "lo");
+    net = result(::ioctl(p[0], SIOCGIFFLAGS, &ifr));
+    ::close(p[0]);
+    ::close(p[1]);
+  }
   IVLOG_INFO("sandbox self-test: socket(AF_INET) -> %s, execve -> %s, fork -> %s, kill(daemon) -> %s, "
-             "open /etc/hostname -> %s",
-             sock.c_str(), exec.c_str(), fork.c_str(), kill.c_str(), open.c_str());
+             "open /etc/hostname -> %s, fcntl F_SETOWN(daemon) -> %s, ioctl SIOCGIFFLAGS -> %s",
+             sock.c_str(), exec.c_str(), fork.c_str(), kill.c_str(), open.c_str(), setown.c_str(), net.c_str());
 }
 
 void trace_mark(const char* what) {

@@ -7,49 +7,86 @@
 //     no_new_privs and the Landlock ruleset (files, TCP, signals, abstract
 //     sockets), so that every thread the driver makes inherits them;
 //   after_driver(): once the driver is open, its contexts made and the arena
-//     registered: the drop to --user, then the seccomp allowlist, installed on
-//     every thread at once.
-// The daemon itself gets apply_to_daemon(): no_new_privs only (see there).
+//     registered: the drop to --user and of every capability (the bounding set
+//     too), then the seccomp allowlist, installed on every thread at once.
+// The daemon itself gets prepare() (the kernel against --sandbox) and
+// apply_to_daemon(): no_new_privs only (see there).
 #pragma once
 
 #include <sys/types.h>
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "ivcuda/result.h"
 
 namespace ivcuda::host::sandbox {
 
+// --sandbox: on (everything below, and Landlock of ABI 6 or later, or no
+// serving), degraded (the same with whatever Landlock the kernel has, said
+// at every start), off (nothing: debugging only).
+enum class Mode { kOn, kDegraded, kOff };
+
+// Landlock's ABI 6 (Linux 6.12) scopes signals and abstract UNIX sockets to
+// the worker; below it, or without Landlock, --sandbox on does not serve.
+constexpr int kLandlockAbiForOn = 6;
+
 struct Config {
-  bool enabled = true;  // --sandbox on|off
-  std::string user;     // --user: empty keeps the daemon's user
-  uid_t uid = 0;        // resolved by resolve_user()
+  Mode mode = Mode::kOn;
+  std::string user;  // --user: empty keeps the daemon's user (its capabilities are dropped all the same)
+  uid_t uid = 0;     // resolved by resolve_user()
   gid_t gid = 0;
+  // IVCUDA_TEST_DOUBLE_IPC=1 in the daemon's environment, a test switch that
+  // no guest reaches and the daemon logs at start: the GPU test double's
+  // processes share state the way no driver does - IPC memory through other
+  // workers' /proc/PID/fd (which Landlock refuses across domains), filled with
+  // pwrite64, and one "GPU" through a ledger file anywhere (which Landlock's
+  // rules do not name). So: no Landlock, and those calls allowed
+  // (kTestDoubleCalls in sandbox.cc).
+  bool test_double_ipc = false;
+  bool enabled() const noexcept { return mode != Mode::kOff; }
 };
+
+// "on", "degraded", "off"; false for anything else.
+bool parse_mode(const std::string& s, Mode* out);
 
 // In the daemon, before any worker exists: looks --user up. A worker could
 // not (the user database may sit behind NSS modules that open files or
 // sockets), and a bad name should stop the daemon, not each guest.
 Result<void> resolve_user(Config& c);
 
+// In the daemon at start: reads the test switch, and holds the kernel's
+// Landlock against the mode (an error for --sandbox on below ABI 6, so that
+// such a host stops at start, not at each guest). Logs what it found.
+Result<void> prepare(Config& c);
+
 // The daemon: no_new_privs when the sandbox is on. Logs what it did.
 void apply_to_daemon(const Config& c);
+
+// Landlock's ABI on this kernel; 0 without it (*why says why).
+int landlock_abi(std::string* why);
 
 // What a worker applied, for its one log line.
 struct Applied {
   bool no_new_privs = false;
   int landlock_abi = 0;       // 0: no Landlock ruleset in force
   std::string landlock_note;  // why not, when not
+  bool capabilities_dropped = false;
+  std::string capabilities_note;
   bool seccomp = false;
   std::string seccomp_note;
-  std::size_t allowed_syscalls = 0;
+  std::size_t allowed_syscalls = 0;  // of the product's table (--print-syscall-allowlist)
+  std::size_t extra_syscalls = 0;    // the test switch's and the sanitizer runtime's
 };
 
-// Step 1, in the worker right after fork. driver_path is what --driver names:
-// it is loaded here (dlopen, nothing called) so that its directory and its
-// libraries' directories can be allowed before the ruleset closes.
-Result<void> before_driver(const Config& c, const std::string& driver_path, Applied* a);
+// Step 1, in the worker right after fork: stdin becomes /dev/null (a tty the
+// daemon was started from is no worker's), no_new_privs, Landlock. libraries
+// are what --driver and --nvml name: they are loaded here (dlopen, nothing
+// called) so that their directories and their dependencies' can be allowed
+// before the ruleset closes. Fails (the worker does not serve) with --sandbox
+// on below Landlock ABI 6.
+Result<void> before_driver(const Config& c, const std::vector<std::string>& libraries, Applied* a);
 
 // Step 2, after Worker::create succeeded. Logs one line saying what is in force.
 Result<void> after_driver(const Config& c, Applied* a);
@@ -60,9 +97,13 @@ enum class Rule {
   kAny,          // any arguments
   kThreadsOnly,  // clone: only with CLONE_THREAD (threads, never processes)
   kOwnProcess,   // tgkill: only to this process's own threads
-  kReadLimits,   // prlimit64: read limits, never set them
+  kSelfOnly,     // sched_setaffinity: only this process (pid 0 or its own)
+  kReadOwnLimits,  // prlimit64: read this process's limits, never set any
   kPrctlSome,    // prctl: only the options listed in sandbox.cc
+  kFcntlSome,    // fcntl: only the commands listed in sandbox.cc (no F_SETOWN*, F_SETSIG, leases)
+  kIoctlNoNetTty,  // ioctl: no socket/network (0x89xx, 0x8bxx) or terminal (0x54xx) requests
   kEnosys,       // refused with ENOSYS so that the C library falls back (clone3 -> clone)
+  kMemorySharing,  // clone: CLONE_VM tasks too (sanitizer builds: LeakSanitizer's tracer)
 };
 struct Syscall {
   const char* name;
@@ -70,6 +111,10 @@ struct Syscall {
   const char* why;
 };
 std::span<const Syscall> allowlist();
+// Allowed on top of it only under the test switch (Config::test_double_ipc),
+// and in sanitizer builds for their runtimes: never in a product's workers.
+std::span<const Syscall> test_double_calls();
+std::span<const Syscall> sanitizer_calls();
 const char* rule_name(Rule r) noexcept;
 
 // IVCUDA_SANDBOX_SELFTEST=1 in the daemon's environment (which no guest

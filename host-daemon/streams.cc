@@ -116,7 +116,8 @@ CUresult Worker::on_StreamAttr(Call& c) {
     std::memcpy(&v, r.value, sizeof v);
     // A window over memory that is not the guest's would steer the L2 for
     // someone else's data; an empty window clears it.
-    if (id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW && v.accessPolicyWindow.num_bytes != 0 &&
+    if (IVCUDA_RULE("access-policy-window") && id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW &&
+        v.accessPolicyWindow.num_bytes != 0 &&
         !owns_device(reinterpret_cast<std::uint64_t>(v.accessPolicyWindow.base_ptr), v.accessPolicyWindow.num_bytes))
       return CUDA_ERROR_INVALID_VALUE;
     return cu_.cuStreamSetAttribute(s, id, &v);

@@ -1,10 +1,14 @@
 #include "host-daemon/uring_wait.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+
+#include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 
 namespace ivcuda::host {
 
@@ -16,14 +20,22 @@ constexpr std::uint64_t kTagCancel = 3;
 
 Result<std::unique_ptr<UringWaiter>> UringWaiter::create(int doorbell_fd, int conn_fd) {
   std::unique_ptr<UringWaiter> w(new UringWaiter());
+  w->doorbell_fd_ = doorbell_fd;
+  w->conn_fd_ = conn_fd;
   // The ring may do only what the waiter does: read a doorbell, poll the
   // connection, time out. A filter of system calls cannot see the operations
   // a ring performs, so without this a subverted worker could open sockets or
   // files through it (docs/security.md, "Sandbox"). Kernels before 5.10 have
-  // no restrictions: a plain ring then.
+  // no restrictions (they refuse IORING_SETUP_R_DISABLED): no ring at all
+  // then, the same waits through poll(2).
   io_uring_params params{};
   params.flags = IORING_SETUP_R_DISABLED;
   int r = io_uring_queue_init_params(8, &w->ring_, &params);
+  if (r == -EINVAL && IVCUDA_RULE("uring-restricted-or-poll")) {
+    IVLOG_WARN("io_uring: this kernel cannot restrict a ring (no IORING_SETUP_R_DISABLED); the worker waits with "
+               "poll(2) instead");
+    return w;
+  }
   if (r == 0) {
     io_uring_restriction res[4]{};
     const std::uint8_t ops[] = {IORING_OP_READ, IORING_OP_POLL_ADD, IORING_OP_TIMEOUT, IORING_OP_ASYNC_CANCEL};
@@ -31,7 +43,7 @@ Result<std::unique_ptr<UringWaiter>> UringWaiter::create(int doorbell_fd, int co
       res[i].opcode = IORING_RESTRICTION_SQE_OP;
       res[i].sqe_op = ops[i];
     }
-    r = io_uring_register_restrictions(&w->ring_, res, std::size(res));
+    r = IVCUDA_RULE("worker-sandbox") ? io_uring_register_restrictions(&w->ring_, res, std::size(res)) : 0;
     if (r == 0) r = io_uring_enable_rings(&w->ring_);
     if (r < 0) {
       io_uring_queue_exit(&w->ring_);
@@ -43,8 +55,6 @@ Result<std::unique_ptr<UringWaiter>> UringWaiter::create(int doorbell_fd, int co
   }
   if (r < 0) return make_error(-r, std::string("io_uring_queue_init: ") + std::strerror(-r));
   w->ring_ok_ = true;
-  w->doorbell_fd_ = doorbell_fd;
-  w->conn_fd_ = conn_fd;
   w->arm_read();
   if (conn_fd >= 0) w->arm_poll();
   io_uring_submit(&w->ring_);
@@ -89,13 +99,32 @@ void UringWaiter::arm_poll() noexcept {
 }
 
 void UringWaiter::watch_connection(int conn_fd) noexcept {
-  if (!ring_ok_ || conn_fd_ >= 0 || conn_fd < 0) return;
+  if (conn_fd_ >= 0 || conn_fd < 0) return;
   conn_fd_ = conn_fd;
+  if (!ring_ok_) return;  // poll(2) picks it up at the next wait
   arm_poll();
   io_uring_submit(&ring_);
 }
 
+unsigned UringWaiter::wait_poll(int timeout_ms) noexcept {
+  unsigned what = hung_up_ ? kHangup : 0;
+  pollfd p[2] = {{doorbell_fd_, POLLIN, 0}, {conn_fd_, POLLRDHUP, 0}};
+  const nfds_t n = conn_fd_ >= 0 && !hung_up_ ? 2 : 1;
+  if (::poll(p, n, timeout_ms > 0 ? timeout_ms : 0) <= 0) return what;
+  if ((p[0].revents & POLLIN) != 0) {
+    std::uint64_t count = 0;  // an eventfd: readable means the read does not block
+    (void)!::read(doorbell_fd_, &count, sizeof count);
+    what |= kDoorbell;
+  }
+  if (n == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+    hung_up_ = true;
+    what |= kHangup;
+  }
+  return what;
+}
+
 unsigned UringWaiter::wait(int timeout_ms) noexcept {
+  if (!ring_ok_) return wait_poll(timeout_ms);
   unsigned what = hung_up_ ? kHangup : 0;
   io_uring_cqe* cqe = nullptr;
   int r;

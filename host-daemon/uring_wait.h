@@ -1,6 +1,9 @@
 // How a worker sleeps: io_uring with a read armed on the doorbell eventfd
 // and a poll armed on the guest's connection, so one wait covers "the guest
-// rang", "the guest went away" and a timeout.
+// rang", "the guest went away" and a timeout. The ring is restricted to those
+// operations; a kernel that cannot restrict one (before 5.10) gets no ring,
+// and the same waits go through poll(2) (docs/security.md,
+// `uring-restricted-or-poll`).
 #pragma once
 
 #include <liburing.h>
@@ -29,11 +32,14 @@ class UringWaiter {
   // Starts watching conn_fd for a hang-up (a waiter made with none).
   void watch_connection(int conn_fd) noexcept;
   // Whether the ring is limited to the waiter's operations (read, poll,
-  // timeout); false on kernels without io_uring restrictions.
+  // timeout); false on kernels without io_uring restrictions, which get no
+  // ring (uses_poll()).
   bool restricted() const noexcept { return restricted_; }
+  bool uses_poll() const noexcept { return !ring_ok_; }
 
  private:
   UringWaiter() = default;
+  unsigned wait_poll(int timeout_ms) noexcept;
   void arm_read() noexcept;
   void arm_poll() noexcept;
 

@@ -16,6 +16,7 @@
 
 #include "host-daemon/board.h"
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "ring/ivshmem.h"
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"
@@ -590,7 +591,7 @@ void Supervisor::free_guest_channel(std::uint32_t c) {
 
 void Supervisor::read_exit_notices() {
   const std::uint32_t count = ring::load_acquire(sb()->exit_count);
-  if (count - exit_seen_ > abi::kExitSlots) {
+  if (IVCUDA_RULE("vm-hints-bounded") && count - exit_seen_ > abi::kExitSlots) {
     IVLOG_WARN("guest %u: %u process exits were reported faster than read; their workers stay until the VM's "
                "processes release their channels", guest_id(), count - exit_seen_ - abi::kExitSlots);
     exit_seen_ = count - abi::kExitSlots;
@@ -603,7 +604,7 @@ void Supervisor::read_exit_notices() {
 // Its worker is killed at once (the driver frees the GPU memory of a process
 // that ends) and the rest is reclaimed when it has been reaped.
 void Supervisor::process_exited(std::int32_t pid) {
-  if (pid <= 0) return;
+  if (pid <= 0 || !IVCUDA_RULE("reclaim-on-exit")) return;
   for (std::uint32_t s = 0; s < procs_.size(); ++s) {
     WorkerProc& p = procs_[s];
     if (p.pid <= 0 || vm_->slot(s).guest_pid.load() != pid || p.reclaim_guest) continue;

@@ -133,8 +133,9 @@ CUresult Worker::on_MemMap(Call& c) {
   auto res = reservations_.upper_bound(r.ptr);
   if (res == reservations_.begin()) return CUDA_ERROR_INVALID_VALUE;
   --res;
-  if (!ring::span_within(r.ptr, r.size, res->first, res->second)) return CUDA_ERROR_INVALID_VALUE;
-  if (!ring::range_ok(r.offset, r.size, e->size)) return CUDA_ERROR_INVALID_VALUE;
+  if (IVCUDA_RULE("vmm-own-ranges") && !ring::span_within(r.ptr, r.size, res->first, res->second))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (IVCUDA_RULE("vmm-own-ranges") && !ring::range_ok(r.offset, r.size, e->size)) return CUDA_ERROR_INVALID_VALUE;
   auto next = mappings_.lower_bound(r.ptr);
   if (next != mappings_.end() && next->first - r.ptr < r.size) return CUDA_ERROR_INVALID_VALUE;
   if (next != mappings_.begin()) {

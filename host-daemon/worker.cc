@@ -12,6 +12,7 @@
 
 #include "host-daemon/board.h"
 #include "host-daemon/log.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker_internal.h"
 #include "ring/validate.h"
@@ -124,15 +125,25 @@ Result<void> Worker::init() {
     CtxEntry e;
     e.primary = true;
     e.device = static_cast<int>(devices_.size() - 1);
-    primary_.push_back(ctxs_.insert(e));
+    primary_.push_back(ctxs_.insert(std::move(e)));
   }
   if (devices_.empty()) return make_error(ENODEV, "no GPU for this guest");
   IVCUDA_TRY(map_bar());
   const long long init_ms = ms_since(t_init);
+  quota_.set_reclaim([this] { return reclaim_pool_reserves(); });
+  const auto t_ctx = clock::now();
+  if (!charge_first_context()) {
+    // A VM's spare has no process yet: it ends, and the supervisor starts
+    // one later; the process that finds none gets a worker that refuses it.
+    if (cfg_.vm != nullptr && cfg_.vm->slot(cfg_.vm_slot).guest_pid.load() == 0)
+      return make_error(ENOMEM, "the VM's quota cannot cover another worker's context");
+    IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.defer_connection ? -1 : cfg_.conn_fd));
+    channels_.resize(l_.channels);
+    return {};
+  }
   // Register the arena with the GPU once, in the first device's primary
   // context, so that copies from page-locked guest memory and from staging
   // DMA straight from the shared pages.
-  const auto t_ctx = clock::now();
   st = cu_.cuDevicePrimaryCtxRetain(&arena_ctx_, devices_[0]);
   if (st != CUDA_SUCCESS) return make_error(st, std::string("cuDevicePrimaryCtxRetain: ") + err_name(st));
   cu_.cuCtxSetCurrent(arena_ctx_);
@@ -169,6 +180,25 @@ Result<void> Worker::init() {
   return {};
 }
 
+// The context the worker is about to retain (the first GPU's primary, which
+// the arena's registration needs) is the guest's: it is charged to the
+// guest's quota before the driver makes it (issue 28: one connection could
+// otherwise hold a context per worker outside every quota). When the quota
+// cannot cover it the worker makes no context at all and refuses every call
+// with CUDA_ERROR_OUT_OF_MEMORY, as a native cuInit would fail on a GPU with
+// no memory left for a context.
+bool Worker::charge_first_context() {
+  if (!IVCUDA_RULE("context-charged")) return true;
+  if ((context_charge_ = quota_.take(cfg_.context_reserve))) return true;
+  refused_ = CUDA_ERROR_OUT_OF_MEMORY;
+  IVLOG_WARN("guest %u: its quota (%llu MiB, %llu MiB of it in use) cannot cover a context (--context-reserve "
+             "%llu MiB); this worker makes none and answers every call with CUDA_ERROR_OUT_OF_MEMORY",
+             cfg_.guest_id, static_cast<unsigned long long>(quota_.limit() >> 20),
+             static_cast<unsigned long long>(quota_.used() >> 20),
+             static_cast<unsigned long long>(cfg_.context_reserve >> 20));
+  return false;
+}
+
 // The guest learns where the BAR is mapped here (RepHello's arena device
 // base: with unified addressing the arena's device alias is this host
 // address). So the mapping is made after the driver reserved its address
@@ -178,10 +208,11 @@ Result<void> Worker::init() {
 Result<void> Worker::map_bar() {
   // Memory smaller than the layout would fault on first touch: refuse it.
   IVCUDA_TRY_ASSIGN(const std::uint64_t size, sys::file_size(cfg_.shm_fd));
-  if (size < l_.shm_size)
+  if (IVCUDA_RULE("shared-memory-size") && size < l_.shm_size)
     return make_error(EINVAL, "the shared memory has " + std::to_string(size) + " bytes, the layout needs " +
                                   std::to_string(l_.shm_size));
-  auto m = cfg_.random_bar_address ? sys::Mapping::map_shared_random(cfg_.shm_fd, l_.shm_size)
+  auto m = cfg_.random_bar_address && IVCUDA_RULE("bar-address-random")
+               ? sys::Mapping::map_shared_random(cfg_.shm_fd, l_.shm_size)
                                    : sys::Mapping::map_shared(cfg_.shm_fd, l_.shm_size);
   if (!m) {
     IVLOG_WARN("guest %u: %s; mapping the BAR where the kernel puts it", cfg_.guest_id, m.error().what.c_str());
@@ -383,11 +414,12 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     st = CUDA_ERROR_INVALID_VALUE;
     if (errors_logged_++ < 100)
       IVLOG_WARN("guest %u channel %u: unknown op %u refused", cfg_.guest_id, ch.index, op);
-  } else if (evicted_ && op != static_cast<std::uint16_t>(proto::Op::kGoodbye) &&
+  } else if ((evicted_ || refused_ != CUDA_SUCCESS) && op != static_cast<std::uint16_t>(proto::Op::kGoodbye) &&
              op != static_cast<std::uint16_t>(proto::Op::kFlush)) {
-    // Evicted: nothing reaches the driver. A staged chunk's counter still
-    // moves, or the guest would wait on it forever.
-    st = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    // Evicted, or refused at the start: nothing reaches the driver. A
+    // staged chunk's counter still moves, or the guest would wait on it
+    // forever.
+    st = evicted_ ? CUDA_ERROR_DEVICE_UNAVAILABLE : refused_;
     const bool arena = op == static_cast<std::uint16_t>(proto::Op::kMemcpyHtoDArena) ||
                        op == static_cast<std::uint16_t>(proto::Op::kMemcpyDtoHArena);
     if (arena && rec.payload.size() >= sizeof(proto::ReqCopy)) {

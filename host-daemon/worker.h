@@ -72,6 +72,12 @@ struct ObjectLimits {
   std::uint32_t user_objects = 65536;
 };
 
+// What a CUDA context costs on the device before the guest allocates anything
+// (--context-reserve): the project's measurement on the H200 (driver 580) is
+// 440-500 MiB per context (docs/operating.md); tests/gpu/run_all.sh measures
+// it again with tests/programs/drv_context_cost.cc.
+inline constexpr std::uint64_t kDefaultContextReserve = 512ull << 20;
+
 struct WorkerConfig {
   std::uint32_t guest_id = 0;
   int shm_fd = -1;                 // borrowed; the worker maps it
@@ -115,6 +121,10 @@ struct WorkerConfig {
   // The guest's device-memory quota in bytes (--mem-limit; 0: none). In a VM
   // it is the VM's, shared by its processes' workers (quota.h).
   std::uint64_t mem_limit = 0;
+  // Charged to that quota for every context the worker holds for the guest
+  // (the one it starts with, created ones, other GPUs' primary contexts);
+  // 0: contexts are not charged.
+  std::uint64_t context_reserve = kDefaultContextReserve;
   ObjectLimits limits;
   // The guest's status board (board.h), borrowed: calls, copies, memory and
   // the last error go there, and the daemon asks through it for the guest's
@@ -157,12 +167,29 @@ class Worker {
 
  private:
   struct Channel;
+  // What a context's limits reserve on the device (contexts.cc,
+  // on_CtxSetLimit), by CUlimit value: the stack, the printf FIFO, the malloc
+  // heap and the device runtime's pending launches. The bytes beyond the
+  // driver's own value before the guest first set one are charged; that
+  // value is part of the context's reserve.
+  static constexpr int kChargedLimits = 5;
+  struct LimitBooks {
+    std::uint64_t base[kChargedLimits] = {};
+    bool known[kChargedLimits] = {};
+    std::uint64_t bytes[kChargedLimits] = {};
+    Charge charge{};  // the sum of `bytes`
+  };
   struct CtxEntry {
     CUcontext real = nullptr;
     int device = 0;      // guest ordinal
     bool primary = false;
     int guest_refs = 0;  // primary: the guest's retain count
     unsigned flags = 0;  // primary: flags set before activation
+    // The context itself against the quota while the driver holds it for
+    // the guest (created ones; primaries other than the one the worker
+    // starts with, whose charge is context_charge_).
+    Charge charge{};
+    LimitBooks limits{};
   };
   struct FuncEntry {
     CUfunction real = nullptr;
@@ -291,10 +318,20 @@ class Worker {
     RangeKind kind = RangeKind::kAlloc;
     std::uint64_t pool = 0;  // stream-ordered allocations from a created pool, pool imports: its handle
     Charge charge{};         // allocations and graph memory: their bytes against the quota
+    // Stream-ordered allocations: the driver's pool they came from, which
+    // keeps their memory when they are freed (pools.cc, settle_pool).
+    CUmemoryPool from_pool = nullptr;
   };
 
   explicit Worker(WorkerConfig cfg);
   Result<void> init();
+  bool charge_first_context();
+  // Contexts and their limits against the quota (contexts.cc).
+  Charge context_charge();
+  bool limit_bytes(CUlimit limit, std::uint64_t value, std::uint64_t base, int device, std::uint64_t* out);
+  // Device bytes charged per pending device-runtime launch (an estimate;
+  // tests/programs/drv_context_cost measures the driver's figure).
+  static constexpr std::uint64_t kPendingLaunchBytes = 64u << 10;
   Result<void> map_bar();
   void attach_channels();
   void handle(Channel& ch, const ring::Record& rec);
@@ -408,6 +445,16 @@ class Worker {
   // ipc_drop_ctx (false: a sibling guest process still has the allocation
   // imported, its last free frees it).
   CUresult destroy_pool(std::uint64_t handle);
+  // A pool's reserve (pools.cc): what the driver keeps in `pool` beyond what
+  // is allocated from it, charged to the quota (may_shrink false: only ever
+  // more, right after a free); an allocation's charge going to its pool when
+  // it is freed; before a charge is refused, what the guest's pools keep
+  // unused is given back.
+  void settle_pool(CUmemoryPool pool, bool may_shrink);
+  void pool_freed(DevRange& r);
+  bool reclaim_pool_reserves();
+  void drop_pool_reserve(CUmemoryPool pool);
+  void settle_pools(bool may_shrink);
   CUresult not_an_exported_pool(unsigned long long flags);
   void pool_forget(CUmemoryPool real);
   bool pool_on_free(std::uint64_t base, std::uint64_t size);
@@ -437,6 +484,14 @@ class Worker {
   WorkerConfig cfg_;
   // Before every record that holds a Charge, so that it outlives them.
   MemQuota quota_;
+  // The context the worker starts with (the first GPU's primary, which
+  // holds the arena's registration) against the guest's quota.
+  Charge context_charge_;
+  // Pools' reserves (settle_pool), by the driver's pool.
+  std::map<CUmemoryPool, Charge> pool_reserves_;
+  // Not CUDA_SUCCESS: the guest's quota could not cover the worker's
+  // context, so the worker made none and every call answers this.
+  CUresult refused_ = CUDA_SUCCESS;
   DriverApi cu_{};
   sys::Mapping bar_;
   ring::Layout l_;

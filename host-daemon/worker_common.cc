@@ -60,6 +60,7 @@ CUresult Worker::resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* ou
 }
 
 bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
+  if (!IVCUDA_RULE("device-range")) return true;
   // Page-locked arena memory is device-accessible too (zero copy).
   if (arena_dev_ != 0 && ring::span_within(addr, len, arena_dev_, l_.arena_size)) return true;
   auto it = ranges_.upper_bound(addr);
@@ -71,6 +72,7 @@ bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
 }
 
 bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {
+  if (!IVCUDA_RULE("arena-range")) return true;
   return off >= l_.arena_off && ring::range_ok(off - l_.arena_off, len, l_.arena_size);
 }
 

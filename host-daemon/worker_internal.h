@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cuda_enum_ranges.h"
-#include "host-daemon/rules.h"
+#include "host-daemon/rules.h"  // IVCUDA_RULE at the handlers' checks (docs/security.md)
 #include "host-daemon/worker.h"
 
 namespace ivcuda::host {

@@ -12,6 +12,8 @@
 #include <thread>
 #include <unistd.h>
 
+#include "host-daemon/rules.h"  // IVCUDA_RULE: host-side rules enforced here (docs/security.md)
+
 namespace ivcuda::ivshmem {
 namespace {
 
@@ -208,7 +210,7 @@ Result<std::optional<PeerEvent>> IvshmemClient::apply(Message m) {
     peers_.erase(m.value);
     return std::optional<PeerEvent>(PeerEvent{m.value, std::nullopt});
   }
-  if (m.value != id_ && peers_.count(m.value) == 0 && peers_.size() >= max_peers_) {
+  if (IVCUDA_RULE("peer-eventfd-cap") && m.value != id_ && peers_.count(m.value) == 0 && peers_.size() >= max_peers_) {
     ++ignored_;  // m.fd closes here: a peer beyond the bound stays unknown
     return std::optional<PeerEvent>{};
   }

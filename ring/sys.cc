@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host-daemon/rules.h"  // IVCUDA_RULE: host-side rules enforced here (docs/security.md)
+
 namespace ivcuda::sys {
 
 void UniqueFd::reset(int fd) noexcept {
@@ -83,7 +85,8 @@ Result<UniqueFd> sealed_memfd(const char* name, std::uint64_t size, unsigned ext
   // a mapping (SIGBUS) or grow behind the layout. F_SEAL_SEAL closes the set:
   // otherwise a peer holding the fd could add F_SEAL_FUTURE_WRITE (or
   // F_SEAL_WRITE) before the worker maps it, and the worker's mapping fails.
-  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+  const int seals = IVCUDA_RULE("memfd-seals") ? F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL : 0;
+  if (::fcntl(fd.get(), F_ADD_SEALS, seals) != 0)
     return make_error(errno, "F_ADD_SEALS: " + errno_string(errno));
   return fd;
 }

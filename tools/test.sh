@@ -3,7 +3,9 @@
 # the dependencies, builds every preset and runs every test.
 #  - default: all tests, the VM tests under QEMU and the process-mode tests
 #    against the GPU test double included;
-#  - asan (AddressSanitizer + UBSan): all tests but the VM ones;
+#  - asan (AddressSanitizer + UBSan): all tests but the VM ones; then, as the
+#    mutation build, each rule of docs/security.md's table with the rule
+#    removed, whose tests must fail (tests/mutations/run_mutations.py);
 #  - tsan (ThreadSanitizer): the ring and transport tests;
 #  - fuzz (clang, libFuzzer + ASan + UBSan): each harness of tests/fuzz replays
 #    its corpus and fuzzes a fixed time (IVCUDA_FUZZ_SECONDS, 30 s each);
@@ -73,5 +75,7 @@ echo "=== tests: tsan (ring, transport)"
 run_tests tsan -L "^(ring|transport)$" -j "$jobs"
 echo "=== tests: asan"
 run_tests asan -LE "^vm$" -j "$jobs"
+echo "=== mutations: each security rule's tests with the rule removed (docs/security.md, asan build)"
+python3 tests/mutations/run_mutations.py build/asan -j "$jobs"
 echo "=== tests: default"
 run_tests default -j "$jobs"

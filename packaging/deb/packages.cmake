@@ -56,8 +56,9 @@ if(TARGET ivcudad)
   install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/ivcudad.service
           DESTINATION lib/systemd/system COMPONENT host)
   install(FILES ${PROJECT_SOURCE_DIR}/packaging/ivcudad.toml DESTINATION /etc/ivcuda COMPONENT host)
-  # The group of the daemon's sockets (the unit's Group=, socket-group).
-  install(FILES ${_deb}/sysusers-ivcuda.conf DESTINATION lib/sysusers.d
+  # The group of the daemon's sockets (the unit's Group=, socket-group) and
+  # the workers' user (ivcudad.toml's user).
+  install(FILES ${_deb}/sysusers-ivcuda-host.conf DESTINATION lib/sysusers.d
           RENAME ivcuda-host.conf COMPONENT host)
   # The unit's Documentation= points here.
   install(FILES ${PROJECT_SOURCE_DIR}/docs/operating.md ${PROJECT_SOURCE_DIR}/docs/libvirt.md

@@ -23,6 +23,10 @@
 #   nvml    NVML for guests in process mode (run_nvml_on_gpu.sh): pynvml through ivcuda vs the
 #           host's NVML, ivcuda-smi and the driver's nvidia-smi on the guest library, PyTorch's
 #           list_gpu_processes()
+#   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
+#           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
+#           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
+#           the figures behind ivcudad's --context-reserve and its capture rule)
 # The device tool returns at most 8 files: the parts' outputs go to $OUT as
 # text, every log into one tarball. Each part's exit status is its verdict;
 # the last line sums them, and the exit status is 0 only if every part passed.
@@ -32,6 +36,7 @@ root=$(pwd)
 final=${OUT:-$root/out}
 mkdir -p "$final"
 work=$(mktemp -d /tmp/ivcuda-all.XXXXXX)
+. "$root/tests/gpu/sandbox_mode.sh"  # --sandbox degraded below Landlock ABI 6, said here
 parts=${*:-suite vm double bench}
 start=$SECONDS
 ok=() bad=()
@@ -234,6 +239,13 @@ for p in $parts; do
         echo "nr_hugepages cannot be raised here"
       fi; } 2>&1 | tee -a "$final/startup.txt"
     part startup $rc ;;
+  cost)
+    if build_gpu drv_context_cost; then
+      timeout 300 "$root/build/gpu/tests/bin/drv_context_cost" 2>&1 | tee "$final/cost.txt"
+      part cost "${PIPESTATUS[0]}"
+    else
+      part cost 1
+    fi ;;
   *) echo "unknown part $p"; part "$p" 2 ;;
   esac
 done

@@ -25,6 +25,7 @@ mkdir -p "$out"
 build=$(cd "${IVCUDA_TRACE_BUILD:-$root/build/gpu}" 2>/dev/null && pwd || echo "$root/build/gpu")
 driver=${IVCUDA_TRACE_DRIVER:-libcuda.so.1}
 deps=/tmp/ivcuda-deps
+. "$root/tests/gpu/sandbox_mode.sh"  # --sandbox degraded below Landlock ABI 6, said here
 
 strace=$(command -v strace || true)
 if [ -z "$strace" ]; then
@@ -91,7 +92,7 @@ shm=${IVCUDA_TRACE_SHM:-2G}
 sandboxed=("$bin/drv_core" "$bin/drv_kernels --ptx $ptx --fatbin $fatbin")
 # each program with the sandbox on, each traced, and the trace against the allowlist and
 # against the Landlock rules
-expect_cases $((${#sandboxed[@]} + ${#programs[@]} + 2))
+expect_cases $((${#sandboxed[@]} + ${#programs[@]} + 3))
 run_programs() {  # WHAT LOG PROGRAM...: runs each through the daemon at $sock, one case each
   local what=$1 log=$2 p rc mark pid
   shift 2
@@ -127,7 +128,7 @@ echo "== tracing ivcudad --sandbox off (the workers' calls after the sandbox poi
 rm -f "$sock"
 # ivcudad's own pid in traced.pid: SIGTERM to strace would leave the daemon running.
 rm -f "$out/traced.pid"
-IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -o "$out/worker-trace.txt" "${tagged[@]}" "$out/traced.pid" \
+IVCUDA_SANDBOX_TRACE_MARK=1 strace_run -f -qq -e raw=ioctl,fcntl,sched_setaffinity,prlimit64 -o "$out/worker-trace.txt" "${tagged[@]}" "$out/traced.pid" \
   "$build/host-daemon/ivcudad" --sandbox off --socket "$sock" --shm-size "$shm" --driver "$driver" \
   >"$out/ivcudad-trace.log" 2>&1 &
 daemon=$!
@@ -156,4 +157,9 @@ else
   rc=${PIPESTATUS[0]}
   verdict "the paths the workers opened after the sandbox point are all under Landlock rules" $rc
 fi
+# Calls the filter narrows by their arguments (ioctl, fcntl, affinity, limits): what the driver
+# asked of them that the filter would refuse.
+python3 "$root/tests/gpu/worker_arguments.py" "$out/worker-trace.txt"
+rc=$?
+verdict "the workers' ioctl, fcntl, sched_setaffinity and prlimit64 calls pass the filter's argument rules" $rc
 finish

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <map>
 
+#include "strays.h"
+
 using namespace ivcuda::gpu_double;
 
 namespace {
@@ -449,6 +451,8 @@ CUresult plan_map(State& s, const CUarrayMapInfo& m, int device, std::vector<Map
   if (op == CU_MEM_OPERATION_TYPE_MAP) {
     // Tile pool memory of the stream's device, at a whole tile.
     mem = held_physical(s, m.memHandle.memHandle);
+    // What the H200's driver crashes on: no memory, or none at that offset.
+    if (mem == nullptr ? h == 0 : m.offset >= mem->size) note_stray(h, m.offset, __FILE__, __LINE__);
     if (mem == nullptr || (mem->prop.allocFlags.usage & CU_MEM_CREATE_USAGE_TILE_POOL) == 0 ||
         mem->prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || mem->prop.location.id != device ||
         m.offset % kTileBytes != 0)

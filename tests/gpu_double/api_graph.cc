@@ -624,7 +624,18 @@ CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph g, const char* path, unsigned int)
     if (graph == nullptr || path == nullptr) return CUDA_ERROR_INVALID_VALUE;
     dot = "digraph dot {\n";
     for (Handle h : graph->nodes) {
-      dot += "  n" + std::to_string(h) + " [label=\"type " + std::to_string(s.graph_nodes.at(h).type) + "\"];\n";
+      // The driver's labels name its own addresses (the node, a host node's
+      // function and data), which ivcudad must mask for its guests; so do these.
+      const GraphNode& n = s.graph_nodes.at(h);
+      using ull = unsigned long long;
+      char addr[96];
+      if (n.type == CU_GRAPH_NODE_TYPE_HOST)
+        std::snprintf(addr, sizeof addr, "0x%llx fn 0x%llx data 0x%llx", static_cast<ull>(h),
+                      static_cast<ull>(reinterpret_cast<std::uintptr_t>(n.host.fn)),
+                      static_cast<ull>(reinterpret_cast<std::uintptr_t>(n.host.userData)));
+      else
+        std::snprintf(addr, sizeof addr, "0x%llx", static_cast<ull>(h));
+      dot += "  n" + std::to_string(h) + " [label=\"type " + std::to_string(n.type) + " at " + addr + "\"];\n";
       for (Handle d : s.graph_nodes.at(h).deps) dot += "  n" + std::to_string(d) + " -> n" + std::to_string(h) + ";\n";
     }
     dot += "}\n";

@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "state.h"
+#include "strays.h"
 
 using namespace ivcuda::gpu_double;
 
@@ -122,6 +123,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const Allocation* found = s.find(static_cast<std::uintptr_t>(dptr));
+    if (found == nullptr) note_stray(static_cast<std::uintptr_t>(dptr), 1, __FILE__, __LINE__);
     // cuMemAlloc memory only: stream-ordered allocations belong to a pool (the driver
     // answers INVALID_VALUE for them too), the rest is not device memory of this kind.
     if (found == nullptr || found->kind != MemKind::kDevice || found->pool != 0 || found->mapped == 0)

@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "state.h"
+#include "strays.h"
 
 using namespace ivcuda::gpu_double;
 
@@ -104,7 +105,7 @@ CUresult free_kind(State& s, std::uintptr_t p, MemKind kind, CUresult not_found)
 CUresult check_unified(const State& s, std::uintptr_t p, std::size_t n) {
   if (p == 0) return CUDA_ERROR_INVALID_VALUE;
   if (s.find(p) == nullptr) return CUDA_SUCCESS;
-  return s.find(p, n) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  return check_device_range(s, p, n);
 }
 
 CUresult check_host(const void* p) {
@@ -257,13 +258,42 @@ CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t Wi
   });
 }
 
+namespace {
+// A pool's reserve: freed memory it keeps (up to its release threshold) stays
+// the device's used memory, as a driver's pool keeps it mapped; a trim, a
+// lower threshold, reuse or the pool's end gives it back.
+void pool_give_back(State& s, Pool& p, cuuint64_t bytes) {
+  bytes = std::min(bytes, p.kept);
+  if (bytes == 0) return;
+  p.kept -= bytes;
+  std::size_t& used = s.used[static_cast<std::size_t>(p.device)];
+  used -= std::min<std::size_t>(used, bytes);
+  ledger_publish(p.device, used);
+}
+
+// Frees a device allocation; one of a pool with a release threshold leaves its bytes with the pool.
+CUresult free_device(State& s, CUdeviceptr dptr) {
+  const auto a = s.allocations.find(static_cast<std::uintptr_t>(dptr));
+  const Handle pool = a != s.allocations.end() ? a->second.pool : 0;
+  const std::size_t bytes = a != s.allocations.end() ? a->second.accounted : 0;
+  const CUresult r = free_kind(s, static_cast<std::uintptr_t>(dptr), MemKind::kDevice, CUDA_ERROR_INVALID_VALUE);
+  const auto p = s.pools.find(pool);
+  if (r != CUDA_SUCCESS || pool == 0 || p == s.pools.end() || p->second.release_threshold <= p->second.kept) return r;
+  const cuuint64_t keep = std::min<cuuint64_t>(bytes, p->second.release_threshold - p->second.kept);
+  p->second.kept += keep;
+  std::size_t& used = s.used[static_cast<std::size_t>(p->second.device)];
+  used += keep;
+  ledger_publish(p->second.device, used);
+  return r;
+}
+}  // namespace
+
 CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   return guarded([&](State& s) -> CUresult {
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     if (dptr == 0) return CUDA_SUCCESS;  // as cudaFree(0), and the real driver
-    return free_kind(s, static_cast<std::uintptr_t>(dptr), MemKind::kDevice,
-                     CUDA_ERROR_INVALID_VALUE);
+    return free_device(s, dptr);
   });
 }
 
@@ -588,7 +618,9 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstrea
     // captured after it (a graph's allocation node would provide it at launch).
     void* out = nullptr;
     if (const CUresult r = allocate(s, ctx, bytes, MemKind::kDevice, 0, &out); r != CUDA_SUCCESS) return r;
-    s.allocations.at(reinterpret_cast<std::uintptr_t>(out)).pool = p;
+    Allocation& made = s.allocations.at(reinterpret_cast<std::uintptr_t>(out));
+    made.pool = p;
+    pool_give_back(s, pit->second, made.accounted);  // what the pool kept is used again
     cuuint64_t used = 0;
     for (const auto& [base, a] : s.allocations)
       if (a.pool == p) used += a.size;
@@ -618,7 +650,7 @@ CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     if (const CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
-    return free_kind(s, static_cast<std::uintptr_t>(dptr), MemKind::kDevice, CUDA_ERROR_INVALID_VALUE);
+    return free_device(s, dptr);
   });
 }
 
@@ -675,6 +707,8 @@ CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute at
         return CUDA_SUCCESS;
       case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         std::memcpy(&p.release_threshold, value, sizeof(cuuint64_t));
+        // The driver gives the excess back at the next synchronisation; the double at once.
+        if (p.kept > p.release_threshold) pool_give_back(s, p, p.kept - p.release_threshold);
         return CUDA_SUCCESS;
       case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
       case CU_MEMPOOL_ATTR_USED_MEM_HIGH: {
@@ -704,7 +738,7 @@ CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute at
         std::memcpy(value, &p.reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES], sizeof(int));
         return CUDA_SUCCESS;
       case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p.release_threshold; break;
-      case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: v = pool_used(s, from_handle(pool)) + p.kept; break;
       case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v = pool_used(s, from_handle(pool)); break;
       case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
       case CU_MEMPOOL_ATTR_USED_MEM_HIGH: v = p.used_high; break;
@@ -715,9 +749,15 @@ CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute at
   });
 }
 
-CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t) {
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
   return guarded([&](State& s) -> CUresult {
-    return s.pools.contains(from_handle(pool)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    const auto it = s.pools.find(from_handle(pool));
+    if (it == s.pools.end()) return CUDA_ERROR_INVALID_VALUE;
+    // Reserved bytes above `keep` go, as far as they are unused.
+    const cuuint64_t in_use = pool_used(s, it->first);
+    const cuuint64_t room = keep > in_use ? keep - in_use : 0;
+    if (it->second.kept > room) pool_give_back(s, it->second, it->second.kept - room);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -755,6 +795,7 @@ CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
     // The device's current pool falls back to its default one.
     for (Handle& cur : s.current_pool)
       if (cur == h) cur = 0;
+    pool_give_back(s, it->second, it->second.kept);
     s.pools.erase(it);
     return CUDA_SUCCESS;
   });
@@ -891,6 +932,8 @@ CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* out, CUdeviceptr
   return guarded([&](State& s) -> CUresult {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const auto a = s.allocations.find(static_cast<std::uintptr_t>(ptr));
+    if (s.find(static_cast<std::uintptr_t>(ptr)) == nullptr)
+      note_stray(static_cast<std::uintptr_t>(ptr), 1, __FILE__, __LINE__);
     if (a == s.allocations.end() || a->second.pool == 0 || a->second.kind != MemKind::kDevice)
       return CUDA_ERROR_INVALID_VALUE;
     const auto it = s.pools.find(a->second.pool);
@@ -915,6 +958,7 @@ CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool,
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     const auto it = s.pools.find(from_handle(pool));
+    if (it != s.pools.end() && !it->second.imported) note_stray(from_handle(pool), 0, __FILE__, __LINE__);
     if (ptr_out == nullptr || data == nullptr || it == s.pools.end() || !it->second.imported)
       return CUDA_ERROR_INVALID_VALUE;
     PoolPtrData d;

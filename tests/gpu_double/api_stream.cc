@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "state.h"
+#include "strays.h"
 
 using namespace ivcuda::gpu_double;
 
@@ -143,6 +144,11 @@ CUresult CUDAAPI cuStreamSetAttribute(CUstream hStream, CUstreamAttrID id, const
     Stream* st = nullptr;
     if (const CUresult r = attr_stream(s, hStream, &st); r != CUDA_SUCCESS) return r;
     if (id == CU_LAUNCH_ATTRIBUTE_PRIORITY) st->priority = value->priority;
+    // The driver takes any window (it only steers the L2), and so does the
+    // double; one outside its allocations is still a stray (strays.h).
+    if (const auto& w = value->accessPolicyWindow; id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW && w.num_bytes != 0)
+      if (const auto base = reinterpret_cast<std::uintptr_t>(w.base_ptr); s.find(base, w.num_bytes) == nullptr)
+        note_stray(base, w.num_bytes, __FILE__, __LINE__);
     st->attrs[id] = *value;
     return CUDA_SUCCESS;
   });

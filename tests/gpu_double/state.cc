@@ -1,4 +1,5 @@
 #include "state.h"
+#include "strays.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -286,10 +287,11 @@ CUresult check_stream(const State& s, CUstream stream) {
   return s.streams.contains(from_handle(stream)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n) {
-  if (p == 0) return CUDA_ERROR_INVALID_VALUE;
-  return s.find(static_cast<std::uintptr_t>(p), n) != nullptr ? CUDA_SUCCESS
-                                                              : CUDA_ERROR_INVALID_VALUE;
+CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n, const char* file, unsigned line) {
+  const auto at = static_cast<std::uintptr_t>(p);
+  if (p != 0 && s.find(at, n) != nullptr) return CUDA_SUCCESS;
+  note_stray(at, n, file, line);
+  return p != 0 && hmm() && mapped(at, n) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 }  // namespace ivcuda::gpu_double

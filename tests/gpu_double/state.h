@@ -67,13 +67,15 @@ struct Allocation {
 
 // A memory pool: each device's default pool, and pools made with cuMemPoolCreate.
 // Stream-ordered allocations are ordinary device allocations that remember their pool;
-// nothing is cached, so trimming has nothing to do. A destroyed pool is gone at once;
+// what is freed into a pool with a release threshold stays counted as the device's used
+// memory, up to the threshold (`kept`), until trimmed or reused. A destroyed pool is gone at once;
 // its allocations stay valid until freed, as on the driver. A pool imported from a
 // shareable handle (cuMemPoolImportFromShareableHandle) names the process and pool it
 // came from, and only imports pointers of that pool.
 struct Pool {
   int device = 0;
   cuuint64_t release_threshold = 0;
+  cuuint64_t kept = 0;  // freed bytes the pool holds on to (its reserve beyond what is allocated)
   int reuse[3] = {1, 1, 1};  // FOLLOW_EVENT_DEPENDENCIES, ALLOW_OPPORTUNISTIC, ALLOW_INTERNAL_DEPENDENCIES
   cuuint64_t used_high = 0;
   bool created = false;       // cuMemPoolCreate (a default pool cannot be destroyed)
@@ -374,8 +376,12 @@ void physical_ref(State& s, Handle mem);
 void physical_unref(State& s, Handle mem);
 
 // [p, p + n) must lie in one tracked allocation (device, pinned, registered or a module
-// global): what a device pointer may reach.
-CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n);
+// global): what a device pointer may reach. A range outside them is noted as a stray and,
+// in the HMM-like mode, accepted where its pages are mapped (strays.h).
+// `file` and `line` name the caller's line in a stray's record (g++ and clang take both
+// builtins as the call site's when they are default arguments).
+CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n, const char* file = __builtin_FILE(),
+                            unsigned line = __builtin_LINE());
 
 template <class T>
 T* to_handle(Handle h) {

@@ -134,7 +134,7 @@ if [[ $mode == plain ]]; then
 	trap 'cleanup; rm -f "$shm"' EXIT
 fi
 IVCUDA_DOUBLE_LEDGER=$tmp/ledger "$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
-	--staging-size 4M --mem-limit 2G --driver "$driver" --control-socket "$tmp/control.sock" "${plain[@]}" "${nvml_daemon[@]}" \
+	--staging-size 4M --mem-limit 2G --context-reserve 0 --driver "$driver" --control-socket "$tmp/control.sock" "${plain[@]}" "${nvml_daemon[@]}" \
 	>"$tmp/ivcudad.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do

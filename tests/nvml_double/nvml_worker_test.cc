@@ -466,7 +466,7 @@ TEST_CASE("a guest sees its own context-holding process alone, not the warm work
 }
 
 TEST_CASE("the guest's memory quota is the total NVML reports", "[nvml_double]") {
-  Daemon d("quota", {"--gpus", "0", "--mem-limit", "256M", "--nvml", NVML_DOUBLE_PATH});
+  Daemon d("quota", {"--gpus", "0", "--mem-limit", "256M", "--context-reserve", "0", "--nvml", NVML_DOUBLE_PATH});
   Guest g(d.sock, 7);
   g.alloc(0, 16 * kMiB);
   const Reply m = g.nvml(NvmlFn::kDeviceMemoryInfo, 0);

@@ -29,6 +29,7 @@
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"
 #include "ring/wait.h"
+#include "tests/process/double_strays.h"
 #include "tests/process/raw_guest.h"
 
 using namespace ivcuda;
@@ -36,7 +37,30 @@ using proto::Op;
 
 using namespace ivcuda::testing;
 
+namespace {
+
+// Where the worker maps the BAR (RepHello's arena_device_base): below the
+// arena lie the superblock and the rings, the worker's own memory at an
+// address the guest knows. No device memory of the guest's, but a driver
+// with HMM (and the double here) would take it.
+std::uint64_t worker_bar(RawGuest& g) {
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  const auto base = RawGuest::as<proto::RepHello>(out).arena_device_base;
+  REQUIRE(base != 0);
+  return base;
+}
+
+// Rings of the last channel, which no test here uses: what a copy aimed at
+// the worker's memory would write to.
+std::uint64_t worker_rings(RawGuest& g, std::uint64_t bar) {
+  return bar + g.l.rings_off + std::uint64_t{g.l.channels - 1} * g.l.channel_stride;
+}
+
+}  // namespace
+
 TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   REQUIRE(d.alive());
   RawGuest g(d.sock);
@@ -138,6 +162,66 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
     CHECK(g.call(0, Op::kMemcpy2D, c2) == CUDA_ERROR_INVALID_VALUE);
     c2.height = 64;
     CHECK(g.call(0, Op::kMemcpy2D, c2) == CUDA_SUCCESS);
+
+    // The worker's own memory and a freed allocation: the driver (with HMM,
+    // and the double here) would take both, only the worker's books refuse.
+    const std::uint64_t bar = worker_bar(g), rings = worker_rings(g, bar);
+    const std::uint64_t arena_dev = bar + g.l.arena_off;
+    // Channel 0's staging area (a chunk of a pageable copy) and the
+    // page-locked memory after every channel's staging area.
+    const std::uint64_t staging = ring::staging_off(g.l, 0), pinned = ring::staging_off(g.l, g.l.channels);
+    REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+    const auto freed = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+    REQUIRE(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, freed}) == CUDA_SUCCESS);
+    for (const std::uint64_t theirs : {rings, freed}) {
+      INFO("a copy to 0x" << std::hex << theirs);
+      proto::ReqCopy w{};
+      w.ctx = ctx;
+      w.dst = theirs;
+      w.bytes = 64;
+      w.arena_off = pinned;
+      CHECK(g.call(0, Op::kMemcpyHtoDArena, w) == CUDA_ERROR_INVALID_VALUE);
+      w.arena_off = staging;
+      CHECK(g.call(0, Op::kMemcpyHtoDArena, w) == CUDA_ERROR_INVALID_VALUE);
+      w.src = dptr;
+      CHECK(g.call(0, Op::kMemcpyDtoD, w) == CUDA_ERROR_INVALID_VALUE);
+      const std::vector<std::byte> data(64);
+      CHECK(g.call(0, Op::kMemcpyHtoDInline, w, nullptr, data) == CUDA_ERROR_INVALID_VALUE);
+      proto::ReqMemset m{};
+      m.ctx = ctx;
+      m.dptr = theirs;
+      m.elem_size = 4;
+      m.width = 16;
+      m.height = 1;
+      CHECK(g.call(0, Op::kMemset, m) == CUDA_ERROR_INVALID_VALUE);
+      m.pitch = 64;
+      m.height = 2;
+      CHECK(g.call(0, Op::kMemset, m) == CUDA_ERROR_INVALID_VALUE);
+      proto::ReqCopyPeer pc{};
+      pc.ctx = ctx;
+      pc.dst = theirs;
+      pc.src = dptr;
+      pc.bytes = 64;
+      CHECK(g.call(0, Op::kMemcpyPeer, pc) == CUDA_ERROR_INVALID_VALUE);
+    }
+    for (const std::uint64_t theirs : {bar, freed, arena_dev - 32}) {  // the last runs into the arena
+      INFO("a copy from 0x" << std::hex << theirs);
+      proto::ReqCopy r{};
+      r.ctx = ctx;
+      r.src = theirs;
+      r.bytes = 64;
+      r.arena_off = pinned;
+      CHECK(g.call(0, Op::kMemcpyDtoHArena, r) == CUDA_ERROR_INVALID_VALUE);
+      r.arena_off = staging;
+      CHECK(g.call(0, Op::kMemcpyDtoHArena, r) == CUDA_ERROR_INVALID_VALUE);
+      CHECK(g.call(0, Op::kMemcpyDtoHInline, r) == CUDA_ERROR_INVALID_VALUE);
+      r.dst = dptr;
+      CHECK(g.call(0, Op::kMemcpyDtoD, r) == CUDA_ERROR_INVALID_VALUE);
+      auto r2 = c2;
+      r2.src_device = theirs;
+      r2.height = 1;
+      CHECK(g.call(0, Op::kMemcpy2D, r2) == CUDA_ERROR_INVALID_VALUE);
+    }
     // A posted copy that is refused surfaces at the next synchronising call.
     c.dst = dptr + 4095;
     c.bytes = 2;
@@ -167,6 +251,7 @@ TEST_CASE("a hostile guest gets clear errors and the worker keeps serving", "[pr
     CHECK(other.call(0, Op::kHello, hello) == CUDA_SUCCESS);
   }
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 namespace {
@@ -229,6 +314,7 @@ CUresult get_function(RawGuest& g, std::uint64_t ctx, std::uint64_t module, cons
 // issue 12, hole 2: the worker must pass the driver a pointer for every
 // parameter the function has, or the driver reads past the worker's array.
 TEST_CASE("a kernel with more parameters than the worker can pass is refused", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock);
   g.open(0);
@@ -252,12 +338,14 @@ TEST_CASE("a kernel with more parameters than the worker can pass is refused", "
   CHECK(g.call(0, Op::kLaunch, l, nullptr, params) == CUDA_ERROR_NOT_SUPPORTED);
   CHECK(g.call(0, Op::kFlush, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 // issue 12, holes 3 and 4: the driver takes images without a length and
 // follows what they say about themselves.
 TEST_CASE("images that would make the driver follow a pointer or read past the copy are refused",
           "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock);
   g.open(0);
@@ -318,11 +406,13 @@ TEST_CASE("images that would make the driver follow a pointer or read past the c
   // Real images still load, and the worker kept serving through all of it.
   CHECK(load_module(g, ctx, text(ptx_with_params("fine", 2))) == CUDA_SUCCESS);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 // issue 12, hole 5: what the guest learns of the worker, and what it can do
 // to the memory it shares with it.
 TEST_CASE("the guest learns no address of the worker's own and cannot reseal its memory", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest a(d.sock), b(d.sock);
   a.open(0);
@@ -358,9 +448,11 @@ TEST_CASE("the guest learns no address of the worker's own and cannot reseal its
       CHECK(dist > (std::uint64_t{1} << 40));
     }
   }
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("one user id gets at most --max-guests-per-uid guests at once", "[process][hostile]") {
+  Strays strays;
   Daemon d({"--max-guests-per-uid", "2"});
   auto connect = [&] { return ivshmem::ivshmem_connect(d.sock, std::chrono::milliseconds(2000), 8); };
   std::optional<RawGuest> first(std::in_place, d.sock);
@@ -374,11 +466,13 @@ TEST_CASE("one user id gets at most --max-guests-per-uid guests at once", "[proc
   }
   CHECK(admitted);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 // Virtual memory management (host-daemon/vmm.cc): a guest maps only its own
 // handles into its own reservations, and owns only what is mapped.
 TEST_CASE("VMM requests outside what the guest reserved and created are refused", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), other(d.sock);
   g.open(0);
@@ -444,10 +538,12 @@ TEST_CASE("VMM requests outside what the guest reserved and created are refused"
   CHECK(other.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 4 * gran}) == CUDA_ERROR_INVALID_VALUE);
   CHECK(g.call(0, Op::kMemAddressFree, proto::ReqMemRange{base, 4 * gran}) == CUDA_SUCCESS);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("shareable-handle tokens import only in their tenant, and only as the host issued them",
           "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), sibling(d.sock);  // two workers of one tenant
   g.open(0);
@@ -495,9 +591,11 @@ TEST_CASE("shareable-handle tokens import only in their tenant, and only as the 
     CHECK(stranger.call(0, Op::kMemImportShareable, imp) == CUDA_ERROR_UNKNOWN);
   }
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("array copies and texture objects outside what the guest created are refused", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), other(d.sock);
   g.open(0);
@@ -569,6 +667,9 @@ TEST_CASE("array copies and texture objects outside what the guest created are r
   bad.src.type = CU_MEMORYTYPE_DEVICE;
   bad.src.device = 0x10000;
   CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
+  const std::uint64_t bar = worker_bar(g);  // the worker's own memory, which the double takes here
+  bad.src.device = bar;
+  CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
   bad = c;
   bad.src.type = 9;
   CHECK(g.call(0, Op::kMemcpy3D, bad) == CUDA_ERROR_INVALID_VALUE);
@@ -589,6 +690,8 @@ TEST_CASE("array copies and texture objects outside what the guest created are r
   t.res.format = CU_AD_FORMAT_FLOAT;
   t.res.channels = 1;
   t.res.size_bytes = 4096;
+  CHECK(g.call(0, Op::kTexCreate, t) == CUDA_ERROR_INVALID_VALUE);
+  t.res.dptr = bar;
   CHECK(g.call(0, Op::kTexCreate, t) == CUDA_ERROR_INVALID_VALUE);
   t.res.type = CU_RESOURCE_TYPE_ARRAY;
   t.res.handle = arr ^ 0x100000000ull;
@@ -616,10 +719,12 @@ TEST_CASE("array copies and texture objects outside what the guest created are r
   CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, arr, proto::kDestroyArray, 0}) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kMemcpy3D, c) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("sparse array maps name only the guest's arrays, memory and devices, and keep mapped memory alive",
           "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), other(d.sock);
   g.open(0);
@@ -745,6 +850,12 @@ TEST_CASE("sparse array maps name only the guest's arrays, memory and devices, a
     bad.device_mask = mask;
     CHECK(map(g, ctx, {bad}, 1) == CUDA_ERROR_INVALID_VALUE);
   }
+  // A map of no memory, or at an offset past the allocation: neither may reach
+  // the driver (the H200's crashes on the first).
+  bad = entry(arr, mem, 1);
+  bad.mem_handle = 0;
+  CHECK(map(g, ctx, {bad}, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(map(g, ctx, {entry(arr, mem, 1, gran)}, 1) == CUDA_ERROR_INVALID_VALUE);
   CHECK_FALSE(tile_row(1));
   // Counts that do not fit what was sent, flags it does not know, a forged stream.
   CHECK(map(g, ctx, {entry(arr, mem, 1)}, 2) == CUDA_ERROR_INVALID_VALUE);
@@ -810,9 +921,11 @@ TEST_CASE("sparse array maps name only the guest's arrays, memory and devices, a
   CHECK(other.call(0, Op::kMemRelease, proto::ReqHandle{0, theirs_first}) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kArrayDestroy, proto::ReqArrayQuery{ctx, mip, proto::kDestroyMipmap, 0}) == CUDA_SUCCESS);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("pool requests name only the guest's own pools and descriptors it sent", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), other(d.sock);
   g.open(0);
@@ -880,6 +993,7 @@ TEST_CASE("pool requests name only the guest's own pools and descriptors it sent
   CHECK(g.call(0, Op::kMemFreeAsync, proto::ReqFreeAsync{ctx, 0, ptr}) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);  // freed: no longer its memory
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 namespace {
@@ -894,6 +1008,7 @@ proto::ReqIpcOpen ipc_open(std::uint64_t ctx, std::uint32_t proc, const std::vec
 }  // namespace
 
 TEST_CASE("IPC handles open only in their tenant, and only as the host issued them", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), sibling(d.sock);  // two workers of one tenant
   g.open(0);
@@ -961,6 +1076,8 @@ TEST_CASE("IPC handles open only in their tenant, and only as the host issued th
   // Its owner frees it: gone from the registry, alive for the opener until the last close.
   REQUIRE(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, dptr}) == CUDA_SUCCESS);
   CHECK(sibling.call(0, Op::kIpcOpenMemHandle, ipc_open(sctx, 1, handle)) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(g.call(0, Op::kIpcGetMemHandle, proto::ReqIpcGet{ctx, dptr, kExporter, 0}) ==
+        CUDA_ERROR_INVALID_VALUE);  // freed by its owner: no memory of the guest's to export
   c.dst = dptr;
   CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kMemFree, proto::ReqPtr{ctx, dptr}) == CUDA_ERROR_INVALID_VALUE);  // freed already
@@ -996,6 +1113,7 @@ TEST_CASE("IPC handles open only in their tenant, and only as the host issued th
   CHECK(g.call(0, Op::kEventQuery, proto::ReqHandle{ctx, alias}) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(sibling.call(0, Op::kIpcOpenEventHandle, ipc_open(sctx, 1, ehandle)) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 namespace {
@@ -1019,6 +1137,7 @@ proto::ReqPoolPtrImport ptr_import(std::uint64_t ctx, std::uint64_t pool, std::u
 
 TEST_CASE("pool exports import only in their tenant, only as the host issued them, only into imported pools",
           "[process][hostile][pools]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), sibling(d.sock);  // two workers of one tenant
   g.open(0);
@@ -1217,6 +1336,7 @@ TEST_CASE("pool exports import only in their tenant, only as the host issued the
   CHECK(g.call(0, Op::kMemPool, get) == CUDA_ERROR_INVALID_VALUE);
   CHECK(g.call(0, Op::kMemPool, pool_req(ctx, self, proto::kPoolDestroy)) == CUDA_SUCCESS);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 namespace {
@@ -1232,6 +1352,7 @@ std::vector<std::byte> add_node_tail(std::span<const std::uint64_t> deps, const 
 }  // namespace
 
 TEST_CASE("graph requests naming what the guest does not own are refused", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   RawGuest g(d.sock), other(d.sock);
   g.open(0);
@@ -1272,6 +1393,22 @@ TEST_CASE("graph requests naming what the guest does not own are refused", "[pro
   ms.height = 1;
   ms.elem_size = 4;
   CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, ms)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  // the worker's own memory, which the double takes here as a driver with HMM would
+  const std::uint64_t bar = worker_bar(g);
+  ms.dst = worker_rings(g, bar);
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, ms)) ==
+        CUDA_ERROR_INVALID_VALUE);
+  proto::GraphNodeParams dev{};
+  dev.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  dev.src.type = CU_MEMORYTYPE_DEVICE;
+  dev.src.addr = bar;
+  dev.dst_copy.type = CU_MEMORYTYPE_HOST;
+  dev.dst_copy.addr = g.l.arena_off;
+  dev.width_bytes = 64;
+  dev.copy_height = 1;
+  dev.depth = 1;
+  CHECK(g.call(0, Op::kGraphAddNode, proto::ReqGraphAddNode{ctx, graph, 0, 0}, nullptr, add_node_tail({}, dev)) ==
         CUDA_ERROR_INVALID_VALUE);
   proto::GraphNodeParams cp{};
   cp.type = CU_GRAPH_NODE_TYPE_MEMCPY;
@@ -1342,9 +1479,11 @@ TEST_CASE("graph requests naming what the guest does not own are refused", "[pro
   CHECK(g.call(0, Op::kGraphQuery, proto::ReqGraphQuery{ctx, node, 0, 0, proto::kQueryType, 0}) ==
         CUDA_ERROR_INVALID_VALUE);  // went with its graph
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("stream memory operations wait on and write only the guest's own memory", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   REQUIRE(d.alive());
   RawGuest g(d.sock);
@@ -1369,7 +1508,12 @@ TEST_CASE("stream memory operations wait on and write only the guest's own memor
   CHECK(ops({write, proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_64, 0, dptr + 4092, 7}}) == CUDA_ERROR_INVALID_VALUE);
   CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WAIT_VALUE_64, 0, arena_dev + g.l.arena_size - 4, 1}}, 1) ==
         CUDA_ERROR_INVALID_VALUE);
-  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WAIT_VALUE_32, 0, arena_dev - 4, 1}}, 1) == CUDA_ERROR_INVALID_VALUE);
+  // The worker's own memory below the arena, which the double takes here as a
+  // driver with HMM would (a wait for >= 0 the word satisfies at once).
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WAIT_VALUE_32, 0, arena_dev - 4, 0}}, 1) == CUDA_ERROR_INVALID_VALUE);
+  const auto rings = worker_rings(g, arena_dev - g.l.arena_off);
+  CHECK(ops({proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, rings, 7}}, 1) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(ops({write, proto::MemOp{CU_STREAM_MEM_OP_WRITE_VALUE_64, 0, rings + 8, 7}}) == CUDA_ERROR_INVALID_VALUE);
   CHECK(ops({proto::MemOp{99, 0, dptr, 1}}) == CUDA_ERROR_INVALID_VALUE);
   // Counts that disagree with the operations sent, or a "single" batch.
   CHECK(ops({write}, 0, 2) == CUDA_ERROR_INVALID_VALUE);
@@ -1386,9 +1530,11 @@ TEST_CASE("stream memory operations wait on and write only the guest's own memor
   std::uint32_t v = 0;
   std::memcpy(&v, g.bar.data() + g.l.arena_off, 4);
   CHECK(v == 7);
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("a stream's access-policy window covers only the guest's own memory", "[process][hostile]") {
+  Strays strays;
   Daemon d;
   REQUIRE(d.alive());
   RawGuest g(d.sock);
@@ -1414,6 +1560,7 @@ TEST_CASE("a stream's access-policy window covers only the guest's own memory", 
   CHECK(window(dptr, 4096) == CUDA_SUCCESS);
   CHECK(window(dptr, 4097) == CUDA_ERROR_INVALID_VALUE);
   CHECK(window(dptr ^ 0x100000000ull, 64) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(window(worker_bar(g), 64) == CUDA_ERROR_INVALID_VALUE);  // the worker's own memory
   CHECK(window(0, 0) == CUDA_SUCCESS);  // clears it
   // Event-bearing launch attributes are no stream attributes; unknown kinds and streams are refused.
   proto::ReqStreamAttr r{};
@@ -1427,6 +1574,7 @@ TEST_CASE("a stream's access-policy window covers only the guest's own memory", 
   r.kind = proto::kKernelAttrGet;
   r.stream = 0xdead;
   CHECK(g.call(0, Op::kStreamAttr, r) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 // Warm workers (--warm-workers): a connection's process started before its
@@ -1436,6 +1584,7 @@ TEST_CASE("a stream's access-policy window covers only the guest's own memory", 
 // and gets a worker per process, as without warm workers.
 TEST_CASE("warm workers serve a guest at once, hold only their guest's memory, and step aside for a VM",
           "[process][hostile]") {
+  Strays strays;
   Daemon d({"--warm-workers", "1", "--vm-spare-workers", "0"}, "-warm");
   REQUIRE(d.alive());
   // The entry and its worker start on their own.
@@ -1482,6 +1631,7 @@ TEST_CASE("warm workers serve a guest at once, hold only their guest's memory, a
   // The first guest is still served.
   CHECK(g.call(0, Op::kCtxSynchronize, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 // Pageable copies' chunks in a channel's staging area (docs/shm-abi.md,
@@ -1492,6 +1642,7 @@ TEST_CASE("warm workers serve a guest at once, hold only their guest's memory, a
 TEST_CASE("staged chunks are counted in order whatever becomes of them, and inline DtoH replies hold only "
           "the guest's memory",
           "[process][hostile]") {
+  Strays strays;
   Daemon d;
   REQUIRE(d.alive());
   RawGuest g(d.sock);
@@ -1593,6 +1744,7 @@ TEST_CASE("staged chunks are counted in order whatever becomes of them, and inli
   CHECK(out.size() == sizeof(proto::RepCopyInline) + 1024);
   CHECK(d.alive());
   CHECK(small.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 // Channels of two guest processes of one VM (pids that are not the peer's:
@@ -1600,6 +1752,7 @@ TEST_CASE("staged chunks are counted in order whatever becomes of them, and inli
 // and a process's goodbye on its last channel ends its worker.
 TEST_CASE("a VM's processes get a worker each and reach only their own channels and handles",
           "[process][hostile]") {
+  Strays strays;
   Daemon d({"--vm-spare-workers", "0"}, "-vm");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
@@ -1653,9 +1806,11 @@ TEST_CASE("a VM's processes get a worker each and reach only their own channels 
   }
   CHECK(left == 1);
   CHECK(g.call(1, Op::kMemAlloc, proto::ReqMemAlloc{ctx_b, 4096, 0, 0, 0, 0}) == CUDA_SUCCESS);
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("a guest process holds at most --object-limits objects of each kind", "[process][hostile]") {
+  Strays strays;
   Daemon d({"--object-limits", "streams=3,events=2,graphs=2"});
   REQUIRE(d.alive());
   RawGuest g(d.sock);
@@ -1684,6 +1839,7 @@ TEST_CASE("a guest process holds at most --object-limits objects of each kind", 
   REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4096, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
   CHECK(g.call(0, Op::kCtxSynchronize, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
   CHECK(d.alive());
+  CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
 TEST_CASE("ivcudad refuses malformed --object-limits, naming the kinds", "[process]") {

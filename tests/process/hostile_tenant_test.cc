@@ -370,7 +370,7 @@ TEST_CASE("an exported allocation stays charged to its exporter, and goes with i
           "its tokens and the daemon holds none of its memory",
           "[process][hostile]") {
   // A warm worker is always there: the socket never runs out of workers.
-  Daemon d({"--mem-limit", "64M", "--warm-workers", "1"}, "-gone");
+  Daemon d({"--mem-limit", "64M", "--context-reserve", "0", "--warm-workers", "1"}, "-gone");
   REQUIRE(d.alive());
   std::vector<proto::RepShareToken> tokens;
   {
@@ -402,7 +402,7 @@ TEST_CASE("an exported allocation stays charged to its exporter, and goes with i
 
 TEST_CASE("memory one guest imported from another counts against the importer, also after the exporter left",
           "[process][hostile]") {
-  Daemon d({"--mem-limit", "64M"}, "-import");
+  Daemon d({"--mem-limit", "64M", "--context-reserve", "0"}, "-import");
   REQUIRE(d.alive());
   RawGuest b(d.sock);
   b.open(0);

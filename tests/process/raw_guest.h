@@ -157,7 +157,7 @@ struct RawGuest {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    return static_cast<CUresult>(-1);  // no reply in time
+    return CUDA_ERROR_TIMEOUT;  // no reply in time (a CUresult: UBSan refuses others)
   }
   template <class T>
   CUresult call(std::uint32_t c, Op op, const T& req, std::vector<std::byte>* out = nullptr,

@@ -39,6 +39,7 @@ shm-size = "128M"
 staging-size = "4M"
 channels = 8
 mem-limit = "$1"
+context-reserve = "0"
 guest-socket = ["$sock_b=0:mem-limit=128M"]
 control-socket = "$csock"
 metrics-listen = "127.0.0.1:0"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sandboxed workers (docs/security.md, "Sandbox"): a running worker shows
-# "Seccomp: 2" and "NoNewPrivs: 1" on every thread, refuses what the sandbox
-# forbids (the self-test hook, IVCUDA_SANDBOX_SELFTEST=1 in the daemon's
-# environment, which no guest reaches) and keeps serving; Landlock (asked for
-# with the GPU test double by IVCUDA_SANDBOX_LANDLOCK_WITH_DOUBLE=1) refuses
-# files outside its rules while module loads and DOT text still work;
+# "Seccomp: 2", "NoNewPrivs: 1" and no capability (CapEff, CapPrm, CapBnd) on
+# every thread, refuses what the sandbox forbids (the self-test hook,
+# IVCUDA_SANDBOX_SELFTEST=1 in the daemon's environment, which no guest
+# reaches) and keeps serving; Landlock, applied to the GPU test double as to
+# any driver, refuses files outside its rules while module loads and DOT text
+# still work; the explicit test switch IVCUDA_TEST_DOUBLE_IPC=1 is said at
+# start and in each worker's line; --sandbox degraded is said at start;
 # --sandbox off applies nothing and says so; --user drops the worker.
 #
 #   run_sandbox_test.sh BUILD_DIR DRIVER_LIB
@@ -20,7 +22,7 @@ log=$work/ivcudad.log
 daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
-expect_cases 10
+expect_cases 12
 
 stop_daemon() {
   [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
@@ -58,15 +60,19 @@ start_spinner() {
 }
 stop_spinner() { kill "$guest" 2>/dev/null; wait "$guest" 2>/dev/null; }
 field() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
-sanitized=
-case "${IVCUDA_SANITIZE:-}" in *address* | *thread*) sanitized=1 ;; esac
+# ThreadSanitizer builds apply no seccomp (sandbox.cc says why); AddressSanitizer
+# builds do, with their runtime's few calls on top (sanitizer_calls()).
+tsan=
+case "${IVCUDA_SANITIZE:-}" in *thread*) tsan=1 ;; esac
+# This script decides where the test switch is on.
+unset IVCUDA_TEST_DOUBLE_IPC
 
 # --- the default: sandbox on
 IVCUDA_SANDBOX_SELFTEST=1 start_daemon
 ok=0
 start_spinner || { ok=1; echo "the spinning guest did not start:"; cat "$work/spin" "$log"; }
 nnp=$(field "$worker" NoNewPrivs) sc=$(field "$worker" Seccomp)
-want_sc=2; [ -n "$sanitized" ] && want_sc=0
+want_sc=2; [ -n "$tsan" ] && want_sc=0
 [ "$nnp" = 1 ] && [ "$sc" = "$want_sc" ] || { ok=1; echo "worker $worker: NoNewPrivs '$nnp', Seccomp '$sc'"; }
 threads=0 bad=0
 for t in /proc/"$worker"/task/*; do
@@ -74,30 +80,42 @@ for t in /proc/"$worker"/task/*; do
   [ "$(awk '$1 == "Seccomp:" {print $2}' "$t/status")" = "$want_sc" ] || bad=$((bad + 1))
 done
 [ $bad -eq 0 ] || { ok=1; echo "$bad of $threads threads lack the filter"; }
-if [ -n "$sanitized" ]; then
-  grep -q "seccomp no (a sanitizer build" "$log" || { ok=1; echo "no log line saying seccomp is off here"; }
+if [ -n "$tsan" ]; then
+  grep -q "seccomp no (a ThreadSanitizer build" "$log" || { ok=1; echo "no log line saying seccomp is off here"; }
   verdict "a running worker shows NoNewPrivs: 1 ($IVCUDA_SANITIZE build: Seccomp: 0 by design, logged)" $ok
 else
   verdict "a running worker shows Seccomp: 2 and NoNewPrivs: 1 on all its $threads threads" $ok
 fi
 
-grep -Eq "sandbox: no_new_privs yes, landlock (yes|no \(.*\)), seccomp (yes \([0-9]+ system calls allowed|no)" "$log"
+# Root without --user, as the tests run: uid 0, and not one capability.
+ok=0 caps=
+for t in /proc/"$worker"/task/*; do
+  for k in CapInh CapPrm CapEff CapBnd CapAmb; do
+    v=$(awk -v k="$k:" '$1 == k {print $2}' "$t/status")
+    [ "$v" = 0000000000000000 ] || { ok=1; caps="$caps ${t##*/}:$k=$v"; }
+  done
+done
+[ "$(field "$worker" Uid | cut -c1)" = 0 ] || { ok=1; echo "worker $worker is not root here"; }
+[ $ok -eq 0 ] || echo "capabilities held:$caps"
+verdict "a running root worker holds no capability on any thread (CapInh/Prm/Eff/Bnd/Amb all 0)" $ok
+
+grep -Eq "sandbox on: no_new_privs yes, landlock yes \(ABI [0-9]+\), seccomp (yes|no) .*, capabilities none \(bounding set empty\), uid" "$log"
 rc=$?; [ $rc -ne 0 ] && grep sandbox "$log"
 # Every name of the table is a system call here (a misspelt one would be skipped): all but
 # clone3, which answers ENOSYS, are allowed.
 listed=$("$build/host-daemon/ivcudad" --print-syscall-allowlist | grep -vc "	ENOSYS	")
-if [ -z "$sanitized" ] && ! grep -q "seccomp yes ($listed system calls allowed" "$log"; then
+if [ -z "$tsan" ] && ! grep -q "seccomp yes ($listed system calls allowed" "$log"; then
   rc=1; echo "the table lists $listed allowed calls, the worker installed: $(grep -o 'seccomp yes ([0-9]*' "$log")"
 fi
-verdict "the worker logs one line of what its sandbox applied (all $listed listed calls installed)" $rc
+verdict "the worker logs one line of what its sandbox applied (Landlock, all $listed listed calls, no capabilities)" $rc
 
-if [ -n "$sanitized" ]; then
+if [ -n "$tsan" ]; then
   grep -q "sandbox self-test: .*kill(daemon)" "$log"
   verdict "the self-test hook ran ($IVCUDA_SANITIZE build: no seccomp, so nothing to refuse)" $?
 else
-  grep -q "sandbox self-test: socket(AF_INET) -> EPERM, execve -> EPERM, fork -> EPERM, kill(daemon) -> EPERM" "$log"
+  grep -q "sandbox self-test: socket(AF_INET) -> EPERM, execve -> EPERM, fork -> EPERM, kill(daemon) -> EPERM, open /etc/hostname -> EACCES, fcntl F_SETOWN(daemon) -> EPERM, ioctl SIOCGIFFLAGS -> EPERM" "$log"
   rc=$?; [ $rc -ne 0 ] && grep "self-test" "$log"
-  verdict "forbidden calls from the test-only hook (socket, execve, fork, kill) answer EPERM" $rc
+  verdict "forbidden calls from the test-only hook (socket, execve, fork, kill, files, F_SETOWN, SIOC*) are refused" $rc
 fi
 
 ok=0
@@ -107,22 +125,33 @@ run_guest "$bin/drv_graph_build" --ptx "$ptx" || ok=1
 stop_spinner
 verdict "sandboxed workers keep serving: PTX JIT, fatbins, launches, graphs and DOT text" $ok
 
-# --- Landlock, where the kernel has it, with one worker at a time
-IVCUDA_SANDBOX_SELFTEST=1 IVCUDA_SANDBOX_LANDLOCK_WITH_DOUBLE=1 start_daemon
+# --- Landlock: the GPU test double gets it like any driver
+IVCUDA_SANDBOX_SELFTEST=1 start_daemon
 run_guest "$bin/drv_core" >/dev/null
-if grep -q "landlock no (the kernel has no Landlock\|landlock no (Landlock is disabled" "$log"; then
-  not_run "Landlock refuses files outside its rules" "$(grep -o 'landlock no ([^)]*)' "$log" | head -1)"
-  not_run "Landlock: module loads, graphs and DOT text still work" "no Landlock in this kernel"
-else
-  grep -q "landlock yes (ABI [0-9]*)" "$log" && grep -q "open /etc/hostname -> EACCES" "$log"
-  rc=$?; [ $rc -ne 0 ] && grep sandbox "$log"
-  verdict "Landlock refuses files outside its rules (open /etc/hostname -> EACCES)" $rc
-  ok=0
-  run_guest "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin" || ok=1
-  run_guest "$bin/drv_graph_build" --ptx "$ptx" || ok=1
-  run_guest "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported || ok=1
-  verdict "Landlock: module loads, graphs and DOT text, pools still work" $ok
-fi
+ok=0
+grep -q "landlock yes (ABI [0-9]*)" "$log" && grep -q "open /etc/hostname -> EACCES" "$log" || { ok=1; grep sandbox "$log"; }
+run_guest "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin" || ok=1
+run_guest "$bin/drv_graph_build" --ptx "$ptx" || ok=1
+run_guest "$bin/drv_pools" --ptx "$ptx" --hostile --unsupported || ok=1
+verdict "Landlock (on the GPU test double too) refuses /etc/hostname; module loads, graphs and DOT text, pools work" $ok
+
+# --- the test switch: said at start and in every worker's line, and what it is for works
+IVCUDA_TEST_DOUBLE_IPC=1 start_daemon
+ok=0
+run_guest "$bin/drv_ipc" --ptx "$ptx" --forged CUDA_ERROR_INVALID_HANDLE || ok=1
+grep -q "TEST SWITCH IVCUDA_TEST_DOUBLE_IPC=1: workers run without Landlock and may pwrite64" "$log" &&
+  grep -q "landlock no (test switch IVCUDA_TEST_DOUBLE_IPC=1" "$log" &&
+  grep -q "seccomp yes ($listed system calls allowed, others EPERM; [0-9]* more for the test switch" "$log" ||
+  { ok=1; grep -i "sandbox\|switch" "$log"; }
+verdict "IVCUDA_TEST_DOUBLE_IPC=1 is said at start and by each worker; the double's IPC between workers works under it" $ok
+
+# --- --sandbox degraded: said at start; what the kernel has still applies
+start_daemon --sandbox degraded
+ok=0
+run_guest "$bin/drv_core" || ok=1
+grep -q "SANDBOX DEGRADED (--sandbox degraded)" "$log" && grep -q "sandbox degraded: no_new_privs yes, landlock yes" "$log" ||
+  { ok=1; grep -i sandbox "$log"; }
+verdict "--sandbox degraded is said at start and by each worker, which keeps the Landlock the kernel has" $ok
 
 # --- --sandbox off: nothing applied, said loudly
 start_daemon --sandbox off
@@ -144,9 +173,11 @@ else
   uid=$(awk '$1 == "Uid:" {print $2 $3 $4 $5}' "/proc/$worker/status")
   want=$(id -u nobody)
   [ "$uid" = "$want$want$want$want" ] || { ok=1; echo "worker $worker: Uid $uid, wanted $want (real, effective, saved, fs)"; }
+  [ "$(field "$worker" CapBnd)" = 0000000000000000 ] && [ "$(field "$worker" CapPrm)" = 0000000000000000 ] ||
+    { ok=1; grep Cap "/proc/$worker/status"; }
   stop_spinner
   run_guest "$bin/drv_core" || ok=1
-  verdict "--user nobody: the worker runs as nobody (uid $want) and serves" $ok
+  verdict "--user nobody: the worker runs as nobody (uid $want), no capability, bounding set empty, and serves" $ok
 fi
 stop_daemon
 timeout 10 "$build/host-daemon/ivcudad" --socket "$sock" --driver "$driver" --user no-such-user-here >"$log" 2>&1

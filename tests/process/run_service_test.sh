@@ -44,8 +44,12 @@ PY
 listener=$!
 for _ in $(seq 100); do [ -S "$work/notify" ] && break; sleep 0.05; done
 
-# The example configuration, with its paths moved here and the group one that exists.
+# The example configuration, with its paths moved here, and the group and the
+# workers' user ones that exist (only root may make workers another user).
+worker_user=nobody
+[ "$(id -u)" -eq 0 ] || worker_user=$(id -un)
 sed -e "s|/run/ivcuda/|$work/|g" -e "s|socket-group = \"ivcuda\"|socket-group = \"$group\"|" \
+  -e "s|^user = \"ivcuda-worker\"|user = \"$worker_user\"|" \
   "$here/../../packaging/ivcudad.toml" >"$work/ivcudad.toml"
 IVCUDA_GPU_DOUBLE_DEVICES=2 NOTIFY_SOCKET=$work/notify "$build/host-daemon/ivcudad" --config "$work/ivcudad.toml" --driver "$driver" \
   --shm-size 256M --channels 8 --staging-size 4M >"$work/log" 2>&1 &

@@ -5,7 +5,9 @@ every other. ivcudad --join is tested against it (Debian ships no
 ivshmem-server). Written from the protocol description in
 shared/reference/ivshmem-notes.md.
 
-usage: std_ivshmem_server.py SOCKET SHM_BYTES VECTORS
+usage: std_ivshmem_server.py SOCKET SHM_BYTES VECTORS [MEMORY_FILE]
+  MEMORY_FILE: the shared memory is that file (made SHM_BYTES long) instead of a
+  memfd, as QEMU's server takes a path too (e.g. a file on a full file system).
 """
 import os
 import select
@@ -24,7 +26,10 @@ def send(conn, value, fd=None):
 
 def main():
     path, size, vectors = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    shm = os.memfd_create("std-ivshmem")
+    if len(sys.argv) > 4:
+        shm = os.open(sys.argv[4], os.O_RDWR | os.O_CREAT, 0o600)
+    else:
+        shm = os.memfd_create("std-ivshmem")
     os.ftruncate(shm, size)
     if os.path.exists(path):
         os.unlink(path)
