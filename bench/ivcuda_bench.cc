@@ -41,8 +41,11 @@
 #include <string>
 #include <vector>
 
+#include "crowd.h"
+
 namespace {
 
+namespace bench = ivcuda::bench;
 using Clock = std::chrono::steady_clock;
 
 double us_since(Clock::time_point t0) {
@@ -317,9 +320,11 @@ struct Child {
     CK(cuMemAddressFree(va2, bytes));
   }
 
-  // One of eight processes at once: launches, then copies each way. Each
-  // sets up first and then waits at the gate, which the parent opens when all
-  // eight are ready, so the sum of their rates is the aggregate.
+  // One of eight processes at once: launches, then copies each way, each
+  // phase behind a barrier (the parent lets all eight into it together). A
+  // child reports what it moved in its own window of the phase, on
+  // CLOCK_MONOTONIC; the parent's aggregate is all of it over the phase's
+  // whole extent (bench/crowd.h).
   template <class Gate>
   void crowd(const Gate& gate) {
     const int n = quick ? 200 : 20000;
@@ -331,42 +336,155 @@ struct Child {
     CK(cuMemAllocHost(&pinned, bytes));
     std::memset(pinned, 3, bytes);
     std::vector<unsigned char> pageable(bytes, 4);
-    gate.pass();
-    const auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) launch_spin(0);
-    CK(cuStreamSynchronize(s));
-    emit("crowd.launch.rate", "launches/s", n / (us_since(t0) * 1e-6));
-    auto rate = [&](const char* name, auto&& copy) {
-      const auto t1 = Clock::now();
-      for (int i = 0; i < reps; ++i) copy();
+    int next = 0;
+    auto phase = [&](const char* name, const char* unit, double amount, auto&& work) {
+      gate.pass(next++);
+      bench::Span sp;
+      sp.amount = amount;
+      sp.start_ns = bench::monotonic_ns();
+      work();
       CK(cuStreamSynchronize(s));
-      emit(name, "GB/s", reps * static_cast<double>(bytes) / (us_since(t1) * 1e3));
+      sp.end_ns = bench::monotonic_ns();
+      std::printf("%s\n", bench::format_span(name, unit, sp).c_str());
     };
-    rate("crowd.htod.pinned", [&] { CK(cuMemcpyHtoDAsync(d, pinned, bytes, s)); });
-    rate("crowd.dtoh.pinned", [&] { CK(cuMemcpyDtoHAsync(pinned, d, bytes, s)); });
-    rate("crowd.htod.pageable", [&] { CK(cuMemcpyHtoD(d, pageable.data(), bytes)); });
-    rate("crowd.dtoh.pageable", [&] { CK(cuMemcpyDtoH(pageable.data(), d, bytes)); });
+    const double moved = reps * static_cast<double>(bytes);
+    phase("crowd.launch.rate", "launches/s", n, [&] {
+      for (int i = 0; i < n; ++i) launch_spin(0);
+    });
+    auto copies = [&](auto&& copy) {
+      return [&, copy] {
+        for (int i = 0; i < reps; ++i) copy();
+      };
+    };
+    phase("crowd.htod.pinned", "GB/s", moved, copies([&] { CK(cuMemcpyHtoDAsync(d, pinned, bytes, s)); }));
+    phase("crowd.dtoh.pinned", "GB/s", moved, copies([&] { CK(cuMemcpyDtoHAsync(pinned, d, bytes, s)); }));
+    phase("crowd.htod.pageable", "GB/s", moved, copies([&] { CK(cuMemcpyHtoD(d, pageable.data(), bytes)); }));
+    phase("crowd.dtoh.pageable", "GB/s", moved, copies([&] { CK(cuMemcpyDtoH(pageable.data(), d, bytes)); }));
+    if (next != bench::kCrowdPhases) {
+      std::fprintf(stderr, "ivcuda-bench: the crowd ran %d phases, its barriers are for %d\n", next, bench::kCrowdPhases);
+      std::exit(3);
+    }
     CK(cuMemFreeHost(pinned));
     CK(cuMemFree(d));
   }
 };
 
-// Children of a crowd report "ready" on one pipe and wait for the parent to
-// close another before they start measuring.
-struct StartGate {
-  int ready_fd = -1;
-  int go_fd = -1;
-  void pass() const {
-    if (ready_fd < 0) return;
+// A crowd child's side of the per-phase barriers: at phase k it says so on
+// ready[k] and waits until the parent closes go[k] (which it does once every
+// child said so). Each fd is closed once used, so that a child that dies
+// shows as a short count at the parent instead of a wait forever.
+struct PhaseGates {
+  std::vector<int> ready, go;
+  void pass(int k) const {
+    if (k < 0 || static_cast<std::size_t>(k) >= ready.size()) return;  // not in a crowd
     const char c = 'r';
-    if (::write(ready_fd, &c, 1) != 1) std::exit(5);
-    ::close(ready_fd);
+    if (::write(ready[static_cast<std::size_t>(k)], &c, 1) != 1) std::exit(5);
+    ::close(ready[static_cast<std::size_t>(k)]);
     char b;
-    while (::read(go_fd, &b, 1) > 0) {
+    while (::read(go[static_cast<std::size_t>(k)], &b, 1) > 0) {
     }
-    ::close(go_fd);
+    ::close(go[static_cast<std::size_t>(k)]);
+  }
+  // "--gate R0,G0,R1,G1,...", as CrowdBarrier::arg() writes it.
+  static PhaseGates parse(const std::string& arg) {
+    PhaseGates g;
+    std::size_t pos = 0;
+    while (pos < arg.size()) {
+      const int r = std::atoi(arg.c_str() + pos);
+      const std::size_t comma = arg.find(',', pos);
+      if (comma == std::string::npos) return {};
+      g.ready.push_back(r);
+      g.go.push_back(std::atoi(arg.c_str() + comma + 1));
+      const std::size_t next = arg.find(',', comma + 1);
+      pos = next == std::string::npos ? arg.size() : next + 1;
+    }
+    return g;
   }
 };
+
+// The parent's side: a ready and a go pipe per phase, made before the
+// children are forked.
+struct CrowdBarrier {
+  struct Phase {
+    int ready[2] = {-1, -1};
+    int go[2] = {-1, -1};
+  };
+  std::vector<Phase> phases;
+  explicit CrowdBarrier(int n) : phases(static_cast<std::size_t>(n)) {
+    for (Phase& p : phases)
+      if (::pipe(p.ready) != 0 || ::pipe(p.go) != 0) std::exit(4);
+  }
+  std::string arg() const {
+    std::string a;
+    for (const Phase& p : phases)
+      a += (a.empty() ? "" : ",") + std::to_string(p.ready[1]) + "," + std::to_string(p.go[0]);
+    return a;
+  }
+  // In a child, before its exec: the parent's ends are not its own.
+  void close_parent_ends() const {
+    for (const Phase& p : phases) {
+      ::close(p.ready[0]);
+      ::close(p.go[1]);
+    }
+  }
+  // In the parent once every child is forked.
+  void close_child_ends() const {
+    for (const Phase& p : phases) {
+      ::close(p.ready[1]);
+      ::close(p.go[0]);
+    }
+  }
+  // Lets `count` children through each phase once all of them are at it.
+  // False when one never arrived (it died): the remaining phases then open
+  // at once, so that no child waits forever for it.
+  bool run(int count) const {
+    bool all = true;
+    for (const Phase& p : phases) {
+      int arrived = 0;
+      char b;
+      while (all && arrived < count && ::read(p.ready[0], &b, 1) == 1) ++arrived;
+      all = all && arrived == count;
+      ::close(p.ready[0]);
+      ::close(p.go[1]);
+    }
+    return all;
+  }
+};
+
+// The crowd's figures from its children's outputs: for each phase, every
+// child's span, and all they moved over the phase's whole extent
+// (bench/crowd.h). Exits when a child did not report a phase.
+std::map<std::string, std::pair<std::string, double>> crowd_figures(const std::vector<std::string>& texts) {
+  std::map<std::string, std::pair<std::string, std::vector<bench::Span>>> spans;
+  for (const std::string& text : texts) {
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      const std::size_t eol = text.find('\n', pos);
+      const std::string line = text.substr(pos, eol - pos);
+      pos = eol == std::string::npos ? text.size() : eol + 1;
+      std::string name, unit;
+      bench::Span sp;
+      if (!bench::parse_span(line, &name, &unit, &sp)) continue;
+      auto& slot = spans[name];
+      slot.first = unit;
+      slot.second.push_back(sp);
+    }
+  }
+  std::map<std::string, std::pair<std::string, double>> out;
+  for (const auto& [name, s] : spans) {
+    if (s.second.size() != texts.size()) {
+      std::fprintf(stderr, "ivcuda-bench: %zu of %zu crowd children reported %s\n", s.second.size(), texts.size(),
+                   name.c_str());
+      std::exit(2);
+    }
+    out[name] = {s.first, bench::aggregate(s.second, s.first)};
+  }
+  if (out.size() != static_cast<std::size_t>(bench::kCrowdPhases)) {
+    std::fprintf(stderr, "ivcuda-bench: the crowd reported %zu phases, not %d\n", out.size(), bench::kCrowdPhases);
+    std::exit(2);
+  }
+  return out;
+}
 
 // A program's start as a user sees it: the driver, a context, a buffer, one
 // value there and back. It writes one line when the value is back; the
@@ -391,7 +509,7 @@ int run_startup_child() {
   return out == in ? 0 : 3;
 }
 
-int run_child(const std::string& ptx, const std::string& what, bool quick, const StartGate& gate, int settle_ms) {
+int run_child(const std::string& ptx, const std::string& what, bool quick, const PhaseGates& gate, int settle_ms) {
   if (what == "startup") return run_startup_child();
   CK(cuInit(0));
   CUdevice dev;
@@ -552,17 +670,17 @@ std::map<std::string, std::pair<std::string, double>> run_startups(const char* s
           {"startup.exit", {"ms", percentile(exit_ms, 0.5)}}};
 }
 
-// Runs `count` children at once in `mode`; returns their figures, summed
-// over children for figures of the crowd.
+// Runs `count` children at once in `mode`; returns their figures (a crowd's:
+// crowd_figures).
 std::map<std::string, std::pair<std::string, double>> run_children(const char* self, const Mode& mode,
                                                                    const std::string& ptx, const char* what,
                                                                    int count, bool quick, int settle_ms) {
   std::vector<std::pair<pid_t, int>> kids;
   const std::uintmax_t mark = log_mark(mode);
   expect_libcuda(mode);
-  int ready[2], go[2];
-  if (::pipe(ready) != 0 || ::pipe(go) != 0) std::exit(4);
-  const std::string gate = std::to_string(ready[1]) + "," + std::to_string(go[0]);
+  const bool crowd = std::string(what) == "crowd";
+  const CrowdBarrier barrier(crowd ? bench::kCrowdPhases : 0);
+  const std::string gate = barrier.arg();
   for (int k = 0; k < count; ++k) {
     int fds[2];
     if (::pipe(fds) != 0) std::exit(4);
@@ -571,13 +689,12 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
       ::dup2(fds[1], 1);
       ::close(fds[0]);
       ::close(fds[1]);
-      ::close(ready[0]);
-      ::close(go[1]);
+      barrier.close_parent_ends();
       if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
       if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
       const std::string settle = std::to_string(settle_ms);
-      std::vector<const char*> argv = {self,  "--child", what, "--ptx", ptx.c_str(), "--gate", gate.c_str(),
-                                       "--settle-ms", settle.c_str()};
+      std::vector<const char*> argv = {self, "--child", what, "--ptx", ptx.c_str(), "--settle-ms", settle.c_str()};
+      if (crowd) argv.insert(argv.end(), {"--gate", gate.c_str()});
       if (quick) argv.push_back("--quick");
       argv.push_back(nullptr);
       ::execv(self, const_cast<char* const*>(argv.data()));
@@ -586,18 +703,11 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
     ::close(fds[1]);
     kids.push_back({pid, fds[0]});
   }
-  ::close(ready[1]);
-  ::close(go[0]);
-  if (std::string(what) == "crowd") {
-    // All set up: let them go together. A child that dies early shows as a
-    // short count here and as a failed run below.
-    char b;
-    for (int k = 0; k < count && ::read(ready[0], &b, 1) == 1; ++k) {
-    }
-  }
-  ::close(ready[0]);
-  ::close(go[1]);
+  barrier.close_child_ends();
+  // A child that dies early shows as a short count here and as a failed run below.
+  if (crowd && !barrier.run(count)) std::fprintf(stderr, "ivcuda-bench: a %s crowd child did not reach a phase\n", mode.name.c_str());
   std::map<std::string, std::pair<std::string, double>> out;
+  std::vector<std::string> texts;
   for (auto& [pid, fd] : kids) {
     std::string text;
     char buf[4096];
@@ -624,7 +734,10 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
         slot.second += v;
       }
     }
+    texts.push_back(std::move(text));
   }
+  if (crowd)
+    for (auto& [k, v] : crowd_figures(texts)) out[k] = v;
   return out;
 }
 
@@ -662,10 +775,8 @@ int main(int argc, char** argv) {
   if (startup_runs == 0) startup_runs = quick ? 3 : 7;
   if (settle_ms < 0) settle_ms = quick ? 0 : 4000;
   if (!child.empty()) {
-    StartGate g;
-    if (std::sscanf(gate.c_str(), "%d,%d", &g.ready_fd, &g.go_fd) != 2) g = StartGate{};
     if (const int rc = check_libcuda(); rc != 0) return rc;
-    return run_child(ptx, child, quick, g, settle_ms);
+    return run_child(ptx, child, quick, PhaseGates::parse(gate), settle_ms);
   }
   if (!png.empty() && json.empty()) {
     std::fprintf(stderr, "ivcuda-bench: --png draws the JSON: give --json too\n");

@@ -25,6 +25,7 @@
 
 #include "host-daemon/log.h"
 #include "host-daemon/nvml_api.h"
+#include "host-daemon/rules.h"
 #include "host-daemon/vm_supervisor.h"
 #include "host-daemon/worker.h"
 #include "host-daemon/worker_internal.h"
@@ -255,8 +256,13 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
     all.resize(std::min<std::size_t>(n, all.size()));
     *used = 0;
     for (const auto& p : all) {
-      const auto it = mine.find(p.pid);
-      if (it == mine.end()) continue;
+      auto it = mine.find(p.pid);
+      if (it == mine.end()) {
+        // Another tenant's worker, a warm worker waiting for its guest, or a
+        // native process: each holds a context, so the host lists it.
+        if (IVCUDA_RULE("nvml-own-processes")) continue;
+        it = mine.emplace(p.pid, Own{p.pid, true}).first;  // the mutant: theirs passes for the guest's
+      }
       if (p.usedGpuMemory != kNotAvailable) *used += p.usedGpuMemory;
       if (it->second.listed)
         listed->push_back({it->second.guest_pid, 0, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId});

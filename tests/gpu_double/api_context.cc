@@ -23,9 +23,39 @@ CUresult device_of(const State& s, CUdevice dev) {
   return dev >= 0 && dev < s.device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
-// Everything created in the primary context goes. A sticky fault stays: on a GPU only a
-// new process recovers from one.
-void reset_primary(State& s, Handle h) { s.release_context_resources(h); }
+// A context holds device memory of its own while it lives (on the H200 about
+// 440-500 MiB each), which cuMemGetInfo and NVML count as used: the double
+// charges context_mem() for each, refuses a context that does not fit as the
+// driver does, and tells the ledger, so that the NVML double lists every
+// process holding a context, with its memory, contexts included.
+CUresult charge_context(State& s, int dev) {
+  const auto d = static_cast<std::size_t>(dev);
+  const std::size_t cost = context_mem();
+  if (cost > total_mem() - std::min(total_mem(), s.used[d] + ledger_others(dev))) return CUDA_ERROR_OUT_OF_MEMORY;
+  s.used[d] += cost;
+  ++s.held_contexts[d];
+  ledger_publish(dev, s.used[d]);
+  ledger_contexts(dev, s.held_contexts[d]);
+  return CUDA_SUCCESS;
+}
+
+void discharge_context(State& s, int dev) {
+  const auto d = static_cast<std::size_t>(dev);
+  s.used[d] -= context_mem();
+  --s.held_contexts[d];
+  ledger_publish(dev, s.used[d]);
+  ledger_contexts(dev, s.held_contexts[d]);
+}
+
+// Everything created in the primary context goes, and the context's own
+// memory with it. A sticky fault stays: on a GPU only a new process recovers
+// from one.
+void reset_primary(State& s, Handle h) {
+  s.release_context_resources(h);
+  Context& c = s.contexts.at(h);
+  if (c.active) discharge_context(s, c.device);
+  c.active = false;
+}
 
 }  // namespace
 
@@ -42,6 +72,7 @@ CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreatePar
     }
     const Handle h = s.new_handle();
     if (const CUresult r = s.fault[static_cast<std::size_t>(dev)]; r != CUDA_SUCCESS) return r;
+    if (const CUresult r = charge_context(s, dev); r != CUDA_SUCCESS) return r;
     s.contexts[h] =
         Context{.device = dev, .flags = flags, .primary = false, .refs = 0, .active = true};
     ctx_stack().push_back(h);
@@ -57,6 +88,7 @@ CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
     if (ctx == nullptr || it == s.contexts.end() || it->second.primary)
       return CUDA_ERROR_INVALID_CONTEXT;
     s.release_context_resources(h);
+    discharge_context(s, it->second.device);
     s.contexts.erase(it);
     // Other threads that still have it current find it gone and get INVALID_CONTEXT.
     std::erase(ctx_stack(), h);
@@ -250,6 +282,8 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
     if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
     const Handle h = s.primary[static_cast<std::size_t>(dev)];
     Context& c = s.contexts.at(h);
+    if (!c.active)
+      if (const CUresult r = charge_context(s, dev); r != CUDA_SUCCESS) return r;
     ++c.refs;
     c.active = true;
     *pctx = to_handle<CUctx_st>(h);
@@ -263,10 +297,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     const Handle h = s.primary[static_cast<std::size_t>(dev)];
     Context& c = s.contexts.at(h);
     if (c.refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (--c.refs == 0) {
-      reset_primary(s, h);
-      c.active = false;
-    }
+    if (--c.refs == 0) reset_primary(s, h);
     return CUDA_SUCCESS;
   });
 }
@@ -274,9 +305,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
     if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
-    const Handle h = s.primary[static_cast<std::size_t>(dev)];
-    reset_primary(s, h);
-    s.contexts.at(h).active = false;  // until the next retain
+    reset_primary(s, s.primary[static_cast<std::size_t>(dev)]);  // inactive until the next retain
     return CUDA_SUCCESS;
   });
 }

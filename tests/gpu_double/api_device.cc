@@ -319,6 +319,7 @@ CUresult CUDAAPI cuInit(unsigned int Flags) {
         if (!s.initialized) {
           s.device_count = device_count_from_env();
           s.used.assign(static_cast<std::size_t>(s.device_count), 0);
+          s.held_contexts.assign(static_cast<std::size_t>(s.device_count), 0);
           s.fault.assign(static_cast<std::size_t>(s.device_count), CUDA_SUCCESS);
           for (int d = 0; d < s.device_count; ++d) {
             const Handle h = s.new_handle();
@@ -327,6 +328,7 @@ CUresult CUDAAPI cuInit(unsigned int Flags) {
             s.primary.push_back(h);
           }
           s.initialized = true;
+          record_mps_environment();
         } else if (fuzzing()) {
           // The fuzz harness starts a worker per input, each standing for a
           // worker process of its own: a sticky fault (which on a GPU only a

@@ -1,6 +1,7 @@
 // Who the GPU test double's devices are: names, memory, PCI addresses, UUIDs,
-// and the layout of the ledger in which the double's processes publish the
-// device memory each holds (IVCUDA_DOUBLE_LEDGER). Shared with the NVML test
+// what a context costs, and the layout of the ledger in which the double's
+// processes publish the device memory and contexts each holds
+// (IVCUDA_DOUBLE_LEDGER). Shared with the NVML test
 // double (tests/nvml_double), so that both doubles describe the same GPUs and
 // NVML's per-process figures are what the GPU double's processes hold.
 // Test doubles only: nothing here is shipped.
@@ -18,6 +19,11 @@ inline constexpr int kDriverVersion = 13000;
 inline constexpr std::size_t kTotalMem = std::size_t{4} << 30;
 inline constexpr std::size_t kFuzzTotalMem = std::size_t{64} << 20;
 inline constexpr int kMaxDevices = 16;
+// What a context holds of its device's memory unless
+// IVCUDA_GPU_DOUBLE_CONTEXT_MIB says otherwise: on the H200 one takes
+// 440-500 MiB of 141 GiB (docs/operating.md), about 0.3 %; this is as much of
+// the double's 4 GiB, rounded up.
+inline constexpr std::size_t kDefaultContextMem = std::size_t{16} << 20;
 
 // PCI location of a device; the integrity check of cudart hashes these, so they must stay
 // consistent with the device attributes (api_device.cc).
@@ -46,12 +52,17 @@ inline int device_count_env() {
 // holding a write lock (F_OFD_SETLK) on the byte at its index (an
 // open-file-description lock: the kernel drops it when the process ends,
 // however it ends), so liveness needs no signals or /proc (which a sandboxed
-// worker may not use). `used` is the device memory the process holds, per device.
+// worker may not use). `used` is the device memory the process holds, per
+// device, its contexts' included; `contexts` how many contexts it holds
+// there (created ones and active primary ones): NVML lists every process
+// with a context on a device, as the driver's NVML does, even one that
+// allocated nothing.
 struct Ledger {
   struct Entry {
     std::int32_t pid;
     std::int32_t reserved;
     std::atomic<std::uint64_t> used[kMaxDevices];
+    std::atomic<std::uint32_t> contexts[kMaxDevices];
   };
   static constexpr int kEntries = 512;
   Entry e[kEntries];

@@ -5,11 +5,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
+
+extern char** environ;
 
 #include "arrays.h"
 
@@ -40,6 +45,45 @@ std::chrono::microseconds event_delay() {
     return std::chrono::microseconds(v != nullptr ? std::strtoul(v, nullptr, 10) : 0);
   }();
   return us;
+}
+
+std::size_t context_mem() {
+  static const std::size_t bytes = [] {
+    if (fuzzing()) return std::size_t{0};
+    const char* v = std::getenv("IVCUDA_GPU_DOUBLE_CONTEXT_MIB");
+    if (v == nullptr || *v == '\0') return kDefaultContextMem;
+    char* end = nullptr;
+    const unsigned long mib = std::strtoul(v, &end, 10);
+    if (*end != '\0' || mib > (kTotalMem >> 20)) {
+      log("IVCUDA_GPU_DOUBLE_CONTEXT_MIB=%s is not a size in MiB up to the device's; using %zu", v,
+          kDefaultContextMem >> 20);
+      return kDefaultContextMem;
+    }
+    return std::size_t{mib} << 20;
+  }();
+  return bytes;
+}
+
+void record_mps_environment() {
+  const char* path = std::getenv("IVCUDA_GPU_DOUBLE_MPS_LOG");
+  if (path == nullptr || *path == '\0') return;
+  std::vector<std::string> seen;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "CUDA_MPS_", 9) == 0) seen.emplace_back(*e);
+  if (seen.empty()) return;
+  std::sort(seen.begin(), seen.end());  // the environment's order is nobody's contract
+  std::string line = "pid " + std::to_string(::getpid()) + ":";
+  for (const std::string& kv : seen) line += " " + kv;
+  line += "\n";
+  // One write on an O_APPEND file: the lines of workers starting at once stay whole.
+  const int fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    log("cannot record the MPS environment in %s: %s", path, std::strerror(errno));
+    return;
+  }
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    log("cannot record the MPS environment in %s: %s", path, std::strerror(errno));
+  ::close(fd);
 }
 
 void log(const char* fmt, ...) {
@@ -98,6 +142,7 @@ int my_index() {
       if (lock_byte(i, true)) {
         l->e[i].pid = static_cast<std::int32_t>(::getpid());
         for (auto& u : l->e[i].used) u.store(0);
+        for (auto& c : l->e[i].contexts) c.store(0);
         return i;
       }
     return -1;
@@ -119,6 +164,11 @@ std::size_t ledger_others(int device) {
 void ledger_publish(int device, std::size_t used) {
   if (device < 0 || device >= kMaxDevices) return;
   if (const int i = my_index(); i >= 0) ledger()->e[i].used[device].store(used);
+}
+
+void ledger_contexts(int device, unsigned count) {
+  if (device < 0 || device >= kMaxDevices) return;
+  if (const int i = my_index(); i >= 0) ledger()->e[i].contexts[device].store(count);
 }
 
 const Allocation* State::find(std::uintptr_t p, std::size_t n) const {

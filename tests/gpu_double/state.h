@@ -252,13 +252,17 @@ struct Function {
 std::size_t ledger_others(int device);
 // Publishes this process's use of `device` (no-op without a ledger).
 void ledger_publish(int device, std::size_t used);
+// Publishes how many contexts this process holds on `device` (the NVML
+// double lists every process with one).
+void ledger_contexts(int device, unsigned count);
 
 struct State {
   std::mutex mu;
   bool initialized = false;
   int device_count = 0;
   std::vector<Handle> primary;    // per device
-  std::vector<std::size_t> used;  // device memory in use, per device
+  std::vector<std::size_t> used;  // device memory in use, per device, contexts' included
+  std::vector<unsigned> held_contexts;  // per device: created contexts and active primary ones
   // A faulting kernel poisons its device for the rest of the process, as on a GPU (the real
   // driver then fails even cuCtxCreate): every later call that does work there fails.
   std::vector<CUresult> fault;  // per device
@@ -399,6 +403,18 @@ void log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // input must not spend seconds on a memset of gigabytes.
 bool fuzzing();
 inline std::size_t total_mem() { return fuzzing() ? kFuzzTotalMem : kTotalMem; }
+
+// What one context holds of its device's memory (api_context.cc charges it
+// while the context lives, as a GPU does): IVCUDA_GPU_DOUBLE_CONTEXT_MIB, or
+// kDefaultContextMem; nothing under a fuzzer, whose device is small.
+std::size_t context_mem();
+
+// IVCUDA_GPU_DOUBLE_MPS_LOG=FILE: cuInit appends the CUDA_MPS_* variables
+// of the process's environment to FILE, one line per cuInit that saw any
+// ("pid PID: NAME=VALUE ..."): what an MPS client's driver reads at its
+// start. Tests of ivcudad --mps check what the driver saw there, not what
+// the daemon says it set.
+void record_mps_environment();
 
 // IVCUDA_GPU_DOUBLE_EVENT_DELAY_US=N: a recorded event reports NOT_READY for
 // N microseconds after its record (cuEventSynchronize waits them out), though

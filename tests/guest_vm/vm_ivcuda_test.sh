@@ -17,7 +17,8 @@
 # guest's libnvidia-ml.so.1 sits next to libcuda.so.1 and ivcuda-smi and
 # nvml_api run in the guest first: the VM is one tenant, so the second
 # process nvml_api starts is listed, by its guest pid, with its memory; and
-# pynvml (nvidia-ml-py, unchanged) on a minimal python3 agrees with ivcuda-smi.
+# pynvml (nvidia-ml-py, unchanged) on a minimal python3 sees the VM's own
+# processes, each with its worker's context, and its quota (pynvml_check.py).
 #
 # usage: vm_ivcuda_test.sh doorbell|plain IMAGE_DIR BUILD_DIR DRIVER_LIB [NVML_DOUBLE_LIB]
 #   doorbell: ivshmem-doorbell on ivcudad's socket (MSI-X wake-ups)
@@ -55,7 +56,8 @@ if [[ -n $nvml ]]; then
 		--add-bin "$build/bin/ivcuda-smi:/usr/bin/ivcuda-smi" --add-bin "$bin/nvml_api:/usr/bin/nvml_api")
 	nvml_daemon=(--nvml "$nvml")
 	# The NVML checks run from a script in the image (the kernel command line that carries the
-	# guest's command is short).
+	# guest's command is short). pynvml_check.py's figures are the truth on the host: the VM's
+	# quota (--mem-limit 2G below) and what a context holds in the GPU double (16 MiB, its default).
 	nvml_script=$image.nvml-checks.sh
 	cat >"$nvml_script" <<'CHECKS'
 set -e
@@ -63,7 +65,7 @@ ivcuda-smi -L
 ivcuda-smi
 ivcuda-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used --format=csv
 nvml_api --same-tenant-child
-PYTHONPATH=/opt/pynvml python3 -S /opt/ivcuda/pynvml_check.py
+PYTHONPATH=/opt/pynvml python3 -S /opt/ivcuda/pynvml_check.py 2048 16
 CHECKS
 	nvml_adds+=(--add "$nvml_script:/opt/ivcuda/nvml_checks.sh")
 	nvml_run="sh /opt/ivcuda/nvml_checks.sh &&"
@@ -78,7 +80,7 @@ CHECKS
 	. "$guest/stage-python.sh"
 	python_unpack "$py" "$pystage" "$pywheel"
 	# What the check imports (it runs in the guest only: here there is no NVML to ask).
-	stage_python "$py" "$pystage" /opt/pynvml "-c import sys, subprocess, pynvml"
+	stage_python "$py" "$pystage" /opt/pynvml "-c import os, sys, time, subprocess, pynvml"
 	nvml_adds+=("${python_adds[@]}" --add "$here/pynvml_check.py:/opt/ivcuda/pynvml_check.py")
 fi
 

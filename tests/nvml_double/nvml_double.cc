@@ -5,9 +5,12 @@
 // Its GPUs are the GPU test double's (tests/gpu_double/identity.h): the same
 // count (IVCUDA_GPU_DOUBLE_DEVICES), name, PCI addresses and UUIDs. The
 // process lists and memory used come from the GPU double's ledger
-// (IVCUDA_DOUBLE_LEDGER): every live process that holds device memory there
-// is a compute process with that much memory; without a ledger there are
-// none. Everything else is a fixed, plausible value (an H200-like board).
+// (IVCUDA_DOUBLE_LEDGER): as the driver's NVML lists every process that holds
+// a context on a GPU, with its memory there, contexts included, every live
+// process with a context on the device in the ledger (or memory there, as VMM
+// memory needs no context) is a compute process with that much memory;
+// without a ledger there are none. Everything else is a fixed, plausible
+// value (an H200-like board).
 // It implements what ivcudad's worker resolves (host-daemon/nvml_api.h) and a
 // few basics (init with flags, count, handle by index, UUID); setters are not exported.
 #include <fcntl.h>
@@ -103,7 +106,8 @@ bool live(int fd, int i) {
   return ::fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
 }
 
-// Processes holding memory on device d: (pid, bytes), at most `cap` stored, the count returned.
+// Processes holding a context or memory on device d: (pid, bytes), at most
+// `cap` stored, the count returned.
 unsigned processes(int d, nvmlProcessInfo_t* out, unsigned cap) {
   int fd = -1;
   const Ledger* l = ledger(&fd);
@@ -111,7 +115,7 @@ unsigned processes(int d, nvmlProcessInfo_t* out, unsigned cap) {
   unsigned n = 0;
   for (int i = 0; i < Ledger::kEntries; ++i) {
     const std::uint64_t used = l->e[i].used[d].load();
-    if (used == 0 || !live(fd, i)) continue;
+    if ((used == 0 && l->e[i].contexts[d].load() == 0) || !live(fd, i)) continue;
     if (n < cap && out != nullptr)
       out[n] = {static_cast<unsigned>(l->e[i].pid), used, 0xFFFFFFFFu, 0xFFFFFFFFu};
     ++n;
@@ -412,7 +416,7 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUtilCounte
 }
 SCALAR(nvmlDeviceGetCurrentClocksEventReasons, unsigned long long, nvmlClocksEventReasonGpuIdle)
 
-// Every process holding memory in the ledger; NVML's list conventions.
+// Every process holding a context or memory in the ledger; NVML's list conventions.
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned* count, nvmlProcessInfo_t* infos) {
   DEVICE_OR_RETURN(device, i, count == nullptr || (*count != 0 && infos == nullptr))
   const unsigned n = processes(i, infos, *count);

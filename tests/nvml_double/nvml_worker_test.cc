@@ -4,13 +4,18 @@
 // NvmlFn is answered; requests the worker must refuse are refused before NVML
 // sees them; short buffers get NVML_ERROR_INSUFFICIENT_SIZE with the size or
 // count needed; each tenant sees its own processes (by its guest pid) and its
-// own memory, with its quota as the total; links to GPUs it was not granted
-// read as down; without a host NVML every query says LIBRARY_NOT_FOUND.
+// own memory, with its quota as the total, and among the processes the host's
+// NVML lists (every holder of a context: the doubles charge each context
+// kContextMem, as a GPU does) no one else's, not even the warm worker's;
+// links to GPUs it was not granted read as down; without a host NVML every
+// query says LIBRARY_NOT_FOUND.
 #include <catch2/catch.hpp>
 
 #include <cuda.h>
+#include <fcntl.h>
 #include <nvml.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +46,9 @@ using proto::Op;
 namespace {
 
 constexpr std::uint64_t kMiB = 1u << 20;
+// What each context holds in the GPU double here (IVCUDA_GPU_DOUBLE_CONTEXT_MIB
+// in the daemon's environment): a figure no allocation of these tests makes.
+constexpr std::uint64_t kContextMem = 24 * kMiB;
 
 std::string tmp_path(const std::string& what) {
   return "/tmp/ivcuda-nvml-" + std::to_string(::getpid()) + "-" + what;
@@ -64,6 +72,7 @@ struct Daemon {
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a test killed mid-way leaves no daemon behind
       ::setenv("IVCUDA_GPU_DOUBLE_DEVICES", "3", 1);
       ::setenv("IVCUDA_DOUBLE_LEDGER", ledger.c_str(), 1);
+      ::setenv("IVCUDA_GPU_DOUBLE_CONTEXT_MIB", std::to_string(kContextMem / kMiB).c_str(), 1);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -77,6 +86,37 @@ struct Daemon {
     ::kill(pid, SIGTERM);
     ::waitpid(pid, nullptr, 0);
     ::unlink(ledger.c_str());
+  }
+  // The GPU double's own record (the truth the NVML double reports from):
+  // how many live processes hold a context on host GPU `dev`.
+  int context_holders(int dev) const {
+    const int fd = ::open(ledger.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int n = 0;
+    void* p = ::mmap(nullptr, sizeof(gpu_double::Ledger), PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      const auto* l = static_cast<const gpu_double::Ledger*>(p);
+      for (int i = 0; i < gpu_double::Ledger::kEntries; ++i) {
+        struct flock fl {};
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = i;
+        fl.l_len = 1;
+        const bool live = ::fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+        if (live && l->e[i].contexts[dev].load() > 0) ++n;
+      }
+      ::munmap(p, sizeof(gpu_double::Ledger));
+    }
+    ::close(fd);
+    return n;
+  }
+  // Waits (up to 10 s) until at least `n` processes hold a context on `dev`.
+  bool await_context_holders(int dev, int n) const {
+    for (int i = 0; i < 1000; ++i) {
+      if (context_holders(dev) >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
   }
 };
 
@@ -164,13 +204,19 @@ struct Guest {
     r.out.assign(out.begin() + sizeof r.rep, out.end());
     return r;
   }
-  // Device memory for this guest on its device `device` (the primary context's).
-  void alloc(int device, std::uint64_t bytes) {
+  // This guest's primary context on its device `device` (retained).
+  std::uint64_t retain(int device) {
     std::vector<std::byte> out;
     REQUIRE(call(Op::kPrimaryRetain, proto::ReqDevice{device, 0}, &out) == CUDA_SUCCESS);
     proto::RepHandle ctx{};
     std::memcpy(&ctx, out.data(), sizeof ctx);
-    REQUIRE(call(Op::kMemAlloc, proto::ReqMemAlloc{ctx.handle, bytes, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+    return ctx.handle;
+  }
+  // Device memory for this guest on its device `device` (the primary context's).
+  void alloc(int device, std::uint64_t bytes) {
+    const std::uint64_t ctx = retain(device);
+    std::vector<std::byte> out;
+    REQUIRE(call(Op::kMemAlloc, proto::ReqMemAlloc{ctx, bytes, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
   }
   std::vector<nvml_wire::NvmlProcess> processes(int device) {
     const Reply r = nvml(NvmlFn::kDeviceComputeRunningProcesses, device, 64, 0, 64 * sizeof(nvml_wire::NvmlProcess));
@@ -379,6 +425,44 @@ TEST_CASE("each tenant sees only its own processes, by its own pids, and its own
   CHECK(m.rep.val[1] == m.rep.val[0] - m.rep.val[2]);
   // Nothing on the GPU neither touched.
   CHECK(a.processes(1).empty());
+}
+
+// The host's NVML lists every process with a context: this guest's worker
+// (the arena's context on its first GPU, taken at start), the warm worker
+// ivcudad keeps ready for the next guest, another guest's worker. The guest
+// sees its own entry alone, by its pid, with its context's memory, on a GPU
+// where it holds nothing but that context too (the driver's NVML lists a
+// process that allocated nothing).
+TEST_CASE("a guest sees its own context-holding process alone, not the warm worker's or another guest's",
+          "[nvml_double][hostile]") {
+  Daemon d("contexts", {"--gpus", "0,1", "--warm-workers", "1", "--nvml", NVML_DOUBLE_PATH});
+  Guest a(d.sock, 4242);
+  Guest b(d.sock, 5353);
+  b.alloc(0, 8 * kMiB);
+  // a's worker, b's and the warm worker started for the next guest.
+  REQUIRE(d.await_context_holders(0, 3));
+
+  const auto mine = a.processes(0);
+  REQUIRE(mine.size() == 1);
+  CHECK(mine[0].pid == 4242);
+  CHECK(mine[0].used_gpu_memory == kContextMem);  // the arena's context, nothing allocated
+  const Reply m = a.nvml(NvmlFn::kDeviceMemoryInfo, 0);
+  CHECK(m.rep.val[2] == kContextMem);
+  CHECK(m.rep.val[1] == m.rep.val[0] - kContextMem);
+  const auto theirs = b.processes(0);
+  REQUIRE(theirs.size() == 1);
+  CHECK(theirs[0].pid == 5353);
+  CHECK(theirs[0].used_gpu_memory == kContextMem + 8 * kMiB);
+
+  // A context alone lists the process on its GPU.
+  CHECK(a.processes(1).empty());
+  a.retain(1);
+  REQUIRE(d.await_context_holders(1, 1));
+  const auto second = a.processes(1);
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].pid == 4242);
+  CHECK(second[0].used_gpu_memory == kContextMem);
+  CHECK(b.processes(1).empty());
 }
 
 TEST_CASE("the guest's memory quota is the total NVML reports", "[nvml_double]") {

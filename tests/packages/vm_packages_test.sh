@@ -2,15 +2,23 @@
 # The Debian packages end to end, installed the way a user would:
 #  1. tools/build-debs.sh makes the three packages from this build; their
 #     names, versions, architectures, conffiles, ldconfig trigger and
-#     maintainer scripts are checked;
-#  2. DKMS builds ivcuda_uio.ko from ivcuda-uio-dkms's source for the kernel
-#     the test guest boots (its own trees under the work folder: nothing is
-#     registered with the host's DKMS), warning-free;
-#  3. ivcuda-guest's files go into the test guest at their package paths,
-#     with that .ko as the module its /init loads, and ldconfig (what
-#     libc-bin's trigger runs after dpkg) builds the guest's ld.so.cache;
-#  4. ivcudad from ivcuda-host's files serves the guest (ivshmem-doorbell)
-#     with the GPU test double standing in for the driver;
+#     dependencies are checked;
+#  2. dpkg installs them (`dpkg -i`, as `apt install ./*.deb` does once it
+#     has the dependencies: every maintainer script runs) in chroots made of
+#     this host's root file system under an overlay, in mount namespaces of
+#     their own, so that nothing reaches the host: ivcuda-host in one (the group ivcuda, the unit known
+#     but not enabled, ivcudad and ivcudactl in place; then removed and
+#     purged), ivcuda-uio-dkms and ivcuda-guest in another (ivcuda-guest
+#     conflicts with ivcuda-host): DKMS's common.postinst registers the
+#     source and builds and installs ivcuda_uio.ko for the test guest's
+#     kernel, warning-free; libc-bin's trigger puts the library in
+#     ld.so.cache; the group ivcuda and the udev rule are there; removing
+#     ivcuda-uio-dkms unregisters it;
+#  3. the test guest gets ivcuda-guest's files as dpkg installed them, and
+#     the module DKMS installed as the one its /init loads; ldconfig (what
+#     the trigger runs) builds the guest's ld.so.cache;
+#  4. ivcudad as dpkg installed it serves the guest (ivshmem-doorbell) with
+#     the GPU test double standing in for the driver;
 #  5. in the guest, with no LD_LIBRARY_PATH, the loader finds libcuda.so.1
 #     in the package's directory only through ld.so.cache, and drv_core and
 #     rt_basic_static (static cudart, which dlopens libcuda.so.1) pass, and
@@ -20,7 +28,8 @@
 #   VERSION         the project's version, which the packages must carry
 #   HAVE_IVCUDACTL  1 when the build has ivcudactl (then ivcuda-host holds it)
 # Exits 77 with the reason when a tool is missing (QEMU, the kernel packages,
-# dkms, dpkg-dev): CTest counts that as a failure unless the build was
+# dkms, dpkg-dev, unshare) or the chroots cannot be made (they need root
+# and overlayfs): CTest counts that as a failure unless the build was
 # configured with IVCUDA_ALLOW_SKIPS.
 set -euo pipefail
 
@@ -38,6 +47,10 @@ for tool in dpkg-deb dpkg-shlibdeps; do
 	command -v $tool >/dev/null || missing+="$tool (apt-get install dpkg-dev)"$'\n'
 done
 command -v cpack >/dev/null || missing+="cpack (apt-get install cmake)"$'\n'
+for tool in unshare chroot; do
+	command -v $tool >/dev/null || missing+="$tool (apt-get install util-linux coreutils)"$'\n'
+done
+[[ $(id -u) -eq 0 ]] || missing+="root: the packages are installed in overlay chroots"$'\n'
 if [[ -n $missing ]]; then
 	echo "SKIP: the package test needs:"
 	printf '%s' "$missing"
@@ -91,46 +104,102 @@ grep -qx 'activate-noawait ldconfig' "$tmp/control-ivcuda-guest/triggers" || fai
 [[ $(field "$dkms_deb" Depends) == *dkms* ]] || fail "ivcuda-uio-dkms does not depend on dkms"
 [[ $(field "$host_deb" Depends) == *libc6* ]] || fail "ivcuda-host has no shared-library Depends"
 
-for p in host guest dkms; do
-	mkdir -p "$tmp/$p"
-done
-dpkg-deb -x "$host_deb" "$tmp/host"
-dpkg-deb -x "$guest_deb" "$tmp/guest"
-dpkg-deb -x "$dkms_deb" "$tmp/dkms"
-host_files=(usr/sbin/ivcudad usr/lib/systemd/system/ivcudad.service etc/ivcuda/ivcudad.toml
-	usr/lib/sysusers.d/ivcuda-host.conf usr/share/doc/ivcuda-host/copyright
-	usr/share/doc/ivcuda/ivcuda-shmem-doorbell.xml usr/share/doc/ivcuda/libvirt.md)
-[[ $have_ctl == 1 ]] && host_files+=(usr/bin/ivcudactl)
-libdir=/usr/lib/x86_64-linux-gnu/ivcuda
-guest_files=("${libdir#/}/libcuda.so.1" etc/ld.so.conf.d/ivcuda.conf usr/lib/udev/rules.d/99-ivcuda.rules
-	usr/lib/sysusers.d/ivcuda-guest.conf "${libdir#/}/libnvidia-ml.so.1" usr/bin/ivcuda-smi)
-src=usr/src/ivcuda-uio-$version
-dkms_files=("$src/dkms.conf" "$src/ivcuda_uio.c" "$src/Kbuild" "$src/Makefile")
-for f in "${host_files[@]}"; do [[ -f $tmp/host/$f ]] || fail "ivcuda-host has no /$f"; done
-for f in "${guest_files[@]}"; do [[ -f $tmp/guest/$f ]] || fail "ivcuda-guest has no /$f"; done
-for f in "${dkms_files[@]}"; do [[ -f $tmp/dkms/$f ]] || fail "ivcuda-uio-dkms has no /$f"; done
-grep -qx "$libdir" "$tmp/guest/etc/ld.so.conf.d/ivcuda.conf" || fail "ivcuda.conf does not name $libdir"
-echo "packages: the expected files are in place"
-
-# --- 2. DKMS builds the module for the guest's kernel ----------------------------
+# --- 2. installed by dpkg, maintainer scripts and all, in chroots --------------
+# in_chroot NAME SCRIPT: runs SCRIPT (sh -e) as root in a chroot of this
+# host's root file system under an overlay, in a private mount namespace:
+# what dpkg and the maintainer scripts write lands in $tmp/NAME/upper,
+# never on the host, and the mounts go with the namespace. /run is empty
+# there (no systemd runs in a chroot: the scripts must cope), and the
+# packages are in /root/debs; SCRIPT leaves what the later steps need in
+# /root/out ($tmp/NAME/upper/root/out here).
+in_chroot() {
+	local name=$1 script=$2 d=$tmp/$1
+	mkdir -p "$d/upper/root/debs" "$d/upper/root/out" "$d/work" "$d/root"
+	cp "$host_deb" "$guest_deb" "$dkms_deb" "$d/upper/root/debs/"
+	unshare --mount --propagation private -- /bin/sh -ec '
+		mount -t overlay overlay -o "lowerdir=/,upperdir=$1/upper,workdir=$1/work" "$1/root"
+		mount -t proc proc "$1/root/proc"
+		mount --rbind /dev "$1/root/dev"
+		mount --rbind /sys "$1/root/sys"
+		mount -t tmpfs tmpfs "$1/root/run"
+		mount -t tmpfs tmpfs "$1/root/tmp"
+		exec chroot "$1/root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+			DEBIAN_FRONTEND=noninteractive /bin/sh -ec "$2"' sh "$d" "$script" >"$d.log" 2>&1 ||
+		{ cat "$d.log"; fail "$name: the chroot failed (above)"; }
+	cat "$d.log"
+}
+# dpkg, as apt runs it once it has the dependencies (apt itself takes 6-10 s
+# a call here, dpkg under one): a dependency the host lacks fails the install
+# by its name, and nothing is downloaded.
+dpkg=dpkg
 kver=$("$guest/build-guest-image.sh" --kver)
-tree=(--dkmstree "$tmp/dkms-tree" --sourcetree "$tmp/dkms/usr/src")
-mkdir -p "$tmp/dkms-tree"
-# dkms signs what it builds (Debian's sign-file, when present) and makes a key
-# where none is: keep that key here, not in the host's /var/lib/dkms.
-export mok_signing_key=$tmp/mok.key mok_certificate=$tmp/mok.pub
-dkms add -m ivcuda-uio -v "$version" "${tree[@]}" >"$tmp/dkms.log" 2>&1 ||
-	{ cat "$tmp/dkms.log"; fail "dkms add failed"; }
-dkms build -m ivcuda-uio -v "$version" -k "$kver" "${tree[@]}" >>"$tmp/dkms.log" 2>&1 ||
-	{ cat "$tmp/dkms.log"; cat "$tmp"/dkms-tree/ivcuda-uio/"$version"/build/make.log 2>/dev/null || true; fail "dkms build failed"; }
-built=$tmp/dkms-tree/ivcuda-uio/$version/$kver/x86_64
-make_log=$built/log/make.log
-[[ -f $make_log ]] || { cat "$tmp/dkms.log"; fail "dkms left no make.log"; }
-if grep -i warning "$make_log" | grep -v 'Skipping BTF'; then
+libdir=/usr/lib/x86_64-linux-gnu/ivcuda
+src=/usr/src/ivcuda-uio-$version
+
+# ivcuda-host: the group, the unit (known, not enabled: the configuration is
+# to be reviewed first), the binaries; removal stops nothing that is not
+# running, keeps the group, purge takes the configuration.
+host_files=(/usr/sbin/ivcudad /usr/lib/systemd/system/ivcudad.service /etc/ivcuda/ivcudad.toml
+	/usr/lib/sysusers.d/ivcuda-host.conf /usr/share/doc/ivcuda-host/copyright
+	/usr/share/doc/ivcuda/ivcuda-shmem-doorbell.xml /usr/share/doc/ivcuda/libvirt.md)
+[[ $have_ctl == 1 ]] && host_files+=(/usr/bin/ivcudactl)
+in_chroot host "
+	$dpkg -i /root/debs/$(basename "$host_deb")
+	[ \"\$(dpkg-query -W -f='\${Status}' ivcuda-host)\" = 'install ok installed' ] || { echo 'host: ivcuda-host is not configured'; exit 1; }
+	for f in ${host_files[*]}; do [ -f \$f ] || { echo \"host: ivcuda-host installed no \$f\"; exit 1; }; done
+	gid=\$(getent group ivcuda | cut -d: -f3)
+	[ -n \"\$gid\" ] && [ \"\$gid\" -lt 1000 ] || { echo 'host: no system group ivcuda'; exit 1; }
+	echo \"host: the system group ivcuda (gid \$gid)\"
+	state=\$(systemctl is-enabled ivcudad.service 2>&1 || true)
+	[ \"\$state\" = disabled ] || { echo \"host: ivcudad.service is '\$state', not a disabled unit\"; exit 1; }
+	systemd-analyze verify /usr/lib/systemd/system/ivcudad.service
+	echo 'host: ivcudad.service is known to systemd, verifies, and is not enabled'
+	cp /usr/sbin/ivcudad /root/out/
+	[ ! -f /usr/bin/ivcudactl ] || cp /usr/bin/ivcudactl /root/out/
+	$dpkg -r ivcuda-host
+	[ ! -e /usr/sbin/ivcudad ] && [ ! -e /usr/lib/systemd/system/ivcudad.service ] && [ -f /etc/ivcuda/ivcudad.toml ] &&
+		getent group ivcuda >/dev/null || { echo 'host: removal left the wrong things'; exit 1; }
+	$dpkg -P ivcuda-host
+	[ ! -e /etc/ivcuda/ivcudad.toml ] || { echo 'host: purge kept ivcudad.toml'; exit 1; }
+	echo 'host: removed (the group stays, the configuration too), then purged'"
+
+# ivcuda-uio-dkms and ivcuda-guest, as README's guest command installs them
+# (its linux-headers-amd64 is the host's, for the test guest's kernel).
+guest_files=("$libdir/libcuda.so.1" /etc/ld.so.conf.d/ivcuda.conf /usr/lib/udev/rules.d/99-ivcuda.rules
+	/usr/lib/sysusers.d/ivcuda-guest.conf "$libdir/libnvidia-ml.so.1" /usr/bin/ivcuda-smi
+	"$src/dkms.conf" "$src/ivcuda_uio.c" "$src/Kbuild" "$src/Makefile")
+built=/var/lib/dkms/ivcuda-uio/$version/$kver/x86_64
+in_chroot guest "
+	$dpkg -i /root/debs/$(basename "$dkms_deb") /root/debs/$(basename "$guest_deb")
+	for p in ivcuda-uio-dkms ivcuda-guest; do
+		[ \"\$(dpkg-query -W -f='\${Status}' \$p)\" = 'install ok installed' ] || { echo \"guest: \$p is not configured\"; exit 1; }
+	done
+	for f in ${guest_files[*]}; do [ -f \$f ] || { echo \"guest: no \$f installed\"; exit 1; }; done
+	grep -qx $libdir /etc/ld.so.conf.d/ivcuda.conf || { echo 'guest: ivcuda.conf does not name $libdir'; exit 1; }
+	getent group ivcuda >/dev/null || { echo 'guest: no group ivcuda'; exit 1; }
+	ldconfig -p | grep -F 'libcuda.so.1 (libc6,x86-64) => $libdir/libcuda.so.1' ||
+		{ echo 'guest: the ldconfig trigger did not put libcuda.so.1 in ld.so.cache'; exit 1; }
+	dkms status -m ivcuda-uio -v $version -k $kver | grep -q ': installed' ||
+		{ echo 'guest: DKMS has no ivcuda-uio $version installed for $kver:'; dkms status; exit 1; }
+	echo \"guest: DKMS: \$(dkms status -m ivcuda-uio -v $version -k $kver)\"
+	cp $built/log/make.log /root/out/make.log
+	ko=\$(find /lib/modules/$kver/updates/dkms -name 'ivcuda_uio.ko*' | head -n 1)
+	[ -n \"\$ko\" ] || { echo 'guest: DKMS installed no ivcuda_uio.ko for $kver'; exit 1; }
+	cp \$ko /root/out/
+	# ivcuda-guest's files as installed, for the test guest's image.
+	dpkg-query -L ivcuda-guest | while read -r f; do
+		if [ -f \"\$f\" ] && [ ! -L \"\$f\" ]; then mkdir -p \"/root/out/guest\$(dirname \"\$f\")\"; cp \"\$f\" \"/root/out/guest\$f\"; fi
+	done
+	$dpkg -r ivcuda-uio-dkms
+	! dkms status -m ivcuda-uio | grep -q . && [ -z \"\$(find /lib/modules/$kver -name 'ivcuda_uio.ko*')\" ] ||
+		{ echo 'guest: removing ivcuda-uio-dkms left it registered or installed'; dkms status; exit 1; }
+	echo 'guest: ivcuda-uio-dkms removed: DKMS forgot it, the module is gone'"
+out=$tmp/guest/upper/root/out
+host_out=$tmp/host/upper/root/out
+if grep -i warning "$out/make.log" | grep -v 'Skipping BTF'; then
 	fail "ivcuda_uio.c has compiler warnings in the DKMS build (above)"
 fi
-ko=$(find "$built/module" -name 'ivcuda_uio.ko*' | head -n 1)
-[[ -n $ko ]] || { cat "$tmp/dkms.log"; fail "dkms built no ivcuda_uio.ko"; }
+ko=$(find "$out" -maxdepth 1 -name 'ivcuda_uio.ko*' | head -n 1)
 case $ko in  # busybox insmod reads only uncompressed modules
 *.ko) ;;
 *.ko.xz) xz -dc "$ko" >"$tmp/ivcuda_uio.ko"; ko=$tmp/ivcuda_uio.ko ;;
@@ -140,13 +209,13 @@ esac
 vermagic=$(modinfo -F vermagic "$ko")
 [[ $vermagic == "$kver "* ]] || fail "the DKMS module is for '$vermagic', not $kver"
 ko_sum=$(sha256sum "$ko" | cut -d ' ' -f 1)
-echo "dkms: built ivcuda_uio.ko for $kver"
+echo "dkms: ivcuda-uio-dkms's postinst built and installed ivcuda_uio.ko for $kver"
 
-# --- 3. the guest image with ivcuda-guest installed -----------------------------
+# --- 3. the guest image with ivcuda-guest as dpkg installed it ------------------
 adds=()
 while IFS= read -r -d '' f; do
-	adds+=(--add "$f:${f#"$tmp/guest"}")
-done < <(find "$tmp/guest" -type f -print0)
+	adds+=(--add "$f:${f#"$out/guest"}")
+done < <(find "$out/guest" -type f -print0)
 # What libc-bin gives a Debian system: ld.so.conf (including ld.so.conf.d)
 # and ldconfig, which its trigger runs once dpkg has installed ivcuda-guest.
 printf 'include /etc/ld.so.conf.d/*.conf\n' >"$tmp/ld.so.conf"
@@ -167,18 +236,18 @@ CHECK
 adds+=(--add "$tmp/nvml-check.sh:/opt/nvml-check.sh")
 # --add-bin copies the libraries ldd names: the package's libcuda.so.1 for
 # the programs; its own dependencies (libstdc++...) come with it.
-LD_LIBRARY_PATH=$tmp/guest$libdir "$guest/build-guest-image.sh" "$work/image" "${adds[@]}" \
-	--add-bin "$tmp/guest$libdir/libcuda.so.1:$libdir/libcuda.so.1" \
-	--add-bin "$tmp/guest$libdir/libnvidia-ml.so.1:$libdir/libnvidia-ml.so.1" \
-	--add-bin "$tmp/guest/usr/bin/ivcuda-smi:/usr/bin/ivcuda-smi" \
+LD_LIBRARY_PATH=$out/guest$libdir "$guest/build-guest-image.sh" "$work/image" "${adds[@]}" \
+	--add-bin "$out/guest$libdir/libcuda.so.1:$libdir/libcuda.so.1" \
+	--add-bin "$out/guest$libdir/libnvidia-ml.so.1:$libdir/libnvidia-ml.so.1" \
+	--add-bin "$out/guest/usr/bin/ivcuda-smi:/usr/bin/ivcuda-smi" \
 	--add-bin "$bin/drv_core:/usr/bin/drv_core" \
 	--add-bin "$bin/rt_basic_static:/usr/bin/rt_basic_static"
 
-# --- 4. ivcudad from ivcuda-host ------------------------------------------------
+# --- 4. ivcudad as ivcuda-host installed it ----------------------------------------
 vectors=4
 sock=$tmp/ivcudad.sock
-ivcudad=$tmp/host/usr/sbin/ivcudad
-ivcudactl=$tmp/host/usr/bin/ivcudactl
+ivcudad=$host_out/ivcudad
+ivcudactl=$host_out/ivcudactl
 # The control socket (ivcudactl's) goes here too, not to /run/ivcuda.
 control=()
 help=$("$ivcudad" --help 2>&1) || true

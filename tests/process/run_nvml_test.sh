@@ -32,9 +32,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# What a context holds in the GPU double here (its default is 16 MiB): each
+# worker holds one (the arena's), and NVML counts it, as on a GPU.
+ctx_mib=24
 start_daemon() {  # EXTRA ARGS...
   rm -f "$sock"
-  IVCUDA_DOUBLE_LEDGER=$work/ledger "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 256M \
+  IVCUDA_GPU_DOUBLE_CONTEXT_MIB=$ctx_mib IVCUDA_DOUBLE_LEDGER=$work/ledger "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 256M \
     --staging-size 4M --channels 8 --driver "$driver" --nvml "$nvml" --control-socket "$work/control.sock" \
     "$@" >>"$log" 2>&1 &
   daemon_pid=$!
@@ -58,21 +61,30 @@ guest "$bin/nvml_api"
 show $?
 verdict "nvml_api: identity as libcuda says it, the tenant's memory and processes, another tenant invisible, bad handles, small buffers, setters refused, events" $?
 
-# Another tenant holds device memory while ivcuda-smi draws its table: its own
-# view has no process of that tenant and none of its memory.
-# (It holds until its stdin, a FIFO kept open by a sleeper, closes.)
+# Another tenant holds device memory while ivcuda-smi draws its table. The
+# host's NVML lists every worker (each holds a context: this guest's, the
+# other tenant's, the warm one); ivcuda-smi's view is its own process alone,
+# by its pid, with its worker's context as its memory, and none of the other
+# tenant's. (The holder holds until its stdin, a FIFO kept open by a sleeper,
+# closes.)
 mkfifo "$work/hold_in"
 sleep 600 >"$work/hold_in" &
 keep=$!
 IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib "$bin/nvml_api" --hold 100 <"$work/hold_in" >"$work/hold" 2>&1 &
 holder=$!
 for _ in $(seq 200); do grep -q '^ready' "$work/hold" && break; sleep 0.05; done
-guest "$smi"
+# The shell says its pid, then becomes ivcuda-smi (by that name: the table
+# shows the first word of /proc/PID/cmdline, cut to 54 columns).
+guest bash -c 'echo "pid $$"; exec -a ivcuda-smi "$0"' "$smi"
 rc=$?
-grep -q '^ready' "$work/hold" && [ $rc -eq 0 ] && grep -Eq '^\| 0 +.+ +[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.0 +0 MiB / [0-9]+ MiB' "$work/out" &&
-  grep -q 'No running processes found' "$work/out" && ! grep -q " $holder " "$work/out"
+smi_pid=$(sed -n 's/^pid //p' "$work/out")
+rows=$(grep -Ec '^\| [0-9] +[0-9]+  ' "$work/out")
+grep -q '^ready' "$work/hold" && [ $rc -eq 0 ] && [ -n "$smi_pid" ] &&
+  grep -Eq "^\| 0 +.+ +[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.0 +$ctx_mib MiB / [0-9]+ MiB" "$work/out" &&
+  grep -Eq "^\| 0 +$smi_pid  ivcuda-smi +${ctx_mib}MiB\|\$" "$work/out" && [ "$rows" -eq 1 ] &&
+  ! grep -q 'No running processes found' "$work/out" && ! grep -q " $holder " "$work/out"
 show $?
-verdict "ivcuda-smi: the table (GPU, bus id, memory of this tenant) and a processes section without another tenant's" $?
+verdict "ivcuda-smi: the table (GPU, bus id, this tenant's memory: its context) and its own process alone (pid, name, memory), not another tenant's or the warm worker's" $?
 kill "$keep" 2>/dev/null
 wait "$holder" 2>/dev/null
 holder= keep=

@@ -75,8 +75,10 @@ start_daemon
 
 # drv_isolation --reclaim wants all of its child's memory back, less what others took meanwhile:
 # with a real driver, each of the two workers the daemon starts for its two processes (the next
-# warm worker) holds a context, measured here as nvidia-smi lists the daemon's warm worker; the
-# double's contexts cost nothing, so with it nothing may stay taken.
+# warm worker) holds a context, measured here as nvidia-smi lists the daemon's warm worker. The
+# double's contexts cost the same each (16 MiB, tests/gpu_double/README.md): the one warm worker
+# that can start after the child said it holds is paid for by the child's own context coming back
+# with its memory, so with the double nothing may stay taken.
 reclaim_allow=0
 if ! [[ $driver == *gpu-double* ]] && command -v nvidia-smi >/dev/null; then
   for _ in $(seq 100); do grep -q "started ahead for" "$log" && break; sleep 0.1; done
