@@ -248,6 +248,7 @@ class Supervisor {
   Placed place(const GuestProcess& who, std::uint32_t* slot);
   Start may_start();
   std::uint32_t process_workers() const;
+  std::uint32_t dying() const;
   bool take_unit();
   void give_units();
   bool start_worker(std::uint32_t s, const GuestProcess& who);
@@ -565,18 +566,26 @@ bool Supervisor::start_worker(std::uint32_t s, const GuestProcess& who) {
   return true;
 }
 
+std::uint32_t Supervisor::dying() const {
+  return static_cast<std::uint32_t>(
+      std::count_if(procs_.begin(), procs_.end(), [](const WorkerProc& p) { return p.pid > 0 && p.reclaim_guest; }));
+}
+
 std::uint32_t Supervisor::process_workers() const {
   return static_cast<std::uint32_t>(
       std::count_if(procs_.begin(), procs_.end(), [](const WorkerProc& p) { return p.pid > 0 && p.guest.pid != 0; }));
 }
 
 // Whether another worker may start now: at most --max-workers-per-guest at
-// once, spares included, and no faster than the start tokens come.
+// once, spares included, and no faster than the start tokens come. A
+// worker killed for its process's exit but not reaped yet still counts; the
+// claim waits for it rather than be refused.
 Supervisor::Start Supervisor::may_start() {
   const auto live = static_cast<std::uint32_t>(
       std::count_if(procs_.begin(), procs_.end(), [](const WorkerProc& p) { return p.pid > 0; }));
   if (live >= VmShared::kMaxSlots) return Start::kFull;
-  if (IVCUDA_RULE("vm-workers-per-guest") && live >= cfg_.max_workers) return Start::kFull;
+  if (IVCUDA_RULE("vm-workers-per-guest") && live >= cfg_.max_workers)
+    return live - dying() >= cfg_.max_workers ? Start::kFull : Start::kLater;
   const auto now = clock::now();
   if (tokens_ >= kStartBurst) {
     tokens_at_ = now;
@@ -633,7 +642,7 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slo
     }
   }
   refused_why_ = "its user id has all the workers it may have (--max-guests-per-uid)";
-  if (!take_unit()) return Placed::kRefused;
+  if (!take_unit()) return dying() != 0 ? Placed::kLater : Placed::kRefused;  // a unit comes back with it
   if (spare != VmShared::kMaxSlots) {
     // A worker started ahead takes the process.
     procs_[spare].guest = who;
