@@ -147,7 +147,7 @@ Range vm_shared_in(pid_t w, std::uint64_t pool_off, std::uint64_t pages) {
 
 }  // namespace
 
-TEST_CASE("a VM gets at most --max-workers-per-guest workers; the processes past it are refused", "[process][hostile]") {
+TEST_CASE("a VM gets at most --max-workers-per-guest workers and the processes past it are refused", "[process][hostile]") {
   Daemon d({"--max-workers-per-guest", "2", "--vm-spare-workers", "0", "--max-guests-per-uid", "0"}, "-bound");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
