@@ -279,10 +279,12 @@ TEST_CASE("a VM's worker holds the broker line made for it and neither its super
   const pid_t sup = supervisor(d);
   REQUIRE(sup != 0);
   REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 3; }));  // two processes and a spare
-  const auto sup_socks = sockets(sup);
-  // A worker just forked holds all its supervisor held until it let go:
-  // give the spare the moment it takes.
+  // A worker just forked holds all its supervisor held until it let go, and
+  // a supervisor holds the line for the worker it is about to fork: give
+  // them the moment it takes, and compare with what the supervisor holds then.
+  std::set<std::string> sup_socks;
   (void)wait_for([&] {
+    sup_socks = sockets(sup);
     for (const pid_t w : Daemon::children_of(sup))
       for (const auto& s : sockets(w))
         if (sup_socks.count(s) != 0) return false;
