@@ -1,11 +1,11 @@
 // The per-uid budget of worker processes (--max-guests-per-uid).
 //
 // Every worker holds a GPU context per device (hundreds of MiB each on an
-// H200) and pins the guest's memory, outside any quota. One connecting user
-// id may therefore have at most --max-guests-per-uid of them at once: each
-// connection counts one (its first worker, or the one worker of a
-// process-mode guest), and a VM's every further worker that serves a guest
-// process counts one more. Spare workers a VM keeps ready for its next
+// H200; charged to a quota only where the guest has one) and pins the
+// guest's memory. One connecting user id may therefore have at most
+// --max-guests-per-uid of them at once: each connection counts one (its
+// first worker, or the one worker of a process-mode guest), and a VM's
+// every further worker that serves a guest process counts one more. Spare workers a VM keeps ready for its next
 // process do not count here; --vm-spare-workers and --max-workers-per-guest
 // bound them per connection (docs/security.md, "Workers per VM").
 //
