@@ -79,6 +79,7 @@ struct Staging {
   std::uint32_t slots = 0;
   std::uint32_t ch = 0;     // channel index (the counter's home)
   bool pipelined = false;   // the host bumps staging_done (ABI minor >= 1)
+  bool flush_wait = false;  // the host knows FlushWait (ABI minor >= 4)
   // Chunk number a (ChannelStaging) lies in slot a % slots.
   std::uint64_t slot_off(std::uint64_t a) const { return off + (a % slots) * chunk; }
 };
@@ -94,7 +95,9 @@ std::optional<Staging> staging_of(Runtime* rt) {
   while (g.slots > 1 && l.staging_bytes / g.slots < kMinChunk) g.slots /= 2;
   // Whole pages per slot: both memcpys and the DMA like aligned chunks.
   g.chunk = l.staging_bytes / g.slots / kMinChunk * kMinChunk;
-  g.pipelined = ivcuda::ring::load_relaxed(ivcuda::ring::superblock(rt->bar())->abi_minor) >= 1;
+  const auto minor = ivcuda::ring::load_relaxed(ivcuda::ring::superblock(rt->bar())->abi_minor);
+  g.pipelined = minor >= 1;
+  g.flush_wait = minor >= 4;
   return g;
 }
 
@@ -301,7 +304,8 @@ CUresult wait_staged(Runtime* rt, std::uint64_t ctx, const Staging& g, ChannelSt
     if (waited > std::chrono::milliseconds(2)) break;
     if (waited > std::chrono::microseconds(200)) ::usleep(20);
   }
-  const CUresult st = rt->call<Op::kFlushWait>(proto::ReqCtx{ctx});
+  // A host of minor <= 3 has only Flush (which reports posted errors).
+  const CUresult st = g.flush_wait ? rt->call<Op::kFlushWait>(proto::ReqCtx{ctx}) : rt->call<Op::kFlush>(proto::ReqCtx{ctx});
   if (st != CUDA_SUCCESS || reached(rt, g, target)) return st;
   // The daemon counted fewer chunks than were posted: start again from its
   // count rather than wait for chunks it will never count.

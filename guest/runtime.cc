@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -35,6 +36,19 @@ CUresult g_init_status = CUDA_ERROR_NOT_INITIALIZED;
 }  // namespace
 
 namespace {
+// This process's PID namespace, as the guest kernel names it: the inode
+// number of /proc/self/ns/pid, which the ivcuda driver reports with the
+// process's exit (task_active_pid_ns()->ns.inum). In a VM, two containers'
+// processes with the same pid are then two processes to the host, each with
+// a worker of its own. 0 without /proc: the host then tells processes apart
+// by pid alone. A process's own namespace never changes (unshare and setns
+// move only its children).
+std::uint32_t own_pidns() noexcept {
+  struct stat st {};
+  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<std::uint32_t>(st.st_ino);
+}
+
 void vlog(const char* fmt, va_list ap) noexcept {
   char msg[512];
   std::vsnprintf(msg, sizeof msg, fmt, ap);
@@ -99,6 +113,7 @@ class Channel {
     ring::store_relaxed(d->guest_vector, vector_);
     ring::store_relaxed(d->guest_owner, (std::uint64_t{static_cast<std::uint32_t>(::getpid())} << 32) |
                                             static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+    ring::store_relaxed(d->guest_pidns, own_pidns());
     // A new claim: in a VM the host gives the channel to this process's
     // worker (the release of the mask bit below publishes both).
     ring::store_relaxed(d->guest_claim, ring::load_relaxed(d->guest_claim) + 1);
@@ -159,8 +174,12 @@ class Channel {
  private:
   bool host_gone() {
     // In a VM each process has a worker of its own, which can die alone.
-    if (ring::load_acquire(ring::channel_desc(rt_.bar(), rt_.layout_, index_)->host_lost) != 0) {
-      rt_.mark_dead("the worker serving this process is gone");
+    const std::uint64_t lost = ring::load_acquire(ring::channel_desc(rt_.bar(), rt_.layout_, index_)->host_lost);
+    if (lost != 0) {
+      rt_.mark_dead(lost == abi::kHostLostRefused
+                        ? "ivcudad serves no more processes of this VM (its --max-workers-per-guest or "
+                          "--max-guests-per-uid)"
+                        : "the worker serving this process is gone");
       return true;
     }
     return rt_.host_gone();
@@ -405,6 +424,7 @@ CUresult Runtime::connect() {
   pid_ = ::getpid();
   h.pid = static_cast<std::uint32_t>(::getpid());
   h.ppid = static_cast<std::uint32_t>(::getppid());
+  h.pidns = own_pidns();
   st = call<proto::Op::kHello>(h, {}, &hello_);
   if (st != CUDA_SUCCESS) {
     log_line("ivcudad refused this library (protocol %u): CUresult %d", proto::kProtoVersion, st);

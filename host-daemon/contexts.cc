@@ -31,6 +31,15 @@ CUresult Worker::on_Hello(Call& c) {
                    c.ch.index, r.pid, mine);
       return CUDA_ERROR_NOT_PERMITTED;
     }
+    // ...or a process with the same pid in another PID namespace (another
+    // container of the VM): the channel was claimed for this worker's.
+    const std::uint32_t ns = cfg_.vm->slot(cfg_.vm_slot).guest_pidns.load();
+    if (IVCUDA_RULE("vm-process-pidns") && r.pidns != ns) {
+      if (errors_logged_++ < 100)
+        IVLOG_WARN("guest %u channel %u: process %u of pid namespace %u says hello on a channel of pid namespace %u; "
+                   "refused", cfg_.guest_id, c.ch.index, r.pid, r.pidns, ns);
+      return CUDA_ERROR_NOT_PERMITTED;
+    }
   }
   hello_pid_ = r.pid;  // process mode: the guest's pid in NVML's process lists (nvml.cc)
   RepHello rep{};

@@ -60,6 +60,10 @@ ivcuda::host::Worker* g_worker = nullptr;
 
 void on_hangup(int) { g_reload = 1; }
 
+// The per-uid books of workers (worker_budget.h), made before the daemon
+// forks anything, so that every connection's process has them.
+ivcuda::host::WorkerBudget* g_budget = nullptr;
+
 void on_signal(int) {
   g_stop = 1;
   if (g_worker != nullptr) g_worker->stop();
@@ -86,6 +90,7 @@ struct Options {
   std::uint32_t share_slots = ivcuda::host::ShareRegistry::kDefaultSlots;           // per tenant
   std::uint32_t share_slots_guest = ivcuda::host::ShareRegistry::kDefaultPerGuest;  // per guest
   std::uint32_t vm_spares = 1;
+  std::uint32_t max_workers_per_guest = 8;  // a VM's workers at once, spares included
   unsigned warm_workers = 1;  // per socket: started ahead of the next guest
   std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
@@ -365,6 +370,9 @@ ivcuda::host::SupervisorConfig supervisor_config(const Options& o, const GuestSe
   cfg.broker_fd = g.broker_fd;
   sc.peer_pid = g.peer_pid;
   sc.spares = o.vm_spares;
+  sc.max_workers = o.max_workers_per_guest;
+  sc.budget = g_budget;
+  sc.uid_limit = o.max_guests_per_uid;
   sc.running = &g_worker;
   sandbox_hooks(o, sc);
   return sc;
@@ -449,6 +457,9 @@ pid_t spawn_plain_worker(const Options& o, const std::vector<int>& gpus, const i
   cfg.poll_interval = std::chrono::microseconds(o.poll_us);
   cfg.broker_fd = broker_end ? broker_end->release() : -1;
   sc.spares = o.vm_spares;
+  sc.max_workers = o.max_workers_per_guest;
+  sc.budget = g_budget;
+  sc.uid_limit = o.max_guests_per_uid;
   sc.running = &g_worker;
   sandbox_hooks(o, sc);
   ::_exit(ivcuda::host::run_supervisor(std::move(sc), &g_stop));
@@ -604,7 +615,13 @@ void define_options(CLI::App& app, Options& o) {
   app.add_option("--max-guests", o.max_guests, "guests served at once")->capture_default_str();
   app.add_option("--max-guests-per-uid", o.max_guests_per_uid,
                  "guests served at once for one connecting user id (0: no limit besides --max-guests); "
-                 "each guest pins --shm-size of RAM")
+                 "each guest pins --shm-size of RAM and counts one, and each further worker of a VM that "
+                 "serves a process one more (each holds a GPU context)")
+      ->capture_default_str();
+  app.add_option("--max-workers-per-guest", o.max_workers_per_guest,
+                 "worker processes one VM may have at once, spare workers included (a VM's CUDA process gets "
+                 "a worker each; each holds a context on every GPU); a process past it is refused")
+      ->check(CLI::Range(1u, ivcuda::host::VmShared::kMaxSlots))
       ->capture_default_str();
   app.add_option("--plain-file", o.plain_files,
                  "serve an ivshmem-plain guest through this memory file (QEMU: memory-backend-file, "
@@ -919,10 +936,12 @@ int main(int argc, char** argv) {
       listeners.size(), {clk::time_point{}, std::chrono::seconds(1)});
   std::set<pid_t> warm_let_go;  // entries told to go, not reaped yet
   bool warm_stale = false;      // a reload changed what they were started with
-  auto guests_of = [&](uid_t uid) {
-    return static_cast<unsigned>(std::count_if(workers.begin(), workers.end(),
-                                               [&](const auto& w) { return w.second.uid == uid; }));
-  };
+  auto budget = ivcuda::host::WorkerBudget::create(o.max_guests + static_cast<std::uint32_t>(o.plain_files.size()) + 1);
+  if (!budget) {
+    IVLOG_ERROR("cannot map the books of workers per uid: %s", std::strerror(errno));
+    return 1;
+  }
+  g_budget = budget.get();
   // Guest numbers are the daemon's, across its sockets (each socket's
   // ivshmem server would count from 1): logs, status and evict use them.
   std::int64_t last_id = 0;
@@ -1263,6 +1282,7 @@ int main(int argc, char** argv) {
                                          broker, [&] { forget_in_child(mine); },
                                          driver_env(o.compute, o.mem_limit, gpus));
     if (pid < 0) return 1;
+    budget->admit(::getuid(), 0).bind(pid);  // the operator's: counted, never refused
     Served s;
     s.id = id;
     s.uid = ::getuid();
@@ -1298,6 +1318,7 @@ int main(int argc, char** argv) {
         pools[li].erase(w);
       }
       if (was_warm) continue;
+      budget->release(pid);
       auto it = workers.find(pid);
       const long long id = it == workers.end() ? -1 : it->second.id;
       if (WIFSIGNALED(status))
@@ -1411,9 +1432,11 @@ int main(int argc, char** argv) {
         IVLOG_WARN("refusing a guest on %s: SO_PEERCRED: %s", l.path.c_str(), std::strerror(errno));
         continue;
       }
-      if (IVCUDA_RULE("guests-per-uid") && o.max_guests_per_uid != 0 && guests_of(cred.uid) >= o.max_guests_per_uid) {
-        IVLOG_WARN("refusing a guest of uid %u (pid %d): it has %u guests already (--max-guests-per-uid)",
-                   static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), o.max_guests_per_uid);
+      auto unit = budget->admit(cred.uid, IVCUDA_RULE("guests-per-uid") ? o.max_guests_per_uid : 0);
+      if (!unit) {
+        IVLOG_WARN("refusing a guest of uid %u (pid %d): its guests and their workers count %u already "
+                   "(--max-guests-per-uid %u)", static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid),
+                   budget->used(cred.uid), o.max_guests_per_uid);
         ++refused;
         continue;
       }
@@ -1489,6 +1512,7 @@ int main(int argc, char** argv) {
           ::_exit(run_worker(o, g));
         }
       }
+      unit.bind(pid);
       Served s;
       s.id = id;
       s.uid = cred.uid;

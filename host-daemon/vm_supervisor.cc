@@ -27,112 +27,131 @@ namespace ivcuda::host {
 
 VmShared* VmShared::create(const ring::Layout& l) {
   const std::uint64_t pages = ring::pool_size(l) / kPage;
-  const std::size_t bytes = sizeof(Header) + pages * sizeof(std::uint16_t);
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;  // zero-filled: no owners, no slots
-  auto* h = new (p) Header{};
-  pthread_mutexattr_t a;
-  ::pthread_mutexattr_init(&a);
-  ::pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-  ::pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-  ::pthread_mutex_init(&h->pool_mu, &a);
-  ::pthread_mutexattr_destroy(&a);
-  h->pool_off = ring::pool_off(l);
-  h->pages = pages;
-  return reinterpret_cast<VmShared*>(p);
+  const std::size_t bytes = sizeof(Header) + pages * sizeof(std::uint32_t);
+  // A named memfd rather than anonymous memory: /proc/PID/maps then says
+  // what the mapping is.
+  auto fd = sys::make_memfd("ivcuda-vm", bytes);
+  if (!fd) {
+    errno = fd.error().code;
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
+  if (p == MAP_FAILED) return nullptr;  // zero-filled: no owners, no slots, epoch 0 everywhere
+  auto* vm = new (std::nothrow) VmShared();
+  if (vm == nullptr) {
+    ::munmap(p, bytes);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  vm->hdr_ = new (p) Header{};
+  vm->page_owner_ = reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::byte*>(p) + sizeof(Header));
+  vm->pool_off_ = ring::pool_off(l);
+  vm->pages_ = pages;
+  return vm;
 }
 
-bool VmShared::lock() noexcept {
-  const int rc = ::pthread_mutex_lock(&hdr_()->pool_mu);
-  // A worker died holding it: the page owners are updated one store at a
-  // time and stay meaningful, so the state is consistent as it is.
-  if (rc == EOWNERDEAD) ::pthread_mutex_consistent(&hdr_()->pool_mu);
-  return rc == 0 || rc == EOWNERDEAD;
+static_assert(sizeof(VmShared::Slot) % alignof(std::uint64_t) == 0);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free && std::atomic<std::uint64_t>::is_always_lock_free);
+
+// A page is free when nobody tagged it, when its tag names no slot (a
+// worker scribbled), or when the tag's epoch is not the slot's any more
+// (its worker is gone). A worker's own slot's epoch is the one it forked
+// with; the others' are read from the shared slots, where only the
+// supervisor writes them (a worker that lies there frees or withholds pages
+// of its own VM, nothing else).
+bool VmShared::is_free(std::uint32_t owner) const noexcept {
+  const std::uint32_t s1 = owner & ((1u << kSlotBits) - 1);
+  if (owner == 0 || s1 == 0 || s1 > kMaxSlots) return true;
+  const std::uint32_t epoch = hdr_->slots[s1 - 1].epoch.load(std::memory_order_acquire);
+  return (owner >> kSlotBits) != (epoch & ((1u << (32 - kSlotBits)) - 1));
 }
-void VmShared::unlock() noexcept { ::pthread_mutex_unlock(&hdr_()->pool_mu); }
 
 std::optional<std::uint64_t> VmShared::pool_allocate(std::uint64_t bytes, std::uint32_t s) {
-  Header* h = hdr_();
   if (bytes == 0 || s >= kMaxSlots) return std::nullopt;
   const std::uint64_t need = (bytes + kPage - 1) / kPage;
-  if (need > h->pages || !lock()) return std::nullopt;
-  std::uint16_t* own = page_owner();
-  std::optional<std::uint64_t> got;
-  for (std::uint64_t i = 0, run = 0; i < h->pages; ++i) {
-    run = own[i] == 0 ? run + 1 : 0;
-    if (run == need) {
-      const std::uint64_t first = i + 1 - need;
-      for (std::uint64_t k = first; k <= i; ++k) own[k] = static_cast<std::uint16_t>(s + 1);
-      got = h->pool_off + first * kPage;
-      break;
+  if (need > pages_) return std::nullopt;
+  const std::uint32_t mine = tag(s, epoch_[s]);
+  // First fit over the pages seen free, then each claimed by CAS; a page
+  // another worker took meanwhile gives back those already claimed and the
+  // search goes on past it.
+  for (std::uint64_t i = 0, run = 0; i < pages_; ++i) {
+    run = is_free(page_owner_[i].load(std::memory_order_acquire)) ? run + 1 : 0;
+    if (run != need) continue;
+    const std::uint64_t first = i + 1 - need;
+    std::uint64_t k = first;
+    for (; k <= i; ++k) {
+      std::uint32_t cur = page_owner_[k].load(std::memory_order_acquire);
+      if (!is_free(cur) || !page_owner_[k].compare_exchange_strong(cur, mine, std::memory_order_acq_rel)) break;
     }
+    if (k > i) return pool_off_ + first * kPage;
+    for (std::uint64_t u = first; u < k; ++u) page_owner_[u].store(0, std::memory_order_release);
+    run = 0;
   }
-  unlock();
-  return got;
+  return std::nullopt;
 }
 
 bool VmShared::pool_free(std::uint64_t off, std::uint64_t bytes, std::uint32_t s) {
-  Header* h = hdr_();
-  if (off < h->pool_off || (off - h->pool_off) % kPage != 0 || bytes == 0) return false;
-  const std::uint64_t first = (off - h->pool_off) / kPage, n = (bytes + kPage - 1) / kPage;
-  if (first >= h->pages || n > h->pages - first || !lock()) return false;
-  std::uint16_t* own = page_owner();
-  bool mine = true;
-  for (std::uint64_t k = first; k < first + n && mine; ++k) mine = own[k] == s + 1;
-  if (mine)
-    for (std::uint64_t k = first; k < first + n; ++k) own[k] = 0;
-  unlock();
-  return mine;
+  if (s >= kMaxSlots || off < pool_off_ || (off - pool_off_) % kPage != 0 || bytes == 0) return false;
+  const std::uint64_t first = (off - pool_off_) / kPage, n = (bytes + kPage - 1) / kPage;
+  if (first >= pages_ || n > pages_ - first) return false;
+  const std::uint32_t mine = tag(s, epoch_[s]);
+  for (std::uint64_t k = first; k < first + n; ++k)
+    if (page_owner_[k].load(std::memory_order_acquire) != mine) return false;
+  // Ours: no other worker claims a page that is not free.
+  for (std::uint64_t k = first; k < first + n; ++k) page_owner_[k].store(0, std::memory_order_release);
+  return true;
 }
 
-std::uint64_t VmShared::pool_release_all(std::uint32_t s) {
-  Header* h = hdr_();
-  if (!lock()) return 0;
-  std::uint16_t* own = page_owner();
-  std::uint64_t freed = 0;
-  for (std::uint64_t k = 0; k < h->pages; ++k)
-    if (own[k] == s + 1) {
-      own[k] = 0;
-      freed += kPage;
-    }
-  unlock();
-  return freed;
+std::uint64_t VmShared::pool_held(std::uint32_t s) const noexcept {
+  if (s >= kMaxSlots) return 0;
+  const std::uint32_t t = tag(s, epoch_[s]);
+  std::uint64_t held = 0;
+  for (std::uint64_t k = 0; k < pages_; ++k)
+    if (page_owner_[k].load(std::memory_order_relaxed) == t) held += kPage;
+  return held;
 }
 
-// Under the pool's mutex, so that two workers charging at once cannot both
-// pass the limit; the counters are atomics so that readers need no lock.
+void VmShared::retire_slot(std::uint32_t s) noexcept {
+  if (s >= kMaxSlots) return;
+  epoch_[s] = (epoch_[s] + 1) & ((1u << (32 - kSlotBits)) - 1);
+  hdr_->slots[s].epoch.store(epoch_[s], std::memory_order_release);
+}
+
+// The VM's total is one counter, so that two workers charging at once
+// cannot both pass the limit; the slots' counters say whose the bytes are,
+// so that a reaped worker's bytes return to the VM.
 bool VmShared::mem_charge(std::uint32_t s, std::uint64_t bytes, std::uint64_t limit) noexcept {
-  if (s >= kMaxSlots || !lock()) return false;
-  bool ok = true;
-  if (limit != 0) {
-    std::uint64_t used = 0;
-    for (std::uint32_t i = 0; i < kMaxSlots; ++i) used += slot(i).mem.load(std::memory_order_relaxed);
-    ok = bytes <= limit && used <= limit - bytes;
-  }
-  if (ok) slot(s).mem.fetch_add(bytes, std::memory_order_relaxed);
-  unlock();
-  return ok;
+  if (s >= kMaxSlots) return false;
+  std::atomic<std::uint64_t>& total = hdr_->mem_total;
+  std::uint64_t cur = total.load(std::memory_order_relaxed);
+  do {
+    if (limit != 0 && (bytes > limit || cur > limit - bytes)) return false;
+  } while (!total.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  slot(s).mem.fetch_add(bytes, std::memory_order_relaxed);
+  return true;
 }
 
 std::uint64_t VmShared::mem_uncharge(std::uint32_t s, std::uint64_t bytes) noexcept {
-  if (s >= kMaxSlots || !lock()) return 0;
+  if (s >= kMaxSlots) return 0;
   std::atomic<std::uint64_t>& m = slot(s).mem;
-  const std::uint64_t off = std::min(bytes, m.load(std::memory_order_relaxed));
-  m.store(m.load(std::memory_order_relaxed) - off, std::memory_order_relaxed);
-  unlock();
+  std::uint64_t cur = m.load(std::memory_order_relaxed), off = 0;
+  do {
+    off = std::min(bytes, cur);
+  } while (!m.compare_exchange_weak(cur, cur - off, std::memory_order_relaxed));
+  hdr_->mem_total.fetch_sub(off, std::memory_order_relaxed);
   return off;
 }
 
-std::uint64_t VmShared::mem_used() noexcept {
-  std::uint64_t used = 0;
-  for (std::uint32_t i = 0; i < kMaxSlots; ++i) used += slot(i).mem.load(std::memory_order_relaxed);
-  return used;
-}
+std::uint64_t VmShared::mem_used() noexcept { return hdr_->mem_total.load(std::memory_order_relaxed); }
 
 std::uint64_t VmShared::mem_release_all(std::uint32_t s) noexcept {
-  if (s >= kMaxSlots || !lock()) return 0;
+  if (s >= kMaxSlots) return 0;
   const std::uint64_t bytes = slot(s).mem.exchange(0, std::memory_order_relaxed);
-  unlock();
+  // A worker may have written anything into its counter: the total never
+  // goes below zero for it.
+  std::uint64_t cur = hdr_->mem_total.load(std::memory_order_relaxed);
+  while (!hdr_->mem_total.compare_exchange_weak(cur, cur - std::min(cur, bytes), std::memory_order_relaxed)) {
+  }
   return bytes;
 }
 
@@ -141,6 +160,30 @@ std::uint64_t VmShared::mem_release_all(std::uint32_t s) noexcept {
 namespace {
 
 using clock = std::chrono::steady_clock;
+
+// Worker starts per connection: a burst, then one every kStartEvery. A
+// start loads the driver, makes a context on each GPU and registers the
+// arena (a second or more on a real GPU); without a bound, forged exit
+// notices made a supervisor start and kill workers as fast as it could fork.
+constexpr std::uint32_t kStartBurst = 8;
+constexpr auto kStartEvery = std::chrono::milliseconds(500);
+
+// Whether a claim is process `served`'s: the same pid in the same PID
+// namespace (a claim that does not say its namespace is a process of the
+// namespace "not said").
+bool same_process(const GuestProcess& claim, const GuestProcess& served) {
+  if (!IVCUDA_RULE("vm-process-pidns")) return claim.pid == served.pid;
+  return claim == served;
+}
+
+// Whether an exit notice is for process `served`. A notice from a guest
+// kernel driver of ABI minor <= 3, or a process whose library did not say
+// its namespace, matches by pid alone, as before namespaces were told apart.
+bool notice_for(const GuestProcess& notice, const GuestProcess& served) {
+  if (notice.pid != served.pid) return false;
+  if (!IVCUDA_RULE("vm-process-pidns")) return true;
+  return notice.pidns == served.pidns || notice.pidns == 0 || served.pidns == 0;
+}
 
 void drain_eventfd(int fd) {
   std::uint64_t v;
@@ -172,11 +215,16 @@ class Supervisor {
  private:
   struct WorkerProc {
     pid_t pid = 0;
+    GuestProcess guest;    // whom it serves ({}: a spare); VmShared's slot is a copy for the worker
     sys::UniqueFd kick;    // eventfd the worker sleeps on; we write it
     sys::UniqueFd life;    // write end of a pipe: the worker sees it hang up when we go
     bool reclaim_guest = false;  // its process exited: free the process's channels too
     clock::time_point killed{};
   };
+  // What becomes of a claim: served by a worker, tried again on a later
+  // pass (no start token yet, or a fork that failed), or refused for good.
+  enum class Placed { kServed, kLater, kRefused };
+  enum class Start { kOk, kLater, kFull };
 
   int serve_in_process();
   int serve_by_warm();
@@ -190,12 +238,20 @@ class Supervisor {
   void reap();
   void finish_slot(std::uint32_t s, int status);
   void read_exit_notices();
-  void process_exited(std::int32_t pid);
+  void process_exited(const GuestProcess& who);
+  void sync_owners();
+  GuestProcess claimant(std::uint32_t c);
   void scan_channels();
+  void refuse(std::uint32_t c, std::uint64_t claim, const GuestProcess& who);
   void relay_doorbells();
   void keep_spares();
-  std::optional<std::uint32_t> slot_for(std::int32_t guest_pid);
-  bool start_worker(std::uint32_t s, std::int32_t guest_pid);
+  Placed place(const GuestProcess& who, std::uint32_t* slot);
+  Start may_start();
+  std::uint32_t process_workers() const;
+  std::uint32_t dying() const;
+  bool take_unit();
+  void give_units();
+  bool start_worker(std::uint32_t s, const GuestProcess& who);
   void free_guest_channel(std::uint32_t c);
   void bump_version() { vm_->version().fetch_add(1, std::memory_order_acq_rel); }
   abi::Superblock* sb() { return ring::superblock(bar_.data()); }
@@ -209,6 +265,16 @@ class Supervisor {
   VmShared* vm_ = nullptr;
   sys::UniqueFd notify_;
   std::vector<WorkerProc> procs_ = std::vector<WorkerProc>(VmShared::kMaxSlots);
+  // Per channel, the supervisor's own: which slot + 1 serves it (0: none),
+  // and the claim it was last given out or refused for (a channel a worker
+  // released is not given out again until it is claimed anew).
+  std::vector<std::uint32_t> owner_;
+  std::vector<std::uint64_t> bound_claim_;
+  std::uint32_t extra_units_ = 0;  // taken from the per-uid budget (worker_budget.h)
+  std::uint32_t tokens_ = kStartBurst;
+  clock::time_point tokens_at_ = clock::now();
+  std::uint64_t refusals_ = 0;
+  const char* refused_why_ = "";
   std::uint32_t exit_seen_ = 0;
   bool hung_up_ = false;
   clock::time_point spares_paused_until_{};
@@ -272,10 +338,13 @@ bool Supervisor::become_vm() {
     return false;
   }
   notify_ = std::move(*efd);
+  owner_.assign(l_.channels, 0);
+  bound_claim_.assign(l_.channels, 0);
   if (GuestStats* b = cfg_.worker.stats)
     b->mode.store(static_cast<std::uint32_t>(cfg_.worker.poll_only ? GuestMode::kPlain : GuestMode::kVm),
                   std::memory_order_relaxed);
-  IVLOG_INFO("guest %u: a VM; one worker per guest process (%u kept ready)", guest_id(), cfg_.spares);
+  IVLOG_INFO("guest %u: a VM; one worker per guest process (%u kept ready, at most %u at once)", guest_id(),
+             cfg_.spares, cfg_.max_workers);
   return true;
 }
 
@@ -338,6 +407,8 @@ int Supervisor::serve_in_process() {
     wc.stats->processes.store(1, std::memory_order_relaxed);
   }
   if (broker_.connected()) wc.broker_fd = broker_.release();
+  // This process becomes the worker: the daemon's books are not a worker's.
+  if (IVCUDA_RULE("worker-no-budget-books") && cfg_.budget != nullptr) cfg_.budget->unmap_in_child();
   if (cfg_.before_start)
     if (auto st = cfg_.before_start(wc); !st) {
       IVLOG_ERROR("guest %u: cannot sandbox the worker: %s", guest_id(), st.error().what.c_str());
@@ -406,27 +477,23 @@ void Supervisor::wait_for_events() {
 void Supervisor::loop() {
   while (*stop_ == 0 && !hung_up_) {
     reap();
+    sync_owners();
     read_exit_notices();
     scan_channels();
     relay_doorbells();
     keep_spares();
-    if (GuestStats* b = cfg_.worker.stats) {
-      std::uint32_t n = 0;
-      for (std::uint32_t s = 0; s < procs_.size(); ++s)
-        if (procs_[s].pid > 0 && vm_->slot(s).guest_pid.load() != 0) ++n;
-      b->processes.store(n, std::memory_order_relaxed);
-    }
+    if (GuestStats* b = cfg_.worker.stats) b->processes.store(process_workers(), std::memory_order_relaxed);
     wait_for_events();
   }
 }
 
 // ------------------------------------------------------------------ workers
 
-bool Supervisor::start_worker(std::uint32_t s, std::int32_t guest_pid) {
+bool Supervisor::start_worker(std::uint32_t s, const GuestProcess& who) {
   auto kick = sys::make_eventfd(true);
   int life[2];
   if (!kick || ::pipe2(life, O_CLOEXEC) != 0) {
-    IVLOG_ERROR("guest %u: no worker for process %d: %s", guest_id(), guest_pid, std::strerror(errno));
+    IVLOG_ERROR("guest %u: no worker for process %d: %s", guest_id(), who.pid, std::strerror(errno));
     return false;
   }
   sys::UniqueFd life_r(life[0]), life_w(life[1]);
@@ -435,27 +502,33 @@ bool Supervisor::start_worker(std::uint32_t s, std::int32_t guest_pid) {
     auto got = broker_.new_line();
     if (got) line = std::move(*got);
     else IVLOG_WARN("guest %u: no fd broker line (%s): process %d can import only its own exports", guest_id(),
-                    got.error().what.c_str(), guest_pid);
+                    got.error().what.c_str(), who.pid);
   }
   auto& slot = vm_->slot(s);
-  slot.guest_pid.store(guest_pid);
+  slot.guest_pid.store(who.pid);
+  slot.guest_pidns.store(who.pidns);
   slot.ready.store(0);
   const pid_t pid = ::fork();
   if (pid < 0) {
     IVLOG_ERROR("guest %u: fork: %s", guest_id(), std::strerror(errno));
     slot.guest_pid.store(0);
+    slot.guest_pidns.store(0);
     return false;
   }
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     // Nothing of the other workers', nor the VM's doorbells: the supervisor
-    // passes those on.
+    // passes those on. Nor the supervisor's own broker line, whose answers
+    // (the other workers' new lines) are the supervisor's, nor the daemon's
+    // books of workers per uid: this worker has the line made for it.
     for (auto& p : procs_) {
       p.kick.reset();
       p.life.reset();
     }
     life_w.reset();
     bar_ = sys::Mapping{};
+    if (IVCUDA_RULE("vm-worker-own-broker-line")) broker_ = BrokerClient{};
+    if (IVCUDA_RULE("worker-no-budget-books") && cfg_.budget != nullptr) cfg_.budget->unmap_in_child();
     WorkerConfig wc = cfg_.worker;
     for (const int fd : wc.host_fds) ::close(fd);
     if (wc.conn_fd >= 0) ::close(wc.conn_fd);  // the VM's socket is the supervisor's to watch
@@ -486,38 +559,118 @@ bool Supervisor::start_worker(std::uint32_t s, std::int32_t guest_pid) {
     ::_exit((*w)->run());
   }
   slot.worker_pid.store(pid);
-  procs_[s] = WorkerProc{pid, std::move(*kick), std::move(life_w), false, {}};
-  if (guest_pid != 0)
-    IVLOG_INFO("guest %u: process %d is served by worker pid %d", guest_id(), guest_pid, static_cast<int>(pid));
+  procs_[s] = WorkerProc{pid, who, std::move(*kick), std::move(life_w), false, {}};
+  if (who.pid != 0)
+    IVLOG_INFO("guest %u: process %d (pid namespace %u) is served by worker pid %d", guest_id(), who.pid, who.pidns,
+               static_cast<int>(pid));
   return true;
 }
 
-std::optional<std::uint32_t> Supervisor::slot_for(std::int32_t guest_pid) {
+std::uint32_t Supervisor::dying() const {
+  return static_cast<std::uint32_t>(
+      std::count_if(procs_.begin(), procs_.end(), [](const WorkerProc& p) { return p.pid > 0 && p.reclaim_guest; }));
+}
+
+std::uint32_t Supervisor::process_workers() const {
+  return static_cast<std::uint32_t>(
+      std::count_if(procs_.begin(), procs_.end(), [](const WorkerProc& p) { return p.pid > 0 && p.guest.pid != 0; }));
+}
+
+// Whether another worker may start now: at most --max-workers-per-guest at
+// once, spares included, and no faster than the start tokens come. A
+// worker killed for its process's exit but not reaped yet still counts; the
+// claim waits for it rather than be refused.
+Supervisor::Start Supervisor::may_start() {
+  const auto live = static_cast<std::uint32_t>(
+      std::count_if(procs_.begin(), procs_.end(), [](const WorkerProc& p) { return p.pid > 0; }));
+  if (live >= VmShared::kMaxSlots) return Start::kFull;
+  if (IVCUDA_RULE("vm-workers-per-guest") && live >= cfg_.max_workers)
+    return live - dying() >= cfg_.max_workers ? Start::kFull : Start::kLater;
+  const auto now = clock::now();
+  if (tokens_ >= kStartBurst) {
+    tokens_at_ = now;
+  } else if (const auto n = (now - tokens_at_) / kStartEvery; n > 0) {
+    tokens_ = static_cast<std::uint32_t>(std::min<std::int64_t>(kStartBurst, tokens_ + n));
+    tokens_at_ += n * kStartEvery;
+  }
+  if (!IVCUDA_RULE("vm-worker-start-rate")) return Start::kOk;
+  if (tokens_ == 0) return Start::kLater;
+  --tokens_;
+  return Start::kOk;
+}
+
+// A VM's first worker that serves a process is the connection's own unit
+// of its uid's budget, which the daemon took when it admitted the
+// connection; every further one takes a unit (worker_budget.h).
+bool Supervisor::take_unit() {
+  if (process_workers() == 0 || cfg_.budget == nullptr || cfg_.uid_limit == 0) return true;
+  if (!IVCUDA_RULE("vm-workers-uid-budget")) return true;
+  if (!cfg_.budget->take(cfg_.uid_limit)) return false;
+  ++extra_units_;
+  return true;
+}
+
+// After a worker that served a process is gone: back to one unit per
+// process beyond the first.
+void Supervisor::give_units() {
+  const std::uint32_t p = process_workers();
+  while (extra_units_ > (p > 0 ? p - 1 : 0)) {
+    cfg_.budget->give();
+    --extra_units_;
+  }
+}
+
+// The worker for process `who`: its own, a spare, or a new one.
+Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slot) {
   for (std::uint32_t s = 0; s < procs_.size(); ++s)
-    if (procs_[s].pid > 0 && vm_->slot(s).guest_pid.load() == guest_pid && !procs_[s].reclaim_guest) return s;
-  // A worker started ahead takes the process.
-  for (std::uint32_t s = 0; s < procs_.size(); ++s)
-    if (procs_[s].pid > 0 && vm_->slot(s).guest_pid.load() == 0) {
-      vm_->slot(s).guest_pid.store(guest_pid);
-      IVLOG_INFO("guest %u: process %d is served by worker pid %d", guest_id(), guest_pid,
-                 static_cast<int>(procs_[s].pid));
-      return s;
+    if (procs_[s].pid > 0 && !procs_[s].reclaim_guest && same_process(who, procs_[s].guest)) {
+      *slot = s;
+      return Placed::kServed;
     }
-  for (std::uint32_t s = 0; s < procs_.size(); ++s)
-    if (procs_[s].pid == 0) {
-      if (start_worker(s, guest_pid)) return s;
-      return std::nullopt;
+  std::uint32_t spare = VmShared::kMaxSlots, free = VmShared::kMaxSlots;
+  for (std::uint32_t s = 0; s < procs_.size(); ++s) {
+    if (procs_[s].pid > 0 && procs_[s].guest.pid == 0 && spare == VmShared::kMaxSlots) spare = s;
+    if (procs_[s].pid == 0 && free == VmShared::kMaxSlots) free = s;
+  }
+  if (spare == VmShared::kMaxSlots) {
+    refused_why_ = "the VM has all the workers it may have (--max-workers-per-guest)";
+    if (free == VmShared::kMaxSlots) return Placed::kRefused;
+    switch (may_start()) {
+      case Start::kFull: return Placed::kRefused;
+      case Start::kLater: return Placed::kLater;
+      case Start::kOk: break;
     }
-  return std::nullopt;
+  }
+  refused_why_ = "its user id has all the workers it may have (--max-guests-per-uid)";
+  if (!take_unit()) return dying() != 0 ? Placed::kLater : Placed::kRefused;  // a unit comes back with it
+  if (spare != VmShared::kMaxSlots) {
+    // A worker started ahead takes the process.
+    procs_[spare].guest = who;
+    vm_->slot(spare).guest_pid.store(who.pid);
+    vm_->slot(spare).guest_pidns.store(who.pidns);
+    IVLOG_INFO("guest %u: process %d (pid namespace %u) is served by worker pid %d", guest_id(), who.pid, who.pidns,
+               static_cast<int>(procs_[spare].pid));
+    *slot = spare;
+    return Placed::kServed;
+  }
+  if (!start_worker(free, who)) {
+    give_units();
+    return Placed::kLater;
+  }
+  *slot = free;
+  return Placed::kServed;
 }
 
 void Supervisor::keep_spares() {
   if (clock::now() < spares_paused_until_) return;
   std::uint32_t have = 0;
-  for (std::uint32_t s = 0; s < procs_.size(); ++s)
-    if (procs_[s].pid > 0 && vm_->slot(s).guest_pid.load() == 0) ++have;
-  for (std::uint32_t s = 0; s < procs_.size() && have < cfg_.spares; ++s)
-    if (procs_[s].pid == 0 && start_worker(s, 0)) ++have;
+  for (const WorkerProc& p : procs_)
+    if (p.pid > 0 && p.guest.pid == 0) ++have;
+  for (std::uint32_t s = 0; s < procs_.size() && have < cfg_.spares; ++s) {
+    if (procs_[s].pid != 0) continue;
+    if (may_start() != Start::kOk) return;  // at the bound, or no token: processes come first
+    if (start_worker(s, GuestProcess{})) ++have;
+  }
 }
 
 void Supervisor::reap() {
@@ -537,16 +690,18 @@ void Supervisor::reap() {
 void Supervisor::finish_slot(std::uint32_t s, int status) {
   WorkerProc& p = procs_[s];
   auto& slot = vm_->slot(s);
-  const std::int32_t guest_pid = slot.guest_pid.load();
+  const GuestProcess guest = p.guest;
   unsigned channels = 0;
-  for (std::uint32_t c = 0; c < l_.channels; ++c) {
-    if (vm_->owner(c).load() != s + 1) continue;
+  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
+    if (owner_[c] != s + 1) continue;
     ++channels;
+    owner_[c] = 0;
     vm_->owner(c).store(0);
     if (p.reclaim_guest) free_guest_channel(c);
-    else ring::store_release(ring::channel_desc(bar_.data(), l_, c)->host_lost, std::uint64_t{1});
+    else ring::store_release(ring::channel_desc(bar_.data(), l_, c)->host_lost, abi::kHostLostDied);
   }
-  const std::uint64_t pinned = vm_->pool_release_all(s);
+  const std::uint64_t pinned = vm_->pool_held(s);
+  vm_->retire_slot(s);  // what it held of the pool is free now
   // The worker's process is gone, and with it every byte of device memory it
   // held: what was charged for them returns to the VM's quota.
   const std::uint64_t charged = vm_->mem_release_all(s);
@@ -554,25 +709,27 @@ void Supervisor::finish_slot(std::uint32_t s, int status) {
   if (p.reclaim_guest) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - p.killed).count();
     IVLOG_INFO("guest %u: process %d exited; reclaimed its worker pid %d in %lld ms (%u channel(s), %llu KiB "
-               "page-locked, %llu KiB of device memory)", guest_id(), guest_pid, static_cast<int>(p.pid),
+               "page-locked, %llu KiB of device memory)", guest_id(), guest.pid, static_cast<int>(p.pid),
                static_cast<long long>(ms), channels, static_cast<unsigned long long>(pinned >> 10),
                static_cast<unsigned long long>(charged >> 10));
   } else if (WIFSIGNALED(status)) {
     IVLOG_WARN("guest %u: the worker of process %d (pid %d) died of signal %d; that process's calls fail, the "
-               "VM's other processes are unaffected", guest_id(), guest_pid, static_cast<int>(p.pid),
+               "VM's other processes are unaffected", guest_id(), guest.pid, static_cast<int>(p.pid),
                WTERMSIG(status));
-  } else if (guest_pid == 0 && WEXITSTATUS(status) != 0) {
+  } else if (guest.pid == 0 && WEXITSTATUS(status) != 0) {
     // A worker that cannot start will not start a moment later either.
     IVLOG_ERROR("guest %u: a worker failed to start (status %d); retrying in 5 s", guest_id(), WEXITSTATUS(status));
     spares_paused_until_ = clock::now() + std::chrono::seconds(5);
   } else {
-    IVLOG_INFO("guest %u: process %d is done; its worker pid %d ended", guest_id(), guest_pid,
+    IVLOG_INFO("guest %u: process %d is done; its worker pid %d ended", guest_id(), guest.pid,
                static_cast<int>(p.pid));
   }
   slot.guest_pid.store(0);
+  slot.guest_pidns.store(0);
   slot.worker_pid.store(0);
   slot.ready.store(0);
   p = WorkerProc{};
+  give_units();
   bump_version();
 }
 
@@ -596,73 +753,117 @@ void Supervisor::read_exit_notices() {
                "processes release their channels", guest_id(), count - exit_seen_ - abi::kExitSlots);
     exit_seen_ = count - abi::kExitSlots;
   }
-  for (; exit_seen_ != count; ++exit_seen_)
-    process_exited(static_cast<std::int32_t>(ring::load_relaxed(sb()->exit_pid[exit_seen_ % abi::kExitSlots])));
+  // Both read after the count (acquire): the driver wrote them before.
+  for (; exit_seen_ != count; ++exit_seen_) {
+    const std::uint32_t i = exit_seen_ % abi::kExitSlots;
+    process_exited(GuestProcess{static_cast<std::int32_t>(ring::load_relaxed(sb()->exit_pid[i])),
+                                ring::load_relaxed(sb()->exit_pidns[i])});
+  }
 }
 
-// The guest's kernel driver saw process `pid` exit with the device open.
+// The guest's kernel driver saw process `who` exit with the device open.
 // Its worker is killed at once (the driver frees the GPU memory of a process
 // that ends) and the rest is reclaimed when it has been reaped.
-void Supervisor::process_exited(std::int32_t pid) {
-  if (pid <= 0 || !IVCUDA_RULE("reclaim-on-exit")) return;
-  for (std::uint32_t s = 0; s < procs_.size(); ++s) {
-    WorkerProc& p = procs_[s];
-    if (p.pid <= 0 || vm_->slot(s).guest_pid.load() != pid || p.reclaim_guest) continue;
+void Supervisor::process_exited(const GuestProcess& who) {
+  if (who.pid <= 0 || !IVCUDA_RULE("reclaim-on-exit")) return;
+  for (WorkerProc& p : procs_) {
+    if (p.pid <= 0 || p.guest.pid == 0 || p.reclaim_guest || !notice_for(who, p.guest)) continue;
     p.reclaim_guest = true;
     p.killed = clock::now();
     ::kill(p.pid, SIGKILL);
   }
-  // Channels the process claimed but that no worker took yet.
-  for (std::uint32_t c = 0; c < l_.channels; ++c) {
-    if (vm_->owner(c).load() != 0) continue;
+  // Channels the process claimed but that no worker took (yet, or ever).
+  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
+    if (owner_[c] != 0) continue;
     if (!(ring::load_acquire(sb()->active_mask[c / 64]) >> (c % 64) & 1)) continue;
-    if (static_cast<std::int32_t>(ring::load_relaxed(ring::channel_desc(bar_.data(), l_, c)->guest_owner) >> 32) ==
-        pid)
-      free_guest_channel(c);
+    if (notice_for(who, claimant(c))) free_guest_channel(c);
   }
+}
+
+// Workers write the shared owners one way only: a worker that lets a
+// channel go (its process said goodbye on it) sets it to 0. Whatever else
+// one wrote there is put back, so that the other workers see the truth;
+// the supervisor itself acts only on its own copy.
+void Supervisor::sync_owners() {
+  bool changed = false;
+  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
+    const std::uint32_t shared = vm_->owner(c).load();
+    if (shared == owner_[c]) continue;
+    // (Without the rule, the mutant takes whatever a worker wrote there.)
+    if (shared == 0 || !IVCUDA_RULE("vm-supervisor-private-state")) owner_[c] = shared;
+    else vm_->owner(c).store(owner_[c]);
+    changed = true;
+  }
+  if (changed) bump_version();
+}
+
+// The process a channel's claim names. Read after the mask bit (acquire):
+// the guest wrote them before it.
+GuestProcess Supervisor::claimant(std::uint32_t c) {
+  const auto* d = ring::channel_desc(bar_.data(), l_, c);
+  return GuestProcess{static_cast<std::int32_t>(ring::load_relaxed(d->guest_owner) >> 32),
+                      ring::load_relaxed(d->guest_pidns)};
 }
 
 // Gives newly claimed channels to their process's worker, and takes back
 // channels the guest freed without saying goodbye.
 void Supervisor::scan_channels() {
   bool changed = false;
-  for (std::uint32_t c = 0; c < l_.channels; ++c) {
+  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
     const bool active = ring::load_acquire(sb()->active_mask[c / 64]) >> (c % 64) & 1;
-    const std::uint32_t owner = vm_->owner(c).load();
     auto* d = ring::channel_desc(bar_.data(), l_, c);
     if (!active) {
-      if (owner != 0) {
+      if (owner_[c] != 0) {
+        owner_[c] = 0;
         vm_->owner(c).store(0);
         changed = true;
       }
       continue;
     }
-    // Both read after the mask bit (acquire): the guest wrote them before.
     const std::uint64_t claim = ring::load_relaxed(d->guest_claim);
-    if (claim == vm_->bound_claim(c).load()) continue;  // served, or released and not claimed anew
-    const auto pid = static_cast<std::int32_t>(ring::load_relaxed(d->guest_owner) >> 32);
-    if (pid <= 0) continue;
-    const auto s = slot_for(pid);
-    if (!s) {
-      IVLOG_WARN("guest %u: no worker for process %d (all %u in use)", guest_id(), pid, VmShared::kMaxSlots);
+    if (claim == bound_claim_[c]) continue;  // served or refused, or released and not claimed anew
+    const GuestProcess who = claimant(c);
+    if (who.pid <= 0) continue;
+    std::uint32_t s = 0;
+    const Placed placed = place(who, &s);
+    if (placed == Placed::kLater) continue;
+    if (placed == Placed::kRefused) {
+      if (owner_[c] != 0) changed = true;
+      refuse(c, claim, who);
       continue;
     }
     ring::store_release(d->host_lost, std::uint64_t{0});
-    vm_->bound_claim(c).store(claim);
-    vm_->owner(c).store(*s + 1);
+    bound_claim_[c] = claim;
+    owner_[c] = s + 1;
+    vm_->owner(c).store(s + 1);
     changed = true;
-    kick_fd(procs_[*s].kick.get());
+    kick_fd(procs_[s].kick.get());
   }
   if (changed) bump_version();
+}
+
+// No worker for the claim's process: the channel is nobody's, and the
+// guest stops waiting on it (its library answers CUDA_ERROR_DEVICE_UNAVAILABLE).
+// Said in the log for the first claims and every thousandth after: a guest
+// can claim as often as it likes.
+void Supervisor::refuse(std::uint32_t c, std::uint64_t claim, const GuestProcess& who) {
+  bound_claim_[c] = claim;
+  owner_[c] = 0;
+  vm_->owner(c).store(0);
+  ring::store_release(ring::channel_desc(bar_.data(), l_, c)->host_lost, abi::kHostLostRefused);
+  if (refusals_++ % 1000 < 10)
+    IVLOG_WARN("guest %u: no worker for process %d (pid namespace %u): %s; %u serve processes now (%llu refused)",
+               guest_id(), who.pid, who.pidns, refused_why_, process_workers(),
+               static_cast<unsigned long long>(refusals_));
 }
 
 // The guest rings the VM's one host vector; the worker that has work waits
 // on an eventfd of its own.
 void Supervisor::relay_doorbells() {
   bool kick[VmShared::kMaxSlots] = {};
-  for (std::uint32_t c = 0; c < l_.channels; ++c) {
-    const std::uint32_t owner = vm_->owner(c).load();
-    if (owner == 0 || owner > VmShared::kMaxSlots) continue;
+  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
+    const std::uint32_t owner = owner_[c];  // <= kMaxSlots: the supervisor's own
+    if (owner == 0) continue;
     const auto req = ring::request_ring(bar_.data(), l_, c);
     if (ring::load_acquire(req.ctl->tail) != ring::load_relaxed(req.ctl->head)) kick[owner - 1] = true;
   }
@@ -686,6 +887,7 @@ int warm_worker_main(const SupervisorConfig& cfg, int line, volatile sig_atomic_
   WorkerConfig wc = cfg.worker;
   wc.defer_connection = true;
   wc.conn_fd = -1;
+  if (IVCUDA_RULE("worker-no-budget-books") && cfg.budget != nullptr) cfg.budget->unmap_in_child();
   if (cfg.before_start)
     if (auto st = cfg.before_start(wc); !st) {
       IVLOG_ERROR("warm worker g%u: cannot sandbox the worker: %s", id, st.error().what.c_str());

@@ -6,12 +6,19 @@
 // passes the guest's doorbells on to sleeping workers, and reclaims a process
 // the moment the guest's kernel driver reports that it exited.
 //
+// A guest process is what its channels' claims say, (PID namespace, pid): a
+// hint from the guest about its own processes, never trusted further. So
+// that one connection cannot take the host's GPUs with workers, it has at
+// most --max-workers-per-guest of them, starts them at a bounded rate, and
+// every one beyond its first that serves a process counts in its user id's
+// --max-guests-per-uid (worker_budget.h); a process refused a worker sees
+// its channels lost (ChannelDesc::host_lost = kHostLostRefused).
+//
 // A connection whose first channel belongs to the connecting process itself
 // (process mode: the CUDA program is the ivshmem peer) skips all of this and
 // is served by a worker in the supervisor's own process, as before.
 #pragma once
 
-#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
@@ -22,49 +29,74 @@
 #include <vector>
 
 #include "host-daemon/worker.h"
+#include "host-daemon/worker_budget.h"
 #include "ivcuda/result.h"
 #include "ivcuda/shm_abi.h"
 #include "ring/layout.h"
 
 namespace ivcuda::host {
 
+// A guest process of a VM, as the guest names it: its pid and its PID
+// namespace (ABI minor 4; 0: not said). Two containers in one VM may each
+// have a process 1: the namespace tells them apart.
+struct GuestProcess {
+  std::int32_t pid = 0;     // 0: none (a spare worker)
+  std::uint32_t pidns = 0;
+  bool operator==(const GuestProcess&) const = default;
+};
+
 // Host-private memory shared by a VM's supervisor and its workers: a
-// MAP_SHARED anonymous mapping made before any worker forks. The guest
-// never sees it. Which worker serves which channel, which guest process
-// each worker serves, and who holds which pages of the page-locked pool
-// (one arena shared by the VM's processes: any process of the VM maps the
-// whole BAR anyway, so partitioning it would protect nothing).
+// MAP_SHARED mapping (a memfd named "ivcuda-vm") made before any worker
+// forks. The guest never sees it. Which worker serves which channel, which
+// guest process each worker serves, and who holds which pages of the
+// page-locked pool (one arena shared by the VM's processes: any process of
+// the VM maps the whole BAR anyway, so partitioning it would protect
+// nothing).
+//
+// Every worker can write all of it, and a worker parses what its guest
+// process sends: the supervisor, which is not sandboxed, takes no bound,
+// index or lock from it (docs/security.md, "Workers per VM"). The pool's
+// geometry lives in this object, which is each process's own memory (the
+// workers inherit a copy when they fork); the channel owners the
+// supervisor acts on are its own copies, the shared ones only compared
+// against them; and nothing here is locked. Page owners are claimed by
+// compare-and-swap, page by page, and tagged with the slot's epoch: a
+// worker that ends leaves its pages tagged with an epoch that is no longer
+// its slot's, which makes them free, so the supervisor never walks or
+// writes the page table.
 class VmShared {
  public:
   static constexpr std::uint32_t kMaxSlots = abi::kMaxChannels + 8;
   static constexpr std::uint64_t kPage = 4096;
 
   struct Slot {
-    std::atomic<std::int32_t> guest_pid;   // the guest process served (0: a spare)
-    std::atomic<std::int32_t> worker_pid;  // the worker process (0: slot free)
-    std::atomic<std::uint32_t> ready;      // worker: 1 once it serves (driver and arena ready)
+    std::atomic<std::int32_t> guest_pid;     // supervisor: the guest process served (0: a spare)
+    std::atomic<std::int32_t> worker_pid;    // supervisor: the worker process (0: slot free)
+    std::atomic<std::uint32_t> ready;        // worker: 1 once it serves (driver and arena ready)
+    std::atomic<std::uint32_t> guest_pidns;  // supervisor: that process's PID namespace (0: not said)
+    std::atomic<std::uint64_t> mem;          // worker: device memory charged to the VM's quota (quota.h)
+    std::atomic<std::uint32_t> epoch;        // supervisor: bumped each time the slot's worker is gone
     std::atomic<std::uint32_t> reserved;
-    std::atomic<std::uint64_t> mem;        // device memory charged to the VM's quota (quota.h)
   };
 
   // Maps and initialises the memory for layout l; nullptr on failure (errno).
   static VmShared* create(const ring::Layout& l);
 
   // Channel c's worker slot + 1, or 0 when no worker serves it.
-  std::atomic<std::uint32_t>& owner(std::uint32_t c) noexcept { return hdr_()->owner[c]; }
-  // The claim (ChannelDesc::guest_claim) the channel was last given out for:
-  // a channel a worker released is not given out again until it is claimed anew.
-  std::atomic<std::uint64_t>& bound_claim(std::uint32_t c) noexcept { return hdr_()->bound_claim[c]; }
+  std::atomic<std::uint32_t>& owner(std::uint32_t c) noexcept { return hdr_->owner[c]; }
   // Bumped by the supervisor after every change of owners; workers rescan on change.
-  std::atomic<std::uint32_t>& version() noexcept { return hdr_()->version; }
-  Slot& slot(std::uint32_t s) noexcept { return hdr_()->slots[s]; }
+  std::atomic<std::uint32_t>& version() noexcept { return hdr_->version; }
+  Slot& slot(std::uint32_t s) noexcept { return hdr_->slots[s]; }
 
   // The page-locked pool: first fit in whole pages, for worker slot s.
   std::optional<std::uint64_t> pool_allocate(std::uint64_t bytes, std::uint32_t s);
   // Frees [off, off + bytes) if slot s holds all of it.
   bool pool_free(std::uint64_t off, std::uint64_t bytes, std::uint32_t s);
-  // Frees everything slot s holds; returns the bytes.
-  std::uint64_t pool_release_all(std::uint32_t s);
+  // Bytes of the pool slot s holds (for logs: never acted on).
+  std::uint64_t pool_held(std::uint32_t s) const noexcept;
+  // Supervisor, once slot s's worker is reaped: what it held of the pool is
+  // free, and the slot's next worker tags its pages anew.
+  void retire_slot(std::uint32_t s) noexcept;
 
   // The VM's device-memory quota (quota.h): slot s's charge grows by `bytes`
   // unless the VM's total would pass `limit` (0: no limit).
@@ -77,21 +109,28 @@ class VmShared {
 
  private:
   struct Header {
-    pthread_mutex_t pool_mu;  // process-shared, robust: a worker may die holding it
-    std::uint64_t pool_off;
-    std::uint64_t pages;
     std::atomic<std::uint32_t> version;
     std::atomic<std::uint32_t> owner[abi::kMaxChannels];
-    std::atomic<std::uint64_t> bound_claim[abi::kMaxChannels];
+    std::atomic<std::uint64_t> mem_total;  // the VM's charge, the sum of the slots' mem
     Slot slots[kMaxSlots];
   };
-  Header* hdr_() noexcept { return reinterpret_cast<Header*>(this); }
-  // Per pool page: the holding slot + 1, or 0.
-  std::uint16_t* page_owner() noexcept {
-    return reinterpret_cast<std::uint16_t*>(reinterpret_cast<std::byte*>(this) + sizeof(Header));
+  // A page's owner: (epoch << kSlotBits) | (slot + 1); 0 or any stale tag: free.
+  static constexpr unsigned kSlotBits = 9;
+  static_assert(kMaxSlots < (1u << kSlotBits));
+  std::uint32_t tag(std::uint32_t s, std::uint32_t epoch) const noexcept {
+    return (epoch << kSlotBits) | (s + 1);
   }
-  bool lock() noexcept;
-  void unlock() noexcept;
+  bool is_free(std::uint32_t owner) const noexcept;
+
+  VmShared() = default;
+  // This process's own: where the mapping is and what it holds.
+  Header* hdr_ = nullptr;
+  std::atomic<std::uint32_t>* page_owner_ = nullptr;  // [pages_], after the header
+  std::uint64_t pool_off_ = 0;
+  std::uint64_t pages_ = 0;
+  // The slots' epochs as the supervisor set them (a worker's copy is the
+  // one it forked with: its own slot's is the tag of its pages).
+  std::uint32_t epoch_[kMaxSlots] = {};
 };
 
 // What the supervisor needs beyond one worker's configuration.
@@ -99,6 +138,13 @@ struct SupervisorConfig {
   WorkerConfig worker;        // the connection's fds, layout, driver; as for one worker
   pid_t peer_pid = -1;        // the connecting process (SO_PEERCRED); -1: never process mode
   std::uint32_t spares = 1;   // workers kept started ahead of the next guest process
+  // --max-workers-per-guest: a VM's workers at once, spares included.
+  std::uint32_t max_workers = 8;
+  // The per-uid budget (worker_budget.h), inherited from the daemon; null:
+  // none. A VM's workers beyond its first that serve guest processes take
+  // units from it, at most `uid_limit` per uid (--max-guests-per-uid; 0: no limit).
+  WorkerBudget* budget = nullptr;
+  unsigned uid_limit = 0;
   // Called in each worker process: right after fork, before the driver is
   // loaded (still one thread), and after Worker::create succeeded, before it
   // serves. The sandbox's two steps go here (host-daemon/sandbox.h). An error

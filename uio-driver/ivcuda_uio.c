@@ -23,10 +23,12 @@
  *
  * When a process that has one of the nodes open exits, the driver tells the
  * host (ivcudad reclaims that process's worker at once, however the process
- * ended, SIGKILL included): it writes the pid into the superblock's ring of
- * exit notices and rings the host. Only a process that exits counts (its
- * files are released while it has PF_EXITING set); a thread that closes a
- * file of a live process does not.
+ * ended, SIGKILL included): it writes the pid and the PID namespace into the
+ * superblock's ring of exit notices and rings the host. Only a process that
+ * exits counts (its files are released while it has PF_EXITING set); a
+ * thread that closes a file of a live process does not. The namespace is
+ * what tells two containers' processes with the same pid apart: the guest
+ * library names its process the same way (the inode of /proc/self/ns/pid).
  *
  * The driver core serialises probe and remove (device_lock), each vector's
  * event counter is UIO's atomic, and an interrupt handler touches only its
@@ -40,6 +42,7 @@
 #include <linux/overflow.h>
 #include <linux/io.h>
 #include <linux/pci.h>
+#include <linux/pid_namespace.h>
 #include <linux/sched.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
@@ -60,9 +63,11 @@
  */
 #define IVCUDA_SB_MAGIC		0
 #define IVCUDA_MAGIC		0x0100414455435649ULL	/* "IVCUDA" 0x00 0x01 */
+#define IVCUDA_SB_ABI_MINOR	10
 #define IVCUDA_SB_HOST_PEER_ID	40
 #define IVCUDA_SB_EXIT_COUNT	256
 #define IVCUDA_SB_EXIT_PID	264
+#define IVCUDA_SB_EXIT_PIDNS	448	/* ABI minor 4 */
 #define IVCUDA_EXIT_SLOTS	30
 #define IVCUDA_HOST_VECTOR	0
 
@@ -94,8 +99,8 @@ struct ivcuda_dev {
 
 /*
  * A node's file is released for the last time. If that happens because its
- * process exits, tell the host which process it was (the pid it saw from
- * getpid(), as the guest library reports it).
+ * process exits, tell the host which process it was: the pid it saw from
+ * getpid() and its PID namespace, as the guest library reports them.
  */
 static int ivcuda_release(struct uio_info *info, struct inode *inode)
 {
@@ -117,7 +122,11 @@ static int ivcuda_release(struct uio_info *info, struct inode *inode)
 		n = READ_ONCE(*(u32 *)(idev->sb + IVCUDA_SB_EXIT_COUNT));
 		WRITE_ONCE(((u32 *)(idev->sb + IVCUDA_SB_EXIT_PID))[n % IVCUDA_EXIT_SLOTS],
 			   (u32)task_tgid_vnr(current));
-		smp_wmb();	/* the pid before the count that publishes it */
+		/* An older ivcudad keeps that part of the page zero. */
+		if (READ_ONCE(*(u16 *)(idev->sb + IVCUDA_SB_ABI_MINOR)) >= 4)
+			WRITE_ONCE(((u32 *)(idev->sb + IVCUDA_SB_EXIT_PIDNS))[n % IVCUDA_EXIT_SLOTS],
+				   task_active_pid_ns(current)->ns.inum);
+		smp_wmb();	/* the pid and namespace before the count that publishes them */
 		WRITE_ONCE(*(u32 *)(idev->sb + IVCUDA_SB_EXIT_COUNT), n + 1);
 		peer = READ_ONCE(*(u32 *)(idev->sb + IVCUDA_SB_HOST_PEER_ID));
 		if (idev->nr_irqs && idev->regs)

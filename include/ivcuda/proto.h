@@ -189,7 +189,7 @@ struct ReqHello {
   u32 proto_version;
   u32 pid;
   u32 ppid;  // its parent: logs (and tests) tie a framework's worker processes to the program
-  u32 reserved0;
+  u32 pidns; // its PID namespace (ChannelDesc::guest_pidns; 0: not said): a VM's process is (pidns, pid)
   u64 reserved[1];
 };
 struct RepHello {

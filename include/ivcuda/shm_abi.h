@@ -34,7 +34,11 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // worker reads on every pass (active_mask). Guests of minor 2 count at the
 // old place (reserved_ticket), which nothing reads: tickets only order the
 // calls of one guest library.
-inline constexpr std::uint16_t kAbiMinor = 3;
+// Minor 4: ChannelDesc::guest_pidns and Superblock::exit_pidns: a VM's
+// processes are told apart by (PID namespace, pid), so that two containers
+// whose processes have the same pid get a worker each. 0 in either field
+// (guests and guest kernel drivers of minor <= 3) means "namespace not said".
+inline constexpr std::uint16_t kAbiMinor = 4;
 
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
@@ -98,9 +102,10 @@ struct Superblock {
   // Lines 4-5: process exits, written by the guest's kernel driver
   // (uio-driver/): when a process that had the device open exits, the
   // driver writes its pid (as the process saw it: getpid()) into
-  // exit_pid[exit_count % kExitSlots], bumps exit_count (release) and rings
-  // the host. The host reclaims what that process held. Read by the host
-  // only as a hint about the guest's own processes.
+  // exit_pid[exit_count % kExitSlots] and its PID namespace into
+  // exit_pidns[] (lines 7-8) at the same index, bumps exit_count (release)
+  // and rings the host. The host reclaims what that process held. Read by
+  // the host only as a hint about the guest's own processes.
   std::uint32_t exit_count;          // guest kernel: notices written, free-running
   std::uint32_t reserved6;           // zero
   std::uint32_t exit_pid[30];        // guest kernel: ring of exited pids
@@ -109,7 +114,13 @@ struct Superblock {
   std::uint64_t next_ticket;         // guest: global request order (fetch_add)
   std::uint64_t reserved7[7];        // zero
 
-  std::uint8_t reserved_page[4096 - 7 * kCacheLine];  // zero; room to grow
+  // Lines 7-8 (minor 4): the exited process's PID namespace, as the inode
+  // number of its /proc/PID/ns/pid (what stat() of that file gives in the
+  // guest), beside exit_pid[] at the same index; 0: not said.
+  std::uint32_t exit_pidns[30];      // guest kernel
+  std::uint64_t reserved8;           // zero
+
+  std::uint8_t reserved_page[4096 - 9 * kCacheLine];  // zero; room to grow
 };
 inline constexpr std::uint32_t kExitSlots = 30;
 
@@ -118,6 +129,9 @@ inline constexpr std::uint32_t kExitSlots = 30;
 // ---------------------------------------------------------------------------
 inline constexpr std::uint32_t kChanFree = 0;
 inline constexpr std::uint32_t kChanClaimed = 1;
+// ChannelDesc::host_lost: the worker died (1), or none was given (2).
+inline constexpr std::uint64_t kHostLostDied = 1;
+inline constexpr std::uint64_t kHostLostRefused = 2;
 
 struct ChannelDesc {
   // Line 0: guest-written. Guest threads coordinate channel ownership here;
@@ -127,7 +141,11 @@ struct ChannelDesc {
   std::uint64_t guest_owner;         // guest: owner id (pid << 32 | tid); the host
                                      // gives the channel to that process's worker
   std::uint64_t guest_claim;         // guest: bumped at every claim (a new owner)
-  std::uint64_t reserved0[5];        // zero
+  // guest (minor 4): the owner's PID namespace (inode number of its
+  // /proc/self/ns/pid; 0: not said). A VM's process is (guest_pidns, pid).
+  std::uint32_t guest_pidns;
+  std::uint32_t reserved0;           // zero
+  std::uint64_t reserved0b[4];       // zero
 
   // Line 1: host-written.
   std::uint64_t staging_off;         // host: arena offset of this channel's staging
@@ -138,8 +156,10 @@ struct ChannelDesc {
   // its DMA is done) or read (DtoH: the data is there), failed or not.
   // Free-running; the guest compares differences only.
   std::uint64_t staging_done;
-  // host: nonzero once the worker serving this channel is gone (it died);
-  // the guest stops waiting for replies here (CUDA_ERROR_DEVICE_UNAVAILABLE).
+  // host: nonzero once the worker serving this channel is gone (it died),
+  // or kHostLostRefused when the host will not serve the channel's process
+  // (its VM has all the workers it may have); the guest stops waiting for
+  // replies here (CUDA_ERROR_DEVICE_UNAVAILABLE).
   std::uint64_t host_lost;
   std::uint64_t reserved1[4];        // zero
 };
@@ -220,7 +240,9 @@ IVCUDA_ABI_FIELD(Superblock, reserved6, 260, 4);
 IVCUDA_ABI_FIELD(Superblock, exit_pid, 264, 120);
 IVCUDA_ABI_FIELD(Superblock, next_ticket, 384, 8);
 IVCUDA_ABI_FIELD(Superblock, reserved7, 392, 56);
-IVCUDA_ABI_FIELD(Superblock, reserved_page, 448, 3648);
+IVCUDA_ABI_FIELD(Superblock, exit_pidns, 448, 120);
+IVCUDA_ABI_FIELD(Superblock, reserved8, 568, 8);
+IVCUDA_ABI_FIELD(Superblock, reserved_page, 576, 3520);
 static_assert(sizeof(Superblock) == 4096);
 
 static_assert(std::is_standard_layout_v<ChannelDesc>);
@@ -228,7 +250,9 @@ IVCUDA_ABI_FIELD(ChannelDesc, guest_state, 0, 4);
 IVCUDA_ABI_FIELD(ChannelDesc, guest_vector, 4, 4);
 IVCUDA_ABI_FIELD(ChannelDesc, guest_owner, 8, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, guest_claim, 16, 8);
-IVCUDA_ABI_FIELD(ChannelDesc, reserved0, 24, 40);
+IVCUDA_ABI_FIELD(ChannelDesc, guest_pidns, 24, 4);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved0, 28, 4);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved0b, 32, 32);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_off, 64, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_size, 72, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_done, 80, 8);
