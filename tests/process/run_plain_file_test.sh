@@ -12,7 +12,11 @@ build=$(cd "$1" && pwd)
 driver=$2
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
-expect_cases 9
+# The cases, in the order they run below.
+cases=("a symbolic link" "a file another user made" "a file ivcudad did not make"
+  "a directory others may write" "a directory another user owns" "a fresh file"
+  "a fresh file in a sticky directory" "/dev/shm" "a restart")
+expect_cases ${#cases[@]}
 work=$(mktemp -d /tmp/ivcuda-plain.XXXXXX)
 chmod 755 "$work"
 daemon_pid=
@@ -25,9 +29,7 @@ cleanup() {
 trap cleanup EXIT
 
 if [ "$(id -u)" -ne 0 ] || ! command -v setpriv >/dev/null; then
-  for c in "a symbolic link" "a file another user made" "a file ivcudad did not make" \
-      "a directory others may write" "a directory another user owns" "a fresh file" \
-      "a fresh file in a sticky directory" "/dev/shm" "a restart"; do
+  for c in "${cases[@]}"; do
     not_run "--plain-file: $c" "needs root (the daemon's user) and setpriv (the local user)"
   done
   finish
