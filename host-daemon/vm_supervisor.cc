@@ -325,6 +325,13 @@ int Supervisor::run() {
   dismiss_warm();
   if (!become_vm()) return 2;
   loop();
+  if (hung_up_ && IVCUDA_RULE("death-stops-work")) {
+    // The VM is gone (QEMU ended or was killed): its processes' work stops
+    // now, as a process's does when it ends (issue 30), rather than after
+    // each worker has served out what it had been posted.
+    for (auto& p : procs_)
+      if (p.pid > 0) ::kill(p.pid, SIGKILL);
+  }
   stop_all();
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "host-daemon/worker.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "host-daemon/board.h"
 #include "host-daemon/log.h"
@@ -670,7 +672,34 @@ void Worker::attach_connection(int conn_fd) noexcept {
   waiter_->watch_connection(conn_fd);
 }
 
+// A guest that dies stops its GPU work at once (issue 30): the request loop
+// sees a hang-up only between records, and until then it would execute what
+// the dead guest had posted (thousands of launches, a copy loop) and wait in
+// the driver for what is queued there. A thread of its own waits for the
+// connection's hang-up alone and ends the process: the driver then tears the
+// worker's contexts down as it does for any process that ends, queued work
+// and all, and frees their memory. Nothing a worker holds outlives it that
+// the daemon does not reclaim when it reaps it (fd_broker.h, the books).
+void Worker::watch_guest_death() {
+  if (cfg_.conn_fd < 0 || !IVCUDA_RULE("death-stops-work")) return;
+  const int fd = cfg_.conn_fd;
+  const std::uint32_t guest = cfg_.guest_id;
+  std::thread([fd, guest] {
+    pollfd p{fd, POLLRDHUP, 0};
+    for (;;) {
+      const int r = ::poll(&p, 1, -1);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return;  // the request loop still sees the hang-up
+      if ((p.revents & POLLNVAL) != 0) return;  // closed by the worker's own end
+      if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) break;
+    }
+    IVLOG_INFO("guest %u went away; its worker ends now, with what the guest had queued", guest);
+    ::_exit(0);
+  }).detach();
+}
+
 int Worker::run() {
+  watch_guest_death();
   // The default 50 us timer slack would stretch every short sleep below
   // (and the uring wait's timeouts) far past what was asked.
   ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);

@@ -167,6 +167,9 @@ class Worker {
 
  private:
   struct Channel;
+  // Ends the process when the guest's connection hangs up, whatever the
+  // request loop is doing (worker.cc).
+  void watch_guest_death();
   // What a context's limits reserve on the device (contexts.cc,
   // on_CtxSetLimit), by CUlimit value: the stack, the printf FIFO, the malloc
   // heap and the device runtime's pending launches. The bytes beyond the

@@ -14,6 +14,14 @@
 //       others start meanwhile, which only the caller knows (through ivcuda on
 //       a GPU: a context for each worker the daemon starts); FILE gets the
 //       figures (appended);
+//   drv_isolation --hold [--mib N] [--ptx P --queue K [--spin-us U] [--sync] [--copy-loop]]
+//       allocates N MiB, fills it, and with --queue posts K launches of a
+//       kernel spinning U us (default 1000) on a stream without waiting,
+//       then (--sync) blocks a second thread in cuStreamSynchronize on them
+//       and (--copy-loop) a third in a loop of 64 MiB pageable copies; says
+//       "holding N MiB" when all that is under way, and waits to be killed
+//       (how fast a dead process's queued work stops: tests/process/run_death_test.sh,
+//       ivcuda-bench --only death);
 //   drv_isolation --used
 //       prints the device memory in use (MiB), for scripts;
 //   drv_isolation --foreign
@@ -70,8 +78,17 @@ int work(int rounds) {
   return check::finish("drv_isolation work");
 }
 
-// Allocates `mib` MiB, says so on fd 1, and waits to be killed.
-int hold(int mib) {
+// What --hold leaves under way when it says it holds (see the usage above).
+struct Queued {
+  const char* ptx = nullptr;
+  int launches = 0;
+  std::uint64_t spin_us = 1000;
+  bool sync = false;
+  bool copy_loop = false;
+};
+
+// Allocates `mib` MiB, queues `q`'s work, says so on fd 1, and waits to be killed.
+int hold(int mib, const Queued& q) {
   CUdevice d;
   CUcontext ctx;
   if (cuDeviceGet(&d, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, d) != CUDA_SUCCESS ||
@@ -81,6 +98,35 @@ int hold(int mib) {
   if (cuMemAlloc(&p, static_cast<size_t>(mib) << 20) != CUDA_SUCCESS) return 3;
   if (cuMemsetD8(p, 0x5a, static_cast<size_t>(mib) << 20) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS)
     return 4;
+  if (q.launches > 0) {
+    CUmodule m;
+    CUfunction spin;
+    CUstream s;
+    if (q.ptx == nullptr || cuModuleLoad(&m, q.ptx) != CUDA_SUCCESS ||
+        cuModuleGetFunction(&spin, m, "ivc_spin_ns") != CUDA_SUCCESS ||
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+      return 5;
+    std::uint64_t ns = q.spin_us * 1000;
+    void* params[] = {&ns};
+    for (int i = 0; i < q.launches; ++i)
+      if (cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr) != CUDA_SUCCESS) return 6;
+    if (q.sync)
+      std::thread([ctx, s] {
+        (void)cuCtxSetCurrent(ctx);
+        (void)cuStreamSynchronize(s);  // killed before it returns
+      }).detach();
+  }
+  if (q.copy_loop)
+    std::thread([ctx] {
+      (void)cuCtxSetCurrent(ctx);
+      constexpr size_t kBytes = size_t{64} << 20;
+      std::vector<unsigned char> host(kBytes, 0x33);
+      CUdeviceptr dst = 0;
+      if (cuMemAlloc(&dst, kBytes) != CUDA_SUCCESS) return;
+      while (cuMemcpyHtoD(dst, host.data(), kBytes) == CUDA_SUCCESS) {
+      }
+    }).detach();
+  if (q.sync || q.copy_loop) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // under way
   std::printf("holding %d MiB\n", mib);
   std::fflush(stdout);
   for (;;) ::pause();
@@ -172,7 +218,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (has("--work")) return work(std::atoi(check::arg(argc, argv, "--work")));
-  if (has("--hold")) return hold(mib);
+  if (has("--hold")) {
+    Queued q;
+    q.ptx = ptx;
+    if (const char* k = check::arg(argc, argv, "--queue")) q.launches = std::atoi(k);
+    if (const char* u = check::arg(argc, argv, "--spin-us")) q.spin_us = std::strtoull(u, nullptr, 10);
+    q.sync = has("--sync");
+    q.copy_loop = has("--copy-loop");
+    return hold(mib, q);
+  }
   if (has("--use")) {
     const char* p = check::arg(argc, argv, "--use");
     const char* s = check::arg(argc, argv, "--stream");
