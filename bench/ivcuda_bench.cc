@@ -21,6 +21,10 @@
 // the daemon writes it). A child that loaded the machine's driver would give
 // ratios of 1 and prove nothing; the run then fails.
 #include <cuda.h>
+#include <dlfcn.h>
+#include <nvml.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,9 +40,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "crowd.h"
@@ -509,8 +515,58 @@ int run_startup_child() {
   return out == in ? 0 : 3;
 }
 
+// A program that dies with work under way (issue 30): it holds
+// kDeathAlloc of device memory and, by `kase`, nothing more (idle), a
+// stream of 1 ms kernels posted (queued: the launch queue is full, a thread
+// keeps posting), or one long kernel running (kernel). It says "ready" once
+// that is so and waits to be SIGKILLed; the parent times the memory's return.
+constexpr std::size_t kDeathAlloc = std::size_t{2} << 30;
+int run_death_child(const std::string& ptx, const std::string& kase, bool quick) {
+  CK(cuInit(0));
+  CUdevice dev;
+  CK(cuDeviceGet(&dev, 0));
+  CUcontext ctx = nullptr;
+  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CK(cuCtxSetCurrent(ctx));
+  CUdeviceptr d = 0;
+  CK(cuMemAlloc(&d, kDeathAlloc));
+  CK(cuMemsetD8(d, 0x5a, kDeathAlloc));
+  CK(cuCtxSynchronize());
+  CUmodule m;
+  CUfunction spin;
+  std::ifstream file(ptx, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  CK(cuModuleLoadData(&m, text.c_str()));
+  CK(cuModuleGetFunction(&spin, m, "ivc_spin_ns"));
+  CUstream s;
+  CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  if (kase == "queued") {
+    const int launches = quick ? 1000 : 10000;
+    std::thread([=] {
+      (void)cuCtxSetCurrent(ctx);
+      std::uint64_t ns = 1'000'000;
+      void* args[] = {&ns};
+      for (int i = 0; i < launches; ++i) (void)cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, args, nullptr);
+    }).detach();
+  } else if (kase == "kernel") {
+    std::uint64_t ns = quick ? 200'000'000 : 2'000'000'000;
+    void* args[] = {&ns};
+    CK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, args, nullptr));
+  } else if (kase != "idle") {
+    std::fprintf(stderr, "ivcuda-bench: no death case %s\n", kase.c_str());
+    return 2;
+  }
+  // The launches under way; and ivcudad's next warm worker (whose context
+  // the parent must not take for this one's) made meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(quick ? 300 : 1500));
+  std::printf("ready\n");
+  std::fflush(stdout);
+  for (;;) ::pause();
+}
+
 int run_child(const std::string& ptx, const std::string& what, bool quick, const PhaseGates& gate, int settle_ms) {
   if (what == "startup") return run_startup_child();
+  if (what.rfind("death-", 0) == 0) return run_death_child(ptx, what.substr(6), quick);
   CK(cuInit(0));
   CUdevice dev;
   CK(cuDeviceGet(&dev, 0));
@@ -670,6 +726,232 @@ std::map<std::string, std::pair<std::string, double>> run_startups(const char* s
           {"startup.exit", {"ms", percentile(exit_ms, 0.5)}}};
 }
 
+// --- Start-up patterns (issue 30) -----------------------------------------
+// One start-up child under way: forked at t0, its first line on fd.
+struct Start {
+  pid_t pid = -1;
+  int fd = -1;
+  Clock::time_point t0;
+  double first_ms = -1;
+  std::string text;
+};
+
+Start fork_startup(const char* self, const Mode& mode) {
+  int fds[2];
+  if (::pipe(fds) != 0) std::exit(4);
+  Start st;
+  st.t0 = Clock::now();
+  st.pid = ::fork();
+  if (st.pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
+    if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
+    const char* argv[] = {self, "--child", "startup", nullptr};
+    ::execv(self, const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  st.fd = fds[0];
+  return st;
+}
+
+// Reads every child's output until it ends (poll: each first line is timed
+// when it comes, whichever child it is), then reaps them; any failure ends
+// the bench. `forking` forks the next ones meanwhile (a spread), returning
+// false once it has none left.
+template <class Fork>
+std::vector<double> collect_starts(const Mode& mode, std::uintmax_t mark, std::vector<Start>& kids, Fork&& forking) {
+  bool more = true;
+  for (;;) {
+    if (more) more = forking(kids);
+    std::vector<pollfd> p;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < kids.size(); ++i)
+      if (kids[i].fd >= 0) {
+        p.push_back({kids[i].fd, POLLIN, 0});
+        who.push_back(i);
+      }
+    if (p.empty() && !more) break;
+    if (::poll(p.data(), p.size(), more ? 1 : 1000) < 0 && errno != EINTR) std::exit(4);
+    for (std::size_t j = 0; j < p.size(); ++j) {
+      if (p[j].revents == 0) continue;
+      Start& k = kids[who[j]];
+      char buf[256];
+      const ssize_t n = ::read(k.fd, buf, sizeof buf);
+      if (n > 0) {
+        k.text.append(buf, static_cast<std::size_t>(n));
+        if (k.first_ms < 0 && k.text.find('\n') != std::string::npos) k.first_ms = us_since(k.t0) / 1e3;
+      } else {
+        ::close(k.fd);
+        k.fd = -1;
+      }
+    }
+  }
+  std::vector<double> first;
+  for (Start& k : kids) {
+    int status = 0;
+    ::waitpid(k.pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || k.text.rfind("first-result 42", 0) != 0) {
+      std::fprintf(stderr, "ivcuda-bench: a %s start-up run failed (status %d)\n", mode.name.c_str(), status);
+      std::exit(2);
+    }
+    if (!served(mode, mark, k.pid)) std::exit(2);
+    first.push_back(k.first_ms);
+  }
+  return first;
+}
+
+void add_spread(std::map<std::string, std::pair<std::string, double>>& out, const std::string& name,
+                const std::vector<double>& ms) {
+  out[name + ".first_result"] = {"ms", percentile(ms, 0.5)};
+  out[name + ".first_result_p90"] = {"ms", percentile(ms, 0.9)};
+  out[name + ".first_result_max"] = {"ms", percentile(ms, 1.0)};
+}
+
+// The arrival patterns of a test suite, a job array and a shell loop:
+// back-to-back (each start when the last one ended), a burst (all at once)
+// and a spread (evenly over a few seconds). Time from fork to the first
+// result, per start: median, 90th percentile and maximum.
+std::map<std::string, std::pair<std::string, double>> run_start_patterns(const char* self, const Mode& mode,
+                                                                         bool quick) {
+  std::map<std::string, std::pair<std::string, double>> out;
+  expect_libcuda(mode);
+  const int b2b = quick ? 5 : 20, burst = quick ? 4 : 8, spread = quick ? 8 : 64;
+  const double spread_s = quick ? 1.0 : 10.0;
+  const auto none = [](std::vector<Start>&) { return false; };
+  std::vector<double> ms;
+  ::usleep(3'000'000);  // idle before each pattern: the pool is full
+  for (int r = 0; r < b2b; ++r) {
+    const std::uintmax_t mark = log_mark(mode);
+    std::vector<Start> one{fork_startup(self, mode)};
+    ms.push_back(collect_starts(mode, mark, one, none).at(0));
+  }
+  add_spread(out, "startup.b2b" + std::to_string(b2b), ms);
+  ::usleep(3'000'000);
+  {
+    const std::uintmax_t mark = log_mark(mode);
+    std::vector<Start> kids;
+    for (int k = 0; k < burst; ++k) kids.push_back(fork_startup(self, mode));
+    add_spread(out, "startup.burst" + std::to_string(burst), collect_starts(mode, mark, kids, none));
+  }
+  ::usleep(3'000'000);
+  {
+    const std::uintmax_t mark = log_mark(mode);
+    std::vector<Start> kids;
+    const auto t0 = Clock::now();
+    int forked = 0;
+    const auto forking = [&](std::vector<Start>& k) {
+      while (forked < spread && us_since(t0) >= spread_s * 1e6 * forked / spread) {
+        k.push_back(fork_startup(self, mode));
+        ++forked;
+      }
+      return forked < spread;
+    };
+    add_spread(out, "startup.spread" + std::to_string(spread), collect_starts(mode, mark, kids, forking));
+  }
+  return out;
+}
+
+// --- Death with work under way (issue 30) ------------------------------------
+// Device memory in use on GPU 0, read through NVML (the host's; in CI the
+// NVML test double over the GPU double's ledger), from this process, which is
+// no CUDA program.
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(const std::string& lib) {
+    h_ = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h_ == nullptr) return;
+    auto init = reinterpret_cast<nvmlReturn_t (*)()>(::dlsym(h_, "nvmlInit_v2"));
+    auto get = reinterpret_cast<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(::dlsym(h_, "nvmlDeviceGetHandleByIndex_v2"));
+    info_ = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(::dlsym(h_, "nvmlDeviceGetMemoryInfo"));
+    ok_ = init != nullptr && get != nullptr && info_ != nullptr && init() == NVML_SUCCESS && get(0, &dev_) == NVML_SUCCESS;
+  }
+  bool ok() const { return ok_; }
+  // Bytes in use; exits the bench when NVML fails.
+  std::uint64_t used() const {
+    nvmlMemory_t m{};
+    if (info_(dev_, &m) != NVML_SUCCESS) {
+      std::fprintf(stderr, "ivcuda-bench: nvmlDeviceGetMemoryInfo failed\n");
+      std::exit(4);
+    }
+    return m.used;
+  }
+
+ private:
+  void* h_ = nullptr;
+  nvmlDevice_t dev_{};
+  nvmlReturn_t (*info_)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  bool ok_ = false;
+};
+
+// For each case of run_death_child, `runs` times: the time from SIGKILL to
+// the child's memory back (in use at most what it was when the child was
+// ready, less its allocation), in ms; 10 s when it does not come back.
+std::map<std::string, std::pair<std::string, double>> run_deaths(const char* self, const Mode& mode,
+                                                                 const std::string& ptx, const DeviceMemory& mem,
+                                                                 bool quick) {
+  std::map<std::string, std::pair<std::string, double>> out;
+  expect_libcuda(mode);
+  const int runs = quick ? 1 : 3;
+  for (const char* kase : {"idle", "queued", "kernel"}) {
+    std::vector<double> ms;
+    for (int r = 0; r < runs; ++r) {
+      const std::uintmax_t mark = log_mark(mode);
+      int fds[2];
+      if (::pipe(fds) != 0) std::exit(4);
+      const std::string what = std::string("death-") + kase;
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::dup2(fds[1], 1);
+        ::close(fds[0]);
+        ::close(fds[1]);
+        if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
+        if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
+        std::vector<const char*> argv = {self, "--child", what.c_str(), "--ptx", ptx.c_str()};
+        if (quick) argv.push_back("--quick");
+        argv.push_back(nullptr);
+        ::execv(self, const_cast<char* const*>(argv.data()));
+        ::_exit(127);
+      }
+      ::close(fds[1]);
+      std::string text;
+      char buf[256];
+      ssize_t n;
+      while (text.find('\n') == std::string::npos && (n = ::read(fds[0], buf, sizeof buf)) > 0)
+        text.append(buf, static_cast<std::size_t>(n));
+      if (text.rfind("ready", 0) != 0) {
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        std::fprintf(stderr, "ivcuda-bench: the %s %s child did not get ready (status %d)\n", mode.name.c_str(), kase,
+                     status);
+        std::exit(2);
+      }
+      if (!served(mode, mark, pid)) std::exit(2);
+      const std::uint64_t held = mem.used();
+      const std::uint64_t back = held - std::min<std::uint64_t>(held, kDeathAlloc);
+      const auto t0 = Clock::now();
+      ::kill(pid, SIGKILL);
+      double t = 10'000;
+      while (us_since(t0) < 10e6) {
+        if (mem.used() <= back) {
+          t = us_since(t0) / 1e3;
+          break;
+        }
+        ::usleep(200);
+      }
+      ::waitpid(pid, nullptr, 0);
+      ::close(fds[0]);
+      ms.push_back(t);
+      ::usleep(quick ? 200'000 : 1'000'000);  // the daemon's refill, between runs
+    }
+    out[std::string("death.") + kase + ".memory_back"] = {"ms", percentile(ms, 0.5)};
+    out[std::string("death.") + kase + ".memory_back_max"] = {"ms", percentile(ms, 1.0)};
+  }
+  return out;
+}
+
 // Runs `count` children at once in `mode`; returns their figures (a crowd's:
 // crowd_figures).
 std::map<std::string, std::pair<std::string, double>> run_children(const char* self, const Mode& mode,
@@ -744,7 +1026,7 @@ std::map<std::string, std::pair<std::string, double>> run_children(const char* s
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string ptx, lib, sock, json, png, native_lib, child, gate, daemon_log;
+  std::string ptx, lib, sock, json, png, native_lib, child, gate, daemon_log, nvml_lib = "libnvidia-ml.so.1";
   bool quick = false;
   int startup_runs = 0, startup_gap_ms = 3000;
   std::vector<std::string> only;
@@ -758,9 +1040,13 @@ int main(int argc, char** argv) {
   app.add_option("--json", json, "also write the figures as JSON here");
   app.add_option("--png", png, "also draw the JSON as a PNG here (bench/plot.py)");
   app.add_option("--native-lib", native_lib, "directory of the native libcuda.so.1 (default: the system's)");
-  app.add_option("--only", only, "run only these parts: solo (one process's figures), startup, crowd (8 processes)")
+  app.add_option("--only", only,
+                 "run only these parts: solo (one process's figures), startup (after idle), starts (back-to-back, "
+                 "burst, spread), crowd (8 processes), death (SIGKILL with work under way to memory back; only "
+                 "when named)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"solo", "startup", "crowd"}));
+      ->check(CLI::IsMember({"solo", "startup", "starts", "crowd", "death"}));
+  app.add_option("--nvml-lib", nvml_lib, "the NVML the death part reads device memory with")->capture_default_str();
   app.add_option("--settle-ms", settle_ms,
                  "pause after connecting, before measuring (default 4000, --quick 0): ivcudad's next warm "
                  "worker starts meanwhile");
@@ -782,10 +1068,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ivcuda-bench: --png draws the JSON: give --json too\n");
     return 2;
   }
-  const bool kernels = only.empty() || std::find(only.begin(), only.end(), "startup") == only.end() || only.size() > 1;
+  const auto named = [&](const char* p) { return std::find(only.begin(), only.end(), p) != only.end(); };
+  const bool kernels = only.empty() || named("solo") || named("crowd") || named("death");
   if ((kernels && ptx.empty()) || lib.empty() || sock.empty() || daemon_log.empty()) {
     std::fprintf(stderr,
-                 "ivcuda-bench: --ivcuda-lib, --socket, --daemon-log and (but for --only startup) --ptx are required\n");
+                 "ivcuda-bench: --ivcuda-lib, --socket, --daemon-log and (but for --only startup,starts) --ptx are "
+                 "required\n");
     return 2;
   }
   char self[4096];
@@ -804,6 +1092,20 @@ int main(int argc, char** argv) {
   if (part("startup")) {
     for (auto& [k, v] : run_startups(self, native, startup_runs, startup_gap_ms)) nat[k] = v;
     for (auto& [k, v] : run_startups(self, ivc, startup_runs, startup_gap_ms)) ivr[k] = v;
+  }
+  if (part("starts")) {
+    for (auto& [k, v] : run_start_patterns(self, native, quick)) nat[k] = v;
+    for (auto& [k, v] : run_start_patterns(self, ivc, quick)) ivr[k] = v;
+  }
+  if (named("death")) {
+    const DeviceMemory mem(nvml_lib);
+    if (!mem.ok()) {
+      std::fprintf(stderr, "ivcuda-bench: the death part reads device memory through NVML: cannot use %s\n",
+                   nvml_lib.c_str());
+      return 2;
+    }
+    for (auto& [k, v] : run_deaths(self, native, ptx, mem, quick)) nat[k] = v;
+    for (auto& [k, v] : run_deaths(self, ivc, ptx, mem, quick)) ivr[k] = v;
   }
   if (part("crowd")) {
     for (auto& [k, v] : run_children(self, native, ptx, "crowd", crowd, quick, settle_ms)) nat["8procs." + k] = v;

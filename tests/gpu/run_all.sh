@@ -23,6 +23,9 @@
 #   nvml    NVML for guests in process mode (run_nvml_on_gpu.sh): pynvml through ivcuda vs the
 #           host's NVML, ivcuda-smi and the driver's nvidia-smi on the guest library, PyTorch's
 #           list_gpu_processes()
+#   lifecycle  issue 30's figures with ivcudad's defaults: start-up after idle, back-to-back,
+#           in a burst and spread, and death with work under way (SIGKILL to memory back), native
+#           vs ivcuda (ivcuda-bench --only startup,starts,death; lifecycle.txt/.json)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
 #           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
 #           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
@@ -176,6 +179,31 @@ for p in $parts; do
       fi
     fi
     part bench $rc ;;
+  lifecycle)
+    # Issue 30: a guest's start in each arrival pattern (after idle, 20 back-to-back, a burst of 8,
+    # 64 over 10 s) and its death with work under way (SIGKILL to its memory back in NVML: idle,
+    # 10,000 posted 1 ms launches, inside a 2 s kernel), native vs ivcuda, with ivcudad's defaults.
+    build=$root/build/gpu
+    rc=0
+    build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels || rc=1
+    if [ $rc -eq 0 ]; then
+      sock=/tmp/ivcuda-lifecycle.sock
+      rm -f "$sock"
+      "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 \
+        >"$work/lifecycle-ivcudad.log" 2>&1 &
+      daemon=$!
+      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+      timeout 420 "$build/bench/ivcuda-bench" --only startup,starts,death --startup-runs 5 --startup-gap-ms 3000 \
+        --ptx "$build/tests/gpu_double/test_kernels.ptx" --ivcuda-lib "$build/lib" --socket "$sock" \
+        --daemon-log "$work/lifecycle-ivcudad.log" --json "$final/lifecycle.json" 2>&1 | tee "$final/lifecycle.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      kill $daemon; wait $daemon 2>/dev/null
+      { echo "ivcudad's workers: $(grep -o '(driver start [^)]*)' "$work/lifecycle-ivcudad.log" |
+          sort | uniq -c | sort -rn | head -6 | tr '\n' ';')"
+        echo "workers ended on their guest's death: $(grep -c 'its worker ends now' "$work/lifecycle-ivcudad.log")"
+      } | tee -a "$final/lifecycle.txt"
+    fi
+    part lifecycle $rc ;;
   startup)
     build=$root/build/gpu
     rc=0

@@ -70,6 +70,7 @@ for c in "${cases[@]}"; do
     verdict "a guest killed with $name: its worker ends within 1 s and its memory is free" 1
     continue
   fi
+  held=$(through "$bin/drv_isolation" --used)
   t0=$(now_ms)
   kill -9 "$guest"
   wait "$guest" 2>/dev/null
@@ -79,8 +80,10 @@ for c in "${cases[@]}"; do
   lived=$((t1 - t0))
   for _ in $(seq 100); do ended "$worker" && break; sleep 0.1; done  # for the memory figure below
   after=$(through "$bin/drv_isolation" --used)
-  echo "$name: the worker lived ${lived} ms after SIGKILL; memory in use after: ${after:-?} MiB (before: $base)"
-  ended "$worker" && [ "$lived" -le 1000 ] && [ -n "$after" ] && [ "$after" = "$base" ]
+  echo "$name: the worker lived ${lived} ms after SIGKILL; memory in use: ${base:-?} MiB before, ${held:-?} MiB" \
+    "held, ${after:-?} MiB after"
+  ended "$worker" && [ "$lived" -le 1000 ] && [ -n "$after" ] && [ "$after" = "$base" ] &&
+    [ "${held:-0}" -ge $((base + 64)) ]
   verdict "a guest killed with $name: its worker ends within 1 s and its memory is free" $?
 done
 through "$bin/drv_isolation" --work 5
