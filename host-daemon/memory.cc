@@ -581,6 +581,14 @@ CUresult Worker::on_HostAlloc(Call& c) {
     off = pool_.allocate(r.bytes);
   }
   if (!off) return CUDA_ERROR_OUT_OF_MEMORY;
+  // Page-locked as the native cuMemHostAlloc pins it: now (worker.cc
+  // pin_arena); the pool's granule-rounded block, which no other overlaps.
+  const auto b = pool_.find(*off, 1);
+  if (const CUresult st = pin_arena(*off, b ? b->size : r.bytes); st != CUDA_SUCCESS) {
+    (void)pool_.free(*off);
+    if (cfg_.vm != nullptr) (void)cfg_.vm->pool_free(*off, r.bytes, cfg_.vm_slot);
+    return st == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED ? CUDA_ERROR_OUT_OF_MEMORY : st;
+  }
   c.set_reply(RepHostAlloc{*off, arena_dev_ + (*off - l_.arena_off)});
   return CUDA_SUCCESS;
 }
@@ -588,7 +596,9 @@ CUresult Worker::on_HostAlloc(Call& c) {
 CUresult Worker::on_HostFree(Call& c) {
   const auto r = c.req<ReqArenaOff>();
   const auto b = pool_.find(r.arena_off, 1);
-  if (!b || b->off != r.arena_off || !pool_.free(r.arena_off)) return CUDA_ERROR_INVALID_VALUE;
+  if (!b || b->off != r.arena_off) return CUDA_ERROR_INVALID_VALUE;
+  unpin_arena(r.arena_off);
+  if (!pool_.free(r.arena_off)) return CUDA_ERROR_INVALID_VALUE;
   if (cfg_.vm != nullptr) (void)cfg_.vm->pool_free(b->off, b->size, cfg_.vm_slot);
   return CUDA_SUCCESS;
 }

@@ -152,15 +152,39 @@ Result<void> Worker::init() {
   current_ = arena_ctx_;
   const long long ctx_ms = ms_since(t_ctx);
   const auto t_reg = clock::now();
-  st = cu_.cuMemHostRegister(arena_ptr(l_.arena_off), l_.arena_size,
-                             CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-  if (st != CUDA_SUCCESS)
-    return make_error(st, std::string("registering the arena with the GPU: ") + err_name(st));
-  arena_registered_ = true;
-  CUdeviceptr d = 0;
-  st = cu_.cuMemHostGetDevicePointer(&d, arena_ptr(l_.arena_off), 0);
-  if (st != CUDA_SUCCESS) return make_error(st, std::string("arena device pointer: ") + err_name(st));
-  arena_dev_ = d;
+  // On use where the device sees registered memory at its host address:
+  // the first channel's staging now (a guest's first copy goes there), and
+  // that it is seen there is checked; else all of it now.
+  int host_pointer = 0;
+  if (!cfg_.pin_arena_at_start && l_.staging_bytes != 0 &&
+      cu_.cuDeviceGetAttribute(&host_pointer, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+                               devices_[0]) == CUDA_SUCCESS &&
+      host_pointer != 0) {
+    arena_on_use_ = true;
+    arena_dev_ = reinterpret_cast<std::uintptr_t>(arena_ptr(l_.arena_off));
+    st = pin_arena(ring::staging_off(l_, 0), l_.staging_bytes);
+    if (st != CUDA_SUCCESS)
+      return make_error(st, std::string("registering the first staging slot with the GPU: ") + err_name(st));
+    CUdeviceptr d = 0;
+    st = cu_.cuMemHostGetDevicePointer(&d, arena_ptr(l_.arena_off), 0);
+    if (st != CUDA_SUCCESS || d != arena_dev_) {
+      unpin_arena(ring::staging_off(l_, 0));
+      arena_on_use_ = false;
+      IVLOG_WARN("guest %u: the GPU sees registered memory elsewhere than at its host address; the arena is "
+                 "registered whole", cfg_.guest_id);
+    }
+  }
+  if (!arena_on_use_) {
+    st = cu_.cuMemHostRegister(arena_ptr(l_.arena_off), l_.arena_size,
+                               CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (st != CUDA_SUCCESS)
+      return make_error(st, std::string("registering the arena with the GPU: ") + err_name(st));
+    arena_registered_ = true;
+    CUdeviceptr d = 0;
+    st = cu_.cuMemHostGetDevicePointer(&d, arena_ptr(l_.arena_off), 0);
+    if (st != CUDA_SUCCESS) return make_error(st, std::string("arena device pointer: ") + err_name(st));
+    arena_dev_ = d;
+  }
   const long long reg_ms = ms_since(t_reg);
   // The ring last: it holds the guest's connection through its armed poll,
   // and a ring torn down with the process may keep that reference for a
@@ -282,6 +306,7 @@ void Worker::cleanup() noexcept {
     cu_.cuMemHostUnregister(arena_ptr(l_.arena_off));
     arena_registered_ = false;
   }
+  while (!arena_pinned_.empty()) unpin_arena(arena_pinned_.begin()->first);
   if (arena_ctx_ != nullptr) {
     cu_.cuDevicePrimaryCtxRelease(devices_[0]);
     arena_ctx_ = nullptr;
@@ -300,6 +325,33 @@ void Worker::post_error(CUresult st, const char* op) noexcept {
   if (errors_logged_++ < 100)
     IVLOG_WARN("guest %u: posted %s failed: %s (reported at the next synchronising call)",
                cfg_.guest_id, op, err_name(st));
+}
+
+// Page-locks [off, off + bytes) of the arena for the GPU, in the arena's
+// context (WorkerConfig::pin_arena_at_start says why on use). Pieces never
+// overlap: a staging slot, or one allocation of the arena's pool.
+CUresult Worker::pin_arena(std::uint64_t off, std::uint64_t bytes) {
+  if (!arena_on_use_ || bytes == 0 || arena_pinned_.count(off) != 0) return CUDA_SUCCESS;
+  CUcontext was = current_;  // the worker's own record of what is current
+  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(arena_ctx_);
+  const CUresult st =
+      cu_.cuMemHostRegister(arena_ptr(off), bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(was);
+  if (st == CUDA_SUCCESS) arena_pinned_[off] = bytes;
+  else if (errors_logged_++ < 100)
+    IVLOG_WARN("guest %u: page-locking %llu KiB of its arena failed: %s", cfg_.guest_id,
+               static_cast<unsigned long long>(bytes >> 10), err_name(st));
+  return st;
+}
+
+void Worker::unpin_arena(std::uint64_t off) {
+  const auto it = arena_pinned_.find(off);
+  if (it == arena_pinned_.end()) return;
+  CUcontext was = current_;  // the worker's own record of what is current
+  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(arena_ctx_);
+  (void)cu_.cuMemHostUnregister(arena_ptr(off));
+  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(was);
+  arena_pinned_.erase(it);
 }
 
 // ------------------------------------------------------------------ channels
@@ -337,6 +389,9 @@ void Worker::attach_channels() {
       ch->cpl = ring::Producer(ring::completion_ring(bar_.data(), l_, c), ch->bell.get());
       channels_[c] = std::move(ch);
       vm_had_channels_ = true;
+      // Its staging slot, page-locked when the channel is first served. A
+      // slot that cannot be still works: the driver copies it as pageable.
+      (void)pin_arena(ring::staging_off(l_, c), l_.staging_bytes);
       IVLOG_DEBUG("guest %u attached channel %u (vector %u)", cfg_.guest_id, c, vec);
     }
   }

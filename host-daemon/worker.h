@@ -125,6 +125,12 @@ struct WorkerConfig {
   // (the one it starts with, created ones, other GPUs' primary contexts);
   // 0: contexts are not charged.
   std::uint64_t context_reserve = kDefaultContextReserve;
+  // The arena is page-locked for the GPU piece by piece, as the guest comes
+  // to use it (a channel's staging when the channel is first served, a
+  // page-locked allocation when it is made), rather than all of it when the
+  // worker starts (--pin-arena at-start): a GiB takes the driver about 0.8 s
+  // to pin, which a guest whose worker is made for it would wait for.
+  bool pin_arena_at_start = false;
   ObjectLimits limits;
   // The guest's status board (board.h), borrowed: calls, copies, memory and
   // the last error go there, and the daemon asks through it for the guest's
@@ -509,7 +515,14 @@ class Worker {
   CUcontext current_ = nullptr;
   CUcontext arena_ctx_ = nullptr;
   std::uint64_t arena_dev_ = 0;    // device address of the arena's first byte
-  bool arena_registered_ = false;
+  bool arena_registered_ = false;  // all of it, at start
+  // Registered pieces (on use): arena offset -> bytes. The device address of
+  // a piece is its host address (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM),
+  // so the arena keeps one device alias, arena_dev_, however it is pinned.
+  std::map<std::uint64_t, std::uint64_t> arena_pinned_;
+  bool arena_on_use_ = false;
+  CUresult pin_arena(std::uint64_t off, std::uint64_t bytes);
+  void unpin_arena(std::uint64_t off);
   ring::ArenaAllocator pool_;
 
   HandleTable<CtxEntry> ctxs_{proto::HandleKind::kContext};
