@@ -327,16 +327,32 @@ void Worker::post_error(CUresult st, const char* op) noexcept {
                cfg_.guest_id, op, err_name(st));
 }
 
+// Runs `f` (a driver call of the worker's own, not a guest's) in the
+// arena's context with the thread's capture mode relaxed: registering
+// memory is a "potentially unsafe" call, which in the guest's mode would
+// invalidate a capture some guest thread has under way (or be refused).
+template <class F>
+CUresult Worker::as_worker(F&& f) {
+  CUcontext was = current_;  // the worker's own record of what is current
+  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(arena_ctx_);
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  const bool exchanged = driver_capture_mode_ != CU_STREAM_CAPTURE_MODE_RELAXED &&
+                         cu_.cuThreadExchangeStreamCaptureMode != nullptr &&
+                         cu_.cuThreadExchangeStreamCaptureMode(&m) == CUDA_SUCCESS;
+  const CUresult st = f();
+  if (exchanged) (void)cu_.cuThreadExchangeStreamCaptureMode(&m);  // back to what it was
+  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(was);
+  return st;
+}
+
 // Page-locks [off, off + bytes) of the arena for the GPU, in the arena's
 // context (WorkerConfig::pin_arena_at_start says why on use). Pieces never
 // overlap: a staging slot, or one allocation of the arena's pool.
 CUresult Worker::pin_arena(std::uint64_t off, std::uint64_t bytes) {
   if (!arena_on_use_ || bytes == 0 || arena_pinned_.count(off) != 0) return CUDA_SUCCESS;
-  CUcontext was = current_;  // the worker's own record of what is current
-  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(arena_ctx_);
-  const CUresult st =
-      cu_.cuMemHostRegister(arena_ptr(off), bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(was);
+  const CUresult st = as_worker([&] {
+    return cu_.cuMemHostRegister(arena_ptr(off), bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  });
   if (st == CUDA_SUCCESS) arena_pinned_[off] = bytes;
   else if (errors_logged_++ < 100)
     IVLOG_WARN("guest %u: page-locking %llu KiB of its arena failed: %s", cfg_.guest_id,
@@ -347,10 +363,7 @@ CUresult Worker::pin_arena(std::uint64_t off, std::uint64_t bytes) {
 void Worker::unpin_arena(std::uint64_t off) {
   const auto it = arena_pinned_.find(off);
   if (it == arena_pinned_.end()) return;
-  CUcontext was = current_;  // the worker's own record of what is current
-  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(arena_ctx_);
-  (void)cu_.cuMemHostUnregister(arena_ptr(off));
-  if (was != arena_ctx_) (void)cu_.cuCtxSetCurrent(was);
+  (void)as_worker([&] { return cu_.cuMemHostUnregister(arena_ptr(off)); });
   arena_pinned_.erase(it);
 }
 

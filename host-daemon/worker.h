@@ -522,6 +522,8 @@ class Worker {
   std::map<std::uint64_t, std::uint64_t> arena_pinned_;
   bool arena_on_use_ = false;
   CUresult pin_arena(std::uint64_t off, std::uint64_t bytes);
+  template <class F>
+  CUresult as_worker(F&& f);
   void unpin_arena(std::uint64_t off);
   ring::ArenaAllocator pool_;
 

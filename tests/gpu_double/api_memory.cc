@@ -355,6 +355,9 @@ CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Fla
     if ((Flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) return CUDA_ERROR_INVALID_VALUE;
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    // Potentially unsafe during a capture, as on the H200 (a registration in global mode
+    // invalidated another thread's capture there).
+    if (const CUresult r = unsafe_during_capture(s); r != CUDA_SUCCESS) return r;
     const auto base = reinterpret_cast<std::uintptr_t>(p);
     if (base > UINTPTR_MAX - bytesize) return CUDA_ERROR_INVALID_VALUE;
     // Overlap with anything tracked: the allocation starting before the range's end must
@@ -380,6 +383,7 @@ CUresult CUDAAPI cuMemHostUnregister(void* p) {
   return guarded([&](State& s) -> CUresult {
     Handle ctx = 0;
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
+    if (const CUresult r = unsafe_during_capture(s); r != CUDA_SUCCESS) return r;
     // Inside a registration but not its start: INVALID_VALUE, as the real driver says.
     const Allocation* a = s.find(reinterpret_cast<std::uintptr_t>(p));
     if (a != nullptr && a->kind == MemKind::kRegisteredHost &&

@@ -202,6 +202,27 @@ size_t free_mem() {
   return cuMemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
 }
 
+// Free memory once it holds still (the same for 300 ms, at most 5 s): what
+// the processes before this one held may still be on its way back (a process
+// that ended is torn down by the driver a moment later), and the baseline
+// must not count it.
+size_t settled_free_mem() {
+  size_t last = free_mem();
+  const auto until = clock_type::now() + std::chrono::seconds(5);
+  auto since = clock_type::now();
+  while (clock_type::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const size_t now = free_mem();
+    if (now != last) {
+      last = now;
+      since = clock_type::now();
+    } else if (clock_type::now() - since >= std::chrono::milliseconds(300)) {
+      break;
+    }
+  }
+  return last;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -247,7 +268,7 @@ int main(int argc, char** argv) {
   }
 
   if (has("--reclaim")) {
-    const size_t before = free_mem();
+    const size_t before = settled_free_mem();
     int out = -1;
     const pid_t child = spawn({"--hold", "--mib", std::to_string(mib)}, &out);
     const std::string line = read_line(out);
