@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -92,6 +93,7 @@ struct Options {
   std::uint32_t vm_spares = 1;
   std::uint32_t max_workers_per_guest = 8;  // a VM's workers at once, spares included
   unsigned warm_workers = 1;  // per socket: started ahead of the next guest
+  unsigned warm_burst = 4;    // --warm-burst: more ahead while guests arrive fast
   std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
   std::uint64_t context_reserve = ivcuda::host::kDefaultContextReserve;  // --context-reserve: per context, charged
@@ -682,6 +684,12 @@ void define_options(CLI::App& app, Options& o) {
                  "page-locked RAM; per socket: --guest-socket ...:warm=N; 0: none)")
       ->check(CLI::Range(0u, kMaxWarm))
       ->capture_default_str();
+  app.add_option("--warm-burst", o.warm_burst,
+                 "while guests arrive faster than workers start, each socket with warm workers keeps up to this "
+                 "many more started ahead (one more per guest beyond the first in the last 2 s); 30 s without a guest "
+                 "lets the extra ones go (each holds a context; 0: never more than --warm-workers)")
+      ->check(CLI::Range(0u, kMaxWarm))
+      ->capture_default_str();
   app.add_option("--huge-pages", o.huge_pages,
                  "on: each guest's shared memory on 2 MiB huge pages from the host's reserved pool "
                  "(vm.nr_hugepages), 4 KiB pages when too few are free; its registration with the GPU is "
@@ -945,6 +953,10 @@ int main(int argc, char** argv) {
   std::vector<std::pair<clk::time_point, std::chrono::seconds>> warm_backoff(
       listeners.size(), {clk::time_point{}, std::chrono::seconds(1)});
   std::set<pid_t> warm_let_go;  // entries told to go, not reaped yet
+  // Guests' arrivals per socket, for the pool's growth: the last 2 s, and the latest.
+  constexpr auto kArrivalWindow = std::chrono::seconds(2);
+  constexpr auto kBurstIdle = std::chrono::seconds(30);
+  std::vector<std::deque<clk::time_point>> arrivals(listeners.size());
   bool warm_stale = false;      // a reload changed what they were started with
   auto budget = ivcuda::host::WorkerBudget::create(o.max_guests + static_cast<std::uint32_t>(o.plain_files.size()) + 1);
   if (!budget) {
@@ -1260,22 +1272,43 @@ int main(int argc, char** argv) {
     pools[li].push_back(std::move(e));
     return true;
   };
-  auto fill_pools = [&] {
-    const auto now = clk::now();
-    for (std::size_t li = 0; li < listeners.size(); ++li) {
-      auto& [until, wait] = warm_backoff[li];
-      while (pools[li].size() < listeners[li].warm && now >= until) {
-        if (start_warm(li)) continue;
-        until = now + wait;
-        wait = std::min<std::chrono::seconds>(wait * 2, std::chrono::seconds(60));
-      }
-    }
-  };
   // Lets a warm entry go: it sees its line close and ends.
   auto let_go_warm = [&](Warm& e) {
     e.handoff.reset();
     warm_let_go.insert(e.pid);
     broker.end_guest(static_cast<std::uint32_t>(e.id));
+  };
+  // Each socket's pool: its --warm-workers, and while guests arrive faster
+  // than a worker starts (0.3-0.5 s from nothing on an H200, more when many
+  // start at once) one more per guest beyond the first of the last 2 s, up to --warm-burst
+  // more, so that a loop of short programs or a job array finds workers made
+  // (issue 30). The extra ones go after 30 s without a guest.
+  auto fill_pools = [&] {
+    const auto now = clk::now();
+    for (std::size_t li = 0; li < listeners.size(); ++li) {
+      auto& seen = arrivals[li];
+      const bool idle = seen.empty() || now - seen.back() >= kBurstIdle;
+      while (!seen.empty() && now - seen.front() > kArrivalWindow && (seen.size() > 1 || idle)) seen.pop_front();
+      // Arrivals in the window beyond the first: a guest alone adds nothing.
+      std::size_t recent = 0;
+      for (const auto t : seen) recent += now - t <= kArrivalWindow ? 1 : 0;
+      const std::size_t extra = recent > 1 ? std::min<std::size_t>(recent - 1, o.warm_burst) : 0;
+      const std::size_t warm = listeners[li].warm;
+      const std::size_t target = warm == 0 ? 0 : warm + extra;
+      auto& [until, wait] = warm_backoff[li];
+      while (pools[li].size() < target && now >= until) {
+        if (start_warm(li)) continue;
+        until = now + wait;
+        wait = std::min<std::chrono::seconds>(wait * 2, std::chrono::seconds(60));
+      }
+      if (idle) {
+        auto& pool = pools[li];
+        while (pool.size() > warm) {  // the newest extra first
+          let_go_warm(pool.back());
+          pool.pop_back();
+        }
+      }
+    }
   };
 
   // ivshmem-plain guests: a memory file each, formatted here, served by a
@@ -1450,6 +1483,7 @@ int main(int argc, char** argv) {
         ++refused;
         continue;
       }
+      arrivals[li].push_back(clk::now());
       // A warm entry when one is there (a ready one first); else all of it now.
       std::optional<Warm> warm;
       {

@@ -473,6 +473,7 @@ def memory_seeds():
     yield s
     s = start("HostFunc")
     st = s.stream(s.ctx)
+    s.pinned(0x1000)  # the words' page, page-locked as the guest library's pairs are (the pool's first block)
     off = POOL_OFF + 0x100
     # The pairs' "done" words already past their seq: no guest runs the functions here, and
     # the double (IVCUDA_GPU_DOUBLE_FUZZ) gives up on a wait at once.
@@ -1571,7 +1572,7 @@ def random_bar_seeds():
     s.hello()
     s.ctx = s.context(0)
     buf = s.alloc(s.ctx)
-    off, dev = s.pinned(16384)
+    off, dev = s.pinned(0x10000)  # the pool's first block: the host function's words below are in it
     st = s.stream(s.ctx)
     s.call("MemcpyHtoDArena", ctx=s.ctx, dst=buf, bytes=4096, arena_off=off)
     s.call("MemcpyDtoHArena", ctx=s.ctx, src=buf, bytes=1024, arena_off=ARENA_OFF)

@@ -88,7 +88,6 @@ struct Env {
   sys::UniqueFd host_efd, guest_efd;
   std::string driver;
   std::string nvml;  // the NVML test double (NVML queries)
-  std::unique_ptr<host::TenantShare> share;  // IPC and pool-pointer exports (a tenant of one worker)
   unsigned random_bars = 0;
   // Per op over the whole run: replies seen, and those that said CUDA_SUCCESS
   // (IVCUDA_FUZZ_OPSTATS=1 prints them at exit; tests/fuzz/coverage.py reads them).
@@ -123,12 +122,6 @@ Env& env() {
                      lib->c_str(), std::strerror(errno));
         std::abort();
       }
-    auto share = host::TenantShare::create(64);
-    if (!share) {
-      std::fprintf(stderr, "worker_fuzz: TenantShare::create: %s\n", share.error().what.c_str());
-      std::abort();
-    }
-    n->share = std::move(*share);
     if (std::getenv("IVCUDA_FUZZ_OPSTATS") != nullptr) std::atexit(print_op_stats);
     ring::LayoutParams p;
     p.shm_size = kShmBytes;
@@ -407,7 +400,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.driver_path = e.driver;
   cfg.nvml_path = e.nvml;
   cfg.forward_stdout = false;  // stdout stays the fuzzer's
-  cfg.share = e.share.get();
+  // No fd-broker line: IPC and pool-pointer exports go to the worker's own
+  // registry (its guest is a tenant of one worker).
   // See WorkerConfig and kMaxRandomBars: ASan's shadow page tables.
   cfg.random_bar_address = size != 0 && data[0] == kRandomBarByte && e.random_bars < kMaxRandomBars;
   e.random_bars += cfg.random_bar_address ? 1 : 0;

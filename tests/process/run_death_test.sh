@@ -64,10 +64,12 @@ for c in "${cases[@]}"; do
   for _ in $(seq 400); do grep -q '^holding' "$out" && break; sleep 0.025; done
   worker=
   for p in $(children); do [[ $before == *" $p "* ]] || worker=$p; done
-  if ! grep -q '^holding 64 MiB' "$out" || [ -z "$worker" ]; then
+  grep -q '^holding 64 MiB' "$out" && [ -n "$worker" ]
+  under_way=$?
+  if [ $under_way -ne 0 ]; then
     cat "$out"
     echo "the guest did not get under way (worker: ${worker:-none})"
-    verdict "a guest killed with $name: its worker ends within 1 s and its memory is free" 1
+    verdict "a guest killed with $name: its worker ends within 1 s and its memory is free" $under_way
     continue
   fi
   held=$(through "$bin/drv_isolation" --used)
