@@ -73,10 +73,11 @@ struct ObjectLimits {
 };
 
 // What a CUDA context costs on the device before the guest allocates anything
-// (--context-reserve): the project's measurement on the H200 (driver 580) is
-// 440-500 MiB per context (docs/operating.md); tests/gpu/run_all.sh measures
-// it again with tests/programs/drv_context_cost.cc.
-inline constexpr std::uint64_t kDefaultContextReserve = 512ull << 20;
+// (--context-reserve): measured on the H200 (driver 580, 2026-12-02,
+// tests/programs/drv_context_cost.cc through tests/gpu/run_all.sh cost): 523.6
+// MiB for a context made, 663.6 MiB once a module is loaded and a kernel has
+// run in it (the driver grows its local memory and code space then).
+inline constexpr std::uint64_t kDefaultContextReserve = 664ull << 20;
 
 struct WorkerConfig {
   std::uint32_t guest_id = 0;

@@ -157,7 +157,7 @@ void contexts(CUdevice dev) {
   }
   if (!launched.empty()) {
     std::sort(launched.begin(), launched.end());
-    figure("context.median", launched[launched.size() / 2], "ivcudad --context-reserve defaults to 512 MiB");
+    figure("context.median", launched[launched.size() / 2], "ivcudad --context-reserve defaults to 664 MiB");
   }
   for (CUcontext c : made) (void)cuCtxDestroy(c);
 }
