@@ -675,6 +675,28 @@ bool served(const Mode& mode, std::uintmax_t mark, pid_t pid) {
   return false;
 }
 
+// Forks this program as a child of `mode` (argv[0] is `self`), its stdout
+// on the pipe whose read end comes back in *out.
+pid_t spawn_child(const char* self, const Mode& mode, std::vector<const char*> argv, int* out) {
+  int fds[2];
+  if (::pipe(fds) != 0) std::exit(4);
+  argv.insert(argv.begin(), self);
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
+    if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
+    ::execv(self, const_cast<char* const*>(argv.data()));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  *out = fds[0];
+  return pid;
+}
+
 // Start-up (run_startup_child), `runs` times, `gap_ms` apart so that
 // ivcudad's pool of warm workers refills between starts as it would between
 // a user's runs: medians of the time from fork to the first result and to
@@ -686,30 +708,18 @@ std::map<std::string, std::pair<std::string, double>> run_startups(const char* s
     ::usleep(static_cast<useconds_t>(gap_ms) * 1000);
     const std::uintmax_t mark = log_mark(mode);
     expect_libcuda(mode);
-    int fds[2];
-    if (::pipe(fds) != 0) std::exit(4);
+    int fd = -1;
     const auto t0 = Clock::now();
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(fds[1], 1);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
-      if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
-      const char* argv[] = {self, "--child", "startup", nullptr};
-      ::execv(self, const_cast<char* const*>(argv));
-      ::_exit(127);
-    }
-    ::close(fds[1]);
+    const pid_t pid = spawn_child(self, mode, {"--child", "startup"}, &fd);
     std::string text;
     char buf[256];
     ssize_t n;
     double t_first = -1;
-    while ((n = ::read(fds[0], buf, sizeof buf)) > 0) {
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) {
       text.append(buf, static_cast<std::size_t>(n));
       if (t_first < 0 && text.find('\n') != std::string::npos) t_first = us_since(t0) / 1e3;
     }
-    ::close(fds[0]);
+    ::close(fd);
     int status = 0;
     ::waitpid(pid, &status, 0);
     const double t_exit = us_since(t0) / 1e3;
@@ -737,23 +747,9 @@ struct Start {
 };
 
 Start fork_startup(const char* self, const Mode& mode) {
-  int fds[2];
-  if (::pipe(fds) != 0) std::exit(4);
   Start st;
   st.t0 = Clock::now();
-  st.pid = ::fork();
-  if (st.pid == 0) {
-    ::dup2(fds[1], 1);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
-    if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
-    const char* argv[] = {self, "--child", "startup", nullptr};
-    ::execv(self, const_cast<char* const*>(argv));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  st.fd = fds[0];
+  st.pid = spawn_child(self, mode, {"--child", "startup"}, &st.fd);
   return st;
 }
 
@@ -915,27 +911,15 @@ std::map<std::string, std::pair<std::string, double>> run_deaths(const char* sel
     std::vector<double> ms;
     for (int r = 0; r < runs; ++r) {
       const std::uintmax_t mark = log_mark(mode);
-      int fds[2];
-      if (::pipe(fds) != 0) std::exit(4);
       const std::string what = std::string("death-") + kase;
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        ::dup2(fds[1], 1);
-        ::close(fds[0]);
-        ::close(fds[1]);
-        if (!mode.lib_path.empty()) ::setenv("LD_LIBRARY_PATH", mode.lib_path.c_str(), 1);
-        if (!mode.socket.empty()) ::setenv("IVCUDA_SOCKET", mode.socket.c_str(), 1);
-        std::vector<const char*> argv = {self, "--child", what.c_str(), "--ptx", ptx.c_str()};
-        if (quick) argv.push_back("--quick");
-        argv.push_back(nullptr);
-        ::execv(self, const_cast<char* const*>(argv.data()));
-        ::_exit(127);
-      }
-      ::close(fds[1]);
+      std::vector<const char*> args = {"--child", what.c_str(), "--ptx", ptx.c_str()};
+      if (quick) args.push_back("--quick");
+      int fd = -1;
+      const pid_t pid = spawn_child(self, mode, args, &fd);
       std::string text;
       char buf[256];
       ssize_t n;
-      while (text.find('\n') == std::string::npos && (n = ::read(fds[0], buf, sizeof buf)) > 0)
+      while (text.find('\n') == std::string::npos && (n = ::read(fd, buf, sizeof buf)) > 0)
         text.append(buf, static_cast<std::size_t>(n));
       if (text.rfind("ready", 0) != 0) {
         int status = 0;
@@ -958,7 +942,7 @@ std::map<std::string, std::pair<std::string, double>> run_deaths(const char* sel
         ::usleep(200);
       }
       ::waitpid(pid, nullptr, 0);
-      ::close(fds[0]);
+      ::close(fd);
       ms.push_back(t);
       ::usleep(quick ? 200'000 : 1'000'000);  // the daemon's refill, between runs
     }
