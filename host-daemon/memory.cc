@@ -419,7 +419,9 @@ bool Worker::poll_copy_park(Channel& ch) {
   CUresult st = CUDA_SUCCESS;
   if (p.op == Op::kMemcpyDtoHInline) st = dtoh_inline(p.copy, ch.cpl.max_payload(), &body);
   reap_all_copies();
-  if (st == CUDA_SUCCESS && pending_ != CUDA_SUCCESS) {
+  // A FlushWait (a guest waiting for its staged chunks) is no synchronising
+  // call, parked or not: posted errors stay for the next one.
+  if (st == CUDA_SUCCESS && pending_ != CUDA_SUCCESS && p.op != Op::kFlushWait) {
     st = pending_;
     pending_ = CUDA_SUCCESS;
   }

@@ -1750,6 +1750,50 @@ TEST_CASE("staged chunks are counted in order whatever becomes of them, and inli
 // Channels of two guest processes of one VM (pids that are not the peer's:
 // a VM) go to two workers. Neither reaches the other's channel or handles,
 // and a process's goodbye on its last channel ends its worker.
+// The guest's wait for its staged chunks (guest/memory.cc wait_staged) asks
+// FlushWait once it has waited 2 ms: answered when the channel's copies are
+// done, parked or not, and never with the error of earlier posted work,
+// which belongs to the next synchronising call (staged_copy lost it under
+// load when the wait was a Flush, and again while a parked FlushWait took it).
+TEST_CASE("a FlushWait answers once the channel's copies are done and leaves posted errors for the next "
+          "synchronising call",
+          "[process][hostile]") {
+  // Every event the double records completes 20 ms later: the copy stays in flight.
+  ::setenv("IVCUDA_GPU_DOUBLE_EVENT_DELAY_US", "20000", 1);
+  Daemon d;
+  ::unsetenv("IVCUDA_GPU_DOUBLE_EVENT_DELAY_US");
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 1 << 20, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  const auto counted = [&, base = ring::staging_done(g.bar.data(), g.l, 0)] {
+    return ring::staging_done(g.bar.data(), g.l, 0) - base;
+  };
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.dst = dptr;
+  c.bytes = 64 << 10;
+  c.arena_off = ring::staging_off(g.l, 0);
+  auto bad = c;
+  bad.dst = dptr ^ 0x100000000ull;  // not its memory: the posted error
+  g.post(0, Op::kMemcpyHtoDArena, bad);
+  g.post(0, Op::kMemcpyHtoDArena, c);  // a good chunk, its DMA in flight for 20 ms
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(g.call(0, Op::kFlushWait, proto::ReqCtx{ctx}) == CUDA_SUCCESS);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(counted() == 2);                            // both chunks counted when it answers
+  CHECK(waited >= std::chrono::milliseconds(10));   // it waited for the copy (parked)
+  CHECK(g.call(0, Op::kFlushWait, proto::ReqCtx{ctx}) == CUDA_SUCCESS);  // nothing in flight: at once
+  CHECK(g.call(0, Op::kCtxSynchronize, proto::ReqCtx{ctx}) == CUDA_ERROR_INVALID_VALUE);  // the error, here
+  CHECK(g.call(0, Op::kCtxSynchronize, proto::ReqCtx{ctx}) == CUDA_SUCCESS);                // once
+  CHECK(d.alive());
+}
+
 TEST_CASE("a VM's processes get a worker each and reach only their own channels and handles",
           "[process][hostile]") {
   Strays strays;
