@@ -27,6 +27,22 @@ const char* mode_name(GuestMode m) noexcept {
   return "unknown";
 }
 
+void GuestStats::reset_for_next_guest() noexcept {
+  evict.store(0, std::memory_order_relaxed);
+  mode.store(0, std::memory_order_relaxed);
+  processes.store(0, std::memory_order_relaxed);
+  mem_used.store(0, std::memory_order_relaxed);
+  calls.store(0, std::memory_order_relaxed);
+  copy_bytes.store(0, std::memory_order_relaxed);
+  errors.store(0, std::memory_order_relaxed);
+  evicted.store(0, std::memory_order_relaxed);
+  error_time_ns.store(0, std::memory_order_relaxed);
+  for (char& c : last_error) std::atomic_ref<char>(c).store(0, std::memory_order_relaxed);
+  // Even again (not being written), and past every sequence a reader saw.
+  const std::uint32_t seq = error_seq.load(std::memory_order_relaxed);
+  error_seq.store((seq | 1) + 1, std::memory_order_release);
+}
+
 void GuestStats::note_error(const char* op, const char* error) noexcept {
   errors.fetch_add(1, std::memory_order_relaxed);
   // A VM's workers share the board: the one that makes the sequence odd

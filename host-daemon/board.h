@@ -52,6 +52,9 @@ struct GuestStats {
 
   // Worker side: records that `op` answered `error` (both short constant strings).
   void note_error(const char* op, const char* error) noexcept;
+  // Daemon side: a recycled worker's board for its next guest (main.cc):
+  // everything but the quota's limit starts from nothing.
+  void reset_for_next_guest() noexcept;
   // Daemon side: the last error as text, "" when none; bounded, and
   // never torn (a writer that keeps it odd gets "(being written)").
   std::string read_last_error(std::uint64_t* time_ns) const;

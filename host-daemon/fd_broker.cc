@@ -327,6 +327,15 @@ void FdBroker::end_guest(std::uint32_t guest) {
   guests_.erase(g);
 }
 
+void FdBroker::forget_shares(std::uint32_t guest) {
+  auto g = guests_.find(guest);
+  if (g == guests_.end() || !g->second.tenant) return;
+  if (auto t = tenants_.find(*g->second.tenant); t != tenants_.end()) {
+    forget_deposits(t->second, [](const Deposit& d, std::uint64_t gid) { return d.guest == gid; }, guest);
+    (void)t->second.registry.drop_guest(guest);
+  }
+}
+
 void FdBroker::serve(int fd) {
   auto it = lines_.find(fd);
   if (it == lines_.end()) return;

@@ -133,6 +133,9 @@ class FdBroker {
   void admit(std::uint32_t guest, Tenancy t);
   // The guest's connection ended: its lines are closed, what it shared goes.
   void end_guest(std::uint32_t guest);
+  // A recycled worker (main.cc) serves the tenant's next guest under the
+  // same number: what the last one shared goes, its lines and tenant stay.
+  void forget_shares(std::uint32_t guest);
   // The daemon's ends, to poll for POLLIN.
   std::vector<int> fds() const;
   // Serves one message on `fd` (readable). A worker that hung up or sent

@@ -362,6 +362,7 @@ std::atomic<bool> g_abandoned{false};
 }  // namespace
 
 void abandon_host_nodes() noexcept { g_abandoned.store(true, std::memory_order_release); }
+void revive_host_nodes() noexcept { g_abandoned.store(false, std::memory_order_release); }
 
 namespace {
 // A host node runs here, on the driver's callback thread: it tells the guest

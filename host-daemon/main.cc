@@ -97,6 +97,7 @@ struct Options {
   std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
   std::uint64_t context_reserve = ivcuda::host::kDefaultContextReserve;  // --context-reserve: per context, charged
+  std::string recycle = "on";        // --recycle-workers: a warm worker serves the tenant's next guest too
   std::string pin_arena = "on-use";  // --pin-arena: when a worker page-locks the guest's arena
   ivcuda::host::ObjectLimits limits;     // --object-limits
   std::string socket_group;              // --socket-group: who may connect (QEMU's user)
@@ -378,6 +379,7 @@ ivcuda::host::SupervisorConfig supervisor_config(const Options& o, const GuestSe
   sc.budget = g_budget;
   sc.uid_limit = o.max_guests_per_uid;
   sc.running = &g_worker;
+  sc.recycle = o.recycle == "on";
   sandbox_hooks(o, sc);
   return sc;
 }
@@ -669,6 +671,13 @@ void define_options(CLI::App& app, Options& o) {
                  "in milliseconds) or at-start (all of it, about 0.8 s per GiB, before the guest is served)")
       ->check(CLI::IsMember({"on-use", "at-start"}))
       ->capture_default_str();
+  app.add_option("--recycle-workers", o.recycle,
+                 "on: a warm worker whose process-mode guest ended with nothing under way resets its contexts "
+                 "(the driver frees and scrubs their memory) and waits, with new shared memory and doorbells, "
+                 "for the next guest of the same user on the same socket, so that programs run back to back "
+                 "do not wait for a driver and context to start (docs/security.md says what is reset)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles, pool pointers) one tenant may have exported at "
                  "once (a tenant: a VM, or one user's process-mode programs on one socket)")
@@ -924,6 +933,11 @@ int main(int argc, char** argv) {
     // from the hang-up.
     std::shared_ptr<ivcuda::sys::UniqueFd> conn;
     std::unique_ptr<GuestBoard> board;  // what its workers report (board.h)
+    // Served by a warm entry: our end of the entry's line, on which its
+    // process says that the worker ended cleanly and may be recycled
+    // ('C', vm_supervisor.h), and that worker's pid.
+    ivcuda::sys::UniqueFd handoff;
+    pid_t worker_pid = 0;
     clk::time_point started = clk::now();
     clk::time_point evict_deadline{};   // evicting: its process is killed after this
     // The last sampling window, for calls/s and copy bytes/s.
@@ -947,6 +961,9 @@ int main(int argc, char** argv) {
     std::unique_ptr<GuestBoard> board;
     bool ready = false;                       // its worker said so
     pid_t worker_pid = 0;                     // that worker (the entry's process's child)
+    // A recycled worker (--recycle-workers): it served a guest of this
+    // user, and serves only that user's guests (docs/security.md).
+    std::optional<uid_t> tenant_uid;
   };
   std::vector<std::vector<Warm>> pools(listeners.size());
   // After a warm entry failed, the socket's next one waits (1 s, doubling to a minute).
@@ -1155,6 +1172,7 @@ int main(int argc, char** argv) {
     if (metrics) metrics->close_in_child();
     for (auto& [other_pid, other] : workers) {
       if (other.conn) other.conn->reset();  // other guests' connections are not this one's
+      other.handoff.reset();
       if (other.board.get() != mine) other.board->unmap_in_child();
     }
     // Nor the memory, doorbells or boards of guests to come.
@@ -1219,7 +1237,9 @@ int main(int argc, char** argv) {
   };
 
   // Starts one warm entry for listener li (its process starts its worker).
-  auto start_warm = [&](std::size_t li) -> bool {
+  // `not_theirs`: a descriptor of the daemon's that the entry's process must
+  // not keep (a connection accepted and not yet handed over), or -1.
+  auto start_warm = [&](std::size_t li, int not_theirs = -1) -> bool {
     Listener& l = listeners[li];
     Warm e;
     e.listener = li;
@@ -1250,6 +1270,7 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       ours.reset();
       forget_in_child(e.board.get());
+      if (not_theirs >= 0) ::close(not_theirs);
       GuestSetup g;
       g.gpus = &l.gpus;
       g.mem_limit = l.mem_limit;
@@ -1294,21 +1315,116 @@ int main(int argc, char** argv) {
       for (const auto t : seen) recent += now - t <= kArrivalWindow ? 1 : 0;
       const std::size_t extra = recent > 1 ? std::min<std::size_t>(recent - 1, o.warm_burst) : 0;
       const std::size_t warm = listeners[li].warm;
-      const std::size_t target = warm == 0 ? 0 : warm + extra;
+      // Recycled workers (one user's) stand in for the extra ones: while
+      // they come back as fast as guests arrive, no more are made from nothing.
+      auto& pool = pools[li];
+      const std::size_t recycled = static_cast<std::size_t>(
+          std::count_if(pool.begin(), pool.end(), [](const Warm& e) { return e.tenant_uid.has_value(); }));
+      // So do workers serving a guest now that may come back recycled: every
+      // worker made from nothing competes with them for the driver (a
+      // context takes 0.15 s alone on an H200, 0.5 s and more when several
+      // are made at once: the driver makes them one at a time).
+      const std::size_t serving = static_cast<std::size_t>(std::count_if(
+          workers.begin(), workers.end(), [&](const auto& w) { return w.second.listener == li && w.second.handoff.valid(); }));
+      const std::size_t cover = recycled + serving;
+      const std::size_t target = warm == 0 ? 0 : warm + (extra > cover ? extra - cover : 0);
       auto& [until, wait] = warm_backoff[li];
-      while (pools[li].size() < target && now >= until) {
+      while (pool.size() - recycled < target && now >= until) {
         if (start_warm(li)) continue;
         until = now + wait;
         wait = std::min<std::chrono::seconds>(wait * 2, std::chrono::seconds(60));
       }
       if (idle) {
-        auto& pool = pools[li];
-        while (pool.size() > warm) {  // the newest extra first
+        // The recycled ones first, then the newest extra.
+        for (auto it = pool.begin(); it != pool.end();) {
+          if (!it->tenant_uid) {
+            ++it;
+            continue;
+          }
+          let_go_warm(*it);
+          it = pool.erase(it);
+        }
+        while (pool.size() > warm) {
           let_go_warm(pool.back());
           pool.pop_back();
         }
       }
     }
+  };
+
+  // A warm entry's guest ended cleanly and its worker reset its contexts
+  // (vm_supervisor.h, 'C'): the entry goes back to its socket's pool for the
+  // same user's next guest, with new memory and doorbells (the last guest
+  // may still hold its own), or, when the pool is full or the settings
+  // changed, lets go and is reaped as any worker.
+  auto recycle_served = [&](pid_t pid) {
+    auto it = workers.find(pid);
+    if (it == workers.end()) return;
+    Served& s = it->second;
+    const std::size_t li = s.listener;
+    bool room = li < listeners.size() && !warm_stale && listeners[li].warm > 0;
+    if (room && pools[li].size() >= listeners[li].warm + o.warm_burst) {
+      // Full: a worker that has just served is worth more than an extra
+      // one made from nothing (the newest, a starting one first; the socket
+      // keeps its --warm-workers of those) or than the one recycled longest
+      // ago (entries are in the order they came).
+      auto& pool = pools[li];
+      const std::size_t fresh = static_cast<std::size_t>(
+          std::count_if(pool.begin(), pool.end(), [](const Warm& e) { return !e.tenant_uid; }));
+      auto victim = pool.end();
+      if (fresh > listeners[li].warm) {
+        for (auto e = pool.begin(); e != pool.end(); ++e)
+          if (!e->tenant_uid && (victim == pool.end() || !e->ready || victim->ready)) victim = e;
+      } else {
+        victim = std::find_if(pool.begin(), pool.end(), [](const Warm& e) { return e.tenant_uid.has_value(); });
+      }
+      room = victim != pool.end();
+      if (room) {
+        let_go_warm(*victim);
+        pool.erase(victim);
+      }
+    }
+    std::optional<ivcuda::sys::UniqueFd> shm;
+    ivcuda::Result<ivcuda::ivshmem::GuestConnection> bells = ivcuda::make_error(ENOSPC, "the pool is full");
+    if (room) {
+      shm = guest_memory(s.id, li);
+      if (shm) bells = ivcuda::ivshmem::make_doorbells(o.vectors);
+    }
+    bool sent = shm && bells;
+    if (sent) {
+      std::int64_t k = 0;
+      sent = ivcuda::ivshmem::send_msg(s.handoff.get(), k++, shm->get()).ok();
+      for (auto& fd : bells->host_fds) sent = sent && ivcuda::ivshmem::send_msg(s.handoff.get(), k++, fd.get()).ok();
+      for (auto& fd : bells->guest_fds) sent = sent && ivcuda::ivshmem::send_msg(s.handoff.get(), k++, fd.get()).ok();
+    }
+    if (!sent) {
+      IVLOG_INFO("guest %lld ended cleanly; its worker goes (%s)", static_cast<long long>(s.id),
+                 room ? "no memory or doorbells for another guest" : "its socket's pool is full");
+      s.handoff.reset();  // the entry's process sees it close and ends
+      return;
+    }
+    // Nothing of the guest's stays with the entry: what it shared is
+    // withdrawn (its line and tenant stay), its unit of the per-uid budget
+    // is back, its connection is closed, its board starts from nothing.
+    budget->release(pid);
+    broker.forget_shares(static_cast<std::uint32_t>(s.id));
+    if (s.conn && s.conn->valid()) ::shutdown(s.conn->get(), SHUT_RDWR);
+    s.board->stats().reset_for_next_guest();
+    Warm e;
+    e.pid = pid;
+    e.listener = li;
+    e.id = s.id;
+    e.handoff = std::move(s.handoff);
+    e.shm = std::move(*shm);
+    e.bells = std::move(*bells);
+    e.board = std::move(s.board);
+    e.worker_pid = s.worker_pid;
+    e.tenant_uid = s.uid;
+    IVLOG_INFO("guest %lld ended cleanly; its worker (pid %d) is kept for the next guest of uid %u on %s",
+               static_cast<long long>(s.id), static_cast<int>(e.worker_pid), static_cast<unsigned>(s.uid),
+               listeners[li].path.c_str());
+    workers.erase(it);
+    pools[li].push_back(std::move(e));
   };
 
   // ivshmem-plain guests: a memory file each, formatted here, served by a
@@ -1351,6 +1467,14 @@ int main(int argc, char** argv) {
         auto w = std::find_if(pools[li].begin(), pools[li].end(), [&](const Warm& e) { return e.pid == pid; });
         if (w == pools[li].end()) continue;
         was_warm = true;
+        if (w->tenant_uid) {  // a recycled one: it served a guest; no back-off
+          IVLOG_INFO("a recycled worker for %s ended (%s %d)", listeners[li].path.c_str(),
+                     WIFSIGNALED(status) ? "signal" : "status",
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+          broker.end_guest(static_cast<std::uint32_t>(w->id));
+          pools[li].erase(w);
+          continue;
+        }
         auto& [until, wait] = warm_backoff[li];
         IVLOG_WARN("a warm worker for %s ended before a guest came (%s %d); the next one starts in %lld s",
                    listeners[li].path.c_str(), WIFSIGNALED(status) ? "signal" : "status",
@@ -1421,6 +1545,13 @@ int main(int argc, char** argv) {
     if (metrics) pfds.push_back(pollfd{metrics->fd(), POLLIN, 0});
     const std::size_t broker_at = pfds.size();
     for (const int fd : broker.fds()) pfds.push_back(pollfd{fd, POLLIN, 0});
+    const std::size_t served_at = pfds.size();
+    std::vector<pid_t> served_polled;
+    for (auto& [pid, w] : workers)
+      if (w.handoff.valid()) {
+        pfds.push_back(pollfd{w.handoff.get(), POLLIN, 0});
+        served_polled.push_back(pid);
+      }
     const std::size_t warm_at = pfds.size();
     std::vector<Warm*> warm_polled;
     for (auto& pool : pools)
@@ -1434,8 +1565,19 @@ int main(int argc, char** argv) {
     if (ready <= 0) continue;
     if (control && (pfds[control_at].revents & POLLIN) != 0) control->serve(handle_control);
     (void)metrics_at;
-    for (std::size_t i = broker_at; i < warm_at; ++i)
+    for (std::size_t i = broker_at; i < served_at; ++i)
       if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker.serve(pfds[i].fd);
+    // A served warm entry's line: its worker ended cleanly ('C'), or the
+    // entry's process is ending (it is reaped then).
+    std::vector<pid_t> to_recycle;
+    for (std::size_t i = served_at; i < warm_at; ++i) {
+      if (pfds[i].revents == 0) continue;
+      Served& w = workers[served_polled[i - served_at]];
+      char msg[1 + sizeof(std::int32_t)] = {};
+      const ssize_t n = ::read(w.handoff.get(), msg, sizeof msg);
+      if (n == static_cast<ssize_t>(sizeof msg) && msg[0] == 'C') to_recycle.push_back(served_polled[i - served_at]);
+      else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) w.handoff.reset();
+    }
     // A warm entry's line: its worker is ready, or the entry is ending (it is
     // reaped then); before any accept below moves entries around.
     for (std::size_t i = warm_at; i < pfds.size(); ++i) {
@@ -1453,6 +1595,7 @@ int main(int argc, char** argv) {
         e.handoff.reset();  // ending: no guest goes to it
       }
     }
+    for (const pid_t pid : to_recycle) recycle_served(pid);
     for (std::size_t li = 0; li < listeners.size(); ++li) {
       if ((pfds[li].revents & POLLIN) == 0) continue;
       Listener& l = listeners[li];
@@ -1487,10 +1630,26 @@ int main(int argc, char** argv) {
       // A warm entry when one is there (a ready one first); else all of it now.
       std::optional<Warm> warm;
       {
+        // Never one recycled for another user (rule recycle-same-tenant); of
+        // the others a ready one first, and one recycled for this user
+        // before a fresh one (which any user may have).
         auto& pool = pools[li];
-        auto pick = std::find_if(pool.begin(), pool.end(), [](const Warm& e) { return e.ready && e.handoff.valid(); });
-        if (pick == pool.end())
-          pick = std::find_if(pool.begin(), pool.end(), [](const Warm& e) { return e.handoff.valid(); });
+        const uid_t uid = cred.uid;
+        const auto usable = [&](const Warm& e) {
+          return e.handoff.valid() && (!e.tenant_uid || *e.tenant_uid == uid || !IVCUDA_RULE("recycle-same-tenant"));
+        };
+        auto pick = pool.end();
+        for (const bool made : {true, false})
+          for (const bool own : {true, false})
+            if (pick == pool.end())
+              pick = std::find_if(pool.begin(), pool.end(), [&](const Warm& e) {
+                return usable(e) && (!made || e.ready) && e.tenant_uid.has_value() == own;
+              });
+        // None: with recycling, the guest's worker starts as a warm entry
+        // made now (it waits for it as for a worker made for it), so that it
+        // too can serve the user's next guest.
+        if (pick == pool.end() && o.recycle == "on" && l.warm > 0 && start_warm(li, pending->conn.get()))
+          pick = std::prev(pool.end());
         if (pick != pool.end()) {
           warm = std::move(*pick);
           pool.erase(pick);
@@ -1567,6 +1726,10 @@ int main(int argc, char** argv) {
       s.listener = li;
       s.conn = std::make_shared<ivcuda::sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0));
       s.board = std::move(board);
+      if (warm) {
+        s.handoff = std::move(warm->handoff);
+        s.worker_pid = warm->worker_pid;
+      }
       workers[pid] = std::move(s);
       // A warm entry's process names its worker once it hands the guest over
       // ("guest N: worker pid W", vm_supervisor.cc).

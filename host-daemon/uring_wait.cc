@@ -67,6 +67,23 @@ UringWaiter::~UringWaiter() {
   // closed with armed requests kept them, and their memory, for good on the
   // development machine's kernel (6.18): about 18 io_kiocb objects for every
   // worker that ever ended (found by the long fuzz run, which ended by OOM).
+  cancel_armed();
+  io_uring_queue_exit(&ring_);
+}
+
+Result<void> UringWaiter::rebind(int doorbell_fd) noexcept {
+  if (ring_ok_) cancel_armed();
+  doorbell_fd_ = doorbell_fd;
+  conn_fd_ = -1;
+  hung_up_ = false;
+  if (!ring_ok_) return {};
+  if (armed_ != 0) return make_error(EBUSY, "io_uring: an armed request of the last guest did not end");
+  arm_read();
+  io_uring_submit(&ring_);
+  return {};
+}
+
+void UringWaiter::cancel_armed() noexcept {
   if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
     io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
     io_uring_sqe_set_data64(sqe, kTagCancel);
@@ -76,10 +93,11 @@ UringWaiter::~UringWaiter() {
       io_uring_cqe* cqe = nullptr;
       __kernel_timespec ts{0, 100 * 1000 * 1000};
       if (io_uring_wait_cqe_timeout(&ring_, &cqe, &ts) != 0) break;
+      const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
+      if ((tag == kTagRead || tag == kTagPoll) && armed_ > 0) --armed_;
       io_uring_cqe_seen(&ring_, cqe);
     }
   }
-  io_uring_queue_exit(&ring_);
 }
 
 void UringWaiter::arm_read() noexcept {

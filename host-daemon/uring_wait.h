@@ -31,6 +31,11 @@ class UringWaiter {
   unsigned wait(int timeout_ms) noexcept;
   // Starts watching conn_fd for a hang-up (a waiter made with none).
   void watch_connection(int conn_fd) noexcept;
+  // A recycled worker's next guest (worker.h, Worker::successor): what is
+  // armed is cancelled, and the waiter reads `doorbell_fd` and watches no
+  // connection until watch_connection(). Only io_uring_enter: works inside
+  // the sandbox.
+  Result<void> rebind(int doorbell_fd) noexcept;
   // Whether the ring is limited to the waiter's operations (read, poll,
   // timeout); false on kernels without io_uring restrictions, which get no
   // ring (uses_poll()).
@@ -42,6 +47,7 @@ class UringWaiter {
   unsigned wait_poll(int timeout_ms) noexcept;
   void arm_read() noexcept;
   void arm_poll() noexcept;
+  void cancel_armed() noexcept;
 
   io_uring ring_{};
   bool ring_ok_ = false;

@@ -1,5 +1,6 @@
 #include "host-daemon/vm_supervisor.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "host-daemon/board.h"
 #include "host-daemon/log.h"
@@ -211,6 +213,9 @@ class Supervisor {
     sys::UniqueFd line;
   };
   void adopt_warm(WarmChild w) { warm_ = std::move(w); }
+  // After run(): the worker started ahead, when its guest ended cleanly and
+  // it asks for the tenant's next guest (Worker::kRecycled).
+  std::optional<WarmChild> take_recycled() { return std::exchange(recycled_, std::nullopt); }
 
  private:
   struct WorkerProc {
@@ -279,6 +284,7 @@ class Supervisor {
   bool hung_up_ = false;
   clock::time_point spares_paused_until_{};
   std::optional<WarmChild> warm_;
+  std::optional<WarmChild> recycled_;
 };
 
 // Waits for child `pid` to end and returns its exit status as a process's
@@ -390,6 +396,24 @@ int Supervisor::serve_by_warm() {
     (void)wait_child(w.pid, stop_);
     return 2;
   }
+  // Until it ends, or says its guest ended with nothing under way ('C': it
+  // reset its contexts and waits for the tenant's next guest).
+  while (*stop_ == 0) {
+    pollfd p{w.line.get(), POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char c = 0;
+    const ssize_t n = ::read(w.line.get(), &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 1 && c == 'C') {
+      recycled_ = std::move(w);
+      return 0;
+    }
+    if (n != 1) break;  // it ended
+    // 'R' (it was ready when the guest came): nothing to pass on
+  }
+  // A stop that came while we polled: wait_child passes on only one that
+  // interrupts its own wait.
+  if (*stop_ != 0) ::kill(w.pid, SIGTERM);
   return wait_child(w.pid, stop_);
 }
 
@@ -894,12 +918,16 @@ int warm_worker_main(const SupervisorConfig& cfg, int line, volatile sig_atomic_
   WorkerConfig wc = cfg.worker;
   wc.defer_connection = true;
   wc.conn_fd = -1;
+  wc.recyclable = cfg.recycle;
   if (IVCUDA_RULE("worker-no-budget-books") && cfg.budget != nullptr) cfg.budget->unmap_in_child();
   if (cfg.before_start)
     if (auto st = cfg.before_start(wc); !st) {
       IVLOG_ERROR("warm worker g%u: cannot sandbox the worker: %s", id, st.error().what.c_str());
       return 2;
     }
+  // The guest's memory and doorbells, ours to close when a recycled worker
+  // goes on to the next guest's.
+  Worker::NextGuest mine{wc.shm_fd, wc.host_fds, wc.guest_fds};
   auto w = Worker::create(std::move(wc));
   if (!w) {
     IVLOG_ERROR("warm worker g%u: cannot start: %s", id, w.error().what.c_str());
@@ -910,30 +938,76 @@ int warm_worker_main(const SupervisorConfig& cfg, int line, volatile sig_atomic_
       IVLOG_ERROR("warm worker g%u: cannot sandbox the worker: %s", id, st.error().what.c_str());
       return 2;
     }
-  if (cfg.running != nullptr) *cfg.running = w->get();
-  const char ready = 'R';
-  if (::write(line, &ready, 1) != 1) return 0;  // the entry is gone already
+  std::unique_ptr<Worker> worker = std::move(*w);
   ivshmem::MessageReader reader;
   for (;;) {
-    if (*stop != 0) return 0;
-    auto m = reader.read(line, clock::now() + std::chrono::milliseconds(200));
-    if (!m) {
-      if (m.error().code == ETIMEDOUT || m.error().code == EINTR) continue;
-      return 0;  // let go before a guest came (a VM, a reload, the daemon stopping)
+    if (cfg.running != nullptr) *cfg.running = worker.get();
+    const char ready = 'R';
+    if (::write(line, &ready, 1) != 1) return 0;  // the entry is gone already
+    int conn = -1;
+    while (conn < 0) {
+      if (*stop != 0) return 0;
+      auto m = reader.read(line, clock::now() + std::chrono::milliseconds(200));
+      if (!m) {
+        if (m.error().code == ETIMEDOUT || m.error().code == EINTR) continue;
+        return 0;  // let go before a guest came (a VM, a reload, the daemon stopping)
+      }
+      if (!m->fd.valid()) {
+        IVLOG_ERROR("warm worker g%u: the hand-over carried no connection", id);
+        return 2;
+      }
+      conn = m->fd.release();
+      worker->attach_connection(conn);
+      IVLOG_INFO("guest %u: served by a worker started ahead (peer pid %lld)", id, static_cast<long long>(m->value));
     }
-    if (!m->fd.valid()) {
-      IVLOG_ERROR("warm worker g%u: the hand-over carried no connection", id);
+    if (*stop != 0) worker->stop();
+    const int rc = worker->run();
+    if (rc != Worker::kRecycled) {
+      if (cfg.running != nullptr) *cfg.running = nullptr;
+      return rc;
+    }
+    // The guest ended with nothing under way and the worker let go of all
+    // of it: it asks for the tenant's next guest, whose own memory and
+    // doorbells come back (1 + 2N messages: the memory, then the host's and
+    // the guest's eventfds).
+    if (cfg.running != nullptr) *cfg.running = nullptr;
+    ::close(conn);
+    const char clean = 'C';
+    if (::write(line, &clean, 1) != 1) return 0;
+    // The daemon makes the next guest's memory meanwhile; the last guest's
+    // memory on the GPU is back as soon as the contexts are reset.
+    worker->release_for_recycle();
+    Worker::NextGuest next;
+    const std::size_t vectors = mine.host_fds.size();
+    std::vector<sys::UniqueFd> got;
+    while (got.size() < 1 + 2 * vectors) {
+      if (*stop != 0) return 0;
+      auto m = reader.read(line, clock::now() + std::chrono::milliseconds(200));
+      if (!m) {
+        if (m.error().code == ETIMEDOUT || m.error().code == EINTR) continue;
+        return 0;  // let go
+      }
+      if (!m->fd.valid() || m->value != static_cast<std::int64_t>(got.size())) {
+        IVLOG_ERROR("warm worker g%u: the next guest's memory and doorbells came out of order", id);
+        return 2;
+      }
+      got.push_back(std::move(m->fd));
+    }
+    next.shm_fd = got[0].release();
+    for (std::size_t v = 0; v < vectors; ++v) next.host_fds.push_back(got[1 + v].release());
+    for (std::size_t v = 0; v < vectors; ++v) next.guest_fds.push_back(got[1 + vectors + v].release());
+    auto fresh = worker->successor(next);
+    worker.reset();  // the last guest's BAR is unmapped with it
+    if (!fresh) {
+      IVLOG_ERROR("warm worker g%u: cannot start for the next guest: %s", id, fresh.error().what.c_str());
       return 2;
     }
-    const int conn = m->fd.release();
-    (*w)->attach_connection(conn);
-    IVLOG_INFO("guest %u: served by a worker started ahead (peer pid %lld)", id, static_cast<long long>(m->value));
-    break;
+    worker = std::move(*fresh);
+    ::close(mine.shm_fd);
+    for (const int fd : mine.host_fds) ::close(fd);
+    for (const int fd : mine.guest_fds) ::close(fd);
+    mine = std::move(next);
   }
-  if (*stop != 0) (*w)->stop();
-  const int rc = (*w)->run();
-  if (cfg.running != nullptr) *cfg.running = nullptr;
-  return rc;
 }
 
 }  // namespace
@@ -962,41 +1036,80 @@ int run_warm_supervisor(SupervisorConfig cfg, int handoff_fd, volatile sig_atomi
   Supervisor::WarmChild child{pid, sys::UniqueFd(sv[0])};
   auto let_go = [&](int rc) {
     child.line.reset();
-    ::kill(pid, SIGKILL);
-    (void)wait_child(pid, stop_flag);
+    ::kill(child.pid, SIGKILL);
+    (void)wait_child(child.pid, stop_flag);
     return rc;
   };
-  // Until the guest comes: the worker's readiness goes on to the daemon; a
-  // worker that fails takes the entry with it.
   ivshmem::MessageReader reader;
-  while (*stop_flag == 0) {
-    pollfd p[2] = {{handoff_fd, POLLIN, 0}, {child.line.get(), POLLIN, 0}};
-    if (::poll(p, 2, 200) <= 0) continue;
-    if (p[1].revents != 0) {
-      char c = 0;
-      if (::read(child.line.get(), &c, 1) == 1) {
-        // 'R' and the worker's pid, for the daemon's log and tests.
-        char msg[1 + sizeof(std::int32_t)] = {c};
-        const auto wpid = static_cast<std::int32_t>(pid);
-        std::memcpy(msg + 1, &wpid, sizeof wpid);
-        (void)!::write(handoff_fd, msg, sizeof msg);
-      } else {
-        const int rc = wait_child(pid, stop_flag);
-        IVLOG_WARN("warm worker g%u: ended before its guest came (status %d)", id, rc);
-        return 2;
+  // Once per guest: a recycled worker (Worker::kRecycled) comes back here.
+  for (;;) {
+    // Until the guest comes: the worker's readiness goes on to the daemon; a
+    // worker that fails takes the entry with it.
+    std::optional<ivshmem::Message> handed;
+    while (*stop_flag == 0 && !handed) {
+      pollfd p[2] = {{handoff_fd, POLLIN, 0}, {child.line.get(), POLLIN, 0}};
+      if (::poll(p, 2, 200) <= 0) continue;
+      if (p[1].revents != 0) {
+        char c = 0;
+        if (::read(child.line.get(), &c, 1) == 1) {
+          // 'R' and the worker's pid, for the daemon's log and tests.
+          char msg[1 + sizeof(std::int32_t)] = {c};
+          const auto wpid = static_cast<std::int32_t>(child.pid);
+          std::memcpy(msg + 1, &wpid, sizeof wpid);
+          (void)!::write(handoff_fd, msg, sizeof msg);
+        } else {
+          const int rc = wait_child(child.pid, stop_flag);
+          IVLOG_WARN("warm worker g%u: ended before its guest came (status %d)", id, rc);
+          return 2;
+        }
       }
+      if (p[0].revents == 0) continue;
+      auto m = reader.read(handoff_fd, clock::now() + std::chrono::milliseconds(1000));
+      if (!m || !m->fd.valid()) return let_go(0);  // the daemon let the entry go
+      handed = std::move(*m);
     }
-    if (p[0].revents == 0) continue;
-    auto m = reader.read(handoff_fd, clock::now() + std::chrono::milliseconds(1000));
-    if (!m || !m->fd.valid()) return let_go(0);  // the daemon let the entry go
-    cfg.peer_pid = static_cast<pid_t>(m->value);
-    cfg.worker.conn_fd = m->fd.release();
-    ::close(handoff_fd);
-    Supervisor sup(std::move(cfg), stop_flag);
-    sup.adopt_warm(std::move(child));
-    return sup.run();
+    if (!handed) return let_go(0);
+    SupervisorConfig c = cfg;
+    c.peer_pid = static_cast<pid_t>(handed->value);
+    const int conn = handed->fd.release();
+    c.worker.conn_fd = conn;
+    c.worker.broker_fd = cfg.worker.broker_fd >= 0 ? ::fcntl(cfg.worker.broker_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    std::optional<Supervisor::WarmChild> back;
+    int rc = 0;
+    {
+      Supervisor sup(std::move(c), stop_flag);
+      sup.adopt_warm(std::move(child));
+      rc = sup.run();
+      back = sup.take_recycled();
+    }
+    ::close(conn);
+    if (!back) return rc;
+    child = std::move(*back);
+    // The daemon makes the next guest's memory and doorbells (a guest that
+    // is gone may still hold the last ones: nothing of theirs is reused) and
+    // this process passes them on: 1 + 2N messages, as to the worker.
+    char msg[1 + sizeof(std::int32_t)] = {'C'};
+    const auto wpid = static_cast<std::int32_t>(child.pid);
+    std::memcpy(msg + 1, &wpid, sizeof wpid);
+    if (::write(handoff_fd, msg, sizeof msg) != static_cast<ssize_t>(sizeof msg)) return let_go(0);
+    const std::size_t vectors = cfg.worker.host_fds.size();
+    std::vector<sys::UniqueFd> got;
+    while (got.size() < 1 + 2 * vectors && *stop_flag == 0) {
+      auto m = reader.read(handoff_fd, clock::now() + std::chrono::milliseconds(1000));
+      if (!m && (m.error().code == ETIMEDOUT || m.error().code == EINTR)) continue;
+      if (!m || !m->fd.valid() || m->value != static_cast<std::int64_t>(got.size())) return let_go(0);
+      if (auto st = ivshmem::send_msg(child.line.get(), m->value, m->fd.get()); !st) return let_go(2);
+      got.push_back(std::move(m->fd));
+    }
+    if (got.size() < 1 + 2 * vectors) return let_go(0);
+    // From now on this process's copies are the next guest's.
+    ::close(cfg.worker.shm_fd);
+    for (const int fd : cfg.worker.host_fds) ::close(fd);
+    for (const int fd : cfg.worker.guest_fds) ::close(fd);
+    cfg.worker.shm_fd = got[0].release();
+    for (std::size_t v = 0; v < vectors; ++v) cfg.worker.host_fds[v] = got[1 + v].release();
+    for (std::size_t v = 0; v < vectors; ++v) cfg.worker.guest_fds[v] = got[1 + vectors + v].release();
   }
-  return let_go(0);
 }
 
 }  // namespace ivcuda::host

@@ -154,6 +154,10 @@ struct SupervisorConfig {
   // Where a worker running in this process is published, for the SIGTERM
   // handler (it calls stop()).
   Worker** running = nullptr;
+  // A warm entry's worker serving a process-mode guest may serve the
+  // tenant's next guest once this one ended with nothing under way
+  // (--recycle-workers; docs/design.md, "Recycled workers").
+  bool recycle = false;
 };
 
 // Serves one connection until it hangs up or *stop_flag becomes nonzero (a
@@ -175,7 +179,15 @@ int run_supervisor(SupervisorConfig cfg, volatile sig_atomic_t* stop_flag);
 // worker started ahead; a VM lets it go and is served as run_supervisor()
 // serves one. The byte 'R' is followed by the worker's pid (4 bytes, host
 // order). The daemon closing handoff_fd before a guest came lets the
-// whole entry go. Returns the exit status for the process.
+// whole entry go.
+//
+// With `cfg.recycle`, a process-mode guest's worker that ends cleanly
+// (Worker::kRecycled) comes back: this process writes 'C' and the worker's
+// pid to handoff_fd, reads the next guest's memory and doorbells from it
+// (1 + 2N ivshmem messages, the value counting from 0: the memory, the
+// host's N eventfds, the guest's N), passes them to the worker, and is a
+// warm entry again ('R' once the worker is ready). Returns the exit status
+// for the process.
 int run_warm_supervisor(SupervisorConfig cfg, int handoff_fd, volatile sig_atomic_t* stop_flag);
 
 }  // namespace ivcuda::host

@@ -101,13 +101,7 @@ Result<void> Worker::init() {
   }
   if (!env_note.empty()) IVLOG_INFO("guest %u: the driver loads with %s", cfg_.guest_id, env_note.c_str());
   IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
-  quota_.configure(cfg_.mem_limit, cfg_.vm, cfg_.vm_slot, cfg_.stats);
-  // Start-up costs, for the log: what a guest waits for before its hello.
-  using clock = std::chrono::steady_clock;
-  const auto ms_since = [](clock::time_point t) {
-    return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t).count());
-  };
-  const auto t_init = clock::now();
+  const auto t_init = std::chrono::steady_clock::now();
   CUresult st = cu_.cuInit(0);
   if (st != CUDA_SUCCESS) return make_error(st, std::string("cuInit: ") + err_name(st));
   int count = 0;
@@ -124,14 +118,39 @@ Result<void> Worker::init() {
     st = cu_.cuDeviceGet(&d, o);
     if (st != CUDA_SUCCESS) return make_error(st, std::string("cuDeviceGet: ") + err_name(st));
     devices_.push_back(d);
-    CtxEntry e;
-    e.primary = true;
-    e.device = static_cast<int>(devices_.size() - 1);
-    primary_.push_back(ctxs_.insert(std::move(e)));
   }
   if (devices_.empty()) return make_error(ENODEV, "no GPU for this guest");
+  init_ms_ = static_cast<long long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t_init).count());
+  return start_guest_side(true);
+}
+
+Result<void> Worker::start_guest_side(bool first) {
+  // Start-up costs, for the log: what a guest waits for before its hello.
+  using clock = std::chrono::steady_clock;
+  const auto ms_since = [](clock::time_point t) {
+    return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t).count());
+  };
+  CUresult st = CUDA_SUCCESS;
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    CtxEntry e;
+    e.primary = true;
+    e.device = static_cast<int>(i);
+    primary_.push_back(ctxs_.insert(std::move(e)));
+  }
+  quota_.configure(cfg_.mem_limit, cfg_.vm, cfg_.vm_slot, cfg_.stats);
   IVCUDA_TRY(map_bar());
-  const long long init_ms = ms_since(t_init);
+  const long long init_ms = first ? init_ms_ : 0;
+  // The host's NVML loads beside the context (each takes the driver 0.05-0.4 s
+  // when many workers start at once); it is joined below, before the sandbox closes.
+  std::thread nvml_loader;
+  if (first && !nvml_) nvml_loader = std::thread([this] { (void)nvml_state(); });
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join_nvml{nvml_loader};
   quota_.set_reclaim([this] { return reclaim_pool_reserves(); });
   const auto t_ctx = clock::now();
   if (!charge_first_context()) {
@@ -139,7 +158,9 @@ Result<void> Worker::init() {
     // one later; the process that finds none gets a worker that refuses it.
     if (cfg_.vm != nullptr && cfg_.vm->slot(cfg_.vm_slot).guest_pid.load() == 0)
       return make_error(ENOMEM, "the VM's quota cannot cover another worker's context");
-    IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.defer_connection ? -1 : cfg_.conn_fd));
+    if (!waiter_) {
+      IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.defer_connection ? -1 : cfg_.conn_fd));
+    }
     channels_.resize(l_.channels);
     return {};
   }
@@ -190,18 +211,22 @@ Result<void> Worker::init() {
   // and a ring torn down with the process may keep that reference for a
   // while, so a worker that fails to start has none (the guest then sees the
   // hang-up at once).
-  IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.defer_connection ? -1 : cfg_.conn_fd));
+  if (!waiter_) {
+    IVCUDA_TRY_ASSIGN(waiter_, UringWaiter::create(cfg_.host_fds[0], cfg_.defer_connection ? -1 : cfg_.conn_fd));
+  }
   channels_.resize(l_.channels);
-  if (cfg_.forward_stdout) start_console();
-  // The host's NVML now, before the sandbox closes (nvml.cc): its nvmlInit
+  if (first && cfg_.forward_stdout) start_console();
+  // The host's NVML by now, before the sandbox closes (nvml.cc): its nvmlInit
   // needs what a sandboxed worker may no longer do (inside the sandbox it
-  // fails on the H200). About 11 ms there.
+  // fails on the H200). The figure is what was left to wait for.
   const auto t_nvml = clock::now();
+  if (nvml_loader.joinable()) nvml_loader.join();
   (void)nvml_state();
   const long long nvml_ms = ms_since(t_nvml);
   IVLOG_INFO("%s guest %u: %zu GPU(s), %u channels, arena %llu MiB at device 0x%llx "
              "(driver start %lld ms, context %lld ms, arena registration %lld ms, NVML %lld ms)",
-             cfg_.defer_connection ? "started ahead for" : "serving", cfg_.guest_id, devices_.size(), l_.channels, static_cast<unsigned long long>(l_.arena_size >> 20),
+             !first ? "recycled for" : cfg_.defer_connection ? "started ahead for" : "serving", cfg_.guest_id,
+             devices_.size(), l_.channels, static_cast<unsigned long long>(l_.arena_size >> 20),
              static_cast<unsigned long long>(arena_dev_), init_ms, ctx_ms, reg_ms, nvml_ms);
   return {};
 }
@@ -670,6 +695,7 @@ int Worker::serve_once() {
       }
     }
     if (best == nullptr) break;
+    quiet_->store(false, std::memory_order_relaxed);  // busy: a death now ends the process at once
     handle(*best, best_rec);
     best->req.consume();
     ++handled;
@@ -688,6 +714,7 @@ void Worker::sleep_until_work() {
   bool parked = false;
   for (auto& chp : channels_)
     if (chp && ((!chp->dead && chp->parked.active) || !chp->copies.empty())) parked = true;
+  quiet_->store(!parked, std::memory_order_release);  // watch_guest_death waits only for a quiet loop
   if (parked) {
     // Waiting on the GPU for a parked synchronise or a posted copy (a guest
     // may be waiting on staging_done, not on a reply). As the native driver does
@@ -697,7 +724,7 @@ void Worker::sleep_until_work() {
     const auto now = std::chrono::steady_clock::now();
     if (parked_since_ == std::chrono::steady_clock::time_point{}) parked_since_ = now;
     if (waiter_->wait(0) & UringWaiter::kHangup) {
-      stop_ = true;
+      stop_ = hung_up_ = true;
       return;
     }
     if (now - parked_since_ < kParkedSpin) ::sched_yield();
@@ -726,7 +753,7 @@ void Worker::sleep_until_work() {
       ::usleep(static_cast<useconds_t>(cfg_.poll_interval.count()));
     } else {
       const unsigned what = waiter_->wait(100);
-      if (what & UringWaiter::kHangup) stop_ = true;
+      if (what & UringWaiter::kHangup) stop_ = hung_up_ = true;
     }
   }
   for (auto& chp : channels_)
@@ -752,7 +779,8 @@ void Worker::watch_guest_death() {
   if (cfg_.conn_fd < 0 || !IVCUDA_RULE("death-stops-work")) return;
   const int fd = cfg_.conn_fd;
   const std::uint32_t guest = cfg_.guest_id;
-  std::thread([fd, guest] {
+  const bool recyclable = cfg_.recyclable;
+  std::thread([fd, guest, recyclable, death = death_, quiet = quiet_] {
     pollfd p{fd, POLLRDHUP, 0};
     for (;;) {
       const int r = ::poll(&p, 1, -1);
@@ -761,9 +789,110 @@ void Worker::watch_guest_death() {
       if ((p.revents & POLLNVAL) != 0) return;  // closed by the worker's own end
       if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) break;
     }
+    int live = kLive;
+    if (!death->compare_exchange_strong(live, kGone)) return;  // the request loop took the end first
+    // A recyclable worker whose request loop was idle, with nothing
+    // outstanding, when the guest went: the loop wakes on the same hang-up
+    // and takes the end as clean within microseconds (or ends the process
+    // itself); give it up to 100 ms on a loaded machine.
+    // Anything else - work posted, a call in the driver, a busy GPU - ends
+    // the process now.
+    if (recyclable && quiet->load(std::memory_order_acquire)) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      while (death->load(std::memory_order_acquire) == kGone && std::chrono::steady_clock::now() < until)
+        ::usleep(200);
+    }
+    int gone = kGone;
+    if (!death->compare_exchange_strong(gone, kEnding)) return;  // recycling
     IVLOG_INFO("guest %u went away; its worker ends now, with what the guest had queued", guest);
     ::_exit(0);
   }).detach();
+}
+
+// Recycling (docs/design.md, "Recycled workers"): only a guest that left
+// nothing for the GPU to do. A record still in a ring, a parked call, a
+// copy in flight or a stream with work on it means the guest died mid-run,
+// and that work must not run (rule death-stops-work): the process ends.
+bool Worker::nothing_under_way() {
+  if (evicted_ || refused_ != CUDA_SUCCESS || cu_.handle == nullptr) return false;
+  for (auto& chp : channels_) {
+    if (!chp || chp->dead) continue;
+    if (chp->parked.active || !chp->copies.empty() || chp->req.has_data()) return false;
+  }
+  if (!captures_.empty()) return false;
+  bool idle = true;
+  streams_.for_each([&](std::uint64_t, StreamEntry& e) {
+    if (idle && e.real != nullptr && cu_.cuStreamQuery(e.real) != CUDA_SUCCESS) idle = false;
+  });
+  ctxs_.for_each([&](std::uint64_t, CtxEntry& c) {
+    if (!idle || c.real == nullptr) return;
+    if (cu_.cuCtxSetCurrent(c.real) != CUDA_SUCCESS || cu_.cuStreamQuery(CU_STREAM_LEGACY) != CUDA_SUCCESS ||
+        cu_.cuStreamQuery(CU_STREAM_PER_THREAD) != CUDA_SUCCESS)
+      idle = false;
+  });
+  current_ = nullptr;  // whatever the guest had current no longer is
+  return idle;
+}
+
+void Worker::release_for_recycle() noexcept {
+  if (released_ || cu_.handle == nullptr) return;
+  released_ = true;
+  IVLOG_INFO("guest %u: releasing %zu context(s), %zu allocation(s), %zu module(s) and resetting the GPUs' "
+             "contexts for the tenant's next guest", cfg_.guest_id, ctxs_.size(), ranges_.size(), modules_.size());
+  abandon_copies();
+  abandon_host_nodes();
+  destroy_created_pools();
+  release_vmm();
+  ctxs_.for_each([&](std::uint64_t, CtxEntry& c) {
+    if (!c.primary && c.real != nullptr) cu_.cuCtxDestroy(c.real);
+  });
+  if (arena_registered_ && arena_ctx_ != nullptr) {
+    cu_.cuCtxSetCurrent(arena_ctx_);
+    cu_.cuMemHostUnregister(arena_ptr(l_.arena_off));
+    arena_registered_ = false;
+  }
+  while (!arena_pinned_.empty()) unpin_arena(arena_pinned_.begin()->first);
+  // Each GPU's primary context goes whatever its retain count: its
+  // allocations, modules, streams, events, pools, graphs and registrations
+  // with it. The driver gives a later context memory it has scrubbed
+  // (measured on the H200: tests/programs/drv_ctx_reset; a guest of the
+  // successor sees nothing of this one's).
+  (void)cu_.cuCtxSetCurrent(nullptr);
+  if (IVCUDA_RULE("recycle-reset-contexts"))
+    for (CUdevice d : devices_) (void)cu_.cuDevicePrimaryCtxReset(d);
+  arena_ctx_ = nullptr;
+  current_ = nullptr;
+  // Its quota's books: what it held goes back now (the successor starts
+  // its own), and the records that die with this object change nothing.
+  quota_.close();
+}
+
+Result<std::unique_ptr<Worker>> Worker::successor(const NextGuest& next) {
+  if (next.host_fds.empty() || next.guest_fds.empty())
+    return make_error(EINVAL, "a recycled worker needs at least one doorbell vector each way");
+  if (cu_.handle == nullptr) return make_error(EINVAL, "this worker was recycled already");
+  release_for_recycle();
+  revive_host_nodes();
+  WorkerConfig c = cfg_;
+  c.shm_fd = next.shm_fd;
+  c.host_fds = next.host_fds;
+  c.guest_fds = next.guest_fds;
+  c.conn_fd = -1;
+  c.defer_connection = true;
+  c.broker_fd = -1;
+  std::unique_ptr<Worker> w(new Worker(std::move(c)));
+  w->cu_ = cu_;
+  w->devices_ = devices_;
+  w->nvml_ = nvml_;
+  w->console_rd_ = std::move(console_rd_);
+  w->broker_ = std::move(broker_);
+  w->driver_capture_mode_ = driver_capture_mode_;
+  w->init_ms_ = 0;
+  w->waiter_ = std::move(waiter_);
+  cu_.handle = nullptr;  // this object's destructor releases nothing more
+  if (auto st = w->waiter_->rebind(next.host_fds[0]); !st) return st.error();
+  IVCUDA_TRY(w->start_guest_side(false));
+  return w;
 }
 
 int Worker::run() {
@@ -785,7 +914,10 @@ int Worker::run() {
     // the heartbeat and the connection every 1024.
     if ((++spins & 1023) == 0) {
       ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
-      if (waiter_->wait(0) & UringWaiter::kHangup) break;
+      if (waiter_->wait(0) & UringWaiter::kHangup) {
+        hung_up_ = true;
+        break;
+      }
     }
     if ((spins & 15) != 0 || std::chrono::steady_clock::now() - last_work < cfg_.spin) {
       ring::cpu_relax();
@@ -795,6 +927,22 @@ int Worker::run() {
     // A guest in a VM cannot see the daemon's socket; this tells it we live.
     ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
     last_work = std::chrono::steady_clock::now() - cfg_.spin + std::chrono::microseconds(20);
+  }
+  // The guest hung up: a recyclable worker with nothing under way takes the
+  // end as clean, unless its death thread has decided already; else the
+  // process ends now, as that thread would (without its moment's wait).
+  if (hung_up_ && cfg_.recyclable && nothing_under_way()) {
+    int expect = kLive;
+    if (death_->compare_exchange_strong(expect, kRecycling) ||
+        (expect == kGone && death_->compare_exchange_strong(expect, kRecycling))) {
+      IVLOG_INFO("guest %u went away with nothing under way; its worker is offered for the tenant's next guest",
+                 cfg_.guest_id);
+      return kRecycled;  // successor() releases and resets
+    }
+  }
+  if (hung_up_ && cfg_.conn_fd >= 0 && IVCUDA_RULE("death-stops-work")) {
+    IVLOG_INFO("guest %u went away; its worker ends now, with what the guest had queued", cfg_.guest_id);
+    ::_exit(0);
   }
   IVLOG_INFO("guest %u went away; releasing %zu context(s), %zu allocation(s), %zu module(s)",
              cfg_.guest_id, ctxs_.size(), ranges_.size(), modules_.size());

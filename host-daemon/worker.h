@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <chrono>
 #include <compare>
 #include <cstdint>
@@ -142,6 +143,10 @@ struct WorkerConfig {
   // millions of workers, every new address under ASan grows the page tables
   // of its shadow memory until the kernel's OOM killer ends the run.
   bool random_bar_address = true;
+  // A process-mode warm worker (ivcudad's pool) that may serve another guest
+  // of the same tenant once its guest is gone, if it left nothing under way
+  // (docs/design.md, "Recycled workers"): run() then ends with kRecycled.
+  bool recyclable = false;
 };
 
 class Worker {
@@ -155,8 +160,26 @@ class Worker {
   void attach_connection(int conn_fd) noexcept;
 
   // Serves until the guest hangs up or stop() is called. Returns 0 on a
-  // clean end.
+  // clean end, kRecycled when the guest (WorkerConfig::recyclable) hung up
+  // with nothing under way: successor() then lets go of everything held for
+  // it - its contexts are reset (the driver frees and scrubs their memory),
+  // its arena unregistered - and serves the next with tables made anew.
   int run();
+  static constexpr int kRecycled = 100;
+  // A recycled worker's next guest: its own memory and doorbells (borrowed,
+  // as in WorkerConfig). The successor keeps the driver, NVML, the io_uring
+  // (rebound to the new doorbell), the fd-broker line and the console; it
+  // makes everything else anew, handle generations included, and takes the
+  // guest's connection later through attach_connection(). Works inside the
+  // sandbox. This object is spent afterwards.
+  struct NextGuest {
+    int shm_fd = -1;
+    std::vector<int> host_fds, guest_fds;
+  };
+  Result<std::unique_ptr<Worker>> successor(const NextGuest& next);
+  // After kRecycled: releases everything held for the guest and resets each
+  // GPU's primary context (successor() does it if it was not done). Once.
+  void release_for_recycle() noexcept;
   void stop() noexcept { stop_ = true; }
   // Whether the operator evicted the guest (ivcudactl evict): everything it
   // held is released, and every call answers CUDA_ERROR_DEVICE_UNAVAILABLE.
@@ -335,6 +358,14 @@ class Worker {
 
   explicit Worker(WorkerConfig cfg);
   Result<void> init();
+  // What init() does once the driver is loaded, also for a successor: the
+  // BAR, the quota, the first context and its arena registration, the
+  // channels. `first`: the waiter, the console and NVML are made too.
+  Result<void> start_guest_side(bool first);
+  // Whether the guest left nothing under way: no record posted, no call
+  // parked, no copy in flight, every stream idle (run(), for recycling).
+  bool nothing_under_way();
+
   bool charge_first_context();
   // Contexts and their limits against the quota (contexts.cc).
   Charge context_charge();
@@ -621,7 +652,18 @@ class Worker {
   void log_limit(const char* what, std::uint32_t limit) noexcept;
   std::uint64_t errors_logged_ = 0;
   bool stop_ = false;
+  bool hung_up_ = false;  // the loop ended on the guest's hang-up (not stop())
+  bool released_ = false;  // release_for_recycle() ran
   bool evicted_ = false;
+  // The guest's end, shared with watch_guest_death's thread (it outlives a
+  // recycled worker): kLive; kGone (the thread saw the hang-up and waits a
+  // moment for the request loop, which is quiet, to take the end as clean);
+  // kEnding (the thread ends the process); kRecycling (the request loop took it).
+  enum : int { kLive, kGone, kEnding, kRecycling };
+  std::shared_ptr<std::atomic<int>> death_ = std::make_shared<std::atomic<int>>(kLive);
+  // Set while the request loop is idle with nothing outstanding: only then
+  // does the thread wait for it.
+  std::shared_ptr<std::atomic<bool>> quiet_ = std::make_shared<std::atomic<bool>>(false);
   void evict();
   // Counts a handled call on the status board (calls, copied bytes, errors).
   void account(const ring::Record& rec, CUresult st) noexcept;
@@ -671,6 +713,7 @@ class Worker {
   // (process mode: the pid its entries of the process lists carry).
   struct NvmlState;
   std::shared_ptr<NvmlState> nvml_;
+  long long init_ms_ = 0;  // the driver's start, for the log
   std::uint32_t hello_pid_ = 0;
   NvmlState& nvml_state();
   int nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNvml* rep, std::vector<std::byte>* out);

@@ -16,6 +16,9 @@ namespace ivcuda::host {
 // Host nodes and user objects of a guest that went away stop waiting for it
 // (graphs.cc), so that destroying its contexts does not wait for ever.
 void abandon_host_nodes() noexcept;
+// A recycled worker's next guest (its contexts were reset: no host node of
+// the last guest's is left): host nodes wait for their guest again.
+void revive_host_nodes() noexcept;
 
 // A channel as the worker sees it. Indices and records are private copies;
 // the guest-written ChannelDesc is read once at attach.

@@ -25,7 +25,8 @@
 #           list_gpu_processes()
 #   lifecycle  issue 30's figures with ivcudad's defaults: start-up after idle, back-to-back,
 #           in a burst and spread, and death with work under way (SIGKILL to memory back), native
-#           vs ivcuda (ivcuda-bench --only startup,starts,death; lifecycle.txt/.json)
+#           vs ivcuda (ivcuda-bench --only startup,starts,death, or IVCUDA_LIFECYCLE_PARTS; lifecycle.txt/.json);
+#           and a recycled worker's next guest sees nothing of the last (drv_recycle, natively too)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
 #           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
 #           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
@@ -185,7 +186,7 @@ for p in $parts; do
     # 10,000 posted 1 ms launches, inside a 2 s kernel), native vs ivcuda, with ivcudad's defaults.
     build=$root/build/gpu
     rc=0
-    build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels || rc=1
+    build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels drv_recycle || rc=1
     if [ $rc -eq 0 ]; then
       sock=/tmp/ivcuda-lifecycle.sock
       rm -f "$sock"
@@ -193,10 +194,35 @@ for p in $parts; do
         >"$work/lifecycle-ivcudad.log" 2>&1 &
       daemon=$!
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-      timeout 420 "$build/bench/ivcuda-bench" --only startup,starts,death --startup-runs 5 --startup-gap-ms 3000 \
+      timeout 420 "$build/bench/ivcuda-bench" --only "${IVCUDA_LIFECYCLE_PARTS:-startup,starts,death}" \
+        --startup-runs 5 --startup-gap-ms 3000 \
         --ptx "$build/tests/gpu_double/test_kernels.ptx" --ivcuda-lib "$build/lib" --socket "$sock" \
         --daemon-log "$work/lifecycle-ivcudad.log" --json "$final/lifecycle.json" 2>&1 | tee "$final/lifecycle.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      # A recycled worker's next guest sees nothing of the last one on the real driver too
+      # (tests/programs/drv_recycle; CI: tests/process/run_recycle_test.sh), and natively.
+      for how in native ivcuda; do
+        env=() handles=
+        [ $how = ivcuda ] && env=(IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib") handles=--handles
+        env "${env[@]}" "$build/tests/bin/drv_recycle" --leave --mib 1024 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
+          >"$work/recycle-$how-leave.txt" 2>&1
+        lrc=$?
+        line=$(grep '^left ' "$work/recycle-$how-leave.txt")
+        sleep 1
+        env "${env[@]}" "$build/tests/bin/drv_recycle" --probe "$line" --mib 1024 --allow-mib 4096 $handles \
+          >"$work/recycle-$how-probe.txt" 2>&1
+        prc=$?
+        echo "recycle ($how): leave status $lrc, probe status $prc: $(grep -E "^(free|the leaver|drv_recycle)" \
+          "$work/recycle-$how-probe.txt" | tr '\n' ';')" | tee -a "$final/lifecycle.txt"
+        [ $lrc -eq 0 ] && [ $prc -eq 0 ] || rc=1
+      done
+      { echo "workers recycled: $(grep -c "is kept for the next guest" "$work/lifecycle-ivcudad.log");" \
+          "guests refused: $(grep -c "refusing a guest" "$work/lifecycle-ivcudad.log")"
+        grep "refusing a guest" "$work/lifecycle-ivcudad.log" | head -2
+        grep -o "releasing .* for the tenant's next guest" "$work/lifecycle-ivcudad.log" | head -1
+      } | tee -a "$final/lifecycle.txt"
+      grep -o 'recycled for guest [0-9]*: [^(]*(driver start [^)]*)' "$work/lifecycle-ivcudad.log" | head -3 |
+        tee -a "$final/lifecycle.txt"
       kill $daemon; wait $daemon 2>/dev/null
       { echo "ivcudad's workers: $(grep -o '(driver start [^)]*)' "$work/lifecycle-ivcudad.log" |
           sort | uniq -c | sort -rn | head -6 | tr '\n' ';')"

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Recycled workers (--recycle-workers, issue 30; docs/design.md "Recycled
+# workers", docs/security.md): a warm worker whose process-mode guest ended
+# with nothing under way serves the same user's next guest, and that guest
+# sees nothing of the last one. Against the GPU test double and the NVML test
+# double (the real driver's side: tests/gpu/run_all.sh lifecycle runs
+# drv_recycle on the H200):
+#   1. a guest that leaves memory, handles and page-locked memory behind and
+#      exits: its worker is kept (daemon log), and the next guest is served
+#      by that same worker;
+#   2. that guest (drv_recycle --probe --handles): the last one's device
+#      pointers and handles are refused, its memory is free, and no memory it
+#      allocates (device, small blocks, a pool's, page-locked host memory)
+#      holds the last one's pattern;
+#   3. NVML through the recycled worker lists the guest alone (ivcuda-smi);
+#   4. another user's guest is never served by a worker recycled for this
+#      user (rule recycle-same-tenant);
+#   5. a guest killed while idle: its worker is recycled and its memory is
+#      free (the contexts' reset; rule recycle-reset-contexts);
+#   6. a guest killed with 10,000 launches posted: its worker ends within
+#      1 s and is not recycled (the work must not run: rule death-stops-work).
+#   run_recycle_test.sh BUILD_DIR DRIVER_LIB NVML_DOUBLE_LIB
+set -u
+build=$(cd "$1" && pwd)
+driver=$2
+nvml=$3
+bin=$build/tests/bin
+smi=$build/bin/ivcuda-smi
+ptx=$build/tests/gpu_double/test_kernels.ptx
+work=$(mktemp -d /tmp/ivcuda-recycle.XXXXXX)
+chmod 755 "$work"  # another user's guest connects too (case 4)
+sock=$work/ivcudad.sock
+log=$work/ivcudad.log
+daemon_pid=
+guest=
+# shellcheck source=../lib/verdicts.sh
+. "$(dirname "$0")/../lib/verdicts.sh"
+expect_cases 7
+cleanup() {
+  [ -n "$guest" ] && kill -9 "$guest" 2>/dev/null
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  [ -n "${IVCUDA_KEEP_WORK:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+export IVCUDA_DOUBLE_LEDGER=$work/ledger  # the double's device memory, across its processes
+export IVCUDA_GPU_DOUBLE_CONTEXT_MIB=16
+
+"$build/host-daemon/ivcudad" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
+  --channels 4 --warm-workers 1 --warm-burst 2 --driver "$driver" --nvml "$nvml" >"$log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+chmod 777 "$sock"
+through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$@"; }
+# the worker that served the last guest handed over after MARK (vm_supervisor.cc logs it).
+worker_after() { tail -c +$(($1 + 1)) "$log" | sed -n 's/.*: worker pid \([0-9]*\) (started ahead).*/\1/p' | tail -1; }
+kept() { grep -c "is kept for the next guest" "$log"; }
+recycled() { grep -c "recycled for guest" "$log"; }
+# wait_recycled N: until N workers have been made ready for a next guest.
+wait_recycled() { for _ in $(seq 200); do [ "$(recycled)" -ge "$1" ] && return 0; sleep 0.025; done; return 1; }
+ended() { [ ! -e "/proc/$1" ] || grep -qE '^[0-9]+ \(.*\) Z' "/proc/$1/stat" 2>/dev/null; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+for _ in $(seq 200); do grep -q "started ahead for guest" "$log" && break; sleep 0.025; done
+
+# 1-2. A guest leaves things behind and exits; the next is served by its worker.
+mark=$(log_mark "$log")
+through "$bin/drv_recycle" --leave --mib 64 --ptx "$ptx" >"$work/leave" 2>&1
+rc=$?
+first=$(worker_after "$mark")
+line=$(grep '^left ' "$work/leave")
+wait_recycled 1
+mark=$(log_mark "$log")
+through "$bin/drv_recycle" --probe "$line" --mib 64 --allow-mib 48 --handles >"$work/probe" 2>&1
+prc=$?
+second=$(worker_after "$mark")
+echo "the leaver (status $rc) was served by worker ${first:-?}, the next guest by ${second:-?}"
+[ $rc -eq 0 ] && [ -n "$line" ] && [ "$(kept)" -ge 1 ] && [ -n "$first" ] && [ "$first" = "$second" ] ||
+  { cat "$work/leave"; false; }
+verdict "a guest that ends with nothing under way leaves its worker to the same user's next guest" $?
+cat "$work/probe"
+[ $prc -eq 0 ]
+verdict "the next guest sees nothing of the last: its pointers and handles refused, its memory free, no byte of its pattern in new device, pool or page-locked memory" $?
+
+# 3. NVML through the recycled worker: the guest alone.
+wait_recycled 2
+mark=$(log_mark "$log")
+through bash -c 'echo "pid $$"; exec -a ivcuda-smi "$0"' "$smi" >"$work/smi" 2>&1
+src=$?
+third=$(worker_after "$mark")
+smi_pid=$(sed -n 's/^pid //p' "$work/smi")
+leaver=$(sed -n 's/.*pid=\([0-9]*\) .*/\1/p' "$work/leave")
+rows=$(grep -Ec '^\| [0-9] +[0-9]+  ' "$work/smi")
+[ $src -eq 0 ] && [ "$third" = "$first" ] && [ "$rows" -eq 1 ] && grep -Eq "^\| 0 +$smi_pid  ivcuda-smi " "$work/smi" &&
+  ! grep -Eq "^\| 0 +$leaver " "$work/smi" || { echo "served by ${third:-?}"; cat "$work/smi"; false; }
+verdict "NVML through a recycled worker lists the guest alone, not the last one" $?
+
+# 4. Another user's guest: never the worker recycled for this one.
+wait_recycled 3
+if command -v setpriv >/dev/null && [ "$(id -u)" -eq 0 ]; then
+  mark=$(log_mark "$log")
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 setpriv --reuid=65534 --regid=65534 --clear-groups \
+    "$bin/drv_isolation" --work 3 >"$work/other" 2>&1
+  orc=$?
+  other=$(worker_after "$mark")
+  mark=$(log_mark "$log")
+  through "$bin/drv_isolation" --work 3 >/dev/null 2>&1
+  again=$(worker_after "$mark")
+  echo "uid 65534's guest was served by worker ${other:-a cold one}; uid 0's next by ${again:-?} (recycled: $first)"
+  [ $orc -eq 0 ] && [ "$other" != "$first" ] && [ "$again" = "$first" ] || { cat "$work/other"; false; }
+  verdict "another user's guest is never served by a worker recycled for this user" $?
+else
+  not_run "another user's guest is never served by a worker recycled for this user" "needs root and setpriv"
+fi
+
+# 5. A guest killed while it holds memory, idle: recycled, and its memory free.
+mark=$(log_mark "$log")
+env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 64 >"$work/hold" 2>&1 &
+guest=$!
+for _ in $(seq 400); do grep -q '^holding' "$work/hold" && break; sleep 0.025; done
+holder=$(worker_after "$mark")
+held=$(through "$bin/drv_isolation" --used)
+mark=$(log_mark "$log")
+kill -9 "$guest"
+wait "$guest" 2>/dev/null
+guest=
+back=1
+for _ in $(seq 200); do
+  tail -c +$((mark + 1)) "$log" | grep -q "its worker (pid $holder) is kept" && { back=0; break; }
+  sleep 0.025
+done
+after=$(through "$bin/drv_isolation" --used)
+echo "an idle holder killed: worker ${holder:-?} kept (status $back); memory in use ${held:-?} MiB while it held" \
+  "64 MiB, ${after:-?} MiB after"
+[ -n "$holder" ] && [ $back -eq 0 ] && [ -n "$held" ] && [ -n "$after" ] && [ "$after" -le $((held - 48)) ]
+verdict "a guest killed while idle: its worker is recycled and the guest's memory is free" $?
+
+# 6. A guest killed with work posted: its worker ends, and is not recycled.
+mark=$(log_mark "$log")
+k=$(kept)
+env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 64 --ptx "$ptx" \
+  --queue 10000 --spin-us 1000 >"$work/busy" 2>&1 &
+guest=$!
+for _ in $(seq 400); do grep -q '^holding' "$work/busy" && break; sleep 0.025; done
+busy=$(worker_after "$mark")
+t0=$(now_ms)
+kill -9 "$guest"
+wait "$guest" 2>/dev/null
+guest=
+for _ in $(seq 1000); do [ -n "$busy" ] && ended "$busy" && break; sleep 0.005; done
+lived=$(($(now_ms) - t0))
+sleep 0.3
+echo "a guest killed with 10,000 launches posted: its worker ${busy:-?} lived ${lived} ms; kept workers $k -> $(kept)"
+[ -n "$busy" ] && ended "$busy" && [ "$lived" -le 1000 ] && [ "$(kept)" -eq "$k" ] || { cat "$work/busy"; false; }
+verdict "a guest killed with work posted: its worker ends within 1 s and is not recycled" $?
+
+through "$bin/drv_isolation" --work 3 >/dev/null
+verdict "ivcudad serves the next guest" $?
+finish
