@@ -1511,6 +1511,9 @@ int main(int argc, char** argv) {
         for (Warm& e : pool) let_go_warm(e);
         pool.clear();
       }
+      // Nor does a worker started with the old settings come back recycled:
+      // its entry's process finds the line closed and ends with its guest.
+      for (auto& [pid, w] : workers) w.handoff.reset();
     }
     fill_pools();
     // Rates over about a second, and evictions that do not finish.

@@ -215,6 +215,12 @@ for p in $parts; do
         echo "recycle ($how): leave status $lrc, probe status $prc: $(grep -E "^(free|the leaver|drv_recycle)" \
           "$work/recycle-$how-probe.txt" | tr '\n' ';')" | tee -a "$final/lifecycle.txt"
         [ $lrc -eq 0 ] && [ $prc -eq 0 ] || rc=1
+        if [ $how = ivcuda ]; then  # both were ivcudad's guests, the second on a recycled worker
+          leaver=$(sed -n 's/.*pid=\([0-9]*\) .*/\1/p' "$work/recycle-$how-leave.txt")
+          grep -q "process $leaver says hello" "$work/lifecycle-ivcudad.log" &&
+            grep -q "is kept for the next guest" "$work/lifecycle-ivcudad.log" ||
+            { echo "recycle (ivcuda): ivcudad's log does not show the leaver served and its worker kept"; rc=1; }
+        fi
       done
       { echo "workers recycled: $(grep -c "is kept for the next guest" "$work/lifecycle-ivcudad.log");" \
           "guests refused: $(grep -c "refusing a guest" "$work/lifecycle-ivcudad.log")"
