@@ -258,6 +258,29 @@ struct Child {
     CK(cuMemFree(d));
   }
 
+  // Frequent queries frameworks make (JAX asks cuMemGetInfo dozens of times
+  // at its start, PyTorch's mem_get_info per call): idle, and with a queue
+  // of kernels ahead of the query on the stream.
+  void queries() {
+    const int n = quick ? 50 : 5000;
+    std::vector<double> idle, busy;
+    std::size_t free_b = 0, total = 0;
+    for (int i = 0; i < n; ++i) {
+      const auto t0 = Clock::now();
+      CK(cuMemGetInfo(&free_b, &total));
+      idle.push_back(us_since(t0));
+    }
+    for (int i = 0; i < n / 10; ++i) {
+      for (int k = 0; k < 20; ++k) launch_spin(2000);
+      const auto t0 = Clock::now();
+      CK(cuMemGetInfo(&free_b, &total));
+      busy.push_back(us_since(t0));
+      CK(cuStreamSynchronize(s));
+    }
+    emit("query.mem_get_info.median", "us", percentile(idle, 0.5));
+    emit("query.mem_get_info_busy.median", "us", percentile(busy, 0.5));
+  }
+
   // Copies to and from memory mapped with the virtual memory API
   // (cuMemCreate + cuMemMap), which XLA and PyTorch's expandable segments
   // allocate from: each must move at the rate of cuMemAlloc memory (the
@@ -598,6 +621,7 @@ int run_child(const std::string& ptx, const std::string& what, bool quick, const
     c.sleep_tasks();
     c.graph_rate();
     c.small_ops();
+    c.queries();
     c.bandwidth();
     c.vmm_bandwidth();
   }

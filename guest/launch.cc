@@ -80,6 +80,7 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
     std::byte small[1024];
     std::vector<std::byte> large;
     std::span<std::byte> tail;
+    bool polls_host = false;
     {
       std::lock_guard lk(rt->books_mu);
       auto it = rt->funcs.find(h(f));
@@ -96,6 +97,7 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
       std::byte* buf = tail.data() + attr_bytes;
       if (const CUresult st = ivcuda::guest::pack_kernel_params(info, params, extra, buf); st != CUDA_SUCCESS)
         return st;
+      polls_host = rt->any_page_locked_word(std::span<const std::byte>(buf, info.param_bytes));
     }
     for (int i = 0; i < 3; ++i)
       if (grid[i] == 0 || block[i] == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -107,13 +109,19 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
     std::memcpy(r.block, block, sizeof r.block);
     r.shared_bytes = shmem;
     r.param_bytes = static_cast<std::uint32_t>(tail.size() - attr_bytes);
+    // A kernel that reads page-locked memory may wait there for a store by
+    // the CPU: until it is over, posted work reaches the GPU before calls
+    // return (guest/host_polls.cc).
     if (!attrs.empty()) {
       proto::ReqLaunchEx x{};
       x.launch = r;
       x.attr_count = static_cast<std::uint32_t>(attrs.size());
-      return rt->post<Op::kLaunchEx>(x, tail);
+      return polls_host ? rt->post_host_polled<Op::kLaunchEx>(ctx, h(s), x, tail) : rt->post<Op::kLaunchEx>(x, tail);
     }
-    return cooperative ? rt->post<Op::kLaunchCooperative>(r, tail) : rt->post<Op::kLaunch>(r, tail);
+    if (cooperative)
+      return polls_host ? rt->post_host_polled<Op::kLaunchCooperative>(ctx, h(s), r, tail)
+                        : rt->post<Op::kLaunchCooperative>(r, tail);
+    return polls_host ? rt->post_host_polled<Op::kLaunch>(ctx, h(s), r, tail) : rt->post<Op::kLaunch>(r, tail);
   });
 }
 

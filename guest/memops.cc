@@ -90,8 +90,17 @@ CUresult post_ops(CUstream s, const proto::MemOp* ops, unsigned count, unsigned 
     r.count = count;
     r.flags = flags;
     r.single = single ? 1 : 0;
-    return rt->post<Op::kStreamMemOps>(
-        r, std::as_bytes(std::span<const proto::MemOp>(ops, count)));
+    // A wait on page-locked memory is released by a store from the CPU
+    // (guest/host_polls.cc).
+    bool polls_host = false;
+    for (unsigned i = 0; i < count && Runtime::wants_host_polls(); ++i) {
+      const std::uint32_t o = ops[i].operation;
+      polls_host |= (o == CU_STREAM_MEM_OP_WAIT_VALUE_32 || o == CU_STREAM_MEM_OP_WAIT_VALUE_64) &&
+                    rt->maps_page_locked(ops[i].address);
+    }
+    const auto tail = std::as_bytes(std::span<const proto::MemOp>(ops, count));
+    return polls_host ? rt->post_host_polled<Op::kStreamMemOps>(ctx, h(s), r, tail)
+                      : rt->post<Op::kStreamMemOps>(r, tail);
   });
 }
 

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -133,10 +134,13 @@ class Channel {
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
   CUresult exchange(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
-                    void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait) {
+                    void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait,
+                    std::uint16_t post_flags) {
+    // post_flags: kRecReportTaken, kRecHostPolled (posted requests only).
+    const bool report_taken = !wait && (post_flags & abi::kRecReportTaken) != 0;
     abi::RecordHeader h{};
     h.op = static_cast<std::uint16_t>(op);
-    h.flags = wait ? abi::kRecNeedsReply : 0;
+    h.flags = wait ? abi::kRecNeedsReply : post_flags;
     h.len = static_cast<std::uint32_t>(req_size + tail.size());
     auto* sb = ring::superblock(rt_.bar());
     // The ticket orders this call after every call that returned before it
@@ -167,6 +171,7 @@ class Channel {
       rt_.host_bell_->ring();
     }
     first_ = false;
+    if (report_taken) return await_taken();
     if (!wait) return CUDA_SUCCESS;
     return await(h.seq, rep, rep_size, extra, waits_for_gpu(op));
   }
@@ -199,6 +204,34 @@ class Channel {
       return std::chrono::microseconds(e != nullptr && *e != '\0' ? std::strtoul(e, nullptr, 10) : 20000);
     }();
     return us;
+  }
+
+  // Until the host has taken everything this channel posted: its ring head
+  // reaches our tail (the host publishes it at once after a record marked
+  // kRecReportTaken). The host takes a record within microseconds while it
+  // runs. One that is held up in the driver for longer than kTakenWait (a
+  // launch queue that is full, behind the very kernel that waits for us) is
+  // not waited for further: the call returns as a posted one does. A host
+  // that is gone is noticed as in await().
+  static constexpr std::chrono::milliseconds kTakenWait{50};
+  CUresult await_taken() {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (unsigned polls = 1;; ++polls) {
+      if (req_.drained()) return CUDA_SUCCESS;
+      if (req_.corrupt()) {
+        rt_.mark_dead("request ring is corrupt");
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+      }
+      if ((polls & 255) == 0) {
+        if (host_gone()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+        if (std::chrono::steady_clock::now() - t0 > kTakenWait) return CUDA_SUCCESS;
+      }
+      // The worker may share this core: yield after a short spin, and sleep
+      // a little once it has been busy for long (a copy ahead of us).
+      if (polls < 64) ring::cpu_relax();
+      else if (polls < 4096) ::sched_yield();
+      else ::usleep(20);
+    }
   }
 
   CUresult await(std::uint32_t seq, void* rep, std::size_t rep_size, std::vector<std::byte>* extra,
@@ -327,7 +360,8 @@ Channel* Runtime::channel() {
 }
 
 CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
-                           void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait) {
+                           void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait,
+                           std::uint64_t polled_ctx, std::uint64_t polled_stream) {
   if (dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
   // A fork child of a VM process has none of its parent's BAR (MADV_DONTFORK):
   // CUDA does not carry over a fork either.
@@ -340,7 +374,7 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   // thread that exchanged its mode, threads sharing the overflow channel).
   if (const CUstreamCaptureMode m = thread_capture_mode(); m != ch->capture_mode) {
     const proto::ReqCaptureMode cm{static_cast<std::uint32_t>(m), 0};
-    if (const CUresult st = ch->exchange(proto::Op::kCaptureMode, &cm, sizeof cm, {}, nullptr, 0, nullptr, false);
+    if (const CUresult st = ch->exchange(proto::Op::kCaptureMode, &cm, sizeof cm, {}, nullptr, 0, nullptr, false, 0);
         st != CUDA_SUCCESS)
       return st;
     ch->capture_mode = m;
@@ -350,15 +384,26 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   // invalidated capture) at once, and frameworks check right after the call.
   // Captures are set-up time, not the hot path.
   if (!wait && any_capture()) wait = true;
+  // While work may be polling host memory, posted work is on the GPU before
+  // the call returns (guest/host_polls.cc).
+  // Work that polls host memory is marked for the host to say when it is
+  // over (not in a capture: it does not run there).
+  const bool polled = host_polled();
+  const bool report_taken = !wait && polled;
+  const bool mark = !wait && (polled_ctx != 0 || polled_stream != 0);
+  std::uint16_t flags = report_taken ? abi::kRecReportTaken : 0;
+  if (mark) flags |= abi::kRecHostPolled;
   CUresult st;
   if (call_stats::enabled()) {
     const auto t0 = std::chrono::steady_clock::now();
-    st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+    st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait, flags);
     const auto dt = std::chrono::steady_clock::now() - t0;
     call_stats::record(op, wait, static_cast<std::uint64_t>(std::chrono::nanoseconds(dt).count()));
   } else {
-    st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait);
+    st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait, flags);
   }
+  if (polled && st == CUDA_SUCCESS) settle_host_polls(op, req, req_size);
+  if (mark && st == CUDA_SUCCESS) note_host_polled(ch->index(), polled_ctx, polled_stream);
   if (st == CUDA_ERROR_NOT_SUPPORTED) note_unsupported(std::string("refused by the host: ") + proto::op_name(static_cast<std::uint16_t>(op)));
   return st;
 }

@@ -59,6 +59,14 @@ class Runtime {
   CUresult post(const typename proto::OpTraits<op>::Request& req, std::span<const std::byte> tail = {}) {
     return call_raw(op, &req, sizeof req, tail, nullptr, 0, nullptr, false);
   }
+  // Posts work that may poll page-locked memory (guest/host_polls.cc): the
+  // host says when it is over; until then, and until it is known to be over
+  // otherwise, posted calls wait to be taken.
+  template <proto::Op op>
+  CUresult post_host_polled(std::uint64_t ctx, std::uint64_t stream, const typename proto::OpTraits<op>::Request& req,
+                            std::span<const std::byte> tail = {}) {
+    return call_raw(op, &req, sizeof req, tail, nullptr, 0, nullptr, false, ctx, stream);
+  }
 
   const proto::RepHello& hello() const noexcept { return hello_; }
   // Cached device info (fetched once per device).
@@ -131,6 +139,21 @@ class Runtime {
   bool reserve_device_range(std::uint64_t d, std::uint64_t size);
   void release_device_range(std::uint64_t d, std::uint64_t size);
 
+  // Work that may be polling page-locked host memory (guest/host_polls.cc).
+  // A kernel given a pointer into page-locked memory, or a stream wait on
+  // such memory, may spin until the CPU stores to it - NVBench's blocking
+  // kernel does - and a posted request the worker has not yet taken would
+  // reach the GPU after that store. While such work may still run, every
+  // posted request waits until the worker has taken it (submitted it to the
+  // driver) before its call returns, as a native call returns with the work
+  // queued on the GPU.
+  static bool wants_host_polls() noexcept;  // false under IVCUDA_HOST_POLLS=off
+  bool maps_page_locked(std::uint64_t v) const noexcept;
+  bool any_page_locked_word(std::span<const std::byte> params) const noexcept;
+  bool host_polled() noexcept {
+    return polled_count_.load(std::memory_order_acquire) != 0 && !host_polls_over();
+  }
+
   bool dead() const noexcept { return dead_.load(std::memory_order_relaxed); }
   void mark_dead(const char* why) noexcept;
   // True when the library runs inside a VM on the ivcuda UIO device.
@@ -151,8 +174,11 @@ class Runtime {
   void map_identity_alias() noexcept;
   std::unique_ptr<ring::Waiter> make_waiter(std::uint32_t vector);
   bool host_gone() noexcept;
+  // polled_ctx / polled_stream: nonzero stream or ctx marks the request
+  // abi::kRecHostPolled, work of that stream (post_host_polled).
   CUresult call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
-                    void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait);
+                    void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait,
+                    std::uint64_t polled_ctx = 0, std::uint64_t polled_stream = 0);
   Channel* channel();
 
   // Process mode: the ivshmem-protocol connection to ivcudad.
@@ -193,6 +219,25 @@ class Runtime {
   std::vector<std::unique_ptr<Channel>> shared_;  // channels of exited threads, for reuse
   std::unique_ptr<Channel> overflow_;             // shared when all channels are taken
   std::atomic<bool> dead_{false};
+  // See host_polled(). Keys are (context, stream key); values the
+  // generation of the stream's last host-polling work.
+  void settle_host_polls(proto::Op op, const void* req, std::size_t req_size);
+  void note_host_polled(std::uint32_t channel, std::uint64_t ctx, std::uint64_t stream);
+  bool host_polls_over() noexcept;
+  struct PolledChannel {
+    std::uint64_t base = 0;    // its host_polls_done when this process first marked work on it
+    std::uint64_t marked = 0;  // records marked kRecHostPolled since
+  };
+  std::map<std::uint32_t, PolledChannel> polled_channels_;
+  std::mutex polls_mu_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> polled_;
+  struct PolledEvent {
+    std::pair<std::uint64_t, std::uint64_t> stream;
+    std::uint64_t generation = 0;
+  };
+  std::unordered_map<std::uint64_t, PolledEvent> polled_events_;  // event -> what it follows
+  std::uint64_t poll_generation_ = 0;
+  std::atomic<std::size_t> polled_count_{0};  // polled_.size(), written under polls_mu_
 };
 
 // Per-thread current-context stack (CUDA keeps one per thread). Trivially

@@ -342,6 +342,7 @@ void Worker::wait_copies(Channel& ch, std::size_t keep) {
 // reset): its copies are waited for and its events destroyed while it
 // lives. The entries stay in their queues, done, and are counted in turn.
 void Worker::settle_copies(std::uint64_t ctx) {
+  settle_host_polls(ctx);  // host_polls.cc: their events are the context's spare ones
   for (auto& chp : channels_) {
     if (!chp) continue;
     for (Channel::InFlight& f : chp->copies) {
@@ -374,6 +375,7 @@ void Worker::settle_copies_before(Op op, const Call& c) {
 // The worker ends or the guest is evicted: its contexts go next, and with
 // them whatever is in flight. The counter still moves for every chunk.
 void Worker::abandon_copies() noexcept {
+  abandon_host_polls();  // host_polls.cc
   for (auto& chp : channels_) {
     if (!chp) continue;
     for (Channel::InFlight& f : chp->copies) {

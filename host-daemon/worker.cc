@@ -551,6 +551,7 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     return;
   }
   account(rec, st);
+  if ((rec.hdr.flags & abi::kRecHostPolled) != 0) track_host_poll(ch, rec, st);  // host_polls.cc
   if (needs_reply && reports_async_errors(pop)) reap_all_copies();
   if (needs_reply && reports_async_errors(pop) && pending_ != CUDA_SUCCESS) {
     // One report per error: a call that fails on its own also answers for
@@ -674,6 +675,7 @@ int Worker::serve_once() {
     for (auto& chp : channels_) {
       if (!chp) continue;
       if (!chp->copies.empty()) handled += reap_copies(*chp);  // memory.cc: bumps staging_done
+      if (!chp->polls.empty()) reap_host_polls(*chp);           // host_polls.cc: bumps host_polls_done
       if (chp->dead) continue;
       Channel& ch = *chp;
       if (ch.parked.active) {
@@ -703,7 +705,10 @@ int Worker::serve_once() {
       vm_detach(*best);
       continue;
     }
-    if ((handled & 31) == 0) best->req.publish_head();
+    // A guest waiting to know that its posted record reached the driver
+    // (kRecReportTaken: a kernel may be polling host memory it is about to
+    // store to) learns it from the head at once, not at the end of the pass.
+    if ((handled & 31) == 0 || (best_rec.hdr.flags & abi::kRecReportTaken) != 0) best->req.publish_head();
   }
   for (auto& chp : channels_)
     if (chp) chp->req.publish_head();
@@ -713,7 +718,7 @@ int Worker::serve_once() {
 void Worker::sleep_until_work() {
   bool parked = false;
   for (auto& chp : channels_)
-    if (chp && ((!chp->dead && chp->parked.active) || !chp->copies.empty())) parked = true;
+    if (chp && ((!chp->dead && chp->parked.active) || !chp->copies.empty() || !chp->polls.empty())) parked = true;
   quiet_->store(!parked, std::memory_order_release);  // watch_guest_death waits only for a quiet loop
   if (parked) {
     // Waiting on the GPU for a parked synchronise or a posted copy (a guest
@@ -817,7 +822,7 @@ bool Worker::nothing_under_way() {
   if (evicted_ || refused_ != CUDA_SUCCESS || cu_.handle == nullptr) return false;
   for (auto& chp : channels_) {
     if (!chp || chp->dead) continue;
-    if (chp->parked.active || !chp->copies.empty() || chp->req.has_data()) return false;
+    if (chp->parked.active || !chp->copies.empty() || !chp->polls.empty() || chp->req.has_data()) return false;
   }
   if (!captures_.empty()) return false;
   bool idle = true;

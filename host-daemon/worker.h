@@ -410,6 +410,13 @@ class Worker {
   CUevent copy_event(std::uint64_t ctx);
   void release_copy_event(std::uint64_t ctx, CUevent ev, bool broken);
   int reap_copies(Channel& ch);
+  // Work a guest marked as polling page-locked memory (host_polls.cc).
+  void track_host_poll(Channel& ch, const ring::Record& rec, CUresult st);
+  int reap_host_polls(Channel& ch);
+  void host_poll_over(Channel& ch);
+  void settle_host_polls(std::uint64_t ctx);
+  void abandon_host_polls() noexcept;
+  static constexpr std::size_t kMaxHostPolls = 1024;  // per channel; past it, reported over at once
   void reap_all_copies();
   void wait_copies(Channel& ch, std::size_t keep);
   void settle_copies(std::uint64_t ctx);

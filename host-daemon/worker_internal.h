@@ -67,6 +67,13 @@ struct Worker::Channel {
     bool counted = false;
   };
   std::deque<InFlight> copies;
+  // Work the guest marked kRecHostPolled, until it is over (host_polls.cc):
+  // an event recorded behind each.
+  struct HostPoll {
+    CUevent done = nullptr;
+    std::uint64_t ctx = 0;
+  };
+  std::vector<HostPoll> polls;
 };
 
 struct Worker::Call {

@@ -38,7 +38,10 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // processes are told apart by (PID namespace, pid), so that two containers
 // whose processes have the same pid get a worker each. 0 in either field
 // (guests and guest kernel drivers of minor <= 3) means "namespace not said".
-inline constexpr std::uint16_t kAbiMinor = 4;
+// Minor 5: RecordHeader flags kRecReportTaken and kRecHostPolled, and
+// ChannelDesc::host_polls_done (posted work reaches the driver before the
+// call returns while a kernel may be polling host memory).
+inline constexpr std::uint16_t kAbiMinor = 5;
 
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
@@ -161,7 +164,12 @@ struct ChannelDesc {
   // (its VM has all the workers it may have); the guest stops waiting for
   // replies here (CUDA_ERROR_DEVICE_UNAVAILABLE).
   std::uint64_t host_lost;
-  std::uint64_t reserved1[4];        // zero
+  // host (minor 5): this channel's records marked kRecHostPolled whose work
+  // is over (or was refused): release-stored, free-running, counted in the
+  // order the host learns of their end. The guest compares it with the
+  // number it marked (guest/host_polls.cc).
+  std::uint64_t host_polls_done;
+  std::uint64_t reserved1[3];        // zero
 };
 
 // ---------------------------------------------------------------------------
@@ -197,6 +205,16 @@ struct RecordHeader {
 };
 
 inline constexpr std::uint16_t kRecNeedsReply = 1u << 0;  // req: sender waits
+// req (minor 5): the sender waits, without a reply, until the host has taken
+// the record (done what a posted record asks of the driver): the host
+// release-stores its ring head at once after such a record, rather than at
+// the end of its pass. A host of minor <= 4 publishes it at the end of the
+// pass, which is later but as correct.
+inline constexpr std::uint16_t kRecReportTaken = 1u << 1;
+// req (minor 5), on a launch or a batch of stream memory operations: the
+// work may poll page-locked memory until the CPU stores to it. The host
+// counts in ChannelDesc::host_polls_done when it is over.
+inline constexpr std::uint16_t kRecHostPolled = 1u << 2;
 
 // ---------------------------------------------------------------------------
 // Compile-time layout checks: the ABI must not move by accident.
@@ -257,7 +275,8 @@ IVCUDA_ABI_FIELD(ChannelDesc, staging_off, 64, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_size, 72, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, staging_done, 80, 8);
 IVCUDA_ABI_FIELD(ChannelDesc, host_lost, 88, 8);
-IVCUDA_ABI_FIELD(ChannelDesc, reserved1, 96, 32);
+IVCUDA_ABI_FIELD(ChannelDesc, host_polls_done, 96, 8);
+IVCUDA_ABI_FIELD(ChannelDesc, reserved1, 104, 24);
 static_assert(sizeof(ChannelDesc) == 2 * kCacheLine);
 
 static_assert(std::is_standard_layout_v<RingCtl>);

@@ -85,6 +85,9 @@ if ! [[ $driver == *gpu-double* ]] && command -v nvidia-smi >/dev/null; then
   reclaim_allow=$((2 * $(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits |
     awk -F', *' '$2 ~ /ivcudad$/ && $3 > m { m = $3 } END { print m + 0 }')))
 fi
+# drv_host_polls times launch calls against kernels that run inside them: the double's way.
+double_flag=
+[[ $driver == *gpu-double* ]] && double_flag=--double
 # The driver-API programs, one case each: "name|program and arguments" (one word per argument).
 drv_cases=(
   "drv_core (LD_LIBRARY_PATH)|drv_core"
@@ -95,6 +98,7 @@ drv_cases=(
   "drv_library: a kernel taken in one context launched in another|drv_library --fatbin $fatbin --ptx $ptx --cross-context-only"
   "drv_errors: bad input, async error, faulting kernel|drv_errors --ptx $ptx --fault --forged-handles"
   "drv_hostreg: registered heap/stack/global memory shared with running kernels|drv_hostreg --ptx $ptx"
+  "drv_host_polls: posted calls behind a kernel that polls page-locked memory are taken before they return|drv_host_polls --ptx $ptx $double_flag"
   "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping|drv_vmm --ptx $ptx"
   "drv_vmm_share: an fd-exported allocation imported and written by another process of the tenant|drv_vmm_share"
   "drv_vmm_share: another tenant's process cannot import it (CUDA_ERROR_UNKNOWN)|drv_vmm_share --child-socket $work/other.sock"
@@ -129,14 +133,18 @@ preload_case=1
 [ -n "${IVCUDA_SANITIZE:-}" ] && preload_case=0
 # Every row of the tables; each runtime program, rt_features' list and its sections in both
 # builds; each library; and the cases written out one by one below: three call-log pairs (6),
-# drv_core preloaded (unless a sanitizer build), and five about guests, workers and the daemon.
+# drv_core preloaded (unless a sanitizer build), drv_host_polls --off, and five about guests,
+# workers and the daemon.
 expect_cases $((${#drv_cases[@]} + ${#rt_kinds[@]} * (${#rt_programs[@]} + 1 + ${#rt_sections[@]}) + ${#libs[@]} \
-  + 6 + preload_case + 5))
+  + 6 + preload_case + 1 + 5))
 
 for entry in "${drv_cases[@]}"; do
   read -ra cmd <<<"${entry#*|}"
   case_ivcuda "${entry%%|*}" "$lib" -- "$bin/${cmd[0]}" "${cmd[@]:1}"
 done
+# IVCUDA_HOST_POLLS=off: posted calls never wait to be taken.
+case_ivcuda "drv_host_polls --off: IVCUDA_HOST_POLLS=off keeps every posted call posted" "$lib" \
+  "IVCUDA_HOST_POLLS=off" -- "$bin/drv_host_polls" --ptx "$ptx" $double_flag --off
 # IVCUDA_LOG_ERRORS: at exit, every call that failed, by function and error.
 case_ivcuda "IVCUDA_LOG_ERRORS lists the failed calls by function" "$lib" \
   "IVCUDA_LOG_ERRORS=$work/errors.txt" -- "$bin/drv_errors" --ptx "$ptx"

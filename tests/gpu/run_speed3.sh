@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Issue 31's figures on the GPU machine, native against ivcuda in one run (figures, not cases:
+# each part fails only when a run fails or was not served):
+#   nvbench  ivcuda's NVBench set (C++), 100 samples: native, process mode, and process mode
+#            with IVCUDA_HOST_POLLS=off (posted calls never wait to be taken: the old way)
+#   bench    ivcuda-bench --only solo: round trips, short chains, queries, copies
+#   probe    tests/frameworks/speed_probe.py natively and through ivcuda: a JAX jitted small
+#            step, torch.cuda.mem_get_info idle and busy, an LLM's first prefill at a new
+#            shape (with IVCUDA_CALL_STATS: where the ivcuda run's time went)
+#   usage (repository root): bash tests/gpu/run_speed3.sh BUILD_DIR   (IVCUDA_SPEED_PARTS picks)
+set -u -o pipefail
+root=$(pwd)
+build=$(cd "${1:-$root/build/gpu}" && pwd)
+out=${OUT:-$root/out}
+mkdir -p "$out"
+work=$(mktemp -d /tmp/ivcuda-speed3.XXXXXX)
+parts=${IVCUDA_SPEED_PARTS:-nvbench bench probe}
+py=${PYTHON:-python3}
+# shellcheck source=../lib/verdicts.sh
+. "$root/tests/lib/verdicts.sh"
+rc=0
+
+for p in $parts; do
+  case $p in
+  nvbench)
+    nb=$work/nvbench
+    timeout 300 bash nvbench-configs/run.sh --sets cpp --modes native,process --samples 100 \
+      --ivcuda-build "$build" --build-dir "$root/build/gpu-nvbench" --out "$nb" >"$work/nvbench.log" 2>&1 || rc=1
+    grep -v "^run.sh: \|^nvbench\|^ivcuda-nvbench" "$work/nvbench.log" | tail -30
+    [ -s "$nb/native.json" ] && cp "$nb/comparison.json" "$out/speed3-nvbench.json" 2>/dev/null
+    if [ -s "$nb/native.json" ]; then
+      echo "-- the same with IVCUDA_HOST_POLLS=off (posted calls never wait to be taken)"
+      IVCUDA_HOST_POLLS=off timeout 200 bash nvbench-configs/run.sh --sets cpp --modes process --samples 100 \
+        --native-json "$nb/native.json" --ivcuda-build "$build" --build-dir "$root/build/gpu-nvbench" \
+        --out "$work/nvbench-off" >"$work/nvbench-off.log" 2>&1 || rc=1
+      grep -v "^run.sh: \|^nvbench\|^ivcuda-nvbench" "$work/nvbench-off.log" | tail -30
+    fi ;;
+  bench)
+    sock=/tmp/ivcuda-speed3-bench.sock
+    rm -f "$sock"
+    "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 4G --channels 8 --driver libcuda.so.1 \
+      >"$work/bench-ivcudad.log" 2>&1 &
+    daemon=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+    timeout 240 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" --only solo \
+      --ivcuda-lib "$build/lib" --socket "$sock" --daemon-log "$work/bench-ivcudad.log" \
+      --json "$out/speed3-bench.json" 2>&1 | tee "$out/speed3-bench.txt" || rc=1
+    kill $daemon; wait $daemon 2>/dev/null ;;
+  probe)
+    sock=/tmp/ivcuda-speed3-probe.sock
+    rm -f "$sock"
+    "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 8G --driver libcuda.so.1 \
+      >"$work/probe-ivcudad.log" 2>&1 &
+    daemon=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+    # "part|environment of the ivcuda run": the prefill again with IVCUDA_HOST_POLLS=off says
+    # what waiting behind kernels on page-locked memory costs it.
+    for entry in "jax_step|" "mem_info|" "prefill|" "prefill|IVCUDA_HOST_POLLS=off"; do
+      part=${entry%%|*} envs=${entry#*|} name=${entry%%|*}${envs:+-off}
+      [ -s "$work/$part.native" ] ||
+        timeout 150 "$py" tests/frameworks/speed_probe.py "$part" >"$work/$part.native" 2>"$work/$part.native.err" ||
+        { rc=1; tail -5 "$work/$part.native.err"; }
+      rm -f "$work/$name.pid"
+      mark=$(log_mark "$work/probe-ivcudad.log")
+      # shellcheck disable=SC2086 # one word per variable
+      env $envs IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_CALL_STATS="$work/$name.calls" \
+        timeout 150 "${tagged[@]}" "$work/$name.pid" "$py" tests/frameworks/speed_probe.py "$part" \
+        >"$work/$name.ivcuda" 2>"$work/$name.ivcuda.err" || { rc=1; tail -5 "$work/$name.ivcuda.err"; }
+      echo "== $name${envs:+ (ivcuda run with $envs)}"
+      cp "$work/$part.native" "$work/$name.native" 2>/dev/null
+      served_by "$work/probe-ivcudad.log" "$(cat "$work/$name.pid" 2>/dev/null || echo 0)" "$mark" ||
+        { rc=1; echo "$name: the ivcuda run was not served by ivcudad"; }
+      grep -h "^OK\|^BAD" "$work/$name.native" "$work/$name.ivcuda" | sort | uniq -c
+      join <(sed -n 's/^FIG //p' "$work/$name.native" | sort) <(sed -n 's/^FIG //p' "$work/$name.ivcuda" | sort) |
+        awk '{ printf "%-36s native %10.3f %-3s ivcuda %10.3f  x%.3f\n", $1, $2, $3, $4, ($2 > 0 ? $4 / $2 : 0) }'
+      echo "  $name: the ivcuda run's costliest requests (IVCUDA_CALL_STATS)"
+      head -14 "$work/$name.calls" 2>/dev/null | sed 's/^/    /'
+    done
+    kill $daemon; wait $daemon 2>/dev/null ;;
+  *) echo "run_speed3.sh: no part '$p'"; rc=2 ;;
+  esac
+done
+tar -C "$work" -czf "$out/speed3-logs.tgz" . 2>/dev/null
+exit $rc
