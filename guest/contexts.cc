@@ -276,11 +276,26 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* acti
   return guard([&] {
     NEED_RT();
     if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // The state is this process's own: active while it holds a retain (the
+    // host's answer too), the flags it set. Only the first question per
+    // device crosses (the flags the context started with); PyTorch asks
+    // before many of its calls.
+    {
+      std::lock_guard lk(rt->books_mu);
+      if (const auto f = rt->primary_flags.find(dev); f != rt->primary_flags.end()) {
+        const auto r = rt->primary_refs.find(dev);
+        *flags = f->second;
+        *active = r != rt->primary_refs.end() && r->second > 0 ? 1 : 0;
+        return CUDA_SUCCESS;
+      }
+    }
     proto::RepPrimaryState rep{};
     const CUresult st = rt->call<Op::kPrimaryGetState>(proto::ReqDevice{rt->to_worker(dev), 0}, {}, &rep);
     if (st == CUDA_SUCCESS) {
       *flags = rep.flags;
       *active = rep.active;
+      std::lock_guard lk(rt->books_mu);
+      rt->primary_flags.try_emplace(dev, rep.flags);
     }
     return st;
   });
@@ -289,7 +304,12 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* acti
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
   return guard([&] {
     NEED_RT();
-    return rt->call<Op::kPrimarySetFlags>(proto::ReqDeviceFlags{rt->to_worker(dev), flags});
+    const CUresult st = rt->call<Op::kPrimarySetFlags>(proto::ReqDeviceFlags{rt->to_worker(dev), flags});
+    if (st == CUDA_SUCCESS) {
+      std::lock_guard lk(rt->books_mu);
+      rt->primary_flags[dev] = flags;  // what the host keeps (host-daemon/contexts.cc)
+    }
+    return st;
   });
 }
 

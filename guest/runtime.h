@@ -131,6 +131,7 @@ class Runtime {
   };
   std::map<std::uint64_t, PoolImport> pool_imports;
   std::map<int, int> primary_refs;                         // device -> our retain count
+  std::map<int, unsigned> primary_flags;                   // device -> its primary's flags, once known
 
   // Keeps this process from ever placing its own memory where the device
   // range [d, d + size) lies, so that unified addressing (cuMemcpy) can tell

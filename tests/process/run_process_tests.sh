@@ -132,11 +132,11 @@ libs=(lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc)
 preload_case=1
 [ -n "${IVCUDA_SANITIZE:-}" ] && preload_case=0
 # Every row of the tables; each runtime program, rt_features' list and its sections in both
-# builds; each library; and the cases written out one by one below: three call-log pairs (6),
+# builds; each library; and the cases written out one by one below: four call-log pairs (8),
 # drv_core preloaded (unless a sanitizer build), drv_host_polls --off, and five about guests,
 # workers and the daemon.
 expect_cases $((${#drv_cases[@]} + ${#rt_kinds[@]} * (${#rt_programs[@]} + 1 + ${#rt_sections[@]}) + ${#libs[@]} \
-  + 6 + preload_case + 1 + 5))
+  + 8 + preload_case + 1 + 5))
 
 for entry in "${drv_cases[@]}"; do
   read -ra cmd <<<"${entry#*|}"
@@ -160,6 +160,13 @@ rc=$?
 [ $rc -ne 0 ] && cat "$work/unsupported.txt"
 verdict "  ... and the list names cuGraphicsUnregisterResource, 2 calls" $rc
 # IVCUDA_CALL_STATS: at exit, the requests by kind, round trips and times.
+# drv_core asks its primary context's state six times: only the first crosses.
+case_ivcuda "IVCUDA_CALL_STATS: drv_core's primary context states" "$lib" \
+  "IVCUDA_CALL_STATS=$work/core-calls.txt" -- "$bin/drv_core"
+grep -Eq "^ivcuda: PrimaryGetState +1 +1 " "$work/core-calls.txt"
+rc=$?
+[ $rc -ne 0 ] && cat "$work/core-calls.txt"
+verdict "  ... and one of them was a round trip (the state is the process's own)" $rc
 # drv_roundtrip makes 100 + 2 x 10 cuStreamQuery round trips here.
 case_ivcuda "IVCUDA_CALL_STATS counts the requests by kind" "$lib" \
   "IVCUDA_CALL_STATS=$work/calls.txt" -- "$bin/drv_roundtrip" --rounds 10 --gap-us 1

@@ -58,6 +58,14 @@ void contexts() {
   int active = 99;
   OK(cuDevicePrimaryCtxGetState(d, &flags, &active));
   EXPECT(active == 0);
+  // The flags set are the flags read, and setting them leaves it inactive.
+  const unsigned start_flags = flags;
+  OK(cuDevicePrimaryCtxSetFlags(d, CU_CTX_SCHED_SPIN));
+  OK(cuDevicePrimaryCtxGetState(d, &flags, &active));
+  EXPECT(flags == CU_CTX_SCHED_SPIN && active == 0);
+  OK(cuDevicePrimaryCtxSetFlags(d, start_flags));
+  OK(cuDevicePrimaryCtxGetState(d, &flags, &active));
+  EXPECT(flags == start_flags && active == 0);
   CUcontext prim = nullptr;
   OK(cuDevicePrimaryCtxRetain(&prim, d));
   EXPECT(prim != nullptr);
