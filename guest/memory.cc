@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -755,11 +756,53 @@ CUresult cuMemFree(CUdeviceptr dptr) {
   });
 }
 
+namespace {
+
+// cuMemGetInfo answered here, from the worker's memory view (shm_abi.h,
+// Superblock line 9), when the answer is the guest's own: under a quota, with
+// the device's free memory (as the worker last asked the driver, less than
+// 100 ms ago) more than the quota's rest by a sixteenth of the device, the
+// worker would answer what is left of the quota (host-daemon/memory.cc,
+// on_MemGetInfo). The view changes before the reply of any call that changed
+// the charge, so the process's own allocations are in it; what other tenants
+// take is what the 100 ms and the margin are for. Also while the worker is
+// busy with work queued ahead: nothing waits for it. Process mode only.
+bool local_mem_info(Runtime* rt, std::uint64_t* free_b, std::uint64_t* total) {
+  if (rt->vm_mode()) return false;
+  const auto* sb = ivcuda::ring::superblock(rt->bar());
+  const std::uint32_t s1 = ivcuda::ring::load_acquire(sb->mem_view_seq);
+  if ((s1 & 1u) != 0) return false;
+  const std::uint64_t limit = ivcuda::ring::load_relaxed(sb->mem_limit);
+  const std::uint64_t used = ivcuda::ring::load_relaxed(sb->mem_used);
+  const std::uint64_t dev_total = ivcuda::ring::load_relaxed(sb->mem_device_total);
+  const std::uint64_t dev_free = ivcuda::ring::load_relaxed(sb->mem_device_free);
+  const std::uint64_t sampled = ivcuda::ring::load_relaxed(sb->mem_sampled_ns);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (ivcuda::ring::load_relaxed(sb->mem_view_seq) != s1) return false;
+  if (limit == 0 || sampled == 0 || dev_total == 0) return false;
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  const std::uint64_t now = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+  if (now < sampled || now - sampled > 100'000'000u) return false;
+  const std::uint64_t left = used >= limit ? 0 : limit - used;
+  if (dev_free < left || dev_free - left < dev_total / 16) return false;
+  *total = std::min(dev_total, limit);
+  *free_b = left;
+  return true;
+}
+
+}  // namespace
+
 CUresult cuMemGetInfo(size_t* free_b, size_t* total) {
   return guard([&] {
     NEED_RT();
     NEED_CTX();
     if (free_b == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (std::uint64_t f = 0, t = 0; local_mem_info(rt, &f, &t)) {
+      *free_b = f;
+      *total = t;
+      return CUDA_SUCCESS;
+    }
     proto::RepMemInfo rep{};
     const CUresult st = rt->call<Op::kMemGetInfo>(proto::ReqCtx{ctx}, {}, &rep);
     *free_b = rep.free;

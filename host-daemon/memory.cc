@@ -1,7 +1,9 @@
 // Device memory, copies and memsets, page-locked (arena) memory: every
 // address and length is checked against what the guest owns (owns_device,
 // arena_range) before the driver sees it. The guest side is guest/memory.cc.
+#include <atomic>
 #include <cstring>
+#include <ctime>
 
 #include "host-daemon/log.h"
 #include "host-daemon/rules.h"
@@ -80,9 +82,43 @@ CUresult Worker::on_MemGetInfo(Call& c) {
   // it as free (never more than the device has), so that frameworks that size
   // themselves from these figures stay inside it.
   std::uint64_t total = t, free = f;
-  if (st == CUDA_SUCCESS) quota_.view(&total, &free);
+  if (st == CUDA_SUCCESS) {
+    publish_mem_view(&total, &free);  // before the view narrows them
+    quota_.view(&total, &free);
+  }
   c.set_reply(RepMemInfo{free, total});
   return st;
+}
+
+// The superblock's memory view (shm_abi.h, line 9), from which the guest
+// library answers cuMemGetInfo itself under a quota while the device has
+// ample room beyond it (guest/memory.cc). Written after every request that
+// changed the guest's charge, before its reply, and with the device's figures
+// at each cuMemGetInfo the guest still sends; unusable (no sample) while pools
+// or sparse releases could change the figures. Process mode only: a VM's
+// processes share one quota and one superblock, but not one worker.
+void Worker::publish_mem_view(const std::uint64_t* device_total, const std::uint64_t* device_free) {
+  if (cfg_.vm != nullptr) return;
+  auto* sb = ring::superblock(bar_.data());
+  const std::uint32_t seq = ring::load_relaxed(sb->mem_view_seq);  // ours alone to write
+  ring::store_relaxed(sb->mem_view_seq, seq | 1u);
+  std::atomic_thread_fence(std::memory_order_release);
+  view_limit_ = quota_.limit();
+  view_used_ = quota_.used();
+  view_usable_ = mem_view_usable();
+  ring::store_relaxed(sb->mem_limit, view_limit_);
+  ring::store_relaxed(sb->mem_used, view_used_);
+  if (!view_usable_) {
+    ring::store_relaxed(sb->mem_sampled_ns, std::uint64_t{0});  // the guest asks
+  } else if (device_total != nullptr && device_free != nullptr) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    ring::store_relaxed(sb->mem_device_total, *device_total);
+    ring::store_relaxed(sb->mem_device_free, *device_free);
+    ring::store_relaxed(sb->mem_sampled_ns,
+                        static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec));
+  }
+  ring::store_release(sb->mem_view_seq, (seq | 1u) + 1u);
 }
 
 CUresult Worker::on_MemGetAddressRange(Call& c) {

@@ -552,6 +552,10 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
   }
   account(rec, st);
   if ((rec.hdr.flags & abi::kRecHostPolled) != 0) track_host_poll(ch, rec, st);  // host_polls.cc
+  // The guest answers cuMemGetInfo from this view: it changes before the
+  // reply of the call that changed it (memory.cc).
+  if (quota_.used() != view_used_ || quota_.limit() != view_limit_ || mem_view_usable() != view_usable_)
+    publish_mem_view(nullptr, nullptr);
   if (needs_reply && reports_async_errors(pop)) reap_all_copies();
   if (needs_reply && reports_async_errors(pop) && pending_ != CUDA_SUCCESS) {
     // One report per error: a call that fails on its own also answers for

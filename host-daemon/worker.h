@@ -532,6 +532,15 @@ class Worker {
   WorkerConfig cfg_;
   // Before every record that holds a Charge, so that it outlives them.
   MemQuota quota_;
+  // The memory view in the superblock (memory.cc, publish_mem_view): what
+  // was last written there.
+  void publish_mem_view(const std::uint64_t* device_total, const std::uint64_t* device_free);
+  std::uint64_t view_limit_ = 0, view_used_ = 0;
+  bool view_usable_ = false;
+  // The view answers for the guest only while nothing would change the
+  // figures at a cuMemGetInfo: no pool reserves to settle, no sparse
+  // mappings' releases pending (on_MemGetInfo does both first).
+  bool mem_view_usable() const noexcept { return pool_reserves_.empty() && pending_releases_.empty(); }
   // The context the worker starts with (the first GPU's primary, which
   // holds the arena's registration) against the guest's quota.
   Charge context_charge_;

@@ -40,7 +40,8 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // (guests and guest kernel drivers of minor <= 3) means "namespace not said".
 // Minor 5: RecordHeader flags kRecReportTaken and kRecHostPolled, and
 // ChannelDesc::host_polls_done (posted work reaches the driver before the
-// call returns while a kernel may be polling host memory).
+// call returns while a kernel may be polling host memory); Superblock line 9,
+// the memory view (cuMemGetInfo under a quota answered in the guest).
 inline constexpr std::uint16_t kAbiMinor = 5;
 
 // Feature bits in Superblock::features (host-written).
@@ -123,7 +124,20 @@ struct Superblock {
   std::uint32_t exit_pidns[30];      // guest kernel
   std::uint64_t reserved8;           // zero
 
-  std::uint8_t reserved_page[4096 - 9 * kCacheLine];  // zero; room to grow
+  // Line 9 (minor 5): the worker's memory view, so that cuMemGetInfo under a
+  // quota is answered in the guest (process mode; a VM's workers share one
+  // quota and leave it zero). A seqlock: mem_view_seq is odd while the host
+  // writes the line; a reader that sees it odd or changed asks the host.
+  std::uint32_t mem_view_seq;        // host
+  std::uint32_t reserved9;           // zero
+  std::uint64_t mem_limit;           // host: the guest's quota in bytes; 0: none (the guest asks)
+  std::uint64_t mem_used;            // host: what is charged to it
+  std::uint64_t mem_device_total;    // host: the device's memory, when last asked
+  std::uint64_t mem_device_free;     // host: its free memory then
+  std::uint64_t mem_sampled_ns;      // host: CLOCK_MONOTONIC of that question
+  std::uint64_t reserved9b[2];       // zero
+
+  std::uint8_t reserved_page[4096 - 10 * kCacheLine];  // zero; room to grow
 };
 inline constexpr std::uint32_t kExitSlots = 30;
 
@@ -260,7 +274,13 @@ IVCUDA_ABI_FIELD(Superblock, next_ticket, 384, 8);
 IVCUDA_ABI_FIELD(Superblock, reserved7, 392, 56);
 IVCUDA_ABI_FIELD(Superblock, exit_pidns, 448, 120);
 IVCUDA_ABI_FIELD(Superblock, reserved8, 568, 8);
-IVCUDA_ABI_FIELD(Superblock, reserved_page, 576, 3520);
+IVCUDA_ABI_FIELD(Superblock, mem_view_seq, 576, 4);
+IVCUDA_ABI_FIELD(Superblock, mem_limit, 584, 8);
+IVCUDA_ABI_FIELD(Superblock, mem_used, 592, 8);
+IVCUDA_ABI_FIELD(Superblock, mem_device_total, 600, 8);
+IVCUDA_ABI_FIELD(Superblock, mem_device_free, 608, 8);
+IVCUDA_ABI_FIELD(Superblock, mem_sampled_ns, 616, 8);
+IVCUDA_ABI_FIELD(Superblock, reserved_page, 640, 3456);
 static_assert(sizeof(Superblock) == 4096);
 
 static_assert(std::is_standard_layout_v<ChannelDesc>);

@@ -20,7 +20,7 @@ log=$work/ivcudad.log
 daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
-expect_cases 5
+expect_cases 6
 cleanup() { [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
@@ -67,7 +67,14 @@ case "${IVCUDA_SANITIZE:-}" in *undefined*) preload="$preload $(gcc -print-file-
 guest "rt_basic (static cudart: pageable and page-locked copies) runs" "$work/rt" \
   env LD_PRELOAD="$preload" "$bin/rt_basic_static"
 guest "a third guest runs, its ${quota_mib} MiB quota kept on every path" "$work/third" \
-  "$bin/drv_quota" --quota-mib "$quota_mib"
+  env IVCUDA_CALL_STATS="$work/quota-calls.txt" "$bin/drv_quota" --quota-mib "$quota_mib"
+# Its 1,000 and more cuMemGetInfo calls are answered in the guest from the worker's memory view
+# (shm_abi.h, line 9), but for the first after each 100 ms.
+n=$(awk '$2 == "MemGetInfo" { print $3 }' "$work/quota-calls.txt" 2>/dev/null)
+[ -n "$n" ] && [ "$n" -lt 100 ]
+rc=$?
+[ $rc -ne 0 ] && cat "$work/quota-calls.txt"
+verdict "the quota's view is answered in the guest: ${n:-no} cuMemGetInfo round trips" $rc
 if [ $expect = huge ]; then
   n=$(grep -c "its memory is on 2 MiB huge pages" "$log")
   [ "$n" -ge 3 ]

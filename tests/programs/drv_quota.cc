@@ -106,6 +106,23 @@ int main(int argc, char** argv) {
   OK(cuDeviceTotalMem(&total, d));
   EXPECT(total == quota);
   const std::uint64_t room = quota - others;
+  // Asked over and over (JAX at its start, PyTorch's mem_get_info), with
+  // work queued meanwhile: the same tenant's view every time, and it follows
+  // the process's own allocations at once.
+  for (int i = 0; i < 1000; ++i) {
+    size_t f2 = 0, t2 = 0;
+    OK(cuMemGetInfo(&f2, &t2));
+    if (f2 != room || t2 != quota) {
+      EXPECT(f2 == room && t2 == quota);
+      break;
+    }
+    if (i % 100 == 0) {
+      CUdeviceptr p = 0;
+      OK(cuMemAlloc(&p, kMiB));
+      EXPECT(free_now() == room - kMiB);
+      OK(cuMemFree(p));
+    }
+  }
 
   // Up to the quota, then refused; what was held is untouched.
   CUdeviceptr a = 0, b = 0;
