@@ -777,7 +777,7 @@ bool local_mem_info(Runtime* rt, std::uint64_t* free_b, std::uint64_t* total) {
   const std::uint64_t dev_total = ivcuda::ring::load_relaxed(sb->mem_device_total);
   const std::uint64_t dev_free = ivcuda::ring::load_relaxed(sb->mem_device_free);
   const std::uint64_t sampled = ivcuda::ring::load_relaxed(sb->mem_sampled_ns);
-  std::atomic_thread_fence(std::memory_order_acquire);
+  ivcuda::ring::full_fence();  // (TSan builds: see ring/spsc_ring.h)
   if (ivcuda::ring::load_relaxed(sb->mem_view_seq) != s1) return false;
   if (limit == 0 || sampled == 0 || dev_total == 0) return false;
   timespec ts{};

@@ -102,7 +102,7 @@ void Worker::publish_mem_view(const std::uint64_t* device_total, const std::uint
   auto* sb = ring::superblock(bar_.data());
   const std::uint32_t seq = ring::load_relaxed(sb->mem_view_seq);  // ours alone to write
   ring::store_relaxed(sb->mem_view_seq, seq | 1u);
-  std::atomic_thread_fence(std::memory_order_release);
+  ring::full_fence();  // (TSan builds: see ring/spsc_ring.h)
   view_limit_ = quota_.limit();
   view_used_ = quota_.used();
   view_usable_ = mem_view_usable();
