@@ -100,8 +100,8 @@ CUresult Worker::on_MemGetInfo(Call& c) {
 void Worker::publish_mem_view(const std::uint64_t* device_total, const std::uint64_t* device_free) {
   if (cfg_.vm != nullptr) return;
   auto* sb = ring::superblock(bar_.data());
-  const std::uint32_t seq = ring::load_relaxed(sb->mem_view_seq);  // ours alone to write
-  ring::store_relaxed(sb->mem_view_seq, seq | 1u);
+  // The sequence is kept privately (the guest can write the line too).
+  ring::store_relaxed(sb->mem_view_seq, ++view_seq_);  // odd: being written
   ring::full_fence();  // (TSan builds: see ring/spsc_ring.h)
   view_limit_ = quota_.limit();
   view_used_ = quota_.used();
@@ -118,7 +118,7 @@ void Worker::publish_mem_view(const std::uint64_t* device_total, const std::uint
     ring::store_relaxed(sb->mem_sampled_ns,
                         static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec));
   }
-  ring::store_release(sb->mem_view_seq, (seq | 1u) + 1u);
+  ring::store_release(sb->mem_view_seq, ++view_seq_);  // even: done
 }
 
 CUresult Worker::on_MemGetAddressRange(Call& c) {

@@ -537,6 +537,7 @@ class Worker {
   void publish_mem_view(const std::uint64_t* device_total, const std::uint64_t* device_free);
   std::uint64_t view_limit_ = 0, view_used_ = 0;
   bool view_usable_ = false;
+  std::uint32_t view_seq_ = 0;  // even between writes
   // The view answers for the guest only while nothing would change the
   // figures at a cuMemGetInfo: no pool reserves to settle, no sparse
   // mappings' releases pending (on_MemGetInfo does both first).
