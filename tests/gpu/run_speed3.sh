@@ -18,9 +18,12 @@ parts=${IVCUDA_SPEED_PARTS:-nvbench bench probe}
 py=${PYTHON:-python3}
 # shellcheck source=../lib/verdicts.sh
 . "$root/tests/lib/verdicts.sh"
-rc=0
+# One verdict a part: every run in it exited 0 and every ivcuda run was served.
+# shellcheck disable=SC2086 # one word a part
+expect_cases $(echo $parts | wc -w)
 
 for p in $parts; do
+  rc=0
   case $p in
   nvbench)
     nb=$work/nvbench
@@ -79,6 +82,7 @@ for p in $parts; do
     kill $daemon; wait $daemon 2>/dev/null ;;
   *) echo "run_speed3.sh: no part '$p'"; rc=2 ;;
   esac
+  verdict "speed part $p: its runs exited 0, the ivcuda ones served by ivcudad" $rc
 done
 tar -C "$work" -czf "$out/speed3-logs.tgz" . 2>/dev/null
-exit $rc
+finish
