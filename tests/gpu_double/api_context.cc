@@ -140,23 +140,34 @@ CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
   });
 }
 
-CUresult CUDAAPI cuCtxSynchronize() {
-  return guarded([&](State& s) -> CUresult {
-    Handle h = 0;
-    return work_context(s, &h);  // all work already ran; only a fault is left to report
-  });
+namespace {
+// All work already ran; only a fault is left to report, and kernels still "running"
+// (IVCUDA_GPU_DOUBLE_KERNEL_US) to wait for, outside the state lock.
+CUresult ctx_synchronize(CUcontext ctx) {
+  for (;;) {
+    const CUresult r = guarded([&](State& s) -> CUresult {
+      Handle h = 0;
+      if (ctx == nullptr) {
+        if (const CUresult w = work_context(s, &h); w != CUDA_SUCCESS) return w;
+      } else {
+        const auto it = s.contexts.find(from_handle(ctx));
+        if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+        if (!it->second.active) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        h = it->first;
+        if (const CUresult f = s.fault_of(h); f != CUDA_SUCCESS) return f;
+      }
+      return std::chrono::steady_clock::now() < busy_end(s, h, nullptr, true) ? CUDA_ERROR_NOT_READY
+                                                                               : CUDA_SUCCESS;
+    });
+    if (r != CUDA_ERROR_NOT_READY) return r;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
+}  // namespace
 
-CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
-  return guarded([&](State& s) -> CUresult {
-    Handle h = 0;
-    if (ctx == nullptr) return work_context(s, &h);
-    const auto it = s.contexts.find(from_handle(ctx));
-    if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
-    if (!it->second.active) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    return s.fault_of(it->first);
-  });
-}
+CUresult CUDAAPI cuCtxSynchronize() { return ctx_synchronize(nullptr); }
+
+CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) { return ctx_synchronize(ctx); }
 
 CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
   return guarded([&](State& s) -> CUresult {

@@ -602,6 +602,8 @@ CUresult launch(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsi
       s.fault[static_cast<std::size_t>(s.contexts.at(ctx).device)] = r;
       return CUDA_SUCCESS;
     }
+    if (r == CUDA_SUCCESS && kernel_time().count() > 0)
+      s.busy_until[busy_key(ctx, hStream)] = std::chrono::steady_clock::now() + kernel_time();
     return r;
   });
 }

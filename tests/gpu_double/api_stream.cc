@@ -84,11 +84,19 @@ CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
       c->second.invalidated = true;
       return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    return s.fault_of(ctx);
+    if (const CUresult r = s.fault_of(ctx); r != CUDA_SUCCESS) return r;
+    return std::chrono::steady_clock::now() < busy_end(s, ctx, hStream) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
   });
 }
 
-CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { return cuStreamQuery(hStream); }
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+  // Outside the state lock: other threads go on while this one waits (IVCUDA_GPU_DOUBLE_KERNEL_US).
+  for (;;) {
+    const CUresult r = cuStreamQuery(hStream);
+    if (r != CUDA_ERROR_NOT_READY) return r;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
 
 CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int* priority) {
   return guarded([&](State& s) -> CUresult {
@@ -258,7 +266,8 @@ CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsign
     if (ctx != it->second.ctx) return CUDA_ERROR_INVALID_HANDLE;
     if (const CUresult r = s.fault_of(ctx); r != CUDA_SUCCESS) return r;
     it->second.recorded = true;
-    it->second.when = std::chrono::steady_clock::now();
+    // Behind a kernel still "running" (IVCUDA_GPU_DOUBLE_KERNEL_US), the event completes when it ends.
+    it->second.when = std::max(std::chrono::steady_clock::now(), busy_end(s, ctx, hStream));
     return CUDA_SUCCESS;
   });
 }

@@ -47,6 +47,31 @@ std::chrono::microseconds event_delay() {
   return us;
 }
 
+std::chrono::microseconds kernel_time() {
+  static const std::chrono::microseconds us = [] {
+    const char* v = std::getenv("IVCUDA_GPU_DOUBLE_KERNEL_US");
+    return std::chrono::microseconds(v != nullptr ? std::strtoul(v, nullptr, 10) : 0);
+  }();
+  return us;
+}
+
+std::pair<Handle, Handle> busy_key(Handle ctx, CUstream h) {
+  const Handle v = h == CU_STREAM_LEGACY ? 0 : from_handle(h);
+  return {ctx, v};
+}
+
+std::chrono::steady_clock::time_point busy_end(State& s, Handle ctx, CUstream h, bool all) {
+  std::chrono::steady_clock::time_point end{};
+  if (s.busy_until.empty()) return end;
+  if (!all) {
+    const auto it = s.busy_until.find(busy_key(ctx, h));
+    return it == s.busy_until.end() ? end : it->second;
+  }
+  for (auto it = s.busy_until.lower_bound({ctx, 0}); it != s.busy_until.end() && it->first.first == ctx; ++it)
+    end = std::max(end, it->second);
+  return end;
+}
+
 std::size_t context_mem() {
   static const std::size_t bytes = [] {
     if (fuzzing()) return std::size_t{0};

@@ -271,6 +271,9 @@ struct State {
   std::unordered_map<Handle, Stream> streams;
   Stream null_stream;  // the legacy and per-thread streams' attributes
   std::unordered_map<Handle, Event> events;
+  // IVCUDA_GPU_DOUBLE_KERNEL_US: until when each stream is still "running" its last kernel,
+  // by (context, stream handle; 0 for the legacy and null streams).
+  std::map<std::pair<Handle, Handle>, std::chrono::steady_clock::time_point> busy_until;
   std::unordered_map<Handle, Module> modules;
   std::unordered_map<Handle, Function> functions;
   std::unordered_map<Handle, Library> libraries;
@@ -421,6 +424,14 @@ void record_mps_environment();
 // the work before it ran at once as always. Callers that track work in flight
 // by events (ivcudad's posted copies) then see it in flight, as on a GPU.
 std::chrono::microseconds event_delay();
+// IVCUDA_GPU_DOUBLE_KERNEL_US (default 0): how long a launched kernel keeps its stream busy.
+// Its effects are made at launch, as every kernel's here; only the stream's answers wait:
+// cuStreamQuery is NOT_READY, cuStreamSynchronize and cuCtxSynchronize wait, and an event
+// recorded behind it completes when it ends. Workers then meet streams with work in flight.
+std::chrono::microseconds kernel_time();
+std::pair<Handle, Handle> busy_key(Handle ctx, CUstream h);
+// When the stream's (or, with h == nullptr and all == true, the context's) last kernel ends.
+std::chrono::steady_clock::time_point busy_end(State& s, Handle ctx, CUstream h, bool all = false);
 
 // Runs an API body under the state lock, after the cuInit check; nothing escapes.
 template <class F>
