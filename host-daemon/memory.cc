@@ -1,6 +1,8 @@
 // Device memory, copies and memsets, page-locked (arena) memory: every
 // address and length is checked against what the guest owns (owns_device,
 // arena_range) before the driver sees it. The guest side is guest/memory.cc.
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cstring>
 #include <ctime>
@@ -391,6 +393,7 @@ void Worker::settle_copies(std::uint64_t ctx) {
   auto it = copy_ctxs_.find(ctx);
   if (it == copy_ctxs_.end()) return;
   for (CUevent ev : it->second.spare) (void)cu_.cuEventDestroy(ev);
+  free_landings(it->second);  // their copies are over: the events above were waited for
   copy_ctxs_.erase(it);
 }
 
@@ -420,8 +423,10 @@ void Worker::abandon_copies() noexcept {
     }
     chp->copies.clear();
   }
-  for (auto& [ctx, cc] : copy_ctxs_)
+  for (auto& [ctx, cc] : copy_ctxs_) {
     for (CUevent ev : cc.spare) (void)cu_.cuEventDestroy(ev);
+    free_landings(cc);
+  }
   copy_ctxs_.clear();
 }
 
@@ -455,7 +460,10 @@ bool Worker::poll_copy_park(Channel& ch) {
   parked_since_ = {};
   std::vector<std::byte> body;
   CUresult st = CUDA_SUCCESS;
-  if (p.op == Op::kMemcpyDtoHInline) st = dtoh_inline(p.copy, ch.cpl.max_payload(), &body);
+  if (p.op == Op::kMemcpyDtoHInline) {
+    st = p.landed ? landed_body(p.copy, ch.index, &body) : dtoh_inline(p.copy, ch.cpl.max_payload(), &body);
+    p.landed = false;
+  }
   reap_all_copies();
   // A FlushWait (a guest waiting for its staged chunks) is no synchronising
   // call, parked or not: posted errors stay for the next one.
@@ -470,12 +478,17 @@ bool Worker::poll_copy_park(Channel& ch) {
   return true;
 }
 
-// A small pageable DtoH comes back in the reply record. The copy into the
-// worker's own (pageable) memory is synchronous, so it is made only once the
-// stream has reached it: an event marks that point, and the call is parked
-// until then unless it is there already. Everything is checked again then
-// (dtoh_inline): another guest thread may have freed the memory or the
-// stream meanwhile, or begun capturing the stream.
+// A small pageable DtoH comes back in the reply record. From a stream with
+// nothing in flight the worker copies at once into its own memory. Behind
+// work in flight (a kernel, then its result read back: PyTorch's .item()),
+// the copy is queued in the stream at once, into a page-locked landing place
+// of the worker's, with an event behind it; the call is parked until the
+// event, and the reply is made from the landing place. The DMA then follows
+// the kernel on the GPU as a native copy does, instead of being issued only
+// once the worker has seen the kernel end. Without a landing place the call
+// is parked until the stream has reached it and the copy is made then, with
+// everything checked again (dtoh_inline): another guest thread may have
+// freed the memory or the stream meanwhile, or begun capturing the stream.
 CUresult Worker::on_MemcpyDtoHInline(Call& c) {
   const auto r = c.req<ReqCopy>();
   if ((c.rec.hdr.flags & abi::kRecNeedsReply) == 0) return CUDA_ERROR_INVALID_VALUE;  // it is all in the reply
@@ -496,16 +509,84 @@ CUresult Worker::on_MemcpyDtoHInline(Call& c) {
     // after a synchronise) is copied from at once; recording an event and
     // parking on it cost more than the copy (2x native at 4 KiB on the H200).
     reap_copies(c.ch);
-    if (!c.ch.copies.empty() || cu_.cuStreamQuery(s) != CUDA_SUCCESS) {
+    const bool copies_ahead = !c.ch.copies.empty();
+    if (copies_ahead || cu_.cuStreamQuery(s) != CUDA_SUCCESS) {
+      // With staged copies of the channel still in flight the copy waits for
+      // them first (the slow way): they need not be in its stream. So does a
+      // copy in another context's stream, whose event that context's
+      // teardown would not wait for before the landing place is freed.
+      void* land = copies_ahead || event_ctx != r.ctx ? nullptr : landing_for(c.ch, r.ctx);
+      if (land != nullptr) {
+        if (const CUresult st = cu_.cuMemcpyDtoHAsync(land, r.src, r.bytes, s); st != CUDA_SUCCESS) {
+          copy_ctxs_[r.ctx].landings[c.ch.index].busy = false;
+          return st;
+        }
+        track_copy(c.ch, event_ctx, s, false, false);
+        reap_copies(c.ch);
+        if (c.ch.copies.empty()) return landed_body(r, c.ch.index, &c.out);
+        c.ch.parked.copy = r;
+        c.ch.parked.landed = true;
+        return park_on_copies(c);
+      }
       track_copy(c.ch, event_ctx, s, false, false);
       reap_copies(c.ch);
       if (!c.ch.copies.empty()) {
         c.ch.parked.copy = r;
+        c.ch.parked.landed = false;
         return park_on_copies(c);
       }
     }
   }
   return dtoh_inline(r, room, &c.out);
+}
+
+void* Worker::landing_for(Channel& ch, std::uint64_t ctx) {
+  CopyCtx& cc = copy_ctxs_[ctx];
+  CopyCtx::Landing& l = cc.landings[ch.index];
+  if (l.busy) {
+    cc.retired.push_back(l.buf);
+    l = {};
+  }
+  if (l.buf == nullptr) {
+    // The worker's own pages, registered as its arena is (the same driver
+    // path, which its sandbox allows).
+    void* p = ::mmap(nullptr, kInlineCopyMax, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    if (cu_.cuMemHostRegister(p, kInlineCopyMax, CU_MEMHOSTREGISTER_PORTABLE) != CUDA_SUCCESS) {
+      ::munmap(p, kInlineCopyMax);
+      return nullptr;
+    }
+    l.buf = p;
+  }
+  l.busy = true;
+  return l.buf;
+}
+
+CUresult Worker::landed_body(const ReqCopy& r, std::uint32_t channel, std::vector<std::byte>* body) {
+  body->clear();
+  const auto it = copy_ctxs_.find(r.ctx);
+  if (it == copy_ctxs_.end()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;  // settled meanwhile
+  const auto l = it->second.landings.find(channel);
+  if (l == it->second.landings.end() || l->second.buf == nullptr || !l->second.busy)
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  l->second.busy = false;
+  body->resize(sizeof(RepCopyInline) + r.bytes);
+  const RepCopyInline rep{r.bytes};
+  std::memcpy(body->data(), &rep, sizeof rep);
+  std::memcpy(body->data() + sizeof rep, l->second.buf, r.bytes);
+  return CUDA_SUCCESS;
+}
+
+void Worker::free_landings(CopyCtx& cc) noexcept {
+  const auto drop = [&](void* b) {
+    (void)cu_.cuMemHostUnregister(b);
+    ::munmap(b, kInlineCopyMax);
+  };
+  for (auto& [channel, l] : cc.landings)
+    if (l.buf != nullptr) drop(l.buf);
+  for (void* b : cc.retired) drop(b);
+  cc.landings.clear();
+  cc.retired.clear();
 }
 
 CUresult Worker::dtoh_inline(const ReqCopy& r, std::size_t room, std::vector<std::byte>* body) {

@@ -645,7 +645,25 @@ class Worker {
     std::vector<CUevent> spare;
     CUevent fence = nullptr;
     std::uint64_t fence_seq = 0;
+    // Page-locked landing places for small reads back (on_MemcpyDtoHInline),
+    // one per channel, made on first use. `busy` from the copy's issue to
+    // its reply; one still busy at the channel's next read back was left by
+    // an abandoned call, and is retired (its copy may still be landing) to
+    // be freed with the context's copies.
+    struct Landing {
+      void* buf = nullptr;
+      bool busy = false;
+    };
+    std::map<std::uint32_t, Landing> landings;
+    std::vector<void*> retired;
   };
+  // The channel's landing place in `ctx` (current), marked busy; null when
+  // page-locked memory cannot be had (the caller copies the slow way).
+  void* landing_for(Channel& ch, std::uint64_t ctx);
+  void free_landings(CopyCtx& cc) noexcept;
+  // The reply body of a DtoHInline whose bytes are in the channel's landing
+  // place (gone with its context: an error).
+  CUresult landed_body(const proto::ReqCopy& r, std::uint32_t channel, std::vector<std::byte>* body);
   std::map<std::uint64_t, CopyCtx> copy_ctxs_;
   std::uint64_t copy_fences_ = 0;
   // The capture mode the driver holds for the worker's thread now.

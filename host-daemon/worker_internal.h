@@ -55,6 +55,7 @@ struct Worker::Channel {
     std::uint64_t handle = 0;
     abi::RecordHeader hdr{};
     proto::ReqCopy copy{};
+    bool landed = false;  // a DtoHInline whose bytes are copied to the channel's landing place
   } parked;
   // Copies the worker issued for this channel and has not seen finish, in
   // the order the guest posted them: staged chunks (counted: staging_done
