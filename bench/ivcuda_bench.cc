@@ -90,9 +90,17 @@ struct Child {
     CK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, args, nullptr));
   }
 
+  // Idle streams and contexts are answered in ivcuda's guest library when
+  // nothing was sent since they were found idle (guest/idle_streams.cc); a
+  // completed event's query always crosses, so it is the transport's round
+  // trip.
   void null_round_trips() {
     const int n = quick ? 500 : 20000;
-    std::vector<double> sync, query;
+    CUevent ev = nullptr;
+    CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    CK(cuEventRecord(ev, s));
+    CK(cuEventSynchronize(ev));
+    std::vector<double> sync, query, event;
     for (int i = 0; i < n; ++i) {
       auto t0 = Clock::now();
       CK(cuCtxSynchronize());
@@ -100,11 +108,17 @@ struct Child {
       t0 = Clock::now();
       CK(cuStreamQuery(s));
       query.push_back(us_since(t0));
+      t0 = Clock::now();
+      CK(cuEventQuery(ev));
+      event.push_back(us_since(t0));
     }
+    CK(cuEventDestroy(ev));
     emit("null.ctx_synchronize.median", "us", percentile(sync, 0.5));
     emit("null.ctx_synchronize.p99", "us", percentile(sync, 0.99));
     emit("null.stream_query.median", "us", percentile(query, 0.5));
     emit("null.stream_query.p99", "us", percentile(query, 0.99));
+    emit("null.event_query.median", "us", percentile(event, 0.5));
+    emit("null.event_query.p99", "us", percentile(event, 0.99));
   }
 
   void launch_rates() {

@@ -39,17 +39,6 @@ bool enabled() {
   return on;
 }
 
-// The key a stream handle is booked under: the legacy stream has two names,
-// and each thread's per-thread stream is its own.
-std::uint64_t stream_key(std::uint64_t s) {
-  if (s == reinterpret_cast<std::uint64_t>(CU_STREAM_LEGACY)) return 0;
-  if (s == reinterpret_cast<std::uint64_t>(CU_STREAM_PER_THREAD)) {
-    thread_local const int tag = 0;  // one address per thread, never a stream handle
-    return reinterpret_cast<std::uint64_t>(&tag) | 1;
-  }
-  return s;
-}
-
 template <class T>
 bool read_req(const void* req, std::size_t size, T* out) {
   if (size < sizeof(T)) return false;

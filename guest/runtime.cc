@@ -366,6 +366,13 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   // A fork child of a VM process has none of its parent's BAR (MADV_DONTFORK):
   // CUDA does not carry over a fork either.
   if (vm_mode_ && ::getpid() != pid_) return CUDA_ERROR_NOT_INITIALIZED;
+  // A stream or context the host found idle, with nothing sent since that
+  // could add work, is answered here (guest/idle_streams.cc).
+  const std::uint64_t epoch = work_epoch_.load(std::memory_order_acquire);
+  if (wait && answer_idle(op, req, req_size, epoch)) {
+    if (host_polled()) settle_host_polls(op, req, req_size);
+    return CUDA_SUCCESS;
+  }
   Channel* ch = channel();
   if (ch == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lk(ch->mu);
@@ -375,8 +382,10 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   if (const CUstreamCaptureMode m = thread_capture_mode(); m != ch->capture_mode) {
     const proto::ReqCaptureMode cm{static_cast<std::uint32_t>(m), 0};
     if (const CUresult st = ch->exchange(proto::Op::kCaptureMode, &cm, sizeof cm, {}, nullptr, 0, nullptr, false, 0);
-        st != CUDA_SUCCESS)
+        st != CUDA_SUCCESS) {
+      work_epoch_.fetch_add(1, std::memory_order_acq_rel);  // a failure: nothing is known idle any more
       return st;
+    }
     ch->capture_mode = m;
   }
   // While a capture may be under way, posted work waits for its verdict:
@@ -402,6 +411,7 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   } else {
     st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait, flags);
   }
+  note_after_call(op, req, req_size, epoch, st);
   if (polled && st == CUDA_SUCCESS) settle_host_polls(op, req, req_size);
   if (mark && st == CUDA_SUCCESS) note_host_polled(ch->index(), polled_ctx, polled_stream);
   if (st == CUDA_ERROR_NOT_SUPPORTED) note_unsupported(std::string("refused by the host: ") + proto::op_name(static_cast<std::uint16_t>(op)));

@@ -155,6 +155,11 @@ class Runtime {
     return polled_count_.load(std::memory_order_acquire) != 0 && !host_polls_over();
   }
 
+  // Work known to be over (guest/idle_streams.cc): a stream or context the
+  // host last found idle, with nothing sent since that could add work, is
+  // idle still, and its query or synchronise is answered here.
+  static bool wants_idle_answers() noexcept;  // false under IVCUDA_IDLE_ANSWERS=off
+
   bool dead() const noexcept { return dead_.load(std::memory_order_relaxed); }
   void mark_dead(const char* why) noexcept;
   // True when the library runs inside a VM on the ivcuda UIO device.
@@ -239,7 +244,31 @@ class Runtime {
   std::unordered_map<std::uint64_t, PolledEvent> polled_events_;  // event -> what it follows
   std::uint64_t poll_generation_ = 0;
   std::atomic<std::size_t> polled_count_{0};  // polled_.size(), written under polls_mu_
+
+  // See wants_idle_answers(). work_epoch_ moves after every request that may
+  // leave work behind on the GPU (and after every failure); a stream or
+  // context found idle is booked with the epoch read before its request was
+  // sent, and stays idle while the epoch has not moved.
+  bool answer_idle(proto::Op op, const void* req, std::size_t req_size, std::uint64_t epoch);
+  void note_idle(proto::Op op, const void* req, std::size_t req_size, std::uint64_t epoch);
+  void note_after_call(proto::Op op, const void* req, std::size_t req_size, std::uint64_t epoch, CUresult st);
+  std::atomic<std::uint64_t> work_epoch_{0};
+  std::mutex idle_mu_;
+  std::uint64_t idle_epoch_ = 0;                                  // the epoch the books below hold for
+  std::set<std::pair<std::uint64_t, std::uint64_t>> idle_streams_;  // (context, stream key)
+  std::set<std::uint64_t> idle_ctxs_;
 };
+
+// The key a stream handle is booked under: the legacy stream has two names
+// (0 and CU_STREAM_LEGACY), and each thread's per-thread stream is its own.
+inline std::uint64_t stream_key(std::uint64_t s) noexcept {
+  if (s == reinterpret_cast<std::uint64_t>(CU_STREAM_LEGACY)) return 0;
+  if (s == reinterpret_cast<std::uint64_t>(CU_STREAM_PER_THREAD)) {
+    thread_local const int tag = 0;  // one address per thread, never a stream handle
+    return reinterpret_cast<std::uint64_t>(&tag) | 1;
+  }
+  return s;
+}
 
 // Per-thread current-context stack (CUDA keeps one per thread). Trivially
 // destructible on purpose: atexit handlers (cudart's among them) make CUDA

@@ -1,5 +1,8 @@
-// Round-trip latency of the cheapest driver calls: each one costs a full
-// request/reply through ivcuda's transport (natively, a driver call). Two
+// Round-trip latency of the cheapest driver calls: cuEventQuery of a
+// completed event costs a full request/reply through ivcuda's transport
+// (natively, a driver call); an idle stream's query and an idle context's
+// synchronise are answered in ivcuda's guest library once the host has found
+// them idle and nothing was sent since (guest/idle_streams.cc). Two
 // patterns:
 //   back-to-back  the next call follows at once, so the daemon is still
 //                 polling its rings (its --spin-us window): the spin path;
@@ -68,19 +71,27 @@ int main(int argc, char** argv) {
   OK(cuCtxSetCurrent(ctx));
   CUstream s = nullptr;
   OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUevent ev = nullptr;
+  OK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  OK(cuEventRecord(ev, s));
+  OK(cuEventSynchronize(ev));
   if (check::g_failures != 0) return check::finish("drv_roundtrip");
 
   // Warm-up: first-call costs (lazy set-up on either side) are not latency.
   for (int i = 0; i < 100; ++i) {
+    OK(cuEventQuery(ev));
     OK(cuStreamQuery(s));
     OK(cuCtxSynchronize());
   }
   const std::string gap = "gap " + std::to_string(gap_us) + " us";
+  measure("cuEventQuery", "back-to-back", rounds, 0, [&] { return cuEventQuery(ev); });
   measure("cuStreamQuery", "back-to-back", rounds, 0, [&] { return cuStreamQuery(s); });
   measure("cuCtxSynchronize", "back-to-back", rounds, 0, [] { return cuCtxSynchronize(); });
+  measure("cuEventQuery", gap.c_str(), rounds, gap_us, [&] { return cuEventQuery(ev); });
   measure("cuStreamQuery", gap.c_str(), rounds, gap_us, [&] { return cuStreamQuery(s); });
   measure("cuCtxSynchronize", gap.c_str(), rounds, gap_us, [] { return cuCtxSynchronize(); });
 
+  OK(cuEventDestroy(ev));
   OK(cuStreamDestroy(s));
   OK(cuDevicePrimaryCtxRelease(d));
   return check::finish("drv_roundtrip");
