@@ -1,4 +1,5 @@
 #include "guest/call_stats.h"
+#include "guest/guard.h"
 
 #include <unistd.h>
 
@@ -6,9 +7,13 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace ivcuda::guest::call_stats {
@@ -66,6 +71,56 @@ std::uint64_t median_ns(const PerOp& p) noexcept {
   return 0;
 }
 
+// API calls by function (ApiScope): an open-addressed table keyed by the
+// function's name as std::source_location gives it (one static string per
+// call site), filled without locks.
+constexpr std::size_t kApiSlots = 2048;
+struct ApiSlot {
+  std::atomic<const char*> function{nullptr};
+  std::atomic<std::uint64_t> calls{0};
+  std::atomic<std::uint64_t> total_ns{0};
+};
+ApiSlot* api_table() {
+  static auto* t = new ApiSlot[kApiSlots];
+  return t;
+}
+thread_local unsigned t_api_depth = 0;  // outermost calls only: one API call may make another
+
+std::uint64_t now_ns() noexcept {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+void record_api(const char* function, std::uint64_t ns) noexcept {
+  const auto start = static_cast<std::size_t>(std::hash<const void*>{}(function) % kApiSlots);
+  for (std::size_t k = 0; k < kApiSlots; ++k) {
+    ApiSlot& slot = api_table()[(start + k) % kApiSlots];
+    const char* have = slot.function.load(std::memory_order_acquire);
+    if (have == nullptr) {
+      if (!slot.function.compare_exchange_strong(have, function, std::memory_order_acq_rel) && have != function)
+        continue;
+    } else if (have != function) {
+      continue;
+    }
+    slot.calls.fetch_add(1, std::memory_order_relaxed);
+    slot.total_ns.fetch_add(ns, std::memory_order_relaxed);
+    return;
+  }
+}
+
+// "CUresult cuMemcpyDtoH_v2(void*, CUdeviceptr, size_t)" -> "cuMemcpyDtoH_v2".
+std::string short_name(const char* pretty) {
+  std::string s(pretty);
+  const std::size_t paren = s.find('(');
+  if (paren != std::string::npos) s.resize(paren);
+  const std::size_t space = s.rfind(' ');
+  if (space != std::string::npos) s.erase(0, space + 1);
+  return s;
+}
+
+std::uint64_t g_start_ns = now_ns();  // the library's load, about the process's start
+
 // A library destructor runs after the program's atexit handlers, so the
 // table covers the calls those make too.
 [[gnu::destructor]] void report() noexcept {
@@ -93,6 +148,31 @@ std::uint64_t median_ns(const PerOp& p) noexcept {
                    static_cast<double>(median_ns(p)) / 1e3,
                    static_cast<double>(p.total_ns.load(std::memory_order_relaxed)) / 1e6);
     }
+    // Where the calling threads spent their time in the library, round trips
+    // included, by API function.
+    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> by_name;  // calls, ns
+    std::uint64_t inside_ns = 0;
+    for (std::size_t i = 0; i < kApiSlots; ++i) {
+      const ApiSlot& slot = api_table()[i];
+      const char* f = slot.function.load(std::memory_order_acquire);
+      if (f == nullptr) continue;
+      auto& [calls, ns] = by_name[short_name(f)];
+      calls += slot.calls.load(std::memory_order_relaxed);
+      ns += slot.total_ns.load(std::memory_order_relaxed);
+      inside_ns += slot.total_ns.load(std::memory_order_relaxed);
+    }
+    std::vector<std::pair<std::string, std::pair<std::uint64_t, std::uint64_t>>> rows(by_name.begin(), by_name.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+    std::fprintf(out,
+                 "ivcuda: process %d: %.3f s since the library loaded, %.3f s of it in API calls (outermost, "
+                 "all threads), by function\n",
+                 static_cast<int>(::getpid()), static_cast<double>(now_ns() - g_start_ns) / 1e9,
+                 static_cast<double>(inside_ns) / 1e9);
+    std::fprintf(out, "ivcuda: %-36s %10s %12s %12s\n", "function", "calls", "mean us", "total ms");
+    for (const auto& [name, v] : rows)
+      std::fprintf(out, "ivcuda: %-36s %10llu %12.2f %12.2f\n", name.c_str(), static_cast<unsigned long long>(v.first),
+                   v.first == 0 ? 0.0 : static_cast<double>(v.second) / 1e3 / static_cast<double>(v.first),
+                   static_cast<double>(v.second) / 1e6);
     if (to_file) std::fclose(out);
   } catch (...) {
   }
@@ -101,6 +181,14 @@ std::uint64_t median_ns(const PerOp& p) noexcept {
 }  // namespace
 
 bool enabled() noexcept { return target() != nullptr; }
+
+ApiScope::ApiScope(const char* function) noexcept : function_(function) {
+  if (t_api_depth++ == 0) start_ns_ = now_ns();
+}
+
+ApiScope::~ApiScope() {
+  if (--t_api_depth == 0) record_api(function_, now_ns() - start_ns_);
+}
 
 void record(proto::Op op, bool waited, std::uint64_t ns) noexcept {
   const auto i = static_cast<std::size_t>(op);

@@ -4,6 +4,8 @@
 // time the calling threads spent in them (median and total of the waited
 // ones, from first byte written to reply read). A slow framework run shows
 // here whether it makes more round trips than it should or slow ones.
+// A second table lists the time the calling threads spent in the library's
+// API calls, by function, round trips included (guard.h's ApiScope).
 // When the variable is unset, recording is one predictable branch.
 #pragma once
 

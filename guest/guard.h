@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <new>
 #include <source_location>
 
@@ -16,15 +17,43 @@ namespace ivcuda::guest {
 void note_error(const char* function, CUresult st) noexcept;
 bool log_errors_enabled() noexcept;
 
+namespace call_stats {
+// IVCUDA_CALL_STATS also times each outermost API call from entry to return
+// (guest/call_stats.cc): where a program's time in the library goes besides
+// round trips.
+bool enabled() noexcept;
+class ApiScope {
+ public:
+  explicit ApiScope(const char* function) noexcept;
+  ~ApiScope();
+  ApiScope(const ApiScope&) = delete;
+  ApiScope& operator=(const ApiScope&) = delete;
+
+ private:
+  const char* function_;
+  std::uint64_t start_ns_ = 0;
+};
+}  // namespace call_stats
+
+template <class F>
+CUresult guarded_body(F& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  } catch (...) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+}
+
 template <class F>
 CUresult guard(F&& f, std::source_location where = std::source_location::current()) noexcept {
   CUresult st;
-  try {
-    st = f();
-  } catch (const std::bad_alloc&) {
-    st = CUDA_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    st = CUDA_ERROR_UNKNOWN;
+  if (call_stats::enabled()) {
+    const call_stats::ApiScope timed(where.function_name());
+    st = guarded_body(f);
+  } else {
+    st = guarded_body(f);
   }
   // NOT_READY is an answer, not a failure (cuStreamQuery, cuEventQuery).
   if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY && log_errors_enabled())
