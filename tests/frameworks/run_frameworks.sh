@@ -31,6 +31,7 @@ cases=(
   "torch_mallocasync|torch_eager.py|PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"
   "jax_train|jax_train.py|"
   "jax_platform_alloc|jax_train.py|XLA_PYTHON_CLIENT_ALLOCATOR=platform"
+  "flax_cnn|flax_cnn.py|"
   "torch_compile_ro|torch_compile_ro.py|"
   "torch_mp|torch_mp.py|"
   "torch_nccl_one|torch_nccl_one.py|"
@@ -72,6 +73,13 @@ for c in "${cases[@]}"; do
   diff <(grep -v '^TIME ' "$out/$name.native") <(grep -v '^TIME ' "$out/$name.ivcuda") >"$out/$name.diff" ||
     why="${why:+$why, }outputs differ"
   grep -q "NOT_SUPPORTED .*call" "$out/$name.unsupported" 2>/dev/null && why="${why:+$why, }NOT_SUPPORTED calls"
+  # Error lines the framework printed through ivcuda and not natively (XLA's "Stream not idle on
+  # destroy: ... CUDA_ERROR_INVALID_VALUE", its "Nvml call failed"): the failed calls are listed.
+  errpat='CUDA_ERROR_|Nvml call failed|Stream not idle'
+  if [ "$(grep -cE "$errpat" "$out/$name.ivcuda.err")" -gt "$(grep -cE "$errpat" "$out/$name.native.err")" ]; then
+    why="${why:+$why, }error lines native lacks"
+    grep -E "$errpat" "$out/$name.ivcuda.err" | sort | uniq -c | head -5 | sed 's/^/  ivcuda stderr> /'
+  fi
   ratio=
   [ -n "$tn" ] && [ -n "$ti" ] && ratio=$(awk -v a="$ti" -v b="$tn" 'BEGIN { printf "%.2f", a / b }')
   if [ -z "$why" ]; then

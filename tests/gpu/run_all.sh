@@ -29,7 +29,8 @@
 #           and a recycled worker's next guest sees nothing of the last (drv_recycle, natively too)
 #   speed   issue 31's figures (run_speed3.sh): NVBench 100 samples native / process mode / process
 #           mode with IVCUDA_HOST_POLLS=off, ivcuda-bench solo, JAX step, mem_get_info, an LLM's
-#           first prefill (IVCUDA_SPEED_PARTS picks among nvbench bench probe)
+#           first prefill, idle streams answered in the guest on the real driver
+#           (IVCUDA_SPEED_PARTS picks among idle nvbench bench probe)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
 #           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
 #           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
@@ -159,7 +160,7 @@ for p in $parts; do
     part nvbench $rc ;;
   speed)
     rc=0
-    build_gpu ivcudad ivcuda_guest ivcuda-bench ivcuda_gpu_double_kernels || rc=1
+    build_gpu ivcudad ivcuda_guest ivcuda-bench ivcuda_gpu_double_kernels drv_idle_streams || rc=1
     if [ $rc -eq 0 ]; then
       OUT=$final timeout 560 bash tests/gpu/run_speed3.sh build/gpu 2>&1 | tee "$final/speed3.txt"
       rc=${PIPESTATUS[0]}

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 31's figures on the GPU machine, native against ivcuda in one run (figures, not cases:
 # each part fails only when a run fails or was not served):
+#   idle     tests/process/run_idle_streams_test.sh on the real driver: idle streams answered
+#            in the guest, every answer the driver's (the one part with cases of its own)
 #   nvbench  ivcuda's NVBench set (C++), 100 samples: native, process mode, and process mode
 #            with IVCUDA_HOST_POLLS=off (posted calls never wait to be taken: the old way)
 #   bench    ivcuda-bench --only solo: round trips, short chains, queries, copies
@@ -14,7 +16,7 @@ build=$(cd "${1:-$root/build/gpu}" && pwd)
 out=${OUT:-$root/out}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/ivcuda-speed3.XXXXXX)
-parts=${IVCUDA_SPEED_PARTS:-nvbench bench probe}
+parts=${IVCUDA_SPEED_PARTS:-idle nvbench bench probe}
 py=${PYTHON:-python3}
 # shellcheck source=../lib/verdicts.sh
 . "$root/tests/lib/verdicts.sh"
@@ -76,10 +78,14 @@ for p in $parts; do
       grep -h "^OK\|^BAD" "$work/$name.native" "$work/$name.ivcuda" | sort | uniq -c
       join <(sed -n 's/^FIG //p' "$work/$name.native" | sort) <(sed -n 's/^FIG //p' "$work/$name.ivcuda" | sort) |
         awk '{ printf "%-36s native %10.3f %-3s ivcuda %10.3f  x%.3f\n", $1, $2, $3, $4, ($2 > 0 ? $4 / $2 : 0) }'
-      echo "  $name: the ivcuda run's costliest requests (IVCUDA_CALL_STATS)"
-      head -14 "$work/$name.calls" 2>/dev/null | sed 's/^/    /'
+      echo "  $name: the ivcuda run's costliest requests, and its time in API calls (IVCUDA_CALL_STATS)"
+      grep -A12 "requests by kind" "$work/$name.calls" 2>/dev/null | head -14 | sed 's/^/    /'
+      grep -A16 "in API calls" "$work/$name.calls" 2>/dev/null | head -18 | sed 's/^/    /'
     done
     kill $daemon; wait $daemon 2>/dev/null ;;
+  idle)
+    # Idle streams answered in the guest, on the real driver: every answer the driver's.
+    timeout 200 bash tests/process/run_idle_streams_test.sh "$build" libcuda.so.1 2>&1 | tail -8 || rc=1 ;;
   *) echo "run_speed3.sh: no part '$p'"; rc=2 ;;
   esac
   verdict "speed part $p: its runs exited 0, the ivcuda ones served by ivcudad" $rc
