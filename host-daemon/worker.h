@@ -385,6 +385,8 @@ class Worker {
   CUresult use_ctx(std::uint64_t h, CtxEntry** out = nullptr);
   CUresult resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* out);
   bool owns_device(std::uint64_t addr, std::uint64_t len) const;
+  bool spans_mappings(std::map<std::uint64_t, DevRange>::const_iterator first, std::uint64_t addr,
+                      std::uint64_t len) const;
   // memops.cc: stream memory operations from the wire, their addresses checked.
   CUresult memops_from_wire(std::span<const proto::MemOp> ops, std::vector<CUstreamBatchMemOpParams>* out) const;
   bool arena_range(std::uint64_t off, std::uint64_t len) const;

@@ -64,11 +64,35 @@ bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
   // Page-locked arena memory is device-accessible too (zero copy).
   if (arena_dev_ != 0 && ring::span_within(addr, len, arena_dev_, l_.arena_size)) return true;
   auto it = ranges_.upper_bound(addr);
-  const bool ok = it != ranges_.begin() && ring::span_within(addr, len, std::prev(it)->first, std::prev(it)->second.size);
+  bool ok = it != ranges_.begin() && ring::span_within(addr, len, std::prev(it)->first, std::prev(it)->second.size);
+  if (!ok && it != ranges_.begin()) ok = spans_mappings(std::prev(it), addr, len);
   if (!ok)  // a guest's bad pointer, for whoever debugs it (debug level only: a guest controls how often)
     IVLOG_DEBUG("guest %u: 0x%llx + %llu is not device memory of this guest", cfg_.guest_id,
                 static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len));
   return ok;
+}
+
+// VMM mappings back to back are one stretch of device memory for the driver
+// (a buffer grown chunk by chunk, as XLA's and PyTorch's expandable
+// allocators grow theirs): a span may run from one of the guest's mappings
+// into the next, never through a hole or into memory of another kind. The
+// walk is bounded; a span over more mappings than that is refused.
+bool Worker::spans_mappings(std::map<std::uint64_t, DevRange>::const_iterator first, std::uint64_t addr,
+                            std::uint64_t len) const {
+  constexpr int kMaxMappings = 4096;
+  std::uint64_t end = 0;
+  if (first->second.kind != RangeKind::kMapped || addr < first->first ||
+      __builtin_add_overflow(first->first, first->second.size, &end) || addr >= end)
+    return false;
+  std::uint64_t want = 0;
+  if (__builtin_add_overflow(addr, len, &want)) return false;
+  auto next = std::next(first);
+  for (int k = 0; k < kMaxMappings && next != ranges_.end(); ++k, ++next) {
+    if (next->first != end || next->second.kind != RangeKind::kMapped) return false;
+    if (__builtin_add_overflow(end, next->second.size, &end)) return false;
+    if (end >= want) return true;
+  }
+  return false;
 }
 
 bool Worker::arena_range(std::uint64_t off, std::uint64_t len) const {

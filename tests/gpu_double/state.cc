@@ -202,8 +202,19 @@ const Allocation* State::find(std::uintptr_t p, std::size_t n) const {
   --it;
   const Allocation& a = it->second;
   const std::uintptr_t off = p - a.base;  // p >= a.base by construction
-  if (off >= a.size || n > a.size - off) return nullptr;
-  return &a;
+  if (off >= a.size) return nullptr;
+  if (n <= a.size - off) return &a;
+  // VMM mappings back to back are one stretch of device memory, as on a GPU: an access may run
+  // from one into the next (a growable buffer mapped chunk by chunk), and the host memory behind
+  // them is contiguous here too. Other allocations end where they end.
+  std::uintptr_t end = a.base + a.size;
+  const std::uintptr_t want = p + n;
+  for (auto next = std::next(it); a.kind == MemKind::kMapped && next != allocations.end(); ++next) {
+    if (next->first != end || next->second.kind != MemKind::kMapped) return nullptr;
+    end += next->second.size;
+    if (end >= want) return &a;
+  }
+  return nullptr;
 }
 
 void State::release(std::map<std::uintptr_t, Allocation>::iterator it) {

@@ -114,6 +114,35 @@ int main(int argc, char** argv) {
   OK(cuMemRelease(r3));
   OK(cuMemAddressFree(va3, g));
 
+  // A buffer grown chunk by chunk (XLA's and PyTorch's expandable allocators): two
+  // allocations mapped back to back are one stretch of device memory, and copies and memsets
+  // run across the seam.
+  {
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle c0 = 0, c1 = 0;
+    OK(cuMemAddressReserve(&va, 2 * g, 0, 0, 0));
+    OK(cuMemCreate(&c0, g, &prop, 0));
+    OK(cuMemCreate(&c1, g, &prop, 0));
+    OK(cuMemMap(va, g, 0, c0, 0));
+    OK(cuMemMap(va + g, g, 0, c1, 0));
+    OK(cuMemSetAccess(va, 2 * g, &acc, 1));
+    const auto seam = check::random_bytes(4096, 11);
+    std::vector<unsigned char> out(4096);
+    OK(cuMemcpyHtoD(va + g - 2048, seam.data(), seam.size()));
+    OK(cuMemcpyDtoD(va, va + g - 2048, seam.size()));
+    OK(cuMemcpyDtoH(out.data(), va, out.size()));
+    EXPECT(out == seam);
+    OK(cuMemsetD8(va + g - 16, 0x7e, 32));
+    OK(cuMemcpyDtoH(out.data(), va + g - 2048, out.size()));
+    EXPECT(out[2032] == 0x7e && out[2047] == 0x7e && out[2048] == 0x7e && out[2063] == 0x7e && out[2064] == seam[2064]);
+    std::printf("vmm: copies and a memset across two mappings back to back: %s\n",
+                out[2048] == 0x7e ? "done" : "not done");
+    OK(cuMemUnmap(va, 2 * g));
+    OK(cuMemRelease(c0));
+    OK(cuMemRelease(c1));
+    OK(cuMemAddressFree(va, 2 * g));
+  }
+
   // Refusals, printed so that native and ivcuda runs are compared on them.
   std::printf("vmm: free with mappings left: %s\n", check::name(cuMemAddressFree(base, 4 * g)));
   std::printf("vmm: unmap half a mapping: %s\n", check::name(cuMemUnmap(base, g)));
