@@ -199,7 +199,12 @@ CUresult module_name_call(CUmodule mod, const char* name, typename proto::OpTrai
   NEED_RT();
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const size_t n = strnlen(name, proto::kNameMax + 1);
-  if (n == 0 || n > proto::kNameMax) return CUDA_ERROR_INVALID_VALUE;
+  if (n == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (n > proto::kNameMax) {
+    ivcuda::guest::log_once("longname", "a kernel or global name longer than %u bytes is not looked up",
+                            proto::kNameMax);
+    return CUDA_ERROR_NOT_FOUND;
+  }
   proto::ReqModuleName r{};
   r.ctx = current_ctx();
   r.module = h(mod);

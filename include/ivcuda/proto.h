@@ -31,7 +31,7 @@ using ReqNvml = nvml_wire::ReqNvml;
 using RepNvml = nvml_wire::RepNvml;
 
 inline constexpr u32 kProtoVersion = 1;
-inline constexpr u32 kNameMax = 1024;          // kernel / global names
+inline constexpr u32 kNameMax = 16384;         // kernel / global names (cuDNN's run past 1 KiB)
 inline constexpr u32 kMaxParams = 4096;        // parameters per kernel
 inline constexpr u32 kMaxParamBytes = 32764;   // CUDA's limit on a kernel's parameter bytes
 inline constexpr u32 kMaxDevices = 64;
