@@ -94,6 +94,11 @@ for c in "${cases[@]}"; do
     head -6 "$out/$name.diff" | sed 's/^/  diff> /'
     grep "NOT_SUPPORTED" "$out/$name.unsupported" 2>/dev/null | sed 's/^/  /' | head -30
     grep "FAILED" "$out/$name.errors" 2>/dev/null | sed 's/^/  /' | head -30
+    # What the worker refused, as its log says (the first 100 errors of each guest).
+    pid=$(cat "$out/$name.pid" 2>/dev/null || echo 0)
+    guest=$(sed -n "s/.* info: guest \([0-9]*\): process $pid says hello .*/\1/p" "$out/ivcudad.log" | head -1)
+    [ -n "$guest" ] && grep -E "guest $guest( channel [0-9]+)?: .*(-> CUDA_ERROR|refused|failed)" "$out/ivcudad.log" |
+      sort | uniq -c | sort -rn | head -12 | sed 's/^/  worker> /'
   fi
   [ -z "$why" ]; rc=$?
   verdict "$name" $rc

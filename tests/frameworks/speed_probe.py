@@ -9,9 +9,15 @@
              pass loads the new shape's kernels (CUDA_MODULE_LOADING=LAZY, the default)
 
 Prints "FIG name value unit" lines (figures, compared by the caller, not checked here) and
-"OK part" when the part's results were right.
+"OK part" when the part's results were right; with SPEED_PROBE_PROFILE set, "PROF" lines: the
+functions generate spent its time in (cProfile, by own time); SPEED_PROBE_NO_CUDNN_SDPA set
+keeps cuDNN out of attention.
 usage: speed_probe.py PART...
 """
+import cProfile
+import io
+import os
+import pstats
 import statistics
 import sys
 import time
@@ -80,6 +86,8 @@ def prefill():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
+    if os.environ.get("SPEED_PROBE_NO_CUDNN_SDPA"):
+        torch.backends.cuda.enable_cudnn_sdp(False)  # attention by the other backends
     cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
                       num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)
     t0 = time.perf_counter()
@@ -89,9 +97,21 @@ def prefill():
     with torch.no_grad():
         ids = torch.randint(0, 32000, (1, 16), device="cuda")
         t0 = time.perf_counter()
+        prof = cProfile.Profile() if os.environ.get("SPEED_PROBE_PROFILE") else None
+        if prof:
+            prof.enable()
         out = model.generate(ids, max_new_tokens=16, do_sample=False)
         torch.cuda.synchronize()
+        if prof:
+            prof.disable()
         fig("prefill.generate_1x16", time.perf_counter() - t0, "s")
+        if prof:
+            # Where generate's time went, by function's own time (PROF lines; not compared).
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            for line in text.getvalue().splitlines():
+                if line.strip():
+                    print("PROF " + line, flush=True)
         batch = torch.randint(0, 32000, (8, 512), device="cuda")
         passes = []
         for _ in range(5):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 31's figures on the GPU machine, native against ivcuda in one run (figures, not cases:
 # each part fails only when a run fails or was not served):
+#   profile  the LLM's generate under cProfile, natively and through ivcuda (not by default)
 #   idle     tests/process/run_idle_streams_test.sh on the real driver: idle streams answered
 #            in the guest, every answer the driver's (the one part with cases of its own)
 #   nvbench  ivcuda's NVBench set (C++), 100 samples: native, process mode, and process mode
@@ -81,6 +82,36 @@ for p in $parts; do
       echo "  $name: the ivcuda run's costliest requests, and its time in API calls (IVCUDA_CALL_STATS)"
       grep -A12 "requests by kind" "$work/$name.calls" 2>/dev/null | head -14 | sed 's/^/    /'
       grep -A16 "in API calls" "$work/$name.calls" 2>/dev/null | head -18 | sed 's/^/    /'
+    done
+    kill $daemon; wait $daemon 2>/dev/null ;;
+  profile)
+    # Where the LLM's generate spends its time natively and through ivcuda (cProfile, by each
+    # function's own time): what the API-call table cannot see.
+    sock=/tmp/ivcuda-speed3-profile.sock
+    rm -f "$sock"
+    "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 8G --driver libcuda.so.1 \
+      >"$work/profile-ivcudad.log" 2>&1 &
+    daemon=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+    # "name|environment": as it comes, and with cuDNN kept out of attention.
+    for entry in "default|" "no-cudnn-sdpa|SPEED_PROBE_NO_CUDNN_SDPA=1"; do
+      name=${entry%%|*} envs=${entry#*|}
+      # shellcheck disable=SC2086 # one word per variable
+      env $envs SPEED_PROBE_PROFILE=1 timeout 150 "$py" tests/frameworks/speed_probe.py prefill \
+        >"$work/profile-$name.native" 2>&1 || rc=1
+      mark=$(log_mark "$work/profile-ivcudad.log")
+      # shellcheck disable=SC2086
+      env $envs SPEED_PROBE_PROFILE=1 IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib \
+        IVCUDA_LOG_ERRORS="$work/profile-$name.errors" \
+        timeout 150 "${tagged[@]}" "$work/profile.pid" "$py" tests/frameworks/speed_probe.py prefill \
+        >"$work/profile-$name.ivcuda" 2>&1 || rc=1
+      served_by "$work/profile-ivcudad.log" "$(cat "$work/profile.pid" 2>/dev/null || echo 0)" "$mark" || rc=1
+      for k in native ivcuda; do
+        echo "== generate under cProfile, $name, $k"
+        grep "^FIG prefill" "$work/profile-$name.$k"
+        sed -n 's/^PROF //p' "$work/profile-$name.$k" | sed -n '4,12p'
+      done
+      grep "FAILED" "$work/profile-$name.errors" 2>/dev/null | sed 's/^/  /'
     done
     kill $daemon; wait $daemon 2>/dev/null ;;
   idle)
