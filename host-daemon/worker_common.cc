@@ -66,9 +66,18 @@ bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
   auto it = ranges_.upper_bound(addr);
   bool ok = it != ranges_.begin() && ring::span_within(addr, len, std::prev(it)->first, std::prev(it)->second.size);
   if (!ok && it != ranges_.begin()) ok = spans_mappings(std::prev(it), addr, len);
-  if (!ok)  // a guest's bad pointer, for whoever debugs it (debug level only: a guest controls how often)
-    IVLOG_DEBUG("guest %u: 0x%llx + %llu is not device memory of this guest", cfg_.guest_id,
-                static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len));
+  if (!ok && ::ivcuda::log::enabled(::ivcuda::log::Level::kDebug)) {
+    // A guest's bad pointer, for whoever debugs it (debug level only: a guest controls how
+    // often), with the guest's range below it and the one above.
+    const auto below = it != ranges_.begin() ? std::prev(it) : ranges_.end();
+    IVLOG_DEBUG("guest %u: 0x%llx + %llu is not device memory of this guest (below: 0x%llx + %llu kind %d; "
+                "above: 0x%llx)",
+                cfg_.guest_id, static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len),
+                below != ranges_.end() ? static_cast<unsigned long long>(below->first) : 0ull,
+                below != ranges_.end() ? static_cast<unsigned long long>(below->second.size) : 0ull,
+                below != ranges_.end() ? static_cast<int>(below->second.kind) : -1,
+                it != ranges_.end() ? static_cast<unsigned long long>(it->first) : 0ull);
+  }
   return ok;
 }
 

@@ -97,7 +97,7 @@ for c in "${cases[@]}"; do
     # What the worker refused, as its log says (the first 100 errors of each guest).
     pid=$(cat "$out/$name.pid" 2>/dev/null || echo 0)
     guest=$(sed -n "s/.* info: guest \([0-9]*\): process $pid says hello .*/\1/p" "$out/ivcudad.log" | head -1)
-    [ -n "$guest" ] && grep -E "guest $guest( channel [0-9]+)?: .*(-> CUDA_ERROR|refused|failed)" "$out/ivcudad.log" |
+    [ -n "$guest" ] && grep -E "guest $guest( channel [0-9]+)?: .*(-> CUDA_ERROR|refused|failed|is not device memory)" "$out/ivcudad.log" |
       sort | uniq -c | sort -rn | head -12 | sed 's/^/  worker> /'
   fi
   [ -z "$why" ]; rc=$?
