@@ -701,6 +701,22 @@ int Worker::serve_once() {
       }
     }
     if (best == nullptr) break;
+    // A second look, once `best` is seen: a record another guest thread
+    // published before `best` was written (its call returned before this one
+    // began) is visible now, even where the scan above polled its channel
+    // before it landed - and it comes first. Channels claimed since the pass
+    // began are attached for it (a new thread's first call).
+    if (channels_.size() > 1) {
+      attach_channels();
+      for (auto& chp : channels_) {
+        if (!chp || chp.get() == best || chp->dead || chp->parked.active) continue;
+        ring::Record rec;
+        if (chp->req.poll(&rec) == ring::RingStatus::kOk && ticket_before(rec.hdr.seq, best_rec.hdr.seq)) {
+          best = chp.get();
+          best_rec = rec;
+        }
+      }
+    }
     quiet_->store(false, std::memory_order_relaxed);  // busy: a death now ends the process at once
     handle(*best, best_rec);
     best->req.consume();

@@ -7,6 +7,8 @@
 //   busy again  an idle stream given a long kernel is NOT_READY at once;
 //   context     cuCtxSynchronize makes every stream idle; a kernel in one of
 //               them makes that one busy and leaves the other idle;
+//   other thread  a kernel launched by another thread, whose launch returned
+//               first, makes the stream NOT_READY for this one;
 //   capture     an idle stream that begins capturing answers the capture's
 //               error, not SUCCESS, and the capture is invalidated.
 // Run with IVCUDA_CALL_STATS, the table says which of them crossed.
@@ -17,6 +19,7 @@
 // IVCUDA_GPU_DOUBLE_KERNEL_US=20000 so that a launch keeps its stream busy for
 // 20 ms (there, kernels do their work inside the launch call; the short
 // kernels here spin for no time). On a GPU the long kernel spins 50 ms.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -84,6 +87,30 @@ void whole_context(CUstream a, CUstream b) {
   std::printf("context: cuCtxSynchronize makes every stream idle, a new kernel makes its own busy\n");
 }
 
+// Another thread's launch, returned before this thread asks: the host must be asked, and the
+// stream is busy. (The answer from the guest's books would be SUCCESS: this thread found the
+// stream idle just before.)
+void other_thread(CUcontext ctx, CUstream s) {
+  int wrong = 0;
+  for (int i = 0; i < 5; ++i) {
+    OK(cuStreamSynchronize(s));
+    OK(cuStreamQuery(s));
+    std::atomic<bool> launched{false};
+    std::thread t([&] {
+      OK(cuCtxSetCurrent(ctx));
+      spin(s, g_long_ns);
+      launched.store(true, std::memory_order_release);
+    });
+    while (!launched.load(std::memory_order_acquire)) std::this_thread::yield();
+    wrong += cuStreamQuery(s) != CUDA_ERROR_NOT_READY;
+    t.join();
+  }
+  ++check::g_checks;
+  if (wrong != 0) check::fail(__FILE__, __LINE__, std::to_string(wrong) + " of 5 queries after another thread's launch were not NOT_READY");
+  OK(cuStreamSynchronize(s));
+  std::printf("other thread: a stream given a kernel by another thread is NOT_READY at once\n");
+}
+
 void capture(CUstream b) {
   OK(cuStreamSynchronize(b));
   OK(cuStreamQuery(b));
@@ -128,6 +155,7 @@ int main(int argc, char** argv) {
   read_back(a, d, rounds);
   busy_again(a);
   whole_context(a, b);
+  other_thread(ctx, a);
   capture(b);
 
   OK(cuMemFree(d));
