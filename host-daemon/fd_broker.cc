@@ -329,7 +329,8 @@ void FdBroker::end_guest(std::uint32_t guest) {
 
 void FdBroker::forget_shares(std::uint32_t guest) {
   auto g = guests_.find(guest);
-  if (g == guests_.end() || !g->second.tenant) return;
+  // The same rule as drop and end_guest: a recycled worker's guest ended too.
+  if (g == guests_.end() || !g->second.tenant || !IVCUDA_RULE("share-owner-end")) return;
   if (auto t = tenants_.find(*g->second.tenant); t != tenants_.end()) {
     forget_deposits(t->second, [](const Deposit& d, std::uint64_t gid) { return d.guest == gid; }, guest);
     (void)t->second.registry.drop_guest(guest);
