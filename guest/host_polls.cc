@@ -39,13 +39,6 @@ bool enabled() {
   return on;
 }
 
-template <class T>
-bool read_req(const void* req, std::size_t size, T* out) {
-  if (size < sizeof(T)) return false;
-  std::memcpy(out, req, sizeof(T));
-  return true;
-}
-
 }  // namespace
 
 bool Runtime::maps_page_locked(std::uint64_t v) const noexcept {
@@ -109,7 +102,7 @@ void Runtime::settle_host_polls(proto::Op op, const void* req, std::size_t req_s
     case proto::Op::kEventRecord:
     case proto::Op::kEventRecordFlags: {
       proto::ReqEventRecord r{};
-      if (!read_req(req, req_size, &r)) return;
+      if (!read_request(req, req_size, &r)) return;
       const auto key = std::make_pair(r.ctx, stream_key(r.stream));
       if (const auto it = polled_.find(key); it != polled_.end())
         polled_events_[r.event] = PolledEvent{key, poll_generation_};
@@ -120,7 +113,7 @@ void Runtime::settle_host_polls(proto::Op op, const void* req, std::size_t req_s
     case proto::Op::kStreamSynchronize:
     case proto::Op::kStreamQuery: {  // SUCCESS: the stream is idle
       proto::ReqHandle r{};
-      if (!read_req(req, req_size, &r)) return;
+      if (!read_request(req, req_size, &r)) return;
       polled_.erase({r.ctx, stream_key(r.handle)});
       publish();
       return;
@@ -128,7 +121,7 @@ void Runtime::settle_host_polls(proto::Op op, const void* req, std::size_t req_s
     case proto::Op::kEventSynchronize:
     case proto::Op::kEventQuery: {
       proto::ReqHandle r{};
-      if (!read_req(req, req_size, &r)) return;
+      if (!read_request(req, req_size, &r)) return;
       const auto e = polled_events_.find(r.handle);
       if (e == polled_events_.end()) return;
       const auto it = polled_.find(e->second.stream);
@@ -140,12 +133,12 @@ void Runtime::settle_host_polls(proto::Op op, const void* req, std::size_t req_s
     }
     case proto::Op::kEventDestroy: {
       proto::ReqHandle r{};
-      if (read_req(req, req_size, &r)) polled_events_.erase(r.handle);
+      if (read_request(req, req_size, &r)) polled_events_.erase(r.handle);
       return;
     }
     case proto::Op::kCtxSynchronize: {
       proto::ReqCtx r{};
-      if (!read_req(req, req_size, &r)) return;
+      if (!read_request(req, req_size, &r)) return;
       for (auto it = polled_.begin(); it != polled_.end();)
         it = it->first.first == r.ctx ? polled_.erase(it) : std::next(it);
       publish();

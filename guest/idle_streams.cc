@@ -90,21 +90,12 @@ bool leaves_no_work(proto::Op op) {
   }
 }
 
-template <class T>
-bool read_req(const void* req, std::size_t size, T* out) {
-  if (size < sizeof(T)) return false;
-  std::memcpy(out, req, sizeof(T));
-  return true;
-}
-
 bool is_default_stream(std::uint64_t s) {
   return s == 0 || s == reinterpret_cast<std::uint64_t>(CU_STREAM_LEGACY) ||
          s == reinterpret_cast<std::uint64_t>(CU_STREAM_PER_THREAD);
 }
 
 }  // namespace
-
-bool Runtime::wants_idle_answers() noexcept { return enabled(); }
 
 // True when `op` (a stream query or synchronise, a context synchronise) is
 // known to succeed: the host found the same stream or context idle under
@@ -121,11 +112,11 @@ bool Runtime::answer_idle(proto::Op op, const void* req, std::size_t req_size, s
   bool whole_ctx = op == proto::Op::kCtxSynchronize;
   if (whole_ctx) {
     proto::ReqCtx r{};
-    if (!read_req(req, req_size, &r)) return false;
+    if (!read_request(req, req_size, &r)) return false;
     ctx = r.ctx;
   } else {
     proto::ReqHandle r{};
-    if (!read_req(req, req_size, &r)) return false;
+    if (!read_request(req, req_size, &r)) return false;
     ctx = r.ctx;
     stream = r.handle;
   }
@@ -151,21 +142,21 @@ void Runtime::note_idle(proto::Op op, const void* req, std::size_t req_size, std
     case proto::Op::kStreamQuery:
     case proto::Op::kStreamSynchronize: {
       proto::ReqHandle r{};
-      if (!read_req(req, req_size, &r)) return;
+      if (!read_request(req, req_size, &r)) return;
       ctx = r.ctx;
       stream = r.handle;
       break;
     }
     case proto::Op::kCtxSynchronize: {
       proto::ReqCtx r{};
-      if (!read_req(req, req_size, &r)) return;
+      if (!read_request(req, req_size, &r)) return;
       ctx = r.ctx;
       whole_ctx = true;
       break;
     }
     case proto::Op::kMemcpyDtoHInline: {
       proto::ReqCopy r{};
-      if (!read_req(req, req_size, &r) || (r.flags & proto::kAsync) == 0) return;
+      if (!read_request(req, req_size, &r) || (r.flags & proto::kAsync) == 0) return;
       ctx = r.ctx;
       stream = r.stream;
       break;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -155,11 +156,6 @@ class Runtime {
     return polled_count_.load(std::memory_order_acquire) != 0 && !host_polls_over();
   }
 
-  // Work known to be over (guest/idle_streams.cc): a stream or context the
-  // host last found idle, with nothing sent since that could add work, is
-  // idle still, and its query or synchronise is answered here.
-  static bool wants_idle_answers() noexcept;  // false under IVCUDA_IDLE_ANSWERS=off
-
   bool dead() const noexcept { return dead_.load(std::memory_order_relaxed); }
   void mark_dead(const char* why) noexcept;
   // True when the library runs inside a VM on the ivcuda UIO device.
@@ -245,7 +241,10 @@ class Runtime {
   std::uint64_t poll_generation_ = 0;
   std::atomic<std::size_t> polled_count_{0};  // polled_.size(), written under polls_mu_
 
-  // See wants_idle_answers(). work_epoch_ moves after every request that may
+  // Work known to be over (guest/idle_streams.cc; IVCUDA_IDLE_ANSWERS=off
+  // turns it off): a stream or context the host last found idle, with
+  // nothing sent since that could add work, is idle still, and its query or
+  // synchronise is answered here. work_epoch_ moves after every request that may
   // leave work behind on the GPU (and after every failure); a stream or
   // context found idle is booked with the epoch read before its request was
   // sent, and stays idle while the epoch has not moved.
@@ -258,6 +257,15 @@ class Runtime {
   std::set<std::pair<std::uint64_t, std::uint64_t>> idle_streams_;  // (context, stream key)
   std::set<std::uint64_t> idle_ctxs_;
 };
+
+// A request's fixed part, read back from the bytes call_raw was given
+// (false when they are too few).
+template <class T>
+bool read_request(const void* req, std::size_t size, T* out) noexcept {
+  if (size < sizeof(T)) return false;
+  std::memcpy(out, req, sizeof(T));
+  return true;
+}
 
 // The key a stream handle is booked under: the legacy stream has two names
 // (0 and CU_STREAM_LEGACY), and each thread's per-thread stream is its own.
