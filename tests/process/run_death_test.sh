@@ -22,6 +22,8 @@ daemon_pid=
 guest=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/processes.sh
+. "$(dirname "$0")/../lib/processes.sh"
 # NAME|drv_isolation --hold options: what the guest leaves queued. Without the
 # rule the worker would live on for the queue's length: 10 s, 4 s, 5 s, and
 # as long as the copy loop (until the hang-up is seen between two copies).
@@ -47,8 +49,8 @@ daemon_pid=$!
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
 through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib "$@"; }
 children() { cat "/proc/$daemon_pid/task/$daemon_pid/children" 2>/dev/null; }
-# ended PID: the process is gone or a zombie (it has exited: the driver has let go).
-ended() { [ ! -e "/proc/$1" ] || grep -qE '^[0-9]+ \(.*\) Z' "/proc/$1/stat" 2>/dev/null; }
+# ended PID: all its threads have exited (the driver has let go).
+ended() { process_ended "$1"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 base=$(through "$bin/drv_isolation" --used)
@@ -61,7 +63,8 @@ for c in "${cases[@]}"; do
   env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 64 --ptx "$ptx" $opts \
     >"$out" 2>&1 &
   guest=$!
-  for _ in $(seq 400); do grep -q '^holding' "$out" && break; sleep 0.025; done
+  # Posting 10000 launches takes seconds in a sanitizer build on a loaded machine.
+  for _ in $(seq 2400); do grep -q '^holding' "$out" && break; sleep 0.025; done
   worker=
   for p in $(children); do [[ $before == *" $p "* ]] || worker=$p; done
   grep -q '^holding 64 MiB' "$out" && [ -n "$worker" ]
@@ -69,6 +72,10 @@ for c in "${cases[@]}"; do
   if [ $under_way -ne 0 ]; then
     cat "$out"
     echo "the guest did not get under way (worker: ${worker:-none})"
+    kill -9 "$guest" 2>/dev/null  # nor may it hold memory through the cases after it
+    wait "$guest" 2>/dev/null
+    guest=
+    [ -n "$worker" ] && for _ in $(seq 100); do ended "$worker" && break; sleep 0.1; done
     verdict "a guest killed with $name: its worker ends within 1 s and its memory is free" $under_way
     continue
   fi

@@ -35,6 +35,8 @@ daemon_pid=
 guest=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/processes.sh
+. "$(dirname "$0")/../lib/processes.sh"
 expect_cases 7
 cleanup() {
   [ -n "$guest" ] && kill -9 "$guest" 2>/dev/null
@@ -57,7 +59,7 @@ kept() { grep -c "is kept for the next guest" "$log"; }
 recycled() { grep -c "recycled for guest" "$log"; }
 # wait_recycled N: until N workers have been made ready for a next guest.
 wait_recycled() { for _ in $(seq 200); do [ "$(recycled)" -ge "$1" ] && return 0; sleep 0.025; done; return 1; }
-ended() { [ ! -e "/proc/$1" ] || grep -qE '^[0-9]+ \(.*\) Z' "/proc/$1/stat" 2>/dev/null; }
+ended() { process_ended "$1"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 for _ in $(seq 200); do grep -q "started ahead for guest" "$log" && break; sleep 0.025; done
 
