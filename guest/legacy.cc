@@ -134,3 +134,21 @@ CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatu
   return cuStreamGetCaptureInfo_v3(ptsz(s), st, id, g, deps, edges, n);
 }
 CUresult CUDAAPI cuStreamGetId_ptsz(CUstream s, unsigned long long* id) { return cuStreamGetId(ptsz(s), id); }
+
+// ---- the JIT linker's first generation (the same arguments; guest/link.cc)
+extern "C" CUresult CUDAAPI cuLinkCreate_v2(unsigned int n, CUjit_option* opts, void** vals, CUlinkState* out);
+extern "C" CUresult CUDAAPI cuLinkAddData_v2(CUlinkState s, CUjitInputType type, void* data, size_t size,
+                                             const char* name, unsigned int n, CUjit_option* opts, void** vals);
+extern "C" CUresult CUDAAPI cuLinkAddFile_v2(CUlinkState s, CUjitInputType type, const char* path, unsigned int n,
+                                             CUjit_option* opts, void** vals);
+CUresult CUDAAPI cuLinkCreate(unsigned int n, CUjit_option* opts, void** vals, CUlinkState* out) {
+  return cuLinkCreate_v2(n, opts, vals, out);
+}
+CUresult CUDAAPI cuLinkAddData(CUlinkState s, CUjitInputType type, void* data, size_t size, const char* name,
+                               unsigned int n, CUjit_option* opts, void** vals) {
+  return cuLinkAddData_v2(s, type, data, size, name, n, opts, vals);
+}
+CUresult CUDAAPI cuLinkAddFile(CUlinkState s, CUjitInputType type, const char* path, unsigned int n,
+                               CUjit_option* opts, void** vals) {
+  return cuLinkAddFile_v2(s, type, path, n, opts, vals);
+}

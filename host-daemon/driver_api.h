@@ -82,7 +82,7 @@ namespace ivcuda::host {
   X(cuUserObjectCreate) X(cuUserObjectRetain) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject) \
   X(cuGraphDebugDotPrint) X(cuGraphKernelNodeGetAttribute) X(cuGraphKernelNodeSetAttribute) \
   X(cuGraphKernelNodeCopyAttributes) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)       \
-  X(cuDeviceSetGraphMemAttribute)
+  X(cuDeviceSetGraphMemAttribute) X(cuLinkCreate) X(cuLinkAddData) X(cuLinkComplete) X(cuLinkDestroy)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

@@ -1,5 +1,6 @@
 #include "host-daemon/image_check.h"
 
+#include <cuda.h>
 #include <elf.h>
 
 #include <algorithm>
@@ -143,6 +144,17 @@ std::optional<std::string> check_fatbin(std::span<const std::byte> s, std::uint6
 }
 
 }  // namespace
+
+ImageVerdict check_link_input(std::span<const std::byte> image, unsigned input_type) {
+  ImageVerdict v = check_image(image);
+  // The driver parses an input by the type the caller names: what the bytes are must agree.
+  const bool agrees = (input_type == CU_JIT_INPUT_PTX && v.kind == ImageKind::kPtx) ||
+                      (input_type == CU_JIT_INPUT_FATBINARY && v.kind == ImageKind::kFatbin) ||
+                      ((input_type == CU_JIT_INPUT_CUBIN || input_type == CU_JIT_INPUT_OBJECT) &&
+                       v.kind == ImageKind::kElf);
+  if (v.ok && !agrees) return refuse(v.kind, "an input whose bytes are not of the type it is added as");
+  return v;
+}
 
 ImageVerdict check_image(std::span<const std::byte> image) {
   if (image.empty() || image.back() != std::byte{0}) return refuse(ImageKind::kPtx, "no terminating NUL");

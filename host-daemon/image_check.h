@@ -37,4 +37,10 @@ inline constexpr std::uint32_t kFatbinWrapperMagic = 0x466243B1u;
 // checked image is image[0 .. size-1).
 [[nodiscard]] ImageVerdict check_image(std::span<const std::byte> image);
 
+// An input to the JIT linker of `input_type` (CUjitInputType; host-daemon/link.cc),
+// terminated as for check_image: it must pass check_image and be of that kind
+// (PTX; a fatbin; an ELF for a cubin or an object). Libraries (host objects
+// with embedded fatbins) and NVVM IR are refused before this, in link.cc.
+[[nodiscard]] ImageVerdict check_link_input(std::span<const std::byte> image, unsigned input_type);
+
 }  // namespace ivcuda::host

@@ -123,7 +123,7 @@ std::string parse_object_limits(const std::string& spec, ivcuda::host::ObjectLim
       {"contexts", &L::contexts},       {"streams", &L::streams},         {"events", &L::events},
       {"modules", &L::modules},         {"graphs", &L::graphs},           {"graph-nodes", &L::graph_nodes},
       {"graph-execs", &L::graph_execs}, {"arrays", &L::arrays},           {"pools", &L::pools},
-      {"mem-handles", &L::mem_handles}, {"user-objects", &L::user_objects}};
+      {"mem-handles", &L::mem_handles}, {"user-objects", &L::user_objects}, {"links", &L::links}};
   std::stringstream ss(spec);
   std::string item;
   while (std::getline(ss, item, ',')) {

@@ -316,6 +316,7 @@ void Worker::cleanup() noexcept {
   abandon_host_nodes();  // graphs.cc: a host node waiting for the gone guest gives up
   destroy_created_pools();
   release_vmm();
+  destroy_links();
   // Contexts the guest created die with everything in them; primaries are
   // released as often as the guest retained them. Process exit would free
   // all of it too - this keeps the driver's books straight while we live.
@@ -868,6 +869,7 @@ void Worker::release_for_recycle() noexcept {
   abandon_host_nodes();
   destroy_created_pools();
   release_vmm();
+  destroy_links();  // link.cc: the driver's linkers hold host memory, outside any context
   ctxs_.for_each([&](std::uint64_t, CtxEntry& c) {
     if (!c.primary && c.real != nullptr) cu_.cuCtxDestroy(c.real);
   });

@@ -71,6 +71,7 @@ struct ObjectLimits {
   std::uint32_t pools = 1024;
   std::uint32_t mem_handles = 262144;
   std::uint32_t user_objects = 65536;
+  std::uint32_t links = 256;                // JIT linkers (cuLinkCreate)
 };
 
 // What a CUDA context costs on the device before the guest allocates anything
@@ -303,6 +304,18 @@ class Worker {
     std::uint32_t* done = nullptr;
     std::uint64_t off = 0;  // BAR offset of `reached`
   };
+  // A JIT linker (host-daemon/link.cc). The driver writes the log buffers
+  // and its option outputs until cuLinkDestroy: they live here.
+  struct LinkEntry {
+    CUlinkState real = nullptr;
+    std::unique_ptr<char[]> info_log, error_log;  // kLinkLogBytes each
+    std::vector<CUjit_option> opts;               // as given to cuLinkCreate
+    std::vector<void*> vals;                      // [4]: CU_JIT_WALL_TIME's float
+    std::uint64_t input_bytes = 0;
+    const void* output = nullptr;  // the driver's, once complete
+    std::size_t output_bytes = 0;
+    float wall_ms = 0;
+  };
   struct UserObjEntry {
     CUuserObject real = nullptr;
     std::uint64_t refs = 0;  // references the guest itself holds
@@ -380,6 +393,7 @@ class Worker {
   bool poll_parked(Channel& ch);
   void sleep_until_work();
   void cleanup() noexcept;
+  void destroy_links() noexcept;  // link.cc
 
   // Helpers the handlers share.
   CUresult use_ctx(std::uint64_t h, CtxEntry** out = nullptr);
@@ -589,6 +603,7 @@ class Worker {
   HandleTable<MemHandleEntry> mem_handles_{proto::HandleKind::kMemHandle};
   HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
   HandleTable<UserObjEntry> user_objs_{proto::HandleKind::kUserObject};
+  HandleTable<LinkEntry> links_{proto::HandleKind::kLink};
   std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
   std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
   // Graphs a capture made, given a handle before the capture ended

@@ -43,7 +43,7 @@ inline constexpr u32 kDevNameBytes = 256;
 enum class HandleKind : u8 {
   kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
   kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9,
-  kArray = 10, kMipmappedArray = 11, kGraphNode = 12, kUserObject = 13,
+  kArray = 10, kMipmappedArray = 11, kGraphNode = 12, kUserObject = 13, kLink = 14,
 };
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
@@ -168,7 +168,8 @@ enum class HandleKind : u8 {
   X(MemMapArrays, ReqMapArrays, RepNone, 1)                             \
   X(Nvml, ReqNvml, RepNvml, 1)                                          \
   X(MemcpyDtoHInline, ReqCopy, RepCopyInline, 1)                        \
-  X(FlushWait, ReqCtx, RepNone, 1)
+  X(FlushWait, ReqCtx, RepNone, 1)                                      \
+  X(Link, ReqLink, RepLink, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -571,6 +572,43 @@ inline constexpr u32 kFuncName = 0;
 inline constexpr u32 kFuncModule = 1;
 inline constexpr u32 kFuncIsLoaded = 2;
 inline constexpr u32 kFuncLoad = 3;
+// The JIT linker (cuLink*, guest/link.cc, host-daemon/link.cc): one request,
+// by kind. kLinkCreate sends `count` LinkOption pairs after the struct (the
+// numeric options only; the guest keeps the log buffers and answers them);
+// kLinkAdd an input of `input_type` (CUjitInputType) staged at `arena_off`,
+// `bytes` long, with `name_len` name bytes after the struct; kLinkComplete
+// links and answers the output's size; kLinkRead copies the output to
+// `arena_off` (`bytes` of it); kLinkDestroy ends the linker. Replies to add
+// and complete carry the linker's logs after RepLink (info, then error).
+inline constexpr u32 kLinkCreate = 0;
+inline constexpr u32 kLinkAdd = 1;
+inline constexpr u32 kLinkComplete = 2;
+inline constexpr u32 kLinkRead = 3;
+inline constexpr u32 kLinkDestroy = 4;
+inline constexpr u32 kLinkMaxOptions = 32;
+inline constexpr u32 kLinkLogBytes = 4096;  // of each log the host keeps and returns
+struct LinkOption {
+  u32 option;  // CUjit_option
+  u32 value;
+};
+struct ReqLink {
+  u64 ctx;
+  u64 link;
+  u64 bytes;
+  u64 arena_off;
+  u32 kind;
+  u32 input_type;
+  u32 name_len;   // kLinkAdd: name bytes after the struct
+  u32 count;      // kLinkCreate: LinkOption pairs after the struct
+};
+struct RepLink {
+  u64 link;
+  u64 size;        // kLinkComplete: the linked image's bytes
+  u32 info_len;    // log bytes after the struct, no terminators
+  u32 error_len;
+  float wall_ms;   // CU_JIT_WALL_TIME of the last step
+  u32 reserved;
+};
 struct ReqFuncMisc {
   u64 function;
   u32 kind;
@@ -1279,6 +1317,9 @@ static_assert(sizeof(ReqStreamMemOps) == 32);
 static_assert(sizeof(ReqStreamAttr) == 96);
 static_assert(sizeof(ReqCtxMisc) == 24);
 static_assert(sizeof(ReqFuncMisc) == 16);
+static_assert(sizeof(ReqLink) == 48);
+static_assert(sizeof(RepLink) == 32);
+static_assert(sizeof(LinkOption) == 8);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);
 
 }  // namespace ivcuda::proto

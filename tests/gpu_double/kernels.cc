@@ -318,6 +318,17 @@ CUresult inc_u32(KernelEnv& env) {
   return CUDA_SUCCESS;
 }
 
+// link_main.cu, linked with link_lib.cu at run time (tests/programs/drv_link.cc).
+CUresult link_apply(KernelEnv& env) {
+  std::uint64_t data = 0;
+  int n = 0;
+  if (!env.param(0, &data) || !env.param(1, &n)) return mismatch(env);
+  const std::uint64_t k = active(env, n);
+  IVC_ACCESS(env, data, k, 4);
+  for (std::uint64_t i = 0; i < k; ++i) ptr<float>(data)[i] = 2.0f * ptr<float>(data)[i] + 1.0f;
+  return CUDA_SUCCESS;
+}
+
 // lib_nvrtc.cu (tests/libs) compiles this one at run time, to PTX and to a cubin.
 CUresult rtc_axpb(KernelEnv& env) {
   std::uint64_t x = 0, y = 0;
@@ -437,7 +448,7 @@ constexpr Registered kKernels[] = {
     {"ivc_rtf_axpy", rtf_axpy},     {"ivc_rtf_iota", rtf_iota},
     {"ivc_rtf_twice_plus", rtf_twice_plus}, {"ivc_rtf_coop", rtf_coop},
     {"ivc_rtf_printf", rtf_printf},
-    {"ivc_rtc_axpb", rtc_axpb},
+    {"ivc_rtc_axpb", rtc_axpb},     {"ivc_link_apply", link_apply},
     {"ivc_tex2d_read", tex2d_read}, {"ivc_surf2d_write", surf2d_write},
 };
 

@@ -115,6 +115,7 @@ drv_cases=(
   "drv_pool_share: another tenant's process cannot import the pool|drv_pool_share --child-socket $work/other.sock"
   "drv_ipc: memory and an event shared with a child process (another worker), forged handles refused|drv_ipc --ptx $ptx --forged CUDA_ERROR_INVALID_HANDLE"
   "drv_graph_build: graphs built node by node, queried, launched, updated, cloned; forged handles|drv_graph_build --ptx $ptx --limits"
+  "drv_link: relocatable PTX linked at run time (data and file), loaded, launched; unresolved and bad inputs|drv_link --dir $(dirname "$ptx")"
 )
 # Runtime-API programs, each in its static and its shared cudart build: "program|what it shows".
 rt_kinds=(static shared)
