@@ -24,6 +24,24 @@ namespace ivcuda::guest {
 // the wait may have had to collect.
 [[nodiscard]] CUresult take_staging(Runtime* rt, std::uint64_t ctx, std::unique_lock<std::mutex>* lk);
 
+// Runs use(arena_off) with `bytes` of the arena to itself for a one-off
+// transfer (a module image, a linker input or output): the staging area when
+// they fit, else a temporary block of page-locked arena memory, freed after.
+template <class F>
+CUresult with_arena_block(Runtime* rt, std::uint64_t ctx, std::size_t bytes, F&& use) {
+  std::unique_lock<std::mutex> staging_lock;
+  if (bytes <= rt->staging_size()) {
+    if (CUresult st = take_staging(rt, ctx, &staging_lock); st != CUDA_SUCCESS) return st;
+    return use(rt->staging_off());
+  }
+  proto::RepHostAlloc a{};
+  if (CUresult st = rt->call<proto::Op::kHostAlloc>(proto::ReqHostAlloc{bytes, 0, 0}, {}, &a); st != CUDA_SUCCESS)
+    return st;
+  const CUresult st = use(a.arena_off);
+  (void)rt->call<proto::Op::kHostFree>(proto::ReqArenaOff{a.arena_off});
+  return st;
+}
+
 }  // namespace ivcuda::guest
 
 namespace ivcuda::guest::internal {

@@ -22,6 +22,7 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
+#include "ivcuda/link_options.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::guard;
@@ -83,22 +84,6 @@ void answer_outputs(Link& l, const proto::RepLink& rep, const std::vector<std::b
   }
 }
 
-// Moves `bytes` between the application and the arena for `use`: through the
-// staging area when they fit, else a temporary block of arena memory.
-template <class F>
-CUresult through_arena(Runtime* rt, std::uint64_t ctx, std::size_t bytes, F&& use) {
-  std::unique_lock<std::mutex> staging_lock;
-  if (bytes <= rt->staging_size()) {
-    if (CUresult st = ivcuda::guest::take_staging(rt, ctx, &staging_lock); st != CUDA_SUCCESS) return st;
-    return use(rt->staging_off());
-  }
-  proto::RepHostAlloc a{};
-  if (CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{bytes, 0, 0}, {}, &a); st != CUDA_SUCCESS) return st;
-  const CUresult st = use(a.arena_off);
-  (void)rt->call<Op::kHostFree>(proto::ReqArenaOff{a.arena_off});
-  return st;
-}
-
 CUresult add(Link& l, CUjitInputType type, const void* data, std::size_t size, const char* name) {
   NEED_RT();
   NEED_CTX();
@@ -109,7 +94,7 @@ CUresult add(Link& l, CUjitInputType type, const void* data, std::size_t size, c
                                         "forwarded; add PTX, cubins or fatbins", static_cast<int>(type));
   const std::size_t name_len = name == nullptr ? 0 : std::strlen(name);
   if (name_len > proto::kNameMax) return CUDA_ERROR_INVALID_VALUE;
-  return through_arena(rt, ctx, size, [&](std::uint64_t off) {
+  return ivcuda::guest::with_arena_block(rt, ctx, size, [&](std::uint64_t off) {
     std::memcpy(rt->bar() + off, data, size);
     proto::ReqLink r{};
     r.ctx = ctx;
@@ -150,24 +135,13 @@ CUresult cuLinkCreate(unsigned int n, CUjit_option* opts, void** vals, CUlinkSta
         case CU_JIT_WALL_TIME:
         case CU_JIT_TARGET_FROM_CUCONTEXT:  // the host's context is the target anyway
           break;
-        case CU_JIT_MAX_REGISTERS:
-        case CU_JIT_THREADS_PER_BLOCK:
-        case CU_JIT_OPTIMIZATION_LEVEL:
-        case CU_JIT_TARGET:
-        case CU_JIT_FALLBACK_STRATEGY:
-        case CU_JIT_GENERATE_DEBUG_INFO:
-        case CU_JIT_LOG_VERBOSE:
-        case CU_JIT_GENERATE_LINE_INFO:
-        case CU_JIT_CACHE_MODE:
-        case CU_JIT_POSITION_INDEPENDENT_CODE:
-        case CU_JIT_MIN_CTA_PER_SM:
-        case CU_JIT_MAX_THREADS_PER_BLOCK:
-        case CU_JIT_OVERRIDE_DIRECTIVE_VALUES:
-          if (wire.size() == proto::kLinkMaxOptions) return CUDA_ERROR_INVALID_VALUE;
-          wire.push_back({static_cast<proto::u32>(opts[i]), static_cast<proto::u32>(v)});
-          break;
         default:
           if (opts[i] < 0 || opts[i] >= CU_JIT_NUM_OPTIONS) return CUDA_ERROR_INVALID_VALUE;
+          if (proto::forwarded_link_option(static_cast<proto::u32>(opts[i]))) {
+            if (wire.size() == proto::kLinkMaxOptions) return CUDA_ERROR_INVALID_VALUE;
+            wire.push_back({static_cast<proto::u32>(opts[i]), static_cast<proto::u32>(v)});
+            break;
+          }
           ivcuda::guest::log_once("linkopts", "cuLinkCreate: JIT option %d is not forwarded; the host links "
                                   "with the driver's default for it", static_cast<int>(opts[i]));
       }
@@ -236,7 +210,7 @@ CUresult cuLinkComplete(CUlinkState s, void** cubin, size_t* size) {
       if (st != CUDA_SUCCESS) return st;
       if (rep.size == 0) return CUDA_ERROR_INVALID_IMAGE;
       std::vector<char> image(rep.size);
-      const CUresult rd = through_arena(rt, ctx, image.size(), [&](std::uint64_t off) {
+      const CUresult rd = ivcuda::guest::with_arena_block(rt, ctx, image.size(), [&](std::uint64_t off) {
         proto::ReqLink q{};
         q.ctx = ctx;
         q.link = l->host;

@@ -35,27 +35,16 @@ CUresult load_module(CUmodule* mod, const void* image, size_t bytes) {
   NEED_RT();
   NEED_CTX();
   if (mod == nullptr || image == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  // Images go through the arena: the staging area when it fits, else a
-  // temporary block of page-locked arena memory.
-  proto::ReqModuleLoad r{};
-  r.ctx = ctx;
-  r.bytes = bytes;
-  std::uint64_t temp = 0;
-  std::unique_lock<std::mutex> staging_lock;
-  if (bytes <= rt->staging_size()) {
-    if (CUresult st = ivcuda::guest::take_staging(rt, ctx, &staging_lock); st != CUDA_SUCCESS) return st;
-    r.arena_off = rt->staging_off();
-  } else {
-    proto::RepHostAlloc a{};
-    const CUresult st = rt->call<Op::kHostAlloc>(proto::ReqHostAlloc{bytes, 0, 0}, {}, &a);
-    if (st != CUDA_SUCCESS) return st;
-    temp = a.arena_off;
-    r.arena_off = temp;
-  }
-  std::memcpy(rt->bar() + r.arena_off, image, bytes);
+  // Images go through the arena (ivcuda::guest::with_arena_block).
   proto::RepHandle rep{};
-  const CUresult st = rt->call<Op::kModuleLoad>(r, {}, &rep);
-  if (temp != 0) (void)rt->call<Op::kHostFree>(proto::ReqArenaOff{temp});
+  const CUresult st = ivcuda::guest::with_arena_block(rt, ctx, bytes, [&](std::uint64_t off) {
+    proto::ReqModuleLoad r{};
+    r.ctx = ctx;
+    r.bytes = bytes;
+    r.arena_off = off;
+    std::memcpy(rt->bar() + off, image, bytes);
+    return rt->call<Op::kModuleLoad>(r, {}, &rep);
+  });
   if (st == CUDA_SUCCESS) *mod = reinterpret_cast<CUmodule>(rep.handle);
   return st;
 }

@@ -9,6 +9,7 @@
 #include "host-daemon/image_check.h"
 #include "host-daemon/log.h"
 #include "host-daemon/worker_internal.h"
+#include "ivcuda/link_options.h"
 
 namespace ivcuda::host {
 
@@ -19,29 +20,6 @@ namespace {
 // What one linker may take of the guest's inputs (the driver holds its own
 // copies of them until cuLinkDestroy).
 constexpr std::uint64_t kLinkInputLimit = 1ull << 30;
-
-// The options a guest may set: those whose value is a plain number. The log
-// buffers are the worker's own; pointers from the guest never reach the driver.
-bool numeric_option(std::uint32_t o) {
-  switch (o) {
-    case CU_JIT_MAX_REGISTERS:
-    case CU_JIT_THREADS_PER_BLOCK:
-    case CU_JIT_OPTIMIZATION_LEVEL:
-    case CU_JIT_TARGET:
-    case CU_JIT_FALLBACK_STRATEGY:
-    case CU_JIT_GENERATE_DEBUG_INFO:
-    case CU_JIT_LOG_VERBOSE:
-    case CU_JIT_GENERATE_LINE_INFO:
-    case CU_JIT_CACHE_MODE:
-    case CU_JIT_POSITION_INDEPENDENT_CODE:
-    case CU_JIT_MIN_CTA_PER_SM:
-    case CU_JIT_MAX_THREADS_PER_BLOCK:
-    case CU_JIT_OVERRIDE_DIRECTIVE_VALUES:
-      return true;
-    default:
-      return false;
-  }
-}
 
 }  // namespace
 
@@ -76,7 +54,7 @@ CUresult Worker::on_Link(Call& c) {
     for (std::uint32_t i = 0; i < r.count; ++i) {
       LinkOption o;
       std::memcpy(&o, tail.data() + i * sizeof o, sizeof o);
-      if (!numeric_option(o.option)) return CUDA_ERROR_INVALID_VALUE;
+      if (!forwarded_link_option(o.option)) return CUDA_ERROR_INVALID_VALUE;
       opts.push_back(static_cast<CUjit_option>(o.option));
       vals.push_back(reinterpret_cast<void*>(std::uintptr_t{o.value}));
     }

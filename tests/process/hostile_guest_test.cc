@@ -409,6 +409,82 @@ TEST_CASE("images that would make the driver follow a pointer or read past the c
   CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
+// The JIT linker's request (host-daemon/link.cc): forged handles, pointers
+// passed as options, inputs whose bytes are not what they claim or lie past
+// the arena, and reads of an output that does not exist get clear errors.
+TEST_CASE("linker requests with forged handles, options or inputs are refused", "[process][hostile]") {
+  Strays strays;
+  Daemon d;
+  RawGuest g(d.sock);
+  g.open(0);
+  const std::uint64_t ctx = primary_ctx(g);
+  auto link = [&](proto::ReqLink r, std::span<const std::byte> tail = {}, std::vector<std::byte>* out = nullptr) {
+    r.ctx = ctx;
+    return g.call(0, Op::kLink, r, out, tail);
+  };
+  std::vector<std::byte> out;
+  proto::ReqLink create{};
+  create.kind = proto::kLinkCreate;
+  // an option whose value the driver would take as a pointer (a log buffer) is not passed on
+  const auto log_buffer = bytes_of(proto::LinkOption{CU_JIT_INFO_LOG_BUFFER, 0x1000});
+  create.count = 1;
+  CHECK(link(create, log_buffer) == CUDA_ERROR_INVALID_VALUE);
+  create.count = 2;  // more options announced than sent
+  CHECK(link(create, bytes_of(proto::LinkOption{CU_JIT_MAX_REGISTERS, 32})) == CUDA_ERROR_INVALID_VALUE);
+  create.count = proto::kLinkMaxOptions + 1;
+  CHECK(link(create) == CUDA_ERROR_INVALID_VALUE);
+  create.count = 0;
+  REQUIRE(link(create, {}, &out) == CUDA_SUCCESS);
+  const std::uint64_t h = RawGuest::as<proto::RepLink>(out).link;
+
+  proto::ReqLink add{};
+  add.kind = proto::kLinkAdd;
+  add.link = h ^ 0x1;  // forged
+  add.input_type = CU_JIT_INPUT_PTX;
+  const std::string ptx = ptx_with_params("linked", 1);
+  std::memcpy(g.bar.data() + g.l.arena_off, ptx.data(), ptx.size());
+  add.arena_off = g.l.arena_off;
+  add.bytes = ptx.size();
+  CHECK(link(add) == CUDA_ERROR_INVALID_HANDLE);
+  add.link = h;
+  add.name_len = 4;  // a name announced and not sent
+  CHECK(link(add) == CUDA_ERROR_INVALID_VALUE);
+  add.name_len = 0;
+  add.input_type = CU_JIT_NUM_INPUT_TYPES;
+  CHECK(link(add) == CUDA_ERROR_INVALID_VALUE);
+  add.input_type = CU_JIT_INPUT_CUBIN;  // PTX text claimed to be a cubin
+  CHECK(link(add) == CUDA_ERROR_INVALID_IMAGE);
+  add.input_type = CU_JIT_INPUT_LIBRARY;
+  CHECK(link(add) == CUDA_ERROR_NOT_SUPPORTED);
+  add.input_type = CU_JIT_INPUT_FATBINARY;  // a fatbin header declaring more than was sent
+  const auto fatbin = bytes_of(0xBA55ED50u, std::uint16_t{1}, std::uint16_t{16}, std::uint64_t{64 << 10});
+  std::memcpy(g.bar.data() + g.l.arena_off, fatbin.data(), fatbin.size());
+  add.bytes = fatbin.size();
+  CHECK(link(add) == CUDA_ERROR_INVALID_IMAGE);
+  add.input_type = CU_JIT_INPUT_PTX;
+  add.arena_off = g.l.arena_off + g.l.arena_size - 8;  // running past the arena
+  add.bytes = 64;
+  CHECK(link(add) == CUDA_ERROR_INVALID_VALUE);
+
+  proto::ReqLink read{};
+  read.kind = proto::kLinkRead;  // before anything was linked
+  read.link = h;
+  read.arena_off = g.l.arena_off;
+  read.bytes = 16;
+  CHECK(link(read) == CUDA_ERROR_INVALID_VALUE);
+  proto::ReqLink bad{};
+  bad.kind = 99;
+  bad.link = h;
+  CHECK(link(bad) == CUDA_ERROR_INVALID_VALUE);
+  proto::ReqLink destroy{};
+  destroy.kind = proto::kLinkDestroy;
+  destroy.link = h;
+  CHECK(link(destroy) == CUDA_SUCCESS);
+  CHECK(link(destroy) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(d.alive());
+  CHECK(strays.seen() == "");
+}
+
 // issue 12, hole 5: what the guest learns of the worker, and what it can do
 // to the memory it shares with it.
 TEST_CASE("the guest learns no address of the worker's own and cannot reseal its memory", "[process][hostile]") {
