@@ -530,6 +530,25 @@ def module_seeds():
     s.call("ModuleEnumerate", ctx=s.ctx, handle=mod)
     s.call("ModuleEnumerate", ok=False, ctx=s.ctx, handle=mod + 1)
     yield s
+    # The JIT linker: create, add, complete, read back, load the output, destroy; and refusals.
+    s = start("Link")
+    opt = P.pack("LinkOption", option=0, value=32)  # CU_JIT_MAX_REGISTERS
+    link = s.new("Link", ctx=s.ctx, kind=P.consts["kLinkCreate"], count=1, tail=opt)
+    s.call("Link", ok=False, ctx=s.ctx, kind=P.consts["kLinkCreate"], count=2, tail=opt)
+    s.arena(0x1000, PTX)
+    add = dict(ctx=s.ctx, link=link, kind=P.consts["kLinkAdd"], input_type=1,  # CU_JIT_INPUT_PTX
+               bytes=len(PTX), arena_off=ARENA_OFF + 0x1000)
+    s.call("Link", **add, name_len=4, tail=b"main")
+    s.call("Link", ok=False, **{**add, "link": link + 1})
+    s.call("Link", ok=False, **{**add, "input_type": 0})  # PTX added as a cubin (CU_JIT_INPUT_CUBIN)
+    size = s.new("Link", "size", ctx=s.ctx, link=link, kind=P.consts["kLinkComplete"])
+    s.call("Link", ctx=s.ctx, link=link, kind=P.consts["kLinkRead"], bytes=size, arena_off=ARENA_OFF + 0x20000)
+    s.call("Link", ok=False, ctx=s.ctx, link=link, kind=P.consts["kLinkRead"], bytes=size + 1,
+           arena_off=ARENA_OFF + 0x20000)
+    s.call("Link", ok=False, ctx=s.ctx, link=link, kind=9)
+    s.call("Link", ctx=s.ctx, link=link, kind=P.consts["kLinkDestroy"])
+    s.call("Link", ok=False, ctx=s.ctx, link=link, kind=P.consts["kLinkDestroy"])
+    yield s
     for op in ("FuncGetAttribute", "FuncSetAttribute", "FuncSetCacheConfig", "FuncMisc", "Occupancy"):
         s = start(op)
         mod = s.module(s.ctx)
