@@ -2,10 +2,14 @@
 # staged_copy_test through ivcudad with staging areas cut into many small
 # slots (and once natively on the same driver, to check the test itself).
 #
-#   run_staged_copy.sh BUILD_DIR DRIVER_LIB
+#   run_staged_copy.sh BUILD_DIR DRIVER_LIB CONFIG...
+# CONFIG: "native" (the test itself on the driver), or a staging size with an
+# optional event delay in microseconds ("64K", "64K,300"; see below).
 set -u
 build=$(cd "$1" && pwd)
 driver=$2
+shift 2
+if [ $# -eq 0 ]; then echo "FAIL: no configuration given"; exit 1; fi
 prog=$build/tests/bench/staged_copy_test
 ptx=$build/tests/gpu_double/test_kernels.ptx
 work=$(mktemp -d /tmp/ivcuda-staged.XXXXXX)
@@ -21,12 +25,17 @@ if [ ! -f "$ptx" ]; then
   exit 1
 fi
 
-mkdir "$work/native" && ln -s "$(readlink -f "$driver")" "$work/native/libcuda.so.1"
-if LD_LIBRARY_PATH=$work/native timeout 120 "$prog" --ptx "$ptx" >"$work/out" 2>&1; then
-  echo "PASS native: $(tail -1 "$work/out")"
-else
-  cat "$work/out"; echo "FAIL native"; failed=1
-fi
+ran=0
+for config in "$@"; do
+  [ "$config" = native ] || continue
+  mkdir "$work/native" && ln -s "$(readlink -f "$driver")" "$work/native/libcuda.so.1"
+  if LD_LIBRARY_PATH=$work/native timeout 120 "$prog" --ptx "$ptx" >"$work/out" 2>&1; then
+    echo "PASS native: $(tail -1 "$work/out")"
+  else
+    cat "$work/out"; echo "FAIL native"; failed=1
+  fi
+  ran=$((ran + 1))
+done
 
 # 64K: four 16 KiB slots. 12K: two 4 KiB slots (the rest unused). 4K: one
 # slot, every chunk waits for the one before. 8M: 2 MiB slots, big enough
@@ -35,7 +44,9 @@ fi
 # as a GPU holds a DMA, so the worker's chunks complete later than they are
 # issued: 300 us with four small slots keeps them queued; 3 ms with big ones
 # makes the guest's waits for a slot fall back to Flush (after 2 ms).
-for config in 64K 12K 4K 8M 64K,300 8M,3000; do
+for config in "$@"; do
+  [ "$config" != native ] || continue
+  ran=$((ran + 1))
   staging=${config%%,*}
   delay=
   [ "$config" != "$staging" ] && delay=${config#*,}
@@ -55,4 +66,6 @@ for config in 64K 12K 4K 8M 64K,300 8M,3000; do
   fi
   kill "$daemon"; wait "$daemon" 2>/dev/null; daemon=
 done
+# Every configuration named ran (a typo is not a pass).
+[ "$ran" -eq $# ] || { echo "FAIL: $ran of $# configurations ran"; failed=1; }
 exit $failed
