@@ -84,6 +84,7 @@ struct Child {
   CUcontext ctx = nullptr;
   CUstream s = nullptr;
   CUfunction spin = nullptr;
+  CUfunction fill = nullptr;  // ivc_fill_u32(p, value, n)
 
   void launch_spin(unsigned long long ns) {
     void* args[] = {&ns};
@@ -293,6 +294,59 @@ struct Child {
     }
     emit("query.mem_get_info.median", "us", percentile(idle, 0.5));
     emit("query.mem_get_info_busy.median", "us", percentile(busy, 0.5));
+  }
+
+  // Managed memory as tutorials use it (cudaMallocManaged): the CPU writes a
+  // 64 MiB array (16 MiB with --quick), a kernel rewrites it, the CPU reads it all - one turn
+  // each way (ivcuda: the CPU's writes go back before the launch, its reads
+  // fault the device's data in; guest/managed.cc). Also the CPU's first
+  // touch of new managed memory, and the same kernel on memory the CPU
+  // leaves alone (the launch's cost once nothing is on the CPU's side).
+  void managed() {
+    const std::size_t n = (quick ? std::size_t{4} : std::size_t{16}) << 20;  // u32 elements
+    const int reps = quick ? 2 : 10;
+    CUdeviceptr m = 0;
+    auto t0 = Clock::now();
+    CK(cuMemAllocManaged(&m, n * 4, CU_MEM_ATTACH_GLOBAL));
+    emit("managed.alloc", "us", us_since(t0));
+    auto* p = reinterpret_cast<std::uint32_t*>(m);
+    t0 = Clock::now();
+    for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::uint32_t>(i);
+    emit("managed.first_touch", "GB/s", static_cast<double>(n * 4) / (us_since(t0) * 1e3));
+    auto launch_fill = [&](std::uint32_t v) {
+      unsigned long long count = n;
+      void* args[] = {&m, &v, &count};
+      CK(cuLaunchKernel(fill, 1024, 1, 1, 256, 1, 1, 0, s, args, nullptr));
+    };
+    std::vector<double> turn, write, read, kernel_only;
+    for (int r = 0; r < reps; ++r) {
+      const auto t1 = Clock::now();
+      for (std::size_t i = 0; i < n; i += 1024) p[i] = static_cast<std::uint32_t>(r);  // a word per 4 KiB
+      write.push_back(us_since(t1));
+      launch_fill(static_cast<std::uint32_t>(r) + 1);
+      CK(cuStreamSynchronize(s));
+      std::uint64_t sum = 0;
+      const auto t3 = Clock::now();
+      for (std::size_t i = 0; i < n; ++i) sum += p[i];
+      read.push_back(us_since(t3));
+      turn.push_back(us_since(t1));
+      if (sum != static_cast<std::uint64_t>(r + 1) * n) {
+        std::fprintf(stderr, "ivcuda-bench: managed read back %llu, expected %llu\n",
+                     static_cast<unsigned long long>(sum), static_cast<unsigned long long>(r + 1) * n);
+        std::exit(3);
+      }
+    }
+    for (int r = 0; r < reps; ++r) {
+      const auto t1 = Clock::now();
+      launch_fill(7);
+      CK(cuStreamSynchronize(s));
+      kernel_only.push_back(us_since(t1));
+    }
+    emit("managed.turn", "us", percentile(turn, 0.5));
+    emit("managed.cpu_scattered_writes", "us", percentile(write, 0.5));
+    emit("managed.cpu_read_after_kernel", "GB/s", static_cast<double>(n * 4) / (percentile(read, 0.5) * 1e3));
+    emit("managed.kernel_untouched", "us", percentile(kernel_only, 0.5));
+    CK(cuMemFree(m));
   }
 
   // Copies to and from memory mapped with the virtual memory API
@@ -622,6 +676,7 @@ int run_child(const std::string& ptx, const std::string& what, bool quick, const
   CUmodule m;
   CK(cuModuleLoadData(&m, text.c_str()));
   CK(cuModuleGetFunction(&c.spin, m, "ivc_spin_ns"));
+  CK(cuModuleGetFunction(&c.fill, m, "ivc_fill_u32"));
   // Connected: ivcudad now starts the next warm worker, whose arena
   // registration (seconds for GiBs) would share the machine with the first
   // figures. They are taken once it is done, natively too for the same
@@ -638,6 +693,7 @@ int run_child(const std::string& ptx, const std::string& what, bool quick, const
     c.queries();
     c.bandwidth();
     c.vmm_bandwidth();
+    c.managed();
   }
   std::fflush(stdout);
   CK(cuModuleUnload(m));

@@ -29,6 +29,7 @@
 #include "guest/graphs.h"
 #include "guest/guard.h"
 #include "guest/internal.h"
+#include "guest/managed.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
@@ -233,6 +234,8 @@ CUresult graph_post(CUgraphExec exec, CUstream s) {
     NEED_CTX();
     if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+    if constexpr (op == Op::kGraphLaunch)
+      if (CUresult st = ivcuda::guest::managed::before_launch(rt, h(s)); st != CUDA_SUCCESS) return st;
     return rt->post<op>(proto::ReqGraphLaunch{ctx, h(exec), h(s)});
   });
 }

@@ -133,6 +133,12 @@ CUresult make_share_fd(const std::uint8_t (&token)[kShareTokenBytes], int* fd);
 // The token an fd holds, or false for any fd that is not one of ours.
 bool read_share_fd(int fd, std::uint8_t (&token)[kShareTokenBytes]);
 
+// Synchronous copies between device memory and guest memory the library
+// owns (guest/memory.cc), without managed memory's hand-over: managed.cc
+// moves its blocks with them.
+[[nodiscard]] CUresult copy_to_device(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, std::size_t n);
+[[nodiscard]] CUresult copy_to_host(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, std::size_t n);
+
 // cuMemFree / cuMemFreeAsync (async: on `s`) of a pointer this process
 // imported from another process's pool (guest/pools.cc): true when it was
 // one, with the answer in *st; false for any other pointer.

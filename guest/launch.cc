@@ -19,6 +19,7 @@
 #include "guest/graphs.h"
 #include "guest/guard.h"
 #include "guest/internal.h"
+#include "guest/managed.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
@@ -74,6 +75,8 @@ CUresult ivcuda::guest::launch_kernel(CUfunction f, const unsigned grid[3], cons
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
     if (attrs.size() > proto::kMaxLaunchAttrs) return CUDA_ERROR_INVALID_VALUE;
     f = kernel_function(f);
+    // Managed memory the CPU holds goes to the GPU first (guest/managed.cc).
+    if (CUresult st = ivcuda::guest::managed::before_launch(rt, h(s)); st != CUDA_SUCCESS) return st;
     // The record's tail: the attributes (LaunchEx only), then the packed
     // parameters. Small tails (nearly all launches) stay on the stack.
     const std::size_t attr_bytes = attrs.size_bytes();

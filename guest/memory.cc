@@ -31,6 +31,7 @@
 #include "guest/graphs.h"
 #include "guest/host_register.h"
 #include "guest/internal.h"
+#include "guest/managed.h"
 #include "guest/runtime.h"
 
 using ivcuda::guest::current_ctx;
@@ -335,7 +336,7 @@ std::optional<std::uint64_t> arena_offset_of(Runtime* rt, const void* p, size_t 
   return reg->dptr - rt->hello().arena_device_base;
 }
 
-CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
+CUresult htod_body(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
                    bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -399,7 +400,7 @@ CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* 
 // bytes in the reply; a larger one is filled through the staging slots: the
 // host DMAs chunk k + 1 while the guest copies chunk k out. The copy is
 // synchronous, as CUDA's is, and an Async one is still ordered in its stream.
-CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
+CUresult dtoh_body(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::ReqCopy r = copy_req(ctx, s, 0, src, n, async);
@@ -476,10 +477,35 @@ CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
 // round trip, so that what the host refuses is answered at once.
 CUresult copy_dtod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
                    bool async) {
+  if (ivcuda::guest::managed::any()) {
+    if (CUresult st = ivcuda::guest::managed::device_use(rt, src, n, false); st != CUDA_SUCCESS) return st;
+    if (CUresult st = ivcuda::guest::managed::device_use(rt, dst, n, true); st != CUDA_SUCCESS) return st;
+  }
   const proto::ReqCopy r = copy_req(ctx, s, dst, src, n, async);
   if (async || (n != 0 && in_device_alloc(rt, dst, n) && in_device_alloc(rt, src, n)))
     return rt->post<Op::kMemcpyDtoD>(r);
   return rt->call<Op::kMemcpyDtoD>(r);
+}
+
+// Host memory that is managed memory (guest/managed.cc) is device memory to
+// a copy: it goes device to device, after the CPU's writes went back.
+CUresult copy_htod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src, size_t n, CUstream s,
+                   bool async) {
+  if (ivcuda::guest::managed::any() && n != 0) {
+    if (ivcuda::guest::managed::contains(src, n))
+      return copy_dtod(rt, ctx, dst, reinterpret_cast<CUdeviceptr>(src), n, s, async);
+    if (CUresult st = ivcuda::guest::managed::device_use(rt, dst, n, true); st != CUDA_SUCCESS) return st;
+  }
+  return htod_body(rt, ctx, dst, src, n, s, async);
+}
+
+CUresult copy_dtoh(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, size_t n, CUstream s, bool async) {
+  if (ivcuda::guest::managed::any() && n != 0) {
+    if (ivcuda::guest::managed::contains(dst, n))
+      return copy_dtod(rt, ctx, reinterpret_cast<CUdeviceptr>(dst), src, n, s, async);
+    if (CUresult st = ivcuda::guest::managed::device_use(rt, src, n, false); st != CUDA_SUCCESS) return st;
+  }
+  return dtoh_body(rt, ctx, dst, src, n, s, async);
 }
 
 CUresult memset_any(CUdeviceptr d, unsigned value, unsigned elem, size_t pitch, size_t width, size_t height,
@@ -504,6 +530,8 @@ CUresult memset_any(CUdeviceptr d, unsigned value, unsigned elem, size_t pitch, 
   const bool sized = !__builtin_mul_overflow(std::uint64_t{width}, std::uint64_t{elem}, &row) &&
                      !__builtin_mul_overflow(std::uint64_t{height > 1 ? height - 1 : 0}, std::uint64_t{pitch}, &rows) &&
                      !__builtin_add_overflow(rows, row, &extent);
+  if (sized && width != 0 && height != 0)
+    if (CUresult st = ivcuda::guest::managed::device_use(rt, d, extent, true); st != CUDA_SUCCESS) return st;
   if (async || (sized && width != 0 && height != 0 && in_device_alloc(rt, d, extent)))
     return rt->post<Op::kMemset>(r);
   return rt->call<Op::kMemset>(r);
@@ -530,6 +558,28 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
   if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY)
     return ivcuda::guest::copy_2d_array(*p, s, async);
   if (c.WidthInBytes == 0 || c.Height == 0) return CUDA_SUCCESS;
+  if (ivcuda::guest::managed::any()) {
+    // Managed memory on either side is device memory (guest/managed.cc):
+    // what the CPU wrote in the footprint goes back first.
+    auto as_device = [&](CUmemorytype& t, const void*& host, CUdeviceptr& dev, size_t x, size_t y, size_t pitch,
+                         bool writes) {
+      const size_t pt = pitch ? pitch : c.WidthInBytes;
+      const std::uint64_t span = (y + c.Height - 1) * pt + x + c.WidthInBytes;
+      if (t == CU_MEMORYTYPE_HOST && host != nullptr && ivcuda::guest::managed::contains(host, span)) {
+        t = CU_MEMORYTYPE_DEVICE;
+        dev = reinterpret_cast<CUdeviceptr>(host);
+        host = nullptr;
+      }
+      if (t != CU_MEMORYTYPE_DEVICE) return CUDA_SUCCESS;
+      return ivcuda::guest::managed::device_use(rt, dev, span, writes);
+    };
+    if (CUresult st = as_device(c.srcMemoryType, src_host, c.srcDevice, c.srcXInBytes, c.srcY, c.srcPitch, false);
+        st != CUDA_SUCCESS)
+      return st;
+    if (CUresult st = as_device(c.dstMemoryType, dst_host, c.dstDevice, c.dstXInBytes, c.dstY, c.dstPitch, true);
+        st != CUDA_SUCCESS)
+      return st;
+  }
   proto::ReqCopy2D r{};
   r.ctx = ctx;
   r.stream = h(s);
@@ -736,6 +786,7 @@ CUresult cuMemFree(CUdeviceptr dptr) {
   return guard([&] {
     NEED_RT();
     if (dptr == 0) return CUDA_SUCCESS;
+    if (CUresult managed; ivcuda::guest::managed::free(rt, dptr, &managed)) return managed;
     if (CUresult imported; ivcuda::guest::internal::free_pool_import(rt, dptr, nullptr, false, &imported))
       return imported;
     const CUresult st = rt->call<Op::kMemFree>(proto::ReqPtr{current_ctx(), dptr});
@@ -814,6 +865,11 @@ CUresult cuMemGetInfo(size_t* free_b, size_t* total) {
 CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr dptr) {
   return guard([&] {
     NEED_RT();
+    if (ivcuda::guest::managed::Range m; ivcuda::guest::managed::find(dptr, &m)) {
+      if (base != nullptr) *base = m.start;
+      if (size != nullptr) *size = m.size;
+      return CUDA_SUCCESS;
+    }
     proto::RepRange rep{};
     const CUresult st = rt->call<Op::kMemGetAddressRange>(proto::ReqPtr{current_ctx(), dptr}, {}, &rep);
     if (st != CUDA_SUCCESS) return st;
@@ -1046,11 +1102,23 @@ struct PtrInfo {
   void* host = nullptr;
   std::uint64_t start = 0, size = 0;  // the allocation or registration
   bool read_only = false;
+  bool managed = false;
 };
 
 PtrInfo describe(Runtime* rt, std::uint64_t p) {
   PtrInfo i;
   void* hp = reinterpret_cast<void*>(p);
+  if (ivcuda::guest::managed::Range m; ivcuda::guest::managed::find(p, &m)) {
+    // Managed memory: device memory the host may address too.
+    i.type = CU_MEMORYTYPE_DEVICE;
+    i.ctx = m.ctx;
+    i.dptr = p;
+    i.host = hp;
+    i.start = m.start;
+    i.size = m.size;
+    i.managed = true;
+    return i;
+  }
   if (auto reg = ivcuda::guest::hostreg::find(rt, hp)) {
     i.type = CU_MEMORYTYPE_HOST;
     i.ctx = reg->ctx;
@@ -1121,6 +1189,8 @@ CUresult pointer_attribute(Runtime* rt, const PtrInfo& i, CUpointer_attribute a,
       return CUDA_SUCCESS;
     }
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      put(data, static_cast<unsigned>(i.managed ? 1 : 0));
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
       put(data, 0u);
@@ -1185,4 +1255,15 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void
       if (const CUresult st = pointer_attribute(rt, info, attrs[k], data[k], false); st != CUDA_SUCCESS) return st;
     return CUDA_SUCCESS;
   });
+}
+
+// Synchronous copies that leave managed memory's books alone: managed.cc
+// moves its blocks with them (their guest side is its private alias).
+CUresult ivcuda::guest::internal::copy_to_device(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, const void* src,
+                                                 std::size_t n) {
+  return htod_body(rt, ctx, dst, src, n, nullptr, false);
+}
+CUresult ivcuda::guest::internal::copy_to_host(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src,
+                                               std::size_t n) {
+  return dtoh_body(rt, ctx, dst, src, n, nullptr, false);
 }

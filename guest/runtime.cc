@@ -2,6 +2,7 @@
 
 #include "guest/call_stats.h"
 #include "guest/graphs.h"
+#include "guest/managed.h"
 #include "guest/reply.h"
 #include "guest/unsupported.h"
 
@@ -702,6 +703,7 @@ const proto::RepDeviceInfo* Runtime::worker_device(int w, CUresult* st) {
     auto info = std::make_unique<proto::RepDeviceInfo>();
     *st = call<proto::Op::kDeviceInfo>(proto::ReqDevice{w, 0}, {}, info.get());
     if (*st != CUDA_SUCCESS) return nullptr;
+    managed::device_attributes(info.get());  // managed memory is the guest's own (guest/managed.cc)
     slot = std::move(info);
   }
   *st = CUDA_SUCCESS;

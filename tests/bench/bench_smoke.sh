@@ -31,7 +31,7 @@ for fig in null.ctx_synchronize.median null.stream_query.p99 launch.empty.rate l
            startup.exit smallop.kernel_then_item.median smallop.chain10_sync.median \
            startup.b2b5.first_result startup.b2b5.first_result_p90 startup.burst4.first_result_p90 \
            startup.spread8.first_result_max death.idle.memory_back death.queued.memory_back \
-           death.kernel.memory_back_max; do
+           death.kernel.memory_back_max managed.turn managed.kernel_untouched managed.first_touch; do
   grep -q "^$fig " "$work/out" || { echo "FAIL: $fig missing"; exit 1; }
 done
 python3 -c "import json,sys; d=json.load(open('$work/bench.json')); assert len(d['figures']) > 20, d; \

@@ -36,6 +36,7 @@ cases=(
   "torch_mp|torch_mp.py|"
   "torch_nccl_one|torch_nccl_one.py|"
   "cupy_basic|cupy_basic.py|"
+  "cupy_managed|cupy_managed.py|"
   "torch_libs|torch_libs.py|"
   "torch_two_gpus|torch_two_gpus.py||2"
   "torch_nccl_two|torch_nccl_two.py||2"

@@ -80,7 +80,7 @@ if [[ ! -f $build/CMakeCache.txt ]]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
     >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed"; }
 fi
-targets="ivcuda-bench ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg drv_vmm drv_vmm_share drv_arrays drv_sparse drv_pools drv_pool_share drv_capture_modes drv_memops drv_isolation drv_ipc drv_graph_build rt_texture rt_ipc rt_graphs rt_nvbench_pattern ivcuda_gpu_double_kernels"
+targets="ivcuda-bench ivcudad ivcuda_guest drv_core drv_kernels drv_errors drv_roundtrip drv_hostreg drv_vmm drv_vmm_share drv_arrays drv_sparse drv_pools drv_pool_share drv_capture_modes drv_memops drv_isolation drv_ipc drv_graph_build drv_managed rt_texture rt_ipc rt_graphs rt_nvbench_pattern ivcuda_gpu_double_kernels"
 # The guest's NVML, ivcuda-smi and the NVML test program (and the NVML double, when it is the host's NVML).
 targets+=" ivcuda_nvml ivcuda-smi nvml_api"
 [[ $nvml != "$build/tests/nvml_double/libivcuda-nvml-double.so" ]] || targets+=" ivcuda_nvml_double"
@@ -111,6 +111,7 @@ cases=(
   "drv_ipc|--ptx @PTX@|diff"
   "drv_graph_build|--ptx @PTX@|diff"
   "drv_memops||diff"
+  "drv_managed|--ptx @PTX@|diff"
   "drv_isolation|--reclaim --mib 1024 --allow-mib @ALLOW@ --fault --ptx @PTX@|diff"
   "rt_texture_static||diff"
   "rt_ipc_static||diff"

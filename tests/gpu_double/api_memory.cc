@@ -237,6 +237,16 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   });
 }
 
+// Managed memory, for programs run on the double directly (ivcuda-bench's
+// native side in CI): the double's device memory is this process's own, so
+// the CPU may touch it at any time. Advice, prefetches and attachment are
+// not modelled; the guest library builds managed memory itself.
+CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+  if (bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  return cuMemAlloc_v2(dptr, bytesize);
+}
+
 CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
                                     size_t Height, unsigned int ElementSizeBytes) {
   return guarded([&](State& s) -> CUresult {

@@ -43,7 +43,7 @@ for f in "$lib/libcuda.so.1" "$bin/drv_core" "$bin/drv_kernels" "$bin/drv_errors
 	"$bin/drv_hostreg" "$bin/rt_nvbench_pattern_static" "$bin/drv_vmm" "$bin/drv_vmm_share" \
 	"$bin/drv_arrays" "$bin/drv_sparse" "$bin/drv_pools" "$bin/drv_pool_share" "$bin/drv_capture_modes" "$bin/rt_texture_static" "$bin/drv_ipc" "$bin/rt_ipc_static" \
 	"$bin/drv_graph_build" "$bin/rt_graphs_static" "$bin/drv_memops" "$bin/drv_isolation" "$bin/drv_quota" \
-	"$kernels/test_kernels.ptx"; do
+	"$bin/drv_managed" "$kernels/test_kernels.ptx"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
 # The guest's NVML, ivcuda-smi and the NVML test program, when the host side has an NVML.
@@ -107,6 +107,7 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$bin/drv_graph_build:/usr/bin/drv_graph_build" \
 	--add-bin "$bin/rt_graphs_static:/usr/bin/rt_graphs_static" \
 	--add-bin "$bin/drv_memops:/usr/bin/drv_memops" \
+	--add-bin "$bin/drv_managed:/usr/bin/drv_managed" \
 	--add-bin "$bin/drv_isolation:/usr/bin/drv_isolation" \
 	--add-bin "$bin/drv_quota:/usr/bin/drv_quota" \
 	"${nvml_adds[@]}" \
@@ -193,6 +194,7 @@ rc=0
 	 drv_graph_build --ptx /opt/ivcuda/test_kernels.ptx --limits &&
 	 rt_graphs_static &&
 	 drv_memops &&
+	 drv_managed --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_isolation --fault --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_isolation --reclaim --mib 256 &&
 	 drv_isolation --foreign &&

@@ -2,8 +2,8 @@
 //   drv_quota --quota-mib N [--others-mib M]
 //       the device's total is the quota (cuMemGetInfo, cuDeviceTotalMem) and
 //       free is what is left of it (M MiB held by the guest's other processes,
-//       a VM's, count); every way of making device memory - cuMemAlloc, pitch
-//       and stream-ordered allocations, cuMemCreate, arrays, graph memory
+//       a VM's, count); every way of making device memory - cuMemAlloc, pitch,
+//       managed and stream-ordered allocations, cuMemCreate, arrays, graph memory
 //       nodes - is refused with CUDA_ERROR_OUT_OF_MEMORY past it, and nothing
 //       else is disturbed: the context keeps working, and freed memory returns
 //       to the quota at once; with --big-module IMAGE (globals past the
@@ -138,6 +138,12 @@ int main(int argc, char** argv) {
   const std::uint64_t left = room - room / 2;
   size_t pitch = 0;
   EXPECT_RES(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocPitch(&b, &pitch, 1 << 20, left / (1 << 20) + 1, 4));
+  // Managed memory is device memory the guest maps (guest/managed.cc): charged as such.
+  EXPECT_RES(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocManaged(&b, left + kMiB, CU_MEM_ATTACH_GLOBAL));
+  OK(cuMemAllocManaged(&b, 4 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  EXPECT(free_now() <= left - 4 * kMiB && free_now() + 4 * kMiB + 64 * 1024 >= left);
+  OK(cuMemFree(b));
+  EXPECT(free_now() == left);
   CUstream s;
   OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   EXPECT_RES(CUDA_ERROR_OUT_OF_MEMORY, cuMemAllocAsync(&b, left + kMiB, s));

@@ -1,6 +1,6 @@
 // Runtime-API features beyond rt_basic, in sections that run and report on their own:
 // parameter packing of many kinds, __constant__/__device__ symbols, streams and events,
-// page-locked and mapped memory, stream-ordered allocation, a captured graph replayed,
+// page-locked, mapped and managed memory, stream-ordered allocation, a captured graph replayed,
 // a cooperative launch with a grid-wide barrier, and device printf. Built by nvcc with the
 // default static cudart and with -cudart shared; it knows nothing of ivcuda.
 //
@@ -393,6 +393,87 @@ static void section_mapped() {
   CK(cudaFreeHost(h));
 }
 
+// Managed memory as CUDA's tutorials use it: cudaMallocManaged, the CPU fills it, kernels
+// update it, the CPU reads it after a synchronisation; prefetches, advice, attributes, and
+// memory attached to one stream.
+static void section_managed() {
+  int supported = 0;
+  CK(cudaDeviceGetAttribute(&supported, cudaDevAttrManagedMemory, 0));
+  EXPECT(supported == 1);
+  const int n = 3 << 18;  // 3 MiB of floats
+  float *x = nullptr, *y = nullptr;
+  CK_OR_STOP(cudaMallocManaged(&x, n * sizeof(float)));
+  CK_OR_STOP(cudaMallocManaged(&y, n * sizeof(float)));
+  std::vector<float> want(n);
+  for (int i = 0; i < n; ++i) {
+    x[i] = 0.5f * static_cast<float>(i % 512);
+    y[i] = 2.0f;
+    want[i] = 3.0f * x[i] + 2.0f;
+  }
+  ivc_rtf_axpy<<<(n + 255) / 256, 256>>>(3.0f, x, y, n);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  EXPECT_SAME(y, want.data(), n);
+  for (int i = 0; i < n; i += 5003) {
+    y[i] = 1.0f;
+    want[i] = 1.0f;
+  }
+  for (int i = 0; i < n; ++i) want[i] += x[i];
+  ivc_rtf_axpy<<<(n + 255) / 256, 256>>>(1.0f, x, y, n);
+  CK(cudaDeviceSynchronize());
+  EXPECT_SAME(y, want.data(), n);
+
+  std::vector<float> back(n);
+  CK(cudaMemcpy(back.data(), y, n * sizeof(float), cudaMemcpyDefault));
+  EXPECT_SAME(back.data(), want.data(), n);
+  CK(cudaMemset(x, 0, n * sizeof(float)));
+  CK(cudaDeviceSynchronize());
+  std::vector<float> zeros(n, 0.0f);
+  EXPECT_SAME(x, zeros.data(), n);
+
+  cudaPointerAttributes attr{};
+  CK(cudaPointerGetAttributes(&attr, y + 10));
+  EXPECT(attr.type == cudaMemoryTypeManaged);
+  EXPECT(attr.devicePointer == y + 10 && attr.hostPointer == y + 10);
+
+  cudaMemLocation gpu{};
+  gpu.type = cudaMemLocationTypeDevice;
+  gpu.id = 0;
+  cudaMemLocation cpu{};
+  cpu.type = cudaMemLocationTypeHost;
+  CK(cudaMemAdvise(x, n * sizeof(float), cudaMemAdviseSetReadMostly, gpu));
+  int read_mostly = 0;
+  CK(cudaMemRangeGetAttribute(&read_mostly, sizeof read_mostly, cudaMemRangeAttributeReadMostly, x,
+                              n * sizeof(float)));
+  EXPECT(read_mostly == 1);
+  cudaStream_t s;
+  CK_OR_STOP(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < n; ++i) x[i] = 1.0f;
+  CK(cudaMemPrefetchAsync(x, n * sizeof(float), gpu, 0, s));
+  CK(cudaMemPrefetchAsync(y, n * sizeof(float), gpu, 0, s));
+  ivc_rtf_axpy<<<(n + 255) / 256, 256, 0, s>>>(-1.0f, x, y, n);
+  CK(cudaMemPrefetchAsync(y, n * sizeof(float), cpu, 0, s));
+  CK(cudaStreamSynchronize(s));
+  for (int i = 0; i < n; ++i) want[i] -= 1.0f;
+  EXPECT_SAME(y, want.data(), n);
+
+  // Attached to the host, then to one stream: its kernels, then the CPU once that stream is done.
+  int* z = nullptr;
+  CK_OR_STOP(cudaMallocManaged(&z, 4096 * sizeof(int), cudaMemAttachHost));
+  for (int i = 0; i < 4096; ++i) z[i] = i;
+  CK(cudaStreamAttachMemAsync(s, z, 0, cudaMemAttachSingle));
+  ivc_rtf_twice_plus<<<16, 256, 0, s>>>(z, 5, 4096);
+  CK(cudaStreamSynchronize(s));
+  std::vector<int> zwant(4096);
+  for (int i = 0; i < 4096; ++i) zwant[i] = 2 * i + 5;
+  EXPECT_SAME(z, zwant.data(), 4096);
+
+  CK(cudaStreamDestroy(s));
+  CK(cudaFree(z));
+  CK(cudaFree(x));
+  CK(cudaFree(y));
+}
+
 static void section_mempool() {
   int device = 0;
   CK(cudaGetDevice(&device));
@@ -612,7 +693,7 @@ static const Section kSections[] = {
     {"launch_first", section_launch_first}, {"params", section_params},   {"symbols", section_symbols},         {"streams", section_streams_events},
     {"host_func", section_host_func}, {"pinned", section_pinned},       {"mapped", section_mapped},
     {"mempool", section_mempool}, {"mempool_created", section_mempool_created}, {"graph", section_graph},             {"cooperative", section_cooperative},
-    {"printf", section_printf},
+    {"printf", section_printf}, {"managed", section_managed},
 };
 
 static bool listed(const std::string& list, const char* name) {
