@@ -684,6 +684,8 @@ int run_child(const std::string& ptx, const std::string& what, bool quick, const
   ::usleep(static_cast<useconds_t>(settle_ms) * 1000);
   if (what == "crowd") {
     c.crowd(gate);
+  } else if (what == "managed") {
+    c.managed();
   } else {
     c.null_round_trips();
     c.launch_rates();
@@ -1137,9 +1139,9 @@ int main(int argc, char** argv) {
   app.add_option("--only", only,
                  "run only these parts: solo (one process's figures), startup (after idle), starts (back-to-back, "
                  "burst, spread), crowd (8 processes), death (SIGKILL with work under way to memory back; only "
-                 "when named)")
+                 "when named), managed (solo's managed-memory figures alone; only when named)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"solo", "startup", "starts", "crowd", "death"}));
+      ->check(CLI::IsMember({"solo", "startup", "starts", "crowd", "death", "managed"}));
   app.add_option("--nvml-lib", nvml_lib, "the NVML the death part reads device memory with")->capture_default_str();
   app.add_option("--settle-ms", settle_ms,
                  "pause after connecting, before measuring (default 4000, --quick 0): ivcudad's next warm "
@@ -1163,7 +1165,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto named = [&](const char* p) { return std::find(only.begin(), only.end(), p) != only.end(); };
-  const bool kernels = only.empty() || named("solo") || named("crowd") || named("death");
+  const bool kernels = only.empty() || named("solo") || named("crowd") || named("death") || named("managed");
   if ((kernels && ptx.empty()) || lib.empty() || sock.empty() || daemon_log.empty()) {
     std::fprintf(stderr,
                  "ivcuda-bench: --ivcuda-lib, --socket, --daemon-log and (but for --only startup,starts) --ptx are "
@@ -1182,6 +1184,10 @@ int main(int argc, char** argv) {
   if (part("solo")) {
     nat = run_children(self, native, ptx, "solo", 1, quick, settle_ms);
     ivr = run_children(self, ivc, ptx, "solo", 1, quick, settle_ms);
+  }
+  if (!only.empty() && part("managed")) {
+    for (auto& [k, v] : run_children(self, native, ptx, "managed", 1, quick, settle_ms)) nat[k] = v;
+    for (auto& [k, v] : run_children(self, ivc, ptx, "managed", 1, quick, settle_ms)) ivr[k] = v;
   }
   if (part("startup")) {
     for (auto& [k, v] : run_startups(self, native, startup_runs, startup_gap_ms)) nat[k] = v;

@@ -7,7 +7,8 @@
 #   multi   several GPUs (run_multi_gpu.sh; nvidia-h200-x2)
 #   frameworks  PyTorch and JAX scripts native vs ivcuda (tests/frameworks/run_frameworks.sh)
 #   bench   ivcuda-bench: native vs ivcuda table, JSON and PNG (figures, not cases; the bench
-#           fails unless ivcudad's log shows each of its ivcuda children served, --daemon-log)
+#           fails unless ivcudad's log shows each of its ivcuda children served, --daemon-log);
+#           IVCUDA_BENCH_PARTS picks its parts (default solo,crowd; "managed" for those figures alone)
 #   startup ivcuda-bench's start-up figures (a program's start to its first result and exit,
 #           native vs ivcuda), with ivcudad's warm workers and without (--warm-workers 0),
 #           --shm-size 4G as in bench; and the workers' own start-up costs from ivcudad's log
@@ -180,7 +181,7 @@ for p in $parts; do
         >"$work/bench-ivcudad.log" 2>&1 &
       daemon=$!
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-      timeout 300 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" --only solo,crowd \
+      timeout 300 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" --only "${IVCUDA_BENCH_PARTS:-solo,crowd}" \
         --ivcuda-lib "$build/lib" --socket "$sock" --daemon-log "$work/bench-ivcudad.log" --json "$final/$tag.json" 2>&1 |
         tee "$final/$tag.txt"
       rc=$?
