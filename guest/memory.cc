@@ -477,6 +477,9 @@ CUresult dtoh_body(Runtime* rt, std::uint64_t ctx, void* dst, CUdeviceptr src, s
 // round trip, so that what the host refuses is answered at once.
 CUresult copy_dtod(Runtime* rt, std::uint64_t ctx, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s,
                    bool async) {
+  // Zero bytes are nothing to do, wherever they point (XLA copies its empty
+  // buffers, at address 0); the driver does not look at the pointers either.
+  if (n == 0) return CUDA_SUCCESS;
   if (ivcuda::guest::managed::any()) {
     if (CUresult st = ivcuda::guest::managed::device_use(rt, src, n, false); st != CUDA_SUCCESS) return st;
     if (CUresult st = ivcuda::guest::managed::device_use(rt, dst, n, true); st != CUDA_SUCCESS) return st;
@@ -513,6 +516,7 @@ CUresult memset_any(CUdeviceptr d, unsigned value, unsigned elem, size_t pitch, 
   NEED_RT();
   NEED_CTX();
   if (async && !known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
+  if (width == 0 || height == 0) return CUDA_SUCCESS;  // nothing to set (as copy_dtod)
   proto::ReqMemset r{};
   r.ctx = ctx;
   r.stream = h(s);

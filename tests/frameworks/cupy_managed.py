@@ -16,10 +16,10 @@ print(f"fft |X0|: {float(cp.abs(cp.fft.fft(a[0]))[0]):.6e}")
 print(f"elementwise sum: {float((a * a + 1).sum()):.6e}")
 
 n = 3 << 20
-mem = cp.cuda.malloc_managed(n * 4)
-host = np.ctypeslib.as_array(ctypes.cast(mem.ptr, ctypes.POINTER(ctypes.c_float)), (n,))
+ptr = cp.cuda.malloc_managed(n * 4)  # a MemoryPointer; ptr.mem is the ManagedMemory
+host = np.ctypeslib.as_array(ctypes.cast(ptr.ptr, ctypes.POINTER(ctypes.c_float)), (n,))
 host[:] = np.arange(n, dtype=np.float32) % 1000
-dev = cp.ndarray((n,), cp.float32, cp.cuda.MemoryPointer(mem, 0))
+dev = cp.ndarray((n,), cp.float32, ptr)
 dev *= 2
 dev += 1
 cp.cuda.Device().synchronize()
@@ -27,8 +27,8 @@ print(f"managed buffer after the kernels: sum {float(host.astype(np.float64).sum
       f"host[999] {host[999]:.1f}")
 host[::4096] = -1.0
 print(f"kernel sees the CPU's writes: {float(dev.sum()):.6e}")
-for what, call in (("prefetch", lambda: mem.prefetch(cp.cuda.Stream.null)),
-                   ("advise", lambda: mem.advise(cp.cuda.runtime.cudaMemAdviseSetReadMostly, cp.cuda.Device()))):
+for what, call in (("prefetch", lambda: ptr.mem.prefetch(cp.cuda.Stream.null)),
+                   ("advise", lambda: ptr.mem.advise(cp.cuda.runtime.cudaMemAdviseSetReadMostly, cp.cuda.Device()))):
     try:
         call()
         print(f"{what}: ok")

@@ -117,6 +117,7 @@ drv_cases=(
   "drv_graph_build: graphs built node by node, queried, launched, updated, cloned; forged handles|drv_graph_build --ptx $ptx --limits"
   "drv_link: relocatable PTX linked at run time (data and file), loaded, launched; unresolved and bad inputs|drv_link --dir $(dirname "$ptx")"
   "drv_managed: managed memory the CPU and kernels take turns on, copies, threads, graphs, advice, attach|drv_managed --ptx $ptx"
+  "drv_batches: batches of 1D and 3D copies (pointers, arrays, pitches), the failing index, refusals|drv_batches"
 )
 # Runtime-API programs, each in its static and its shared cudart build: "program|what it shows".
 rt_kinds=(static shared)

@@ -102,6 +102,29 @@ int main(int argc, char** argv) {
   const CUresult sync = cuCtxSynchronize();
   EXPECT(r != CUDA_SUCCESS || sync != CUDA_SUCCESS);
   OK(cuCtxSynchronize());  // reported once, not sticky
+  // Zero-byte copies and memsets at null or at memory nobody allocated (XLA issues them for
+  // empty buffers): the answers, and what the next synchronisations report. The GPU suite
+  // compares these lines with the driver's.
+  CUstream zs;
+  OK(cuStreamCreate(&zs, CU_STREAM_NON_BLOCKING));
+  const struct {
+    const char* what;
+    CUresult r;
+  } zero[] = {
+      {"cuMemcpyDtoDAsync(0, 0, 0)", cuMemcpyDtoDAsync(0, 0, 0, zs)},
+      {"cuMemcpyDtoD(0, 0, 0)", cuMemcpyDtoD(0, 0, 0)},
+      {"cuMemcpyDtoDAsync(p, 0x80, 0)", cuMemcpyDtoDAsync(p, 0x80, 0, zs)},
+      {"cuMemcpyHtoDAsync(0, host, 0)", cuMemcpyHtoDAsync(0, h.data(), 0, zs)},
+      {"cuMemcpyDtoHAsync(host, 0, 0)", cuMemcpyDtoHAsync(h.data(), 0, 0, zs)},
+      {"cuMemcpyAsync(0, 0, 0)", cuMemcpyAsync(0, 0, 0, zs)},
+      {"cuMemsetD8Async(0x80, 0, 0)", cuMemsetD8Async(0x80, 0, 0, zs)},
+      {"cuMemsetD32(0, 0, 0)", cuMemsetD32(0, 0, 0)},
+  };
+  for (const auto& z : zero) std::printf("zero bytes: %s -> %s\n", z.what, check::name(z.r));
+  const CUresult zsync = cuStreamSynchronize(zs);
+  std::printf("zero bytes: then cuStreamSynchronize -> %s, cuCtxSynchronize -> %s\n", check::name(zsync),
+              check::name(cuCtxSynchronize()));
+  OK(cuStreamDestroy(zs));
   OK(cuMemFree(p));
   if (fault && ptx != nullptr) {
     // A kernel that writes through a wild pointer: the launch is posted;
