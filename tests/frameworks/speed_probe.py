@@ -18,6 +18,7 @@ import cProfile
 import io
 import os
 import pstats
+import resource
 import statistics
 import sys
 import time
@@ -98,6 +99,7 @@ def prefill():
         ids = torch.randint(0, 32000, (1, 16), device="cuda")
         t0 = time.perf_counter()
         prof = cProfile.Profile() if os.environ.get("SPEED_PROBE_PROFILE") else None
+        ru0, th0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
         if prof:
             prof.enable()
         out = model.generate(ids, max_new_tokens=16, do_sample=False)
@@ -105,6 +107,16 @@ def prefill():
         if prof:
             prof.disable()
         fig("prefill.generate_1x16", time.perf_counter() - t0, "s")
+        # Where the time went, coarsely: the calling thread's CPU time, the process's user and
+        # system time, its context switches and page faults, and its threads.
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        fig("prefill.generate_thread_cpu", time.thread_time() - th0, "s")
+        fig("prefill.generate_user_cpu", ru1.ru_utime - ru0.ru_utime, "s")
+        fig("prefill.generate_sys_cpu", ru1.ru_stime - ru0.ru_stime, "s")
+        fig("prefill.generate_minor_faults", ru1.ru_minflt - ru0.ru_minflt, "")
+        fig("prefill.generate_voluntary_switches", ru1.ru_nvcsw - ru0.ru_nvcsw, "")
+        fig("prefill.generate_involuntary_switches", ru1.ru_nivcsw - ru0.ru_nivcsw, "")
+        fig("prefill.threads", len(os.listdir("/proc/self/task")), "")
         if prof:
             # Where generate's time went, by function's own time (PROF lines; not compared).
             text = io.StringIO()

@@ -109,7 +109,7 @@ for p in $parts; do
       for k in native ivcuda; do
         echo "== generate under cProfile, $name, $k"
         grep "^FIG prefill" "$work/profile-$name.$k"
-        sed -n 's/^PROF //p' "$work/profile-$name.$k" | sed -n '4,12p'
+        sed -n 's/^PROF //p' "$work/profile-$name.$k" | sed -n '4,22p'
       done
       grep "FAILED" "$work/profile-$name.errors" 2>/dev/null | sed 's/^/  /'
     done
