@@ -1,4 +1,5 @@
 #include "guest/call_stats.h"
+#include "guest/compile_cache.h"
 #include "guest/guard.h"
 
 #include <unistd.h>
@@ -173,6 +174,10 @@ std::uint64_t g_start_ns = now_ns();  // the library's load, about the process's
       std::fprintf(out, "ivcuda: %-36s %10llu %12.2f %12.2f\n", name.c_str(), static_cast<unsigned long long>(v.first),
                    v.first == 0 ? 0.0 : static_cast<double>(v.second) / 1e3 / static_cast<double>(v.first),
                    static_cast<double>(v.second) / 1e6);
+    const auto cc = compile_cache::counts();
+    std::fprintf(out, "ivcuda: process %d: compile cache (NVRTC, nvJitLink): %llu lookups, %llu hits, %llu bytes stored\n",
+                 static_cast<int>(::getpid()), static_cast<unsigned long long>(cc.lookups),
+                 static_cast<unsigned long long>(cc.hits), static_cast<unsigned long long>(cc.stored_bytes));
     if (to_file) std::fclose(out);
   } catch (...) {
   }

@@ -57,7 +57,10 @@ CUresult batch(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count
   size_t k = 0;
   for (size_t i = 0; i < count; ++i) {
     while (k + 1 < nattrs && idxs[k + 1] <= i) ++k;
-    if (sizes[i] == 0) continue;
+    if (sizes[i] == 0) {  // the driver refuses a zero-size copy in a batch (measured on the H200)
+      if (fail != nullptr) *fail = i;
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     if (CUresult st = cuMemcpyAsync(dsts[i], srcs[i], sizes[i], s); st != CUDA_SUCCESS) {
       if (fail != nullptr) *fail = i;
       return st;

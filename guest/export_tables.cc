@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "guest/compile_cache.h"
 #include "guest/export_hooks.h"
 #include "guest/md2.h"
 
@@ -60,8 +61,9 @@ constexpr Uuid kIntegrityCheckId = uuid("d4082055bde6704b8d34ba123c66e1f2");
 constexpr Uuid kContextStreamIdsId = uuid("21318c60971432488ca641ff7324c8f2");
 constexpr Uuid kModuleEnumerationId = uuid("6e163fbeb958444d835ce182aff1991e");
 constexpr Uuid kLtMatmulHooksId = uuid("1734dc26800d47458726c0f1e7dd8bca");
-// Refused on purpose, without a log line: the callers cope (see the contracts).
+// NVRTC's and nvJitLink's compile cache (guest/compile_cache.h).
 constexpr Uuid kNvrtcCacheId = uuid("da9151d33ae6cc41a5c04f26d533e328");
+// Refused on purpose, without a log line: the callers cope (see the contracts).
 constexpr Uuid kLoggerId = uuid("f8cff95121468b4eb9e2fb469e7c0dd9");
 // Asked for by NVIDIA's libnvidia-ml.so.1 when it is loaded next to this
 // library; undocumented (no contract describes its slots). It is NVML's
@@ -304,6 +306,7 @@ struct Tables {
   Table<slots_of<0x2e8>()> context_stream_ids{};
   Table<slots_of<0x318>()> module_enumeration{};
   Table<slots_of<0x88>()> lt_matmul_hooks{};
+  Table<slots_of<0x38>()> compile_cache{};
 
   Tables() {
     set_size(cudart_interface);
@@ -341,6 +344,14 @@ struct Tables {
     set_size(lt_matmul_hooks);
     lt_matmul_hooks[4] = slot(lt_matmul_handles);
     lt_matmul_hooks[13] = slot(lt_matmul_step);
+
+    set_size(compile_cache);
+    compile_cache[1] = slot(compile_cache::open);
+    compile_cache[2] = slot(compile_cache::close);
+    compile_cache[3] = slot(compile_cache::lookup);
+    compile_cache[4] = slot(compile_cache::store);
+    compile_cache[5] = slot(compile_cache::unknown5);
+    compile_cache[6] = slot(compile_cache::release);
   }
 
   const void* find(const Uuid& id) const noexcept {
@@ -357,6 +368,7 @@ struct Tables {
         {kContextStreamIdsId, context_stream_ids.data()},
         {kModuleEnumerationId, module_enumeration.data()},
         {kLtMatmulHooksId, lt_matmul_hooks.data()},
+        {kNvrtcCacheId, compile_cache.data()},
     };
     for (const auto& k : known)
       if (k.id == id) return k.table;
@@ -426,7 +438,7 @@ CUresult integrity_answer(std::uint32_t version, std::uint64_t unix_time, std::u
   });
 }
 
-bool refused_quietly(const Uuid& id) noexcept { return id == kNvrtcCacheId || id == kLoggerId; }
+bool refused_quietly(const Uuid& id) noexcept { return id == kLoggerId; }
 
 // One line per unknown UUID, naming the library that asked, so that the next
 // table a library needs is easy to find.

@@ -1,7 +1,8 @@
 // NVRTC through the guest libcuda.so.1: a kernel compiled at run time to PTX and to a CUBIN
 // for the device's architecture, each loaded with cuModuleLoadData (driver API), launched
 // with cuLaunchKernel and checked against a CPU reference, with a __device__ counter read
-// through cuModuleGetGlobal. The kernel's name is one the GPU test double has a CPU version
+// through cuModuleGetGlobal; then both compiled again, which must give the same images (NVRTC
+// may take them from libcuda's compile cache, guest/compile_cache.h). The kernel's name is one the GPU test double has a CPU version
 // of (tests/gpu_double/kernels.cc), so CI checks its results too; a flow-only run changes
 // nothing here.
 #include <cuda.h>
@@ -126,5 +127,12 @@ int main(int argc, char** argv) {
   const std::vector<char> cubin = compile("sm_" + cc, true);
   EXPECT(cubin.size() > 4 && cubin[0] == 0x7f && cubin[1] == 'E');
   if (cubin.size() > 4) run_image(cubin, "CUBIN for the device's architecture");
+  // The same program again (libraries such as cuDNN compile the same kernels over and over):
+  // NVRTC may take it from libcuda's compile cache; the images are the same either way.
+  const std::vector<char> ptx2 = compile("compute_" + cc, false);
+  const std::vector<char> cubin2 = compile("sm_" + cc, true);
+  EXPECT(ptx2 == ptx);
+  EXPECT(cubin2 == cubin);
+  if (cubin2.size() > 4) run_image(cubin2, "the same CUBIN compiled again");
   return libcheck::finish(kName);
 }

@@ -136,10 +136,10 @@ preload_case=1
 [ -n "${IVCUDA_SANITIZE:-}" ] && preload_case=0
 # Every row of the tables; each runtime program, rt_features' list and its sections in both
 # builds; each library; and the cases written out one by one below: four call-log pairs (8),
-# drv_core preloaded (unless a sanitizer build), drv_host_polls --off, and five about guests,
-# workers and the daemon.
+# drv_core preloaded (unless a sanitizer build), drv_host_polls --off, five about guests,
+# workers and the daemon, and two about NVRTC's compile cache.
 expect_cases $((${#drv_cases[@]} + ${#rt_kinds[@]} * (${#rt_programs[@]} + 1 + ${#rt_sections[@]}) + ${#libs[@]} \
-  + 8 + preload_case + 1 + 5))
+  + 8 + preload_case + 1 + 5 + 2))
 
 for entry in "${drv_cases[@]}"; do
   read -ra cmd <<<"${entry#*|}"
@@ -245,6 +245,20 @@ for p in "${libs[@]}"; do
   # shellcheck disable=SC2086 # no flag is no word
   case_ivcuda "$p ${libs_flow:-(results compared)}" "$rt_env_preload" "$rt_env_path" -- "$bin/$p" $libs_flow
 done
+# NVRTC's compile cache in the guest (guest/compile_cache.h): lib_nvrtc compiles its program a
+# second time, and NVRTC takes both stages from the cache (IVCUDA_CALL_STATS counts the hits).
+if [ -x "$bin/lib_nvrtc" ]; then
+  rm -f "$work/nvrtc.stats"
+  # shellcheck disable=SC2086 # no flag is no word
+  case_ivcuda "lib_nvrtc, to count the compile cache's hits" "$rt_env_path" IVCUDA_CALL_STATS="$work/nvrtc.stats" -- \
+    "$bin/lib_nvrtc" $libs_flow
+  hits=$(sed -n 's/.*compile cache (NVRTC, nvJitLink): [0-9]* lookups, \([0-9]*\) hits.*/\1/p' "$work/nvrtc.stats" 2>/dev/null)
+  [ "${hits:-0}" -ge 2 ]
+  verdict "NVRTC compiles a program again from the guest's compile cache (${hits:-no} hits)" $?
+else
+  not_run "lib_nvrtc, to count the compile cache's hits" "not built"
+  not_run "NVRTC compiles a program again from the guest's compile cache" "not built"
+fi
 if [ -n "$libs_flow" ]; then
   kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null
   start_daemon

@@ -2,12 +2,13 @@
 // swapping uses them:
 //   1D   host-to-device, device-to-device and device-to-host copies in one
 //        batch under two attribute sets (stream order, during the call);
-//        page-locked and pageable host memory; a zero-size entry; the first
+//        page-locked and pageable host memory; the first
 //        ABI's failing index for a copy that runs past its allocation;
 //   3D   pointer to pointer with row and layer pitches, pointer to array and
 //        back, an array offset;
 //   refusals  the legacy stream, no attributes, a first index that is not 0,
-//        a bad access order or flag, a zero extent, an unknown operand type.
+//        a bad access order or flag, a zero-size copy, a zero extent, an unknown
+//        operand type.
 // It prints the answers, which must be the same natively and through ivcuda.
 //
 //   drv_batches
@@ -42,21 +43,22 @@ void one_d(CUstream s) {
   OK(cuMemAlloc(&d0, n));
   OK(cuMemAlloc(&d1, n));
   void* pinned = nullptr;
+  const int failed = check::g_failures;
   OK(cuMemAllocHost(&pinned, n));
-  if (check::g_failures != 0) return;
+  if (check::g_failures != failed) return;
   std::vector<unsigned char> a(n), b(n), back(n, 0), back2(n, 0);
   std::iota(a.begin(), a.end(), 0);
   for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(i * 7 + 3);
   std::memcpy(pinned, b.data(), n);
-  // Batch 1: a -> d0 (pageable, stream order), pinned -> d1 (during the call), zero bytes.
-  CUdeviceptr dsts[] = {d0, d1, d0};
-  CUdeviceptr srcs[] = {ptr(a.data()), ptr(pinned), ptr(a.data())};
-  size_t sizes[] = {n, n, 0};
+  // Batch 1: a -> d0 (pageable, stream order), pinned -> d1 (during the call).
+  CUdeviceptr dsts[] = {d0, d1};
+  CUdeviceptr srcs[] = {ptr(a.data()), ptr(pinned)};
+  size_t sizes[] = {n, n};
   CUmemcpyAttributes attrs[] = {attr(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM),
                                 attr(CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL,
                                      CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)};
   size_t idxs[] = {0, 1};
-  OK(cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 3, attrs, idxs, 2, s));
+  OK(cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, attrs, idxs, 2, s));
   std::memset(pinned, 0, n);  // allowed: the call read it already
   // Batch 2: d0 -> d1's second half (device to device), both back to the host.
   CUdeviceptr dsts2[] = {d1 + n / 2, ptr(back.data()), ptr(back2.data())};
@@ -104,8 +106,9 @@ void three_d(CUstream s) {
   ad.Format = CU_AD_FORMAT_FLOAT;
   ad.NumChannels = 1;
   CUarray arr = nullptr;
+  const int failed = check::g_failures;
   OK(cuArray3DCreate(&arr, &ad));
-  if (check::g_failures != 0) return;
+  if (check::g_failures != failed) return;
   CUDA_MEMCPY3D_BATCH_OP op{};
   op.src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
   op.src.op.ptr.ptr = ptr(vol.data());
@@ -152,7 +155,7 @@ void refusals(CUstream s) {
   OK(cuMemAlloc(&d, 4096));
   std::vector<unsigned char> h(4096, 1);
   CUdeviceptr dst = d, src = ptr(h.data());
-  size_t size = 4096, idx0 = 0, idx1 = 1;
+  size_t size = 4096, zero_size = 0, idx0 = 0, idx1 = 1;
   CUmemcpyAttributes ok = attr(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
   CUmemcpyAttributes bad_order = attr(CU_MEMCPY_SRC_ACCESS_ORDER_INVALID);
   CUmemcpyAttributes bad_flag = attr(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, 0x40);
@@ -166,6 +169,7 @@ void refusals(CUstream s) {
       {"an invalid access order", cuMemcpyBatchAsync_v2(&dst, &src, &size, 1, &bad_order, &idx0, 1, s)},
       {"an unknown flag", cuMemcpyBatchAsync_v2(&dst, &src, &size, 1, &bad_flag, &idx0, 1, s)},
       {"no copies", cuMemcpyBatchAsync_v2(&dst, &src, &size, 0, &ok, &idx0, 1, s)},
+      {"a zero-size copy", cuMemcpyBatchAsync_v2(&dst, &src, &zero_size, 1, &ok, &idx0, 1, s)},
   };
   for (const auto& a : answers) {
     std::printf("refused 1D batch, %s: %s\n", a.what, check::name(a.r));
