@@ -145,11 +145,14 @@ CUresult Worker::on_Memset(Call& c) {
   } else {
     extent = row_bytes;
   }
-  if (extent != 0 && !owns_device(r.dptr, extent)) return CUDA_ERROR_INVALID_VALUE;
   CUstream s = nullptr;
   const bool async = (r.flags & kAsync) != 0;
   if (async)
     if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  // Into a capture, a placeholder range is recorded, as the driver records it.
+  if (extent != 0 && !owns_device(r.dptr, extent) &&
+      !(async && placeholder_range(r.dptr, extent) && capturing(s)))
+    return CUDA_ERROR_INVALID_VALUE;
   const auto v8 = static_cast<unsigned char>(r.value);
   const auto v16 = static_cast<unsigned short>(r.value);
   if (!two_d) {

@@ -100,6 +100,7 @@ Result<void> Worker::init() {
     env_note += (env_note.empty() ? "" : " ") + kv;
   }
   if (!env_note.empty()) IVLOG_INFO("guest %u: the driver loads with %s", cfg_.guest_id, env_note.c_str());
+  reserve_null_region();  // before the driver places anything
   IVCUDA_TRY_ASSIGN(cu_, load_driver(cfg_.driver_path));
   const auto t_init = std::chrono::steady_clock::now();
   CUresult st = cu_.cuInit(0);

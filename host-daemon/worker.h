@@ -399,6 +399,16 @@ class Worker {
   CUresult use_ctx(std::uint64_t h, CtxEntry** out = nullptr);
   CUresult resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* out);
   bool owns_device(std::uint64_t addr, std::uint64_t len) const;
+  // [0, null_end_) holds nothing of this process: below the kernel's lowest
+  // mapping address, then reserved PROT_NONE before the driver loaded (0: the
+  // reservation failed). A range inside it is a placeholder: work recorded
+  // there (a capture, a graph's memset node) faults the guest's own context
+  // when it runs, as a null pointer does natively, and touches nothing.
+  std::uint64_t null_end_ = 0;
+  void reserve_null_region() noexcept;
+  bool placeholder_range(std::uint64_t addr, std::uint64_t len) const noexcept;
+  // Is stream `s` capturing (so that what is given to it is recorded, not run)?
+  bool capturing(CUstream s);
   bool spans_mappings(std::map<std::uint64_t, DevRange>::const_iterator first, std::uint64_t addr,
                       std::uint64_t len) const;
   // memops.cc: stream memory operations from the wire, their addresses checked.

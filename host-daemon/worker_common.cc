@@ -6,6 +6,7 @@
 // graphs.cc, peer.cc, hostfunc.cc. Each works on a private copy of the
 // request (Call), validates every handle, address, offset and length against
 // what this guest owns, and only then calls the driver.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -57,6 +58,39 @@ CUresult Worker::resolve_stream(std::uint64_t ctx, std::uint64_t h, CUstream* ou
   order_after_copies(*s);  // memory.cc: after the synchronous copies posted before
   *out = s->real;
   return CUDA_SUCCESS;
+}
+
+// XLA records command buffers with placeholder buffers at small addresses (a
+// memset at 0x80 into a capturing stream) and updates them before they run;
+// the driver records such work without looking at the address. The worker
+// records it too, as long as the range holds nothing of its own: the low
+// gigabyte, reserved here before the driver loads (so neither the driver's
+// device ranges nor any host mapping can land there).
+void Worker::reserve_null_region() noexcept {
+  constexpr std::uint64_t kEnd = std::uint64_t{1} << 30;
+  for (std::uint64_t lo : {std::uint64_t{64} << 10, std::uint64_t{1} << 20, std::uint64_t{16} << 20}) {
+    void* want = reinterpret_cast<void*>(lo);
+    void* got = ::mmap(want, kEnd - lo, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                       -1, 0);
+    if (got == want) {
+      null_end_ = kEnd;
+      return;
+    }
+    if (got != MAP_FAILED) ::munmap(got, kEnd - lo);  // an old kernel took it as a hint
+    if (got != MAP_FAILED || errno != EPERM) break;   // EPERM: below the kernel's lowest address; try higher
+  }
+  IVLOG_INFO("guest %u: the low gigabyte could not be reserved: work at placeholder addresses is refused",
+             cfg_.guest_id);
+}
+
+bool Worker::placeholder_range(std::uint64_t addr, std::uint64_t len) const noexcept {
+  std::uint64_t end = 0;
+  return null_end_ != 0 && len != 0 && !__builtin_add_overflow(addr, len, &end) && end <= null_end_;
+}
+
+bool Worker::capturing(CUstream s) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  return cu_.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
 bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {

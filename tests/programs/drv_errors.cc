@@ -124,6 +124,25 @@ int main(int argc, char** argv) {
   const CUresult zsync = cuStreamSynchronize(zs);
   std::printf("zero bytes: then cuStreamSynchronize -> %s, cuCtxSynchronize -> %s\n", check::name(zsync),
               check::name(cuCtxSynchronize()));
+  // A memset recorded into a capture at a placeholder address (XLA traces command buffers so,
+  // with buffers at small addresses, and updates the graph before it runs): recorded, as the
+  // driver records it; the graph is never launched.
+  OK(cuStreamBeginCapture(zs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  const CUresult placeholder = cuMemsetD8Async(0x80, 0, 802816, zs);
+  CUgraph zg = nullptr;
+  const CUresult ended = cuStreamEndCapture(zs, &zg);
+  std::printf("capture: a memset at placeholder 0x80 -> %s, end of capture -> %s\n", check::name(placeholder),
+              check::name(ended));
+  if (zg != nullptr) OK(cuGraphDestroy(zg));
+  if (forged) {
+    // Through ivcuda only: outside the placeholder region the worker refuses it, capture or not
+    // (the driver would record it; the worker never records work at memory it does not own).
+    OK(cuStreamBeginCapture(zs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemsetD8Async(0x7f0000001000ull, 0, 4096, zs));
+    zg = nullptr;
+    (void)cuStreamEndCapture(zs, &zg);
+    if (zg != nullptr) OK(cuGraphDestroy(zg));
+  }
   OK(cuStreamDestroy(zs));
   OK(cuMemFree(p));
   if (fault && ptx != nullptr) {
