@@ -16,6 +16,9 @@ namespace ivcuda::guest {
 // Counts one failed call of `function` (IVCUDA_LOG_ERRORS; no-op without it).
 void note_error(const char* function, CUresult st) noexcept;
 bool log_errors_enabled() noexcept;
+// The driver's error log (cuLogs*, guest/logs.cc): in use once a program asked for it.
+bool logs_enabled() noexcept;
+void logs_note_error(const char* function, CUresult st) noexcept;
 
 namespace call_stats {
 // IVCUDA_CALL_STATS also times each outermost API call from entry to return
@@ -56,8 +59,10 @@ CUresult guard(F&& f, std::source_location where = std::source_location::current
     st = guarded_body(f);
   }
   // NOT_READY is an answer, not a failure (cuStreamQuery, cuEventQuery).
-  if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY && log_errors_enabled())
-    note_error(where.function_name(), st);
+  if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY) {
+    if (log_errors_enabled()) note_error(where.function_name(), st);
+    if (logs_enabled()) logs_note_error(where.function_name(), st);
+  }
   return st;
 }
 

@@ -144,6 +144,39 @@ int main(int argc, char** argv) {
     if (zg != nullptr) OK(cuGraphDestroy(zg));
   }
   OK(cuStreamDestroy(zs));
+  // GPU core dump settings, as a driver reads them by default; the error log's entry points.
+  bool on_exception = true, trigger_host = false, lightweight = true;
+  int gen_flags = -1;
+  char file[1024] = {};
+  size_t bsz = sizeof(bool), isz = sizeof(int), fsz = sizeof file;
+  OK(cuCoredumpGetAttribute(CU_COREDUMP_ENABLE_ON_EXCEPTION, &on_exception, &bsz));
+  OK(cuCoredumpGetAttribute(CU_COREDUMP_TRIGGER_HOST, &trigger_host, &bsz));
+  OK(cuCoredumpGetAttributeGlobal(CU_COREDUMP_LIGHTWEIGHT, &lightweight, &bsz));
+  OK(cuCoredumpGetAttribute(CU_COREDUMP_GENERATION_FLAGS, &gen_flags, &isz));
+  OK(cuCoredumpGetAttribute(CU_COREDUMP_FILE, file, &fsz));
+  std::printf("core dumps: on exception %d, trigger host %d, lightweight %d, flags %d, file core.cuda.*: %s\n",
+              on_exception, trigger_host, lightweight, gen_flags, std::strncmp(file, "core.cuda.", 10) == 0 ? "yes" : "no");
+  CUlogIterator it = 0;
+  OK(cuLogsCurrent(&it, 0));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuLogsCurrent(&it, 1));
+  if (forged) {
+    // Through ivcuda: core dumps stay off, and a failed call is in the log and its callback.
+    bool yes = true;
+    EXPECT_RES(CUDA_ERROR_NOT_PERMITTED, cuCoredumpSetAttribute(CU_COREDUMP_ENABLE_ON_EXCEPTION, &yes, &bsz));
+    bool no = false;
+    OK(cuCoredumpSetAttributeGlobal(CU_COREDUMP_ENABLE_ON_EXCEPTION, &no, &bsz));
+    static int seen = 0;
+    CUlogsCallbackHandle cb = nullptr;
+    OK(cuLogsRegisterCallback([](void*, CUlogLevel, char*, size_t) { ++seen; }, nullptr, &cb));
+    CUdeviceptr none = 0;
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemAlloc(&none, 0));
+    char logbuf[4096];
+    size_t logsz = sizeof logbuf;
+    OK(cuLogsDumpToMemory(&it, logbuf, &logsz, 0));
+    EXPECT(logsz > 0 && std::strstr(logbuf, "cuMemAlloc") != nullptr && seen == 1);
+    OK(cuLogsUnregisterCallback(cb));
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuLogsUnregisterCallback(cb));
+  }
   OK(cuMemFree(p));
   if (fault && ptx != nullptr) {
     // A kernel that writes through a wild pointer: the launch is posted;
