@@ -153,39 +153,3 @@ CUresult CUDAAPI cuLinkAddFile(CUlinkState s, CUjitInputType type, const char* p
   return cuLinkAddFile_v2(s, type, path, n, opts, vals);
 }
 
-// ---- stream memory operations' first generation (the same arguments; guest/memops.cc)
-extern "C" CUresult CUDAAPI cuStreamWaitValue32_v2_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-extern "C" CUresult CUDAAPI cuStreamWriteValue32_v2_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-extern "C" CUresult CUDAAPI cuStreamWaitValue64_v2_ptsz(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-extern "C" CUresult CUDAAPI cuStreamWriteValue64_v2_ptsz(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-extern "C" CUresult CUDAAPI cuStreamBatchMemOp_v2_ptsz(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
-CUresult CUDAAPI cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-  return cuStreamWaitValue32_v2(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-  return cuStreamWriteValue32_v2(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamWaitValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-  return cuStreamWaitValue64_v2(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamWriteValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-  return cuStreamWriteValue64_v2(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamBatchMemOp(CUstream s, unsigned int n, CUstreamBatchMemOpParams* p, unsigned int f) {
-  return cuStreamBatchMemOp_v2(s, n, p, f);
-}
-CUresult CUDAAPI cuStreamWaitValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-  return cuStreamWaitValue32_v2_ptsz(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamWriteValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-  return cuStreamWriteValue32_v2_ptsz(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamWaitValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-  return cuStreamWaitValue64_v2_ptsz(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamWriteValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-  return cuStreamWriteValue64_v2_ptsz(s, a, v, f);
-}
-CUresult CUDAAPI cuStreamBatchMemOp_ptsz(CUstream s, unsigned int n, CUstreamBatchMemOpParams* p, unsigned int f) {
-  return cuStreamBatchMemOp_v2_ptsz(s, n, p, f);
-}

@@ -111,9 +111,9 @@ CUresult cuLogsUnregisterCallback(CUlogsCallbackHandle h) {
   });
 }
 
-CUresult cuLogsCurrent(CUlogIterator* out, unsigned int flags) {
+CUresult cuLogsCurrent(CUlogIterator* out, unsigned int /*flags: the driver ignores them*/) {
   return guard([&] {
-    if (out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     g_used.store(true, std::memory_order_relaxed);
     Log& l = log();
     std::lock_guard lk(l.mu);

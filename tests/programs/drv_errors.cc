@@ -154,13 +154,15 @@ int main(int argc, char** argv) {
   OK(cuCoredumpGetAttributeGlobal(CU_COREDUMP_LIGHTWEIGHT, &lightweight, &bsz));
   OK(cuCoredumpGetAttribute(CU_COREDUMP_GENERATION_FLAGS, &gen_flags, &isz));
   OK(cuCoredumpGetAttribute(CU_COREDUMP_FILE, file, &fsz));
-  std::printf("core dumps: on exception %d, trigger host %d, lightweight %d, flags %d, file core.cuda.*: %s\n",
-              on_exception, trigger_host, lightweight, gen_flags, std::strncmp(file, "core.cuda.", 10) == 0 ? "yes" : "no");
+  std::printf("core dumps: on exception %d, trigger host %d, lightweight %d, flags %d\n", on_exception, trigger_host,
+              lightweight, gen_flags);
   CUlogIterator it = 0;
   OK(cuLogsCurrent(&it, 0));
-  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuLogsCurrent(&it, 1));
+  OK(cuLogsCurrent(&it, 1));  // the driver ignores the reserved flags (measured on the H200)
   if (forged) {
-    // Through ivcuda: core dumps stay off, and a failed call is in the log and its callback.
+    // Through ivcuda: core dumps stay off (the default file is named as the driver documents
+    // it), and a failed call is in the log and its callback.
+    EXPECT(std::strncmp(file, "core.cuda.", 10) == 0);
     bool yes = true;
     EXPECT_RES(CUDA_ERROR_NOT_PERMITTED, cuCoredumpSetAttribute(CU_COREDUMP_ENABLE_ON_EXCEPTION, &yes, &bsz));
     bool no = false;
