@@ -37,7 +37,7 @@ guest=
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/processes.sh
 . "$(dirname "$0")/../lib/processes.sh"
-expect_cases 7
+expect_cases 8
 cleanup() {
   [ -n "$guest" ] && kill -9 "$guest" 2>/dev/null
   [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
@@ -94,6 +94,17 @@ rows=$(grep -Ec '^\| [0-9] +[0-9]+  ' "$work/smi")
 [ $src -eq 0 ] && [ "$third" = "$first" ] && [ "$rows" -eq 1 ] && grep -Eq "^\| 0 +$smi_pid  ivcuda-smi " "$work/smi" &&
   ! grep -Eq "^\| 0 +$leaver " "$work/smi" || { echo "served by ${third:-?}"; cat "$work/smi"; false; }
 verdict "NVML through a recycled worker lists the guest alone, not the last one" $?
+
+# 3b. What a worker set up for its first guest holds for the next: the reserved low gigabyte in
+# which a capture may record placeholder memsets (XLA's), drv_errors' capture case.
+wait_recycled 3
+mark=$(log_mark "$log")
+through "$bin/drv_errors" --ptx "$ptx" >"$work/errors" 2>&1
+erc=$?
+fourth=$(worker_after "$mark")
+[ $erc -eq 0 ] && [ "$fourth" = "$first" ] && grep -q "placeholder 0x80 -> CUDA_SUCCESS" "$work/errors" ||
+  { echo "served by ${fourth:-?}"; cat "$work/errors"; false; }
+verdict "a recycled worker records a placeholder memset into a capture, as its first guest's could" $?
 
 # 4. Another user's guest: never the worker recycled for this one.
 wait_recycled 3

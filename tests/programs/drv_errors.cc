@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
   const CUresult ended = cuStreamEndCapture(zs, &zg);
   std::printf("capture: a memset at placeholder 0x80 -> %s, end of capture -> %s\n", check::name(placeholder),
               check::name(ended));
+  EXPECT(placeholder == CUDA_SUCCESS && ended == CUDA_SUCCESS);
   if (zg != nullptr) OK(cuGraphDestroy(zg));
   if (forged) {
     // Through ivcuda only: outside the placeholder region the worker refuses it, capture or not
