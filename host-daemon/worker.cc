@@ -915,6 +915,7 @@ Result<std::unique_ptr<Worker>> Worker::successor(const NextGuest& next) {
   w->console_rd_ = std::move(console_rd_);
   w->broker_ = std::move(broker_);
   w->driver_capture_mode_ = driver_capture_mode_;
+  w->null_end_ = null_end_;  // the reservation stays in this process (reserve_null_region)
   w->init_ms_ = 0;
   w->waiter_ = std::move(waiter_);
   cu_.handle = nullptr;  // this object's destructor releases nothing more
