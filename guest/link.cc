@@ -68,7 +68,7 @@ void answer_outputs(Link& l, const proto::RepLink& rep, const std::vector<std::b
   const auto put_log = [](char* buf, std::size_t cap, const std::byte* text, std::size_t len) -> std::size_t {
     if (buf == nullptr || cap == 0) return 0;
     const std::size_t n = std::min(len, cap - 1);
-    std::memcpy(buf, text, n);
+    if (n != 0) std::memcpy(buf, text, n);
     buf[n] = '\0';
     return n == 0 ? 0 : n + 1;
   };

@@ -529,10 +529,7 @@ CUresult Worker::to_driver_memset(const GraphNodeParams& p, CUDA_MEMSET_NODE_PAR
     if (__builtin_mul_overflow(p.pitch, p.height - 1, &rows) || __builtin_add_overflow(rows, row, &extent))
       return CUDA_ERROR_INVALID_VALUE;
   }
-  // A placeholder range (worker.h) faults when the graph runs and touches nothing.
-  if (IVCUDA_RULE("graph-node-params") && extent != 0 && !owns_device(p.dst, extent) &&
-      !placeholder_range(p.dst, extent))
-    return CUDA_ERROR_INVALID_VALUE;
+  if (IVCUDA_RULE("graph-node-params") && extent != 0 && !owns_device(p.dst, extent)) return CUDA_ERROR_INVALID_VALUE;
   *out = CUDA_MEMSET_NODE_PARAMS{};
   out->dst = p.dst;
   out->pitch = p.pitch;

@@ -402,7 +402,7 @@ class Worker {
   // [0, null_end_) holds nothing of this process: below the kernel's lowest
   // mapping address, then reserved PROT_NONE before the driver loaded (0: the
   // reservation failed). A range inside it is a placeholder: work recorded
-  // there (a capture, a graph's memset node) faults the guest's own context
+  // there (a memset into a capture) faults the guest's own context
   // when it runs, as a null pointer does natively, and touches nothing.
   std::uint64_t null_end_ = 0;
   void reserve_null_region() noexcept;

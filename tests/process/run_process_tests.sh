@@ -250,7 +250,7 @@ done
 if [ -x "$bin/lib_nvrtc" ]; then
   rm -f "$work/nvrtc.stats"
   # shellcheck disable=SC2086 # no flag is no word
-  case_ivcuda "lib_nvrtc, to count the compile cache's hits" "$rt_env_path" IVCUDA_CALL_STATS="$work/nvrtc.stats" -- \
+  case_ivcuda "lib_nvrtc, to count the compile cache's hits" "$rt_env_preload" "$rt_env_path" IVCUDA_CALL_STATS="$work/nvrtc.stats" -- \
     "$bin/lib_nvrtc" $libs_flow
   hits=$(sed -n 's/.*compile cache (NVRTC, nvJitLink): [0-9]* lookups, \([0-9]*\) hits.*/\1/p' "$work/nvrtc.stats" 2>/dev/null)
   [ "${hits:-0}" -ge 2 ]
