@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
+#include <type_traits>
 
 #include "guest/guard.h"
 #include "guest/runtime.h"
@@ -70,6 +72,17 @@ inline CUresult runtime(Runtime** rt) {
 }
 
 inline std::uint64_t h(const void* p) { return reinterpret_cast<std::uint64_t>(p); }
+
+// An enum argument as the int the caller passed: any value may come through
+// the C ABI, and loading one outside the enum's range as the enum is
+// undefined (UBSan's -fsanitize=enum says so). Compare the int instead.
+template <class E>
+int raw_enum(const E& e) noexcept {
+  static_assert(std::is_enum_v<E> && sizeof(E) == sizeof(int));
+  int v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 // The stream a _ptsz entry point means: its null stream is the per-thread one.
 inline CUstream ptsz(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }

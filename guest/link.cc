@@ -84,14 +84,14 @@ void answer_outputs(Link& l, const proto::RepLink& rep, const std::vector<std::b
   }
 }
 
-CUresult add(Link& l, CUjitInputType type, const void* data, std::size_t size, const char* name) {
+CUresult add(Link& l, int type, const void* data, std::size_t size, const char* name) {
   NEED_RT();
   NEED_CTX();
   if (data == nullptr || size == 0 || type < 0 || type >= CU_JIT_NUM_INPUT_TYPES) return CUDA_ERROR_INVALID_VALUE;
   if (l.complete) return CUDA_ERROR_INVALID_VALUE;
   if (type == CU_JIT_INPUT_NVVM || type == CU_JIT_INPUT_LIBRARY)
     return ivcuda::guest::not_supported("cuLinkAddData: input type %d (NVVM IR, libraries of host objects) is not "
-                                        "forwarded; add PTX, cubins or fatbins", static_cast<int>(type));
+                                        "forwarded; add PTX, cubins or fatbins", type);
   const std::size_t name_len = name == nullptr ? 0 : std::strlen(name);
   if (name_len > proto::kNameMax) return CUDA_ERROR_INVALID_VALUE;
   return ivcuda::guest::with_arena_block(rt, ctx, size, [&](std::uint64_t off) {
@@ -172,7 +172,7 @@ CUresult cuLinkAddData(CUlinkState s, CUjitInputType type, void* data, size_t si
     if (n != 0)
       ivcuda::guest::log_once("linkinputopts", "cuLinkAddData: per-input JIT options are not forwarded; the "
                               "linker's own options apply");
-    return add(*l, type, data, size, name);
+    return add(*l, ivcuda::guest::internal::raw_enum(type), data, size, name);
   });
 }
 
@@ -186,8 +186,9 @@ CUresult cuLinkAddFile(CUlinkState s, CUjitInputType type, const char* path, uns
     if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
     std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     if (bytes.empty()) return CUDA_ERROR_INVALID_IMAGE;
-    if (type == CU_JIT_INPUT_PTX) bytes.push_back('\0');
-    return add(*l, type, bytes.data(), bytes.size(), path);
+    const int t = ivcuda::guest::internal::raw_enum(type);
+    if (t == CU_JIT_INPUT_PTX) bytes.push_back('\0');
+    return add(*l, t, bytes.data(), bytes.size(), path);
   });
 }
 

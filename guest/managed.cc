@@ -667,9 +667,7 @@ CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr p, size_t n, CUmem_advise advice, CU
   return guard([&] {
     NEED_RT();
     if (n == 0) return CUDA_ERROR_INVALID_VALUE;
-    // The value as the caller passed it: any int may come, not only the enum's.
-    int raw = 0;
-    std::memcpy(&raw, &advice, sizeof raw);
+    const int raw = ivcuda::guest::internal::raw_enum(advice);
     if (raw < CU_MEM_ADVISE_SET_READ_MOSTLY || raw > CU_MEM_ADVISE_UNSET_ACCESSED_BY) return CUDA_ERROR_INVALID_VALUE;
     const bool needs_loc = raw != CU_MEM_ADVISE_SET_READ_MOSTLY && raw != CU_MEM_ADVISE_UNSET_READ_MOSTLY;
     if (needs_loc)
