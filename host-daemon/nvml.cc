@@ -46,6 +46,7 @@ Result<NvmlApi> load_nvml(const std::string& path) {
 #define IVCUDA_NVML_LOAD(f) api.f = reinterpret_cast<decltype(api.f)>(::dlsym(api.handle, IVCUDA_NVML_STR(f)));
   IVCUDA_NVML_REQUIRED(IVCUDA_NVML_LOAD)
   IVCUDA_NVML_OPTIONAL(IVCUDA_NVML_LOAD)
+  IVCUDA_NVML_PASSTHROUGH(IVCUDA_NVML_LOAD)
 #undef IVCUDA_NVML_LOAD
 #define IVCUDA_NVML_CHECK(f) \
   if (api.f == nullptr) return make_error(ENOENT, "NVML '" + path + "' lacks " IVCUDA_NVML_STR(f));
@@ -161,11 +162,14 @@ bool nvml_enum(std::uint64_t v, std::uint64_t count, E* out) {
 int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNvml* rep,
                         std::vector<std::byte>* out) {
   const auto fn = static_cast<NvmlFn>(r.fn);
-  if (r.fn < static_cast<std::uint32_t>(NvmlFn::kInit) || r.fn >= static_cast<std::uint32_t>(NvmlFn::kCount))
+  const int passthrough = nvml_passthrough_kind(r.fn);  // -1: one of NvmlFn's own
+  if (passthrough < 0 &&
+      (r.fn < static_cast<std::uint32_t>(NvmlFn::kInit) || r.fn >= static_cast<std::uint32_t>(NvmlFn::kCount)))
     return NVML_ERROR_INVALID_ARGUMENT;
-  const bool system = fn == NvmlFn::kInit || fn == NvmlFn::kSystemDriverVersion ||
-                      fn == NvmlFn::kSystemNvmlVersion || fn == NvmlFn::kSystemCudaDriverVersion ||
-                      fn == NvmlFn::kDeviceCount;
+  const bool system = passthrough >= 0 ? passthrough == 1
+                                       : fn == NvmlFn::kInit || fn == NvmlFn::kSystemDriverVersion ||
+                                             fn == NvmlFn::kSystemNvmlVersion || fn == NvmlFn::kSystemCudaDriverVersion ||
+                                             fn == NvmlFn::kDeviceCount;
   if (system ? r.device != nvml_wire::kNoDevice : !valid_device(r.device)) return NVML_ERROR_INVALID_ARGUMENT;
 
   NvmlState& s = nvml_state();
@@ -187,6 +191,8 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
   };
   char buf[256] = {};
   constexpr unsigned kBuf = sizeof buf - 1;  // always NUL-terminated
+
+  if (passthrough == 1) return nvml_passthrough(a, r.fn, nullptr, r.arg0, r.arg1, cap, &rep->val[0], out);
 
   switch (fn) {
     case NvmlFn::kInit: return NVML_SUCCESS;
@@ -219,6 +225,7 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
   const std::size_t gi = dev_index(r.device);
   nvmlDevice_t h = nullptr;
   if (const int st = handle_for(gi, &h); st != NVML_SUCCESS) return st;
+  if (passthrough == 0) return nvml_passthrough(a, r.fn, h, r.arg0, r.arg1, cap, &rep->val[0], out);
   // Another granted GPU, named by its guest index in arg0 (topology, P2P).
   auto other = [&](nvmlDevice_t* o) -> int {
     if (r.arg0 >= devices_.size()) return NVML_ERROR_INVALID_ARGUMENT;
@@ -231,8 +238,10 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
     std::uint32_t guest_pid;
     bool listed;
   };
-  auto own_processes = [&](std::vector<NvmlProcess>* listed, std::uint64_t* used) -> int {
-    std::map<std::uint32_t, Own> mine;  // worker pid -> its guest process
+  // worker pid -> its guest process: this worker (process mode), or every
+  // worker of the VM's (spares serve no guest process yet: not listed).
+  auto own_workers = [&] {
+    std::map<std::uint32_t, Own> mine;
     if (cfg_.vm != nullptr) {  // this worker's own slot among them
       for (std::uint32_t i = 0; i < VmShared::kMaxSlots; ++i) {
         const std::int32_t w = cfg_.vm->slot(i).worker_pid.load();
@@ -242,7 +251,15 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
     } else {
       mine[static_cast<std::uint32_t>(::getpid())] = {hello_pid_, true};
     }
-    if (a.nvmlDeviceGetComputeRunningProcesses_v3 == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return mine;
+  };
+  // The guest's own processes on this GPU, from NVML's list for it (`source`:
+  // the compute or the MPS list).
+  using ProcessList = decltype(a.nvmlDeviceGetComputeRunningProcesses_v3);
+  auto own_processes = [&](std::vector<NvmlProcess>* listed, std::uint64_t* used,
+                           ProcessList source) -> int {
+    std::map<std::uint32_t, Own> mine = own_workers();
+    if (source == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
     std::vector<nvmlProcessInfo_t> all;
     unsigned n = 0;
     nvmlReturn_t st = NVML_ERROR_INSUFFICIENT_SIZE;
@@ -250,7 +267,7 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
     for (int tries = 0; tries < 4 && st == NVML_ERROR_INSUFFICIENT_SIZE; ++tries) {
       all.resize(n + 8);
       n = static_cast<unsigned>(all.size());
-      st = a.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, all.data());
+      st = source(h, &n, all.data());
     }
     if (st != NVML_SUCCESS) return st;
     all.resize(std::min<std::size_t>(n, all.size()));
@@ -360,7 +377,7 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
       if (quota_.limit() != 0) total = std::min<std::uint64_t>(total, quota_.limit());
       std::vector<NvmlProcess> ignored;
       std::uint64_t used = 0;
-      if (const int st = own_processes(&ignored, &used); st != NVML_SUCCESS) return st;
+      if (const int st = own_processes(&ignored, &used, a.nvmlDeviceGetComputeRunningProcesses_v3); st != NVML_SUCCESS) return st;
       rep->val[0] = total;
       rep->val[1] = total > used ? total - used : 0;
       rep->val[2] = used;
@@ -539,12 +556,16 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
       return st;
     }
     case NvmlFn::kDeviceComputeRunningProcesses:
-    case NvmlFn::kDeviceGraphicsRunningProcesses: {
+    case NvmlFn::kDeviceGraphicsRunningProcesses:
+    case NvmlFn::kDeviceMPSComputeRunningProcesses: {
       std::vector<NvmlProcess> list;
       std::uint64_t used = 0;
       // The guest has no graphics contexts: an empty list, from NVML all the same
-      // (an NVML that fails answers that).
-      if (const int st = own_processes(&list, &used); st != NVML_SUCCESS) return st;
+      // (an NVML that fails answers that). MPS clients: the guest's among NVML's.
+      const ProcessList source = fn == NvmlFn::kDeviceMPSComputeRunningProcesses
+                                     ? a.nvmlDeviceGetMPSComputeRunningProcesses_v3
+                                     : a.nvmlDeviceGetComputeRunningProcesses_v3;
+      if (const int st = own_processes(&list, &used, source); st != NVML_SUCCESS) return st;
       if (fn == NvmlFn::kDeviceGraphicsRunningProcesses) list.clear();
       const std::uint64_t room = std::min<std::uint64_t>(r.arg0, cap / sizeof(NvmlProcess));
       rep->val[0] = list.size();
@@ -553,8 +574,57 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
       if (!list.empty()) std::memcpy(out->data(), list.data(), out->size());
       return NVML_SUCCESS;
     }
+    case NvmlFn::kDeviceProcessUtilization: {  // arg0: capacity, arg1: last seen time stamp
+      if (a.nvmlDeviceGetProcessUtilization == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+      const std::map<std::uint32_t, Own> mine = own_workers();
+      std::vector<nvmlProcessUtilizationSample_t> all;
+      unsigned n = 0;
+      nvmlReturn_t st = NVML_ERROR_INSUFFICIENT_SIZE;
+      for (int tries = 0; tries < 4 && st == NVML_ERROR_INSUFFICIENT_SIZE; ++tries) {
+        all.resize(n + 8);
+        n = static_cast<unsigned>(all.size());
+        st = a.nvmlDeviceGetProcessUtilization(h, all.data(), &n, r.arg1);
+      }
+      if (st != NVML_SUCCESS) return st;
+      all.resize(std::min<std::size_t>(n, all.size()));
+      // The guest's processes' samples, by their guest pids; none of another tenant's.
+      std::vector<nvmlProcessUtilizationSample_t> own;
+      for (auto sample : all) {
+        const auto it = mine.find(sample.pid);
+        if (it == mine.end() || !it->second.listed) continue;
+        sample.pid = it->second.guest_pid;
+        own.push_back(sample);
+      }
+      if (own.empty()) return NVML_ERROR_NOT_FOUND;  // as NVML answers without samples
+      const std::uint64_t room = std::min<std::uint64_t>(r.arg0, cap / sizeof(nvmlProcessUtilizationSample_t));
+      rep->val[0] = own.size();
+      if (own.size() > room) return NVML_ERROR_INSUFFICIENT_SIZE;
+      out->resize(own.size() * sizeof(nvmlProcessUtilizationSample_t));
+      std::memcpy(out->data(), own.data(), out->size());
+      return NVML_SUCCESS;
+    }
+    case NvmlFn::kDeviceFieldValues: {  // arg0, arg1: (field id, scope id) pairs; field id 0: none
+      if (a.nvmlDeviceGetFieldValues == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+      nvmlFieldValue_t v[2] = {};
+      int count = 0;
+      for (const std::uint64_t arg : {r.arg0, r.arg1}) {
+        const auto id = static_cast<unsigned>(arg);
+        if (id == 0) break;
+        v[count].fieldId = id;
+        v[count].scopeId = static_cast<unsigned>(arg >> 32);
+        ++count;
+      }
+      if (count == 0 || cap < count * sizeof(nvmlFieldValue_t)) return NVML_ERROR_INVALID_ARGUMENT;
+      const nvmlReturn_t st = a.nvmlDeviceGetFieldValues(h, count, v);
+      if (st != NVML_SUCCESS) return st;
+      rep->val[0] = static_cast<std::uint64_t>(count);
+      out->resize(count * sizeof(nvmlFieldValue_t));
+      std::memcpy(out->data(), v, out->size());
+      return NVML_SUCCESS;
+    }
     case NvmlFn::kDeviceNvLinkState: {
-      if (r.arg0 >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+      // Links past nvml.h's count go to NVML too: it answers for them as natively.
+      if (r.arg0 > 0xFFFFFFFFu) return NVML_ERROR_INVALID_ARGUMENT;
       const auto link = static_cast<unsigned>(r.arg0);
       nvmlEnableState_t v{};
       const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetNvLinkState, h, link, &v);

@@ -9,8 +9,12 @@
 
 #include <nvml.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "ivcuda/nvml_wire.h"
 #include "ivcuda/result.h"
 
 namespace ivcuda::host {
@@ -39,15 +43,29 @@ namespace ivcuda::host {
   X(nvmlDeviceGetMaxPcieLinkGeneration) X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetPcieThroughput)      \
   X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetComputeRunningProcesses_v3)                       \
   X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetNvLinkRemoteDeviceType) X(nvmlDeviceGetNvLinkRemotePciInfo_v2)  \
-  X(nvmlDeviceGetTopologyCommonAncestor) X(nvmlDeviceGetP2PStatus) X(nvmlDeviceGetTotalEccErrors)
+  X(nvmlDeviceGetTopologyCommonAncestor) X(nvmlDeviceGetP2PStatus) X(nvmlDeviceGetTotalEccErrors)          \
+  X(nvmlDeviceGetMPSComputeRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetFieldValues)
+
+// And the pass-through queries' (tools/nvml_passthrough.txt), generated:
+// IVCUDA_NVML_PASSTHROUGH(X) and kPassthroughRows.
+#include "nvml_passthrough_host.inc"
 
 struct NvmlApi {
 #define IVCUDA_NVML_MEMBER(f) decltype(&::f) f = nullptr;
   IVCUDA_NVML_REQUIRED(IVCUDA_NVML_MEMBER)
   IVCUDA_NVML_OPTIONAL(IVCUDA_NVML_MEMBER)
+  IVCUDA_NVML_PASSTHROUGH(IVCUDA_NVML_MEMBER)
 #undef IVCUDA_NVML_MEMBER
   void* handle = nullptr;
 };
+
+// A pass-through query (NvmlFn kPassthroughBase + row): its kind (1 system,
+// 0 device, -1 no such row), and the call itself (nvml_passthrough.cc) on
+// device `h` (null for a system query): NVML's code, a list's entry count in
+// *count, the outputs' bytes in *out on success (never more than `cap`).
+int nvml_passthrough_kind(std::uint32_t fn);
+int nvml_passthrough(const NvmlApi& a, std::uint32_t fn, nvmlDevice_t h, std::uint64_t arg0, std::uint64_t arg1,
+                     std::uint32_t cap, std::uint64_t* count, std::vector<std::byte>* out);
 
 // Loads the library at `path` and resolves every function; fails when the
 // library cannot be loaded or lacks a required one (the error names it).

@@ -122,6 +122,27 @@ nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int* isMi
   return NVML_SUCCESS;
 }
 
+// So the questions only a MIG device handle answers get NVML's answer for a
+// whole GPU's handle (as measured on the H200: INVALID_ARGUMENT).
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int* id) {
+  unsigned i = 0;
+  if (const nvmlReturn_t r = check_device(device, &i); r != NVML_SUCCESS) return r;
+  (void)id;
+  return NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int* id) {
+  unsigned i = 0;
+  if (const nvmlReturn_t r = check_device(device, &i); r != NVML_SUCCESS) return r;
+  (void)id;
+  return NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t* device) {
+  unsigned i = 0;
+  if (const nvmlReturn_t r = check_device(migDevice, &i); r != NVML_SUCCESS) return r;
+  (void)device;
+  return NVML_ERROR_INVALID_ARGUMENT;
+}
+
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
   return device_string(NvmlFn::kDeviceName, device, name, length);
 }

@@ -1,5 +1,25 @@
 // nvmlErrorString: answered here for every code nvml.h names. No `default`
 // in the switch, so that -Wswitch names a code a new header adds.
+//
+// And what NVML answered that was not success, for the user to see at exit,
+// as libcuda.so.1 does for CUDA (guest/unsupported.h), under the same names:
+//   IVCUDA_LOG_UNSUPPORTED=1|PATH  every NVML function that answered
+//                                  NVML_ERROR_NOT_SUPPORTED, with counts, and
+//                                  which of them nothing here forwards
+//   IVCUDA_LOG_ERRORS=1|PATH       every NVML function that failed, by error
+// Booked: the worker's answers and the generated defaults; not the calls this
+// library refuses itself for a bad handle or pointer (the caller's mistake).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
 #include "guest/nvml/internal.h"
 
 namespace {
@@ -42,7 +62,102 @@ const char* describe(nvmlReturn_t r) noexcept {
   return "Unknown Error";
 }
 
+struct Book {
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, unsigned long> answers;  // guarded by mu
+  std::set<std::string> defaults;                                 // guarded by mu
+};
+
+// Never destroyed: NVML calls may come from atexit handlers.
+Book& book() {
+  static auto* b = new Book;
+  return *b;
+}
+
+// "nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t, char*, unsigned int)" -> "nvmlDeviceGetName".
+std::string bare(const char* who) {
+  std::string f(who != nullptr ? who : "?");
+  if (const auto paren = f.find('('); paren != std::string::npos) f.resize(paren);
+  if (const auto space = f.rfind(' '); space != std::string::npos) f.erase(0, space + 1);
+  if (const auto colons = f.rfind("::"); colons != std::string::npos) f.erase(0, colons + 2);
+  return f;
+}
+
+FILE* open_log(const char* where, bool* to_file) {
+  *to_file = std::strcmp(where, "1") != 0;
+  return *to_file ? std::fopen(where, "a") : stderr;
+}
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+[[gnu::destructor]] void report() noexcept {
+  const char* unsupported = env("IVCUDA_LOG_UNSUPPORTED");
+  const char* errors = env("IVCUDA_LOG_ERRORS");
+  if (unsupported == nullptr && errors == nullptr) return;
+  try {
+    std::map<std::pair<std::string, int>, unsigned long> all;
+    std::set<std::string> defaults;
+    {
+      std::lock_guard lk(book().mu);
+      all = book().answers;
+      defaults = book().defaults;
+    }
+    const int pid = static_cast<int>(::getpid());
+    if (unsupported != nullptr) {
+      bool to_file = false;
+      if (FILE* out = open_log(unsupported, &to_file)) {
+        std::size_t kinds = 0;
+        for (const auto& [key, n] : all) kinds += key.second == NVML_ERROR_NOT_SUPPORTED;
+        std::fprintf(out, "ivcuda-nvml: process %d: %zu NVML function(s) answered NOT_SUPPORTED\n", pid, kinds);
+        for (const auto& [key, n] : all)
+          if (key.second == NVML_ERROR_NOT_SUPPORTED)
+            std::fprintf(out, "ivcuda-nvml: NOT_SUPPORTED %s%s: %lu call(s)\n", key.first.c_str(),
+                         defaults.contains(key.first) ? " (not forwarded)" : "", n);
+        if (to_file) std::fclose(out);
+      }
+    }
+    if (errors != nullptr) {
+      bool to_file = false;
+      if (FILE* out = open_log(errors, &to_file)) {
+        std::fprintf(out, "ivcuda-nvml: process %d: %zu kind(s) of failed NVML call\n", pid, all.size());
+        for (const auto& [key, n] : all)
+          std::fprintf(out, "ivcuda-nvml: FAILED %s -> %s (%d): %lu call(s)\n", key.first.c_str(),
+                       describe(static_cast<nvmlReturn_t>(key.second)), key.second, n);
+        if (to_file) std::fclose(out);
+      }
+    }
+  } catch (...) {
+  }
+}
+
 }  // namespace
+
+namespace ivcuda::nvml {
+
+nvmlReturn_t note_answer(const char* who, nvmlReturn_t r) noexcept {
+  if (r == NVML_SUCCESS) return r;
+  try {
+    std::string name = bare(who);
+    std::lock_guard lk(book().mu);
+    ++book().answers[{std::move(name), static_cast<int>(r)}];
+  } catch (...) {
+  }
+  return r;
+}
+
+void note_default(const char* name) noexcept {
+  try {
+    std::string n = bare(name);
+    std::lock_guard lk(book().mu);
+    book().defaults.insert(std::move(n));
+  } catch (...) {
+  }
+}
+
+}  // namespace ivcuda::nvml
 
 // Works before nvmlInit, as NVIDIA's does.
 extern "C" const char* nvmlErrorString(nvmlReturn_t result) { return describe(result); }

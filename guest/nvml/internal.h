@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <source_location>
 
 #include "guest/nvml/query.h"
 #include "ivcuda/nvml_wire.h"
@@ -39,42 +40,56 @@ nvmlDevice_t handle_of(unsigned i) noexcept;
 // NVML_ERROR_INVALID_ARGUMENT for anything else.
 nvmlReturn_t check_device(nvmlDevice_t d, unsigned* index) noexcept;
 
+// The entry point a failed answer is booked under (IVCUDA_LOG_UNSUPPORTED,
+// IVCUDA_LOG_ERRORS: errors.cc): the function that asked, as the compiler
+// names it where a helper is called.
+using Caller = std::source_location;
+
 // One query to the worker. `out` (cap bytes) gets the trailing bytes,
 // `*rep` the answer. Returns rep->ret, or the transport's failure mapped to
-// NVML's codes.
+// NVML's codes; a failure is booked under `who`.
 nvmlReturn_t query(NvmlFn fn, int device, std::uint64_t arg0, std::uint64_t arg1, void* out, std::uint32_t cap,
-                   nvml_wire::RepNvml* rep) noexcept;
-inline nvmlReturn_t query(NvmlFn fn, int device, std::uint64_t arg0, nvml_wire::RepNvml* rep) noexcept {
-  return query(fn, device, arg0, 0, nullptr, 0, rep);
+                   nvml_wire::RepNvml* rep, const char* who = Caller::current().function_name()) noexcept;
+inline nvmlReturn_t query(NvmlFn fn, int device, std::uint64_t arg0, nvml_wire::RepNvml* rep,
+                          const char* who = Caller::current().function_name()) noexcept {
+  return query(fn, device, arg0, 0, nullptr, 0, rep, who);
 }
+
+// Books answer `r` of entry point `who` (a bare name or a compiler's
+// signature) for the logs at exit; returns r.
+nvmlReturn_t note_answer(const char* who, nvmlReturn_t r) noexcept;
+// Books that `name` answered with its generated default (nothing here forwards it).
+void note_default(const char* name) noexcept;
 
 // A string answer (name, UUID, serial, versions) into the caller's buffer of
 // `length` bytes: NVML_ERROR_INSUFFICIENT_SIZE when it does not fit with its
 // NUL. device = nvml_wire::kNoDevice for the system's strings.
-nvmlReturn_t query_string(NvmlFn fn, int device, char* buf, unsigned length) noexcept;
+nvmlReturn_t query_string(NvmlFn fn, int device, char* buf, unsigned length,
+                          const char* who = Caller::current().function_name()) noexcept;
 
 // The device-scalar getters: check the handle and the pointer, ask, store
 // val[0] converted to T.
 template <class T>
-nvmlReturn_t device_value(NvmlFn fn, nvmlDevice_t d, T* out, std::uint64_t arg0 = 0,
-                          std::uint64_t arg1 = 0) noexcept {
+nvmlReturn_t device_value(NvmlFn fn, nvmlDevice_t d, T* out, std::uint64_t arg0 = 0, std::uint64_t arg1 = 0,
+                          Caller who = Caller::current()) noexcept {
   unsigned i = 0;
   if (const nvmlReturn_t r = check_device(d, &i); r != NVML_SUCCESS) return r;
   if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   nvml_wire::RepNvml rep{};
-  const nvmlReturn_t r = query(fn, static_cast<int>(i), arg0, arg1, nullptr, 0, &rep);
+  const nvmlReturn_t r = query(fn, static_cast<int>(i), arg0, arg1, nullptr, 0, &rep, who.function_name());
   if (r == NVML_SUCCESS) *out = static_cast<T>(rep.val[0]);
   return r;
 }
 
 // Two values (val[0], val[1]).
 template <class A, class B>
-nvmlReturn_t device_pair(NvmlFn fn, nvmlDevice_t d, A* a, B* b, std::uint64_t arg0 = 0) noexcept {
+nvmlReturn_t device_pair(NvmlFn fn, nvmlDevice_t d, A* a, B* b, std::uint64_t arg0 = 0,
+                         Caller who = Caller::current()) noexcept {
   unsigned i = 0;
   if (const nvmlReturn_t r = check_device(d, &i); r != NVML_SUCCESS) return r;
   if (a == nullptr || b == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   nvml_wire::RepNvml rep{};
-  const nvmlReturn_t r = query(fn, static_cast<int>(i), arg0, 0, nullptr, 0, &rep);
+  const nvmlReturn_t r = query(fn, static_cast<int>(i), arg0, 0, nullptr, 0, &rep, who.function_name());
   if (r == NVML_SUCCESS) {
     *a = static_cast<A>(rep.val[0]);
     *b = static_cast<B>(rep.val[1]);
@@ -94,8 +109,8 @@ nvmlReturn_t guard(F&& f) noexcept {
   }
 }
 
-// The answer of a function nothing here implements (generated stubs):
+// The answer of a function nothing here implements (generated stubs, `name`):
 // UNINITIALIZED before nvmlInit, else `code` (NOT_SUPPORTED or NO_PERMISSION).
-int default_answer(int code) noexcept;
+int default_answer(int code, const char* name) noexcept;
 
 }  // namespace ivcuda::nvml

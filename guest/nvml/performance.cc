@@ -1,5 +1,8 @@
 // Utilization, temperature, power, energy, clocks, performance state and
 // fans: the GPU's own figures (shared by every tenant), forwarded.
+#include <algorithm>
+#include <utility>
+
 #include "guest/nvml/internal.h"
 
 using namespace ivcuda::nvml;
@@ -109,6 +112,37 @@ nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int fan, uns
 }
 nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int* numFans) {
   return device_value(NvmlFn::kDeviceNumFans, device, numFans);
+}
+
+// Field values (DCGM's and XLA's way of asking): two fields a query, each
+// answered with its own nvmlReturn as NVML does; the call fails only when a
+// query does.
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t* values) {
+  unsigned i = 0;
+  if (const nvmlReturn_t r = check_device(device, &i); r != NVML_SUCCESS) return r;
+  if (valuesCount < 0 || (values == nullptr && valuesCount > 0)) return NVML_ERROR_INVALID_ARGUMENT;
+  for (int k = 0; k < valuesCount; k += 2) {
+    const int n = valuesCount - k >= 2 ? 2 : 1;
+    nvmlFieldValue_t got[2] = {};
+    std::uint64_t args[2] = {0, 0};
+    for (int j = 0; j < n; ++j) {
+      if (values[k + j].fieldId == 0) {  // no field: NVML's answer for it, without asking
+        values[k + j].nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        continue;
+      }
+      args[j] = values[k + j].fieldId | static_cast<std::uint64_t>(values[k + j].scopeId) << 32;
+    }
+    if (args[0] == 0 && args[1] == 0) continue;
+    if (args[0] == 0) std::swap(args[0], args[1]);
+    ivcuda::nvml_wire::RepNvml rep{};
+    const nvmlReturn_t r = query(NvmlFn::kDeviceFieldValues, static_cast<int>(i), args[0], args[1], got, sizeof got, &rep);
+    if (r != NVML_SUCCESS) return r;
+    const auto m = std::min<std::uint64_t>(rep.val[0], rep.out_len / sizeof(nvmlFieldValue_t));
+    for (std::uint64_t g = 0; g < m && g < 2; ++g)
+      for (int j = 0; j < n; ++j)
+        if (values[k + j].fieldId == got[g].fieldId && values[k + j].scopeId == got[g].scopeId) values[k + j] = got[g];
+  }
+  return NVML_SUCCESS;
 }
 
 }  // extern "C"

@@ -62,6 +62,71 @@ nvmlReturn_t processes(NvmlFn fn, nvmlDevice_t device, unsigned* count, Info* in
 
 extern "C" {
 
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                        nvmlProcessInfo_t* infos) {
+  return processes(NvmlFn::kDeviceMPSComputeRunningProcesses, device, infoCount, infos);
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                        nvmlProcessInfo_v2_t* infos) {
+  return processes(NvmlFn::kDeviceMPSComputeRunningProcesses, device, infoCount, infos);
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                     nvmlProcessInfo_v1_t* infos) {
+  return processes(NvmlFn::kDeviceMPSComputeRunningProcesses, device, infoCount, infos);
+}
+
+// Utilisation samples of the guest's own processes (by their guest pids).
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
+                                             unsigned int* processSamplesCount, unsigned long long lastSeenTimeStamp) {
+  return guard([&]() -> nvmlReturn_t {
+    unsigned i = 0;
+    if (const nvmlReturn_t r = check_device(device, &i); r != NVML_SUCCESS) return r;
+    if (processSamplesCount == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+    const unsigned cap = utilization == nullptr ? 0 : std::min(*processSamplesCount, kMaxEntries);
+    std::vector<nvmlProcessUtilizationSample_t> got(cap);
+    ivcuda::nvml_wire::RepNvml rep{};
+    const nvmlReturn_t r = query(NvmlFn::kDeviceProcessUtilization, static_cast<int>(i), cap, lastSeenTimeStamp,
+                                 cap == 0 ? nullptr : got.data(),
+                                 static_cast<std::uint32_t>(cap * sizeof(nvmlProcessUtilizationSample_t)), &rep);
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE) *processSamplesCount = static_cast<unsigned>(rep.val[0]);
+    if (r != NVML_SUCCESS) return r;
+    const auto n = static_cast<unsigned>(
+        std::min<std::uint64_t>(rep.val[0], rep.out_len / sizeof(nvmlProcessUtilizationSample_t)));
+    if (n > cap) return NVML_ERROR_UNKNOWN;
+    std::copy(got.begin(), got.begin() + n, utilization);
+    *processSamplesCount = n;
+    return NVML_SUCCESS;
+  });
+}
+
+// Lists of what a guest cannot have: encoder and frame-capture sessions (no
+// video API is forwarded, so no guest process holds one) and accounted
+// processes (accounting of a guest's processes is not kept; the host's list
+// names other tenants). Empty, as NVML answers where there are none.
+namespace {
+nvmlReturn_t none(nvmlDevice_t device, unsigned* count) noexcept {
+  unsigned i = 0;
+  if (const nvmlReturn_t r = check_device(device, &i); r != NVML_SUCCESS) return r;
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *count = 0;
+  return NVML_SUCCESS;
+}
+}  // namespace
+nvmlReturn_t nvmlDeviceGetEncoderSessions(nvmlDevice_t device, unsigned int* sessionCount,
+                                          nvmlEncoderSessionInfo_t* sessionInfos) {
+  (void)sessionInfos;
+  return none(device, sessionCount);
+}
+nvmlReturn_t nvmlDeviceGetFBCSessions(nvmlDevice_t device, unsigned int* sessionCount,
+                                      nvmlFBCSessionInfo_t* sessionInfo) {
+  (void)sessionInfo;
+  return none(device, sessionCount);
+}
+nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int* count, unsigned int* pids) {
+  (void)pids;
+  return none(device, count);
+}
+
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
                                                      nvmlProcessInfo_t* infos) {
   return processes(NvmlFn::kDeviceComputeRunningProcesses, device, infoCount, infos);

@@ -103,7 +103,7 @@ nvmlReturn_t check_device(nvmlDevice_t d, unsigned* index) noexcept {
 }
 
 nvmlReturn_t query(NvmlFn fn, int device, std::uint64_t arg0, std::uint64_t arg1, void* out, std::uint32_t cap,
-                   nvml_wire::RepNvml* rep) noexcept {
+                   nvml_wire::RepNvml* rep, const char* who) noexcept {
   if (!initialized()) return NVML_ERROR_UNINITIALIZED;
   nvml_wire::ReqNvml req{};
   req.fn = static_cast<std::uint32_t>(fn);
@@ -112,15 +112,16 @@ nvmlReturn_t query(NvmlFn fn, int device, std::uint64_t arg0, std::uint64_t arg1
   req.arg1 = arg1;
   req.out_cap = out == nullptr ? 0 : cap;
   *rep = {};
-  if (const int cu = state().send.load()(&req, rep, out); cu != 0) return from_transport(cu);
-  return static_cast<nvmlReturn_t>(rep->ret);
+  if (const int cu = state().send.load()(&req, rep, out); cu != 0) return note_answer(who, from_transport(cu));
+  const auto r = static_cast<nvmlReturn_t>(rep->ret);
+  return r == NVML_SUCCESS ? r : note_answer(who, r);
 }
 
-nvmlReturn_t query_string(NvmlFn fn, int device, char* buf, unsigned length) noexcept {
+nvmlReturn_t query_string(NvmlFn fn, int device, char* buf, unsigned length, const char* who) noexcept {
   if (buf == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   char tmp[256];
   nvml_wire::RepNvml rep{};
-  const nvmlReturn_t r = query(fn, device, 0, 0, tmp, sizeof tmp, &rep);
+  const nvmlReturn_t r = query(fn, device, 0, 0, tmp, sizeof tmp, &rep, who);
   if (r != NVML_SUCCESS) return r;
   // The host's string, ended where it ends or where the bytes do.
   const std::size_t n = ::strnlen(tmp, std::min<std::size_t>(rep.out_len, sizeof tmp - 1));
@@ -130,7 +131,11 @@ nvmlReturn_t query_string(NvmlFn fn, int device, char* buf, unsigned length) noe
   return NVML_SUCCESS;
 }
 
-int default_answer(int code) noexcept { return initialized() ? code : NVML_ERROR_UNINITIALIZED; }
+int default_answer(int code, const char* name) noexcept {
+  if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+  note_default(name);
+  return note_answer(name, static_cast<nvmlReturn_t>(code));
+}
 
 }  // namespace ivcuda::nvml
 

@@ -17,6 +17,7 @@
 // the guest's pids. Utilization, temperature, power, clocks are the GPU's.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ivcuda::nvml_wire {
@@ -82,10 +83,36 @@ enum class NvmlFn : std::uint32_t {
   kDeviceTopologyCommonAncestor, // arg0: the other guest index; val[0]: nvmlGpuTopologyLevel_t
   kDeviceP2PStatus,              // arg0: the other guest index, arg1: nvmlGpuP2PCapsIndex_t; val[0]
   kDeviceTotalEccErrors,         // arg0: nvmlMemoryErrorType_t, arg1: nvmlEccCounterType_t; val[0]
+  kDeviceMPSComputeRunningProcesses,  // as kDeviceComputeRunningProcesses, from NVML's MPS client list
+  kDeviceProcessUtilization,     // arg0: capacity (entries), arg1: last seen time stamp (us); out:
+                                 // nvmlProcessUtilizationSample_t[] of the guest's processes, by guest
+                                 // pid; val[0]: count (INSUFFICIENT_SIZE with val[0] = needed when
+                                 // more; NOT_FOUND when the guest's processes have no samples)
+  kDeviceFieldValues,            // arg0, arg1: field id | scope id << 32, field id 0 for none (two
+                                 // fields a query); out: nvmlFieldValue_t[val[0]]
   kCount
 };
 
 inline constexpr std::int32_t kNoDevice = -1;  // ReqNvml::device for the system-wide queries
+
+// The pass-through queries (tools/nvml_passthrough.txt): NvmlFn kPassthroughBase + row of that
+// list, generated on both sides from each function's prototype in nvml.h. Their arguments are
+// up to four 32-bit slots, arg0 = slot0 | slot1 << 32, arg1 = slot2 | slot3 << 32, taken in the
+// order of the function's parameters: each by-value argument (64-bit ones take two slots), the
+// version of each versioned struct out, a list's capacity (kPassthroughNullItems set where the
+// caller passed no array), a text buffer's length. The answer is the outputs' bytes one after
+// the other, each section as large as the request makes it, and a list's entry count in val[0].
+inline constexpr std::uint32_t kPassthroughBase = 0x1000;
+inline constexpr std::uint32_t kPassthroughSlots = 4;
+inline constexpr std::uint32_t kPassthroughNullItems = 1u << 31;
+inline constexpr std::uint32_t kPassthroughMaxBody = 16384;  // bytes of all sections together
+inline constexpr std::uint32_t kPassthroughMaxText = 256;
+// A list's capacity as both sides size its section: what was asked, as far as the room left after
+// `used` bytes holds `elem`-byte entries.
+constexpr std::uint32_t passthrough_items(std::uint32_t asked, std::size_t used, std::size_t elem) {
+  const std::size_t room = used < kPassthroughMaxBody ? (kPassthroughMaxBody - used) / elem : 0;
+  return static_cast<std::uint32_t>(asked < room ? asked : room);
+}
 
 struct ReqNvml {
   std::uint32_t fn;        // NvmlFn

@@ -11,7 +11,10 @@
 #       a case);
 #   (c) torch.cuda.list_gpu_processes() and utilization() through ivcuda: the
 #       guest's own process alone;
-#   (d) gpustat and nvitop -1, natively and through ivcuda: each run names the GPU.
+#   (d) gpustat and nvitop -1, natively and through ivcuda: each run names the GPU;
+#   (e) every query pynvml offers (tests/frameworks/nvml_survey.py), natively and through
+#       ivcuda: the same codes, the same values where stable and the GPU's own;
+#   (f) JAX's start: no NVML error line through ivcuda that its native start lacks.
 # Every run through ivcuda counts only if ivcudad's log shows that very process served
 # (served_by): one that loaded this machine's libnvidia-ml.so.1 or libcuda.so.1 would agree
 # with native and prove nothing.
@@ -31,8 +34,8 @@ sock=/tmp/ivcuda-nvml.sock
 work=$(mktemp -d /tmp/ivcuda-nvml.XXXXXX)
 rm -f "$sock" "$out/ivcuda-smi.txt" "$out/nvidia-smi-guest.txt"
 tools=("gpustat" "nvitop -1")
-# pynvml, ivcuda-smi's two, torch's two, each tool, and the daemon's own
-expect_cases $((5 + ${#tools[@]} + 1))
+# pynvml, ivcuda-smi's two, torch's two, each tool, the survey, JAX's start and the daemon's own
+expect_cases $((5 + ${#tools[@]} + 3))
 
 log=$out/ivcudad.log
 # The host's NVML, as the workers load it (the default --nvml; named here so the log says).
@@ -203,6 +206,51 @@ for tool in "${tools[@]}"; do
     grep -qF "$want" "$out/$mod.native" && grep -qF "$want" "$out/$mod.ivcuda"
   verdict "$tool runs through ivcuda's NVML and names the GPU as natively" $?
 done
+
+# --- (e) NVML's long tail: every query pynvml offers, natively (twice) and through ivcuda -------
+# (tests/frameworks/nvml_survey.py): the same return code for each, the same value where the
+# host's is stable and names no tenant; the guest's NVML lists what it answered NOT_SUPPORTED.
+if "$py" -c "import pynvml" 2>/dev/null; then
+  "$py" "$root/tests/frameworks/nvml_survey.py" dump "$out/survey-native1.json" >"$out/survey-native.txt" 2>&1
+  sleep 1
+  "$py" "$root/tests/frameworks/nvml_survey.py" dump "$out/survey-native2.json" >>"$out/survey-native.txt" 2>&1
+  IVCUDA_LOG_UNSUPPORTED=$out/survey-unsupported.txt through survey 180 "$py" "$root/tests/frameworks/nvml_survey.py" \
+    dump "$out/survey-ivcuda.json" >"$out/survey-ivcuda.txt" 2>&1
+  rs=$?
+  served=0
+  served_here survey || served=1
+  cat "$out/survey-native.txt" "$out/survey-ivcuda.txt"
+  "$py" "$root/tests/frameworks/nvml_survey.py" compare "$out/survey-native1.json" "$out/survey-native2.json" \
+    "$out/survey-ivcuda.json" | tee "$out/survey-compare.txt"
+  rc=${PIPESTATUS[0]}
+  cat "$out/survey-unsupported.txt" 2>/dev/null
+  verdict "every pynvml query answers through ivcuda as the host's NVML does (code; value where stable and the GPU's)" \
+    $((rs | served | rc))
+else
+  not_run "every pynvml query answers through ivcuda as the host's NVML does (code; value where stable and the GPU's)" \
+    "$py has no pynvml"
+fi
+
+# --- (f) JAX's start through ivcuda prints no NVML error line the native start lacks --------
+if "$py" -c "import jax" 2>/dev/null; then
+  prog="import jax, jax.numpy as jnp; print('sum', float(jnp.ones(4).sum()))"
+  timeout 120 "$py" -c "$prog" >"$out/jax-native.txt" 2>&1
+  rn=$?
+  IVCUDA_LOG_UNSUPPORTED=$out/jax-unsupported.txt through jax 180 "$py" -c "$prog" >"$out/jax-ivcuda.txt" 2>&1
+  ri=$?
+  served=0
+  served_here jax || served=1
+  n_native=$(grep -ci "nvml" "$out/jax-native.txt")
+  n_ivcuda=$(grep -ci "nvml" "$out/jax-ivcuda.txt")
+  echo "JAX start: NVML lines natively $n_native, through ivcuda $n_ivcuda"
+  grep -i "nvml" "$out/jax-ivcuda.txt" | head -5
+  cat "$out/jax-unsupported.txt" 2>/dev/null
+  [ $rn -eq 0 ] && [ $ri -eq 0 ] && [ $served -eq 0 ] && [ "$n_ivcuda" -le "$n_native" ] &&
+    grep -q "^sum 4.0" "$out/jax-ivcuda.txt"
+  verdict "JAX starts through ivcuda with no NVML error line its native start lacks" $?
+else
+  not_run "JAX starts through ivcuda with no NVML error line its native start lacks" "$py has no jax"
+fi
 
 grep -E "NVML|nvml" "$log" | head -20
 # To the end: every guest process this script started through ivcuda was served, the daemon is

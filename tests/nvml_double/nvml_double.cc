@@ -425,6 +425,44 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
   return fits ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
 }
 
+// No MPS server here: no MPS clients.
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned* count, nvmlProcessInfo_t* infos) {
+  DEVICE_OR_RETURN(device, i, count == nullptr || (*count != 0 && infos == nullptr))
+  (void)i;
+  *count = 0;
+  return NVML_SUCCESS;
+}
+// One sample for each process of the compute list, at a fixed time stamp, SM busy 5 %.
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* samples,
+                                             unsigned* count, unsigned long long last_seen) {
+  DEVICE_OR_RETURN(device, i, count == nullptr)
+  constexpr unsigned long long kStamp = 1'700'000'000'000'000ULL;
+  nvmlProcessInfo_t procs[64];
+  const unsigned n = std::min(processes(i, procs, 64), 64u);
+  if (n == 0 || last_seen >= kStamp) return NVML_ERROR_NOT_FOUND;
+  if (samples == nullptr || *count < n) {
+    *count = n;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  for (unsigned k = 0; k < n; ++k) samples[k] = {procs[k].pid, kStamp, 5, 1, 0, 0};
+  *count = n;
+  return NVML_SUCCESS;
+}
+// Field values: each field's value is its id times ten (an unsigned long long), scope
+// ids past the links answer NVML_ERROR_INVALID_ARGUMENT in that field.
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int n, nvmlFieldValue_t* values) {
+  DEVICE_OR_RETURN(device, i, n < 0 || (n > 0 && values == nullptr))
+  (void)i;
+  for (int k = 0; k < n; ++k) {
+    values[k].timestamp = 1'700'000'000'000'000LL;
+    values[k].latencyUsec = 1;
+    values[k].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    values[k].nvmlReturn = values[k].scopeId < NVML_NVLINK_MAX_LINKS ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+    values[k].value.ullVal = 10ull * values[k].fieldId;
+  }
+  return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned link, nvmlEnableState_t* v) {
   DEVICE_OR_RETURN(device, i, v == nullptr || link >= NVML_NVLINK_MAX_LINKS)
   *v = link_up(i, link) ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
@@ -459,6 +497,109 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorTyp
                                   static_cast<unsigned>(c) >= NVML_ECC_COUNTER_TYPE_COUNT)
   (void)i;
   *v = 0;
+  return NVML_SUCCESS;
+}
+
+
+// A few of the pass-through queries (tools/nvml_passthrough.txt), one of each
+// shape the generated code has: a scalar, two and four values out, inputs in,
+// a versioned struct, a text of the caller's length and one of nvml.h's
+// fixed size, a list sized by the caller and one that says how many it holds,
+// and a system query. The rest are not exported: the worker answers
+// NVML_ERROR_FUNCTION_NOT_FOUND for them, as for a driver that lacks them.
+SCALAR(nvmlDeviceGetPcieSpeed, unsigned, 32000u)
+nvmlReturn_t nvmlDeviceGetGspFirmwareMode(nvmlDevice_t device, unsigned* enabled, unsigned* default_mode) {
+  DEVICE_OR_RETURN(device, i, enabled == nullptr || default_mode == nullptr)
+  (void)i;
+  *enabled = 1;
+  *default_mode = 1;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned* corr, unsigned* unc, unsigned* pending,
+                                       unsigned* failure) {
+  DEVICE_OR_RETURN(device, i, corr == nullptr || unc == nullptr || pending == nullptr || failure == nullptr)
+  *corr = 2u + static_cast<unsigned>(i);
+  *unc = 1;
+  *pending = 0;
+  *failure = 0;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMinMaxClockOfPState(nvmlDevice_t device, nvmlClockType_t type, nvmlPstates_t pstate,
+                                              unsigned* min, unsigned* max) {
+  DEVICE_OR_RETURN(device, i, min == nullptr || max == nullptr || static_cast<unsigned>(type) >= NVML_CLOCK_COUNT)
+  (void)i;
+  if (pstate != NVML_PSTATE_0) return NVML_ERROR_NOT_SUPPORTED;
+  *min = 345;
+  *max = clock_of(type);
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMarginTemperature(nvmlDevice_t device, nvmlMarginTemperature_t* t) {
+  DEVICE_OR_RETURN(device, i, t == nullptr)
+  (void)i;
+  if (t->version != nvmlMarginTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+  t->marginTemperature = 56;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t device, nvmlInforomObject_t object, char* version, unsigned length) {
+  DEVICE_OR_RETURN(device, i, static_cast<unsigned>(object) >= NVML_INFOROM_COUNT)
+  (void)i;
+  static constexpr const char* kVersions[] = {"2.1", "7.16", "N/A", "N/A"};
+  return put(kVersions[object], version, length);
+}
+nvmlReturn_t nvmlDeviceGetGspFirmwareVersion(nvmlDevice_t device, char* version) {
+  DEVICE_OR_RETURN(device, i, version == nullptr)
+  (void)i;
+  return put("580.00.00", version, NVML_GSP_FIRMWARE_VERSION_BUF_SIZE);
+}
+nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned size, unsigned long* set) {
+  DEVICE_OR_RETURN(device, i, set == nullptr || size == 0)
+  // GPU i near CPUs 8i..8i+7.
+  for (unsigned k = 0; k < size; ++k) set[k] = 0;
+  set[0] = 0xFFul << (8 * (i % 8));
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned* count, unsigned* clocks) {
+  DEVICE_OR_RETURN(device, i, count == nullptr)
+  (void)i;
+  static constexpr unsigned kMem[] = {3201, 2201, 1593};
+  constexpr unsigned n = sizeof kMem / sizeof kMem[0];
+  if (clocks == nullptr || *count < n) {
+    *count = n;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  std::copy(kMem, kMem + n, clocks);
+  *count = n;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type, unsigned long long last_seen,
+                                  nvmlValueType_t* value_type, unsigned* count, nvmlSample_t* samples) {
+  DEVICE_OR_RETURN(device, i, value_type == nullptr || count == nullptr ||
+                                  static_cast<unsigned>(type) >= NVML_SAMPLINGTYPE_COUNT)
+  (void)i;
+  // Ten samples a second apart from a fixed start; those after last_seen are returned.
+  constexpr unsigned long long kStart = 1'700'000'000'000'000ULL;
+  constexpr unsigned kAll = 10;
+  unsigned first = 0;
+  while (first < kAll && kStart + first * 1'000'000ULL <= last_seen) ++first;
+  const unsigned have = kAll - first;
+  *value_type = NVML_VALUE_TYPE_UNSIGNED_INT;
+  if (samples == nullptr) {
+    *count = have;
+    return have == 0 ? NVML_ERROR_NOT_FOUND : NVML_SUCCESS;
+  }
+  if (have == 0) return NVML_ERROR_NOT_FOUND;
+  const unsigned n = std::min(*count, have);
+  for (unsigned k = 0; k < n; ++k) {
+    samples[k].timeStamp = kStart + (first + k) * 1'000'000ULL;
+    samples[k].sampleValue.uiVal = 10 * (first + k);
+  }
+  *count = n;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetNvlinkBwMode(unsigned* mode) {
+  if (!inited()) return NVML_ERROR_UNINITIALIZED;
+  if (mode == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *mode = 0;
   return NVML_SUCCESS;
 }
 

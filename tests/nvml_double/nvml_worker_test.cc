@@ -23,8 +23,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -307,11 +309,15 @@ TEST_CASE("every NVML query is answered for the granted GPUs, in the guest's num
     if (fn == NvmlFn::kDeviceTopologyCommonAncestor || fn == NvmlFn::kDeviceP2PStatus || fn == NvmlFn::kDeviceNvLinkState)
       a0 = 1;
     if (fn == NvmlFn::kDeviceTemperatureThreshold) a0 = NVML_TEMPERATURE_THRESHOLD_SHUTDOWN;
+    if (fn == NvmlFn::kDeviceFieldValues) a0 = NVML_FI_DEV_ECC_CURRENT;
+    if (fn == NvmlFn::kDeviceProcessUtilization || fn == NvmlFn::kDeviceMPSComputeRunningProcesses) a0 = 8;
     const Reply r = g.nvml(fn, system ? nvml_wire::kNoDevice : 0, a0, a1);
     INFO("fn " << f);
     CHECK(r.st == CUDA_SUCCESS);
     if (fn == NvmlFn::kDeviceFanSpeed || fn == NvmlFn::kDeviceFanSpeedV2)
       CHECK(r.ret == NVML_ERROR_NOT_SUPPORTED);
+    else if (fn == NvmlFn::kDeviceProcessUtilization)  // samples where the guest's worker holds a context
+      CHECK((r.ret == NVML_SUCCESS || r.ret == NVML_ERROR_NOT_FOUND));
     else
       CHECK(r.ret == NVML_SUCCESS);
   }
@@ -364,6 +370,109 @@ TEST_CASE("NVML requests outside what the guest may ask are refused before NVML 
   std::vector<std::byte> out;
   const std::uint64_t half[2] = {F(NvmlFn::kDeviceName), 0};
   CHECK(g.send(Op::kNvml, half, sizeof half, &out) == CUDA_ERROR_INVALID_VALUE);
+  // And the worker still answers.
+  CHECK(g.nvml(NvmlFn::kDeviceName, 1).ret == NVML_SUCCESS);
+}
+
+// The wire number of a pass-through function: its row in tools/nvml_passthrough.txt.
+std::uint32_t passthrough_fn(const std::string& name) {
+  std::ifstream list(NVML_PASSTHROUGH_LIST);
+  REQUIRE(list.good());
+  std::string line;
+  std::uint32_t row = 0;
+  while (std::getline(list, line)) {
+    if (line.empty() || (line[0] == '#' && line.rfind("#-", 0) != 0)) continue;
+    std::istringstream words(line[0] == '#' ? line.substr(2) : line);
+    std::string fn;
+    words >> fn;
+    if (fn == name) return nvml_wire::kPassthroughBase + row;
+    ++row;
+  }
+  FAIL("no row for " << name);
+  return 0;
+}
+
+TEST_CASE("field values travel two at a time; utilisation samples are the guest's own processes", "[nvml_double][hostile]") {
+  Daemon d("fv", {"--gpus", "0,1", "--nvml", NVML_DOUBLE_PATH});
+  Guest g(d.sock, 4444);
+  Reply r = g.nvml(NvmlFn::kDeviceFieldValues, 0, NVML_FI_DEV_ECC_CURRENT | (3ull << 32), NVML_FI_DEV_MEMORY_TEMP,
+                   2 * sizeof(nvmlFieldValue_t));
+  REQUIRE(r.ret == NVML_SUCCESS);
+  REQUIRE(r.rep.val[0] == 2);
+  REQUIRE(r.out.size() == 2 * sizeof(nvmlFieldValue_t));
+  nvmlFieldValue_t v[2];
+  std::memcpy(v, r.out.data(), sizeof v);
+  CHECK((v[0].fieldId == NVML_FI_DEV_ECC_CURRENT && v[0].scopeId == 3 && v[0].value.ullVal == 10ull * NVML_FI_DEV_ECC_CURRENT));
+  CHECK((v[1].fieldId == NVML_FI_DEV_MEMORY_TEMP && v[1].nvmlReturn == NVML_SUCCESS));
+  // No field, or less room than the fields take.
+  CHECK(g.nvml(NvmlFn::kDeviceFieldValues, 0, 0, 0, 256).ret == NVML_ERROR_INVALID_ARGUMENT);
+  CHECK(g.nvml(NvmlFn::kDeviceFieldValues, 0, 1, 2, sizeof(nvmlFieldValue_t)).ret == NVML_ERROR_INVALID_ARGUMENT);
+  // With a context this guest has samples, by its own pid; another tenant's never show.
+  Guest other(d.sock, 5555);
+  other.alloc(0, 1 << 20);
+  g.alloc(0, 1 << 20);
+  r = g.nvml(NvmlFn::kDeviceProcessUtilization, 0, 8, 0, 8 * sizeof(nvmlProcessUtilizationSample_t));
+  REQUIRE(r.ret == NVML_SUCCESS);
+  REQUIRE(r.rep.val[0] == 1);
+  nvmlProcessUtilizationSample_t s{};
+  std::memcpy(&s, r.out.data(), sizeof s);
+  CHECK(s.pid == 4444);
+  CHECK(g.nvml(NvmlFn::kDeviceProcessUtilization, 0, 0, 0, 0).ret == NVML_ERROR_INSUFFICIENT_SIZE);
+  // MPS clients: none here, and none of another tenant's.
+  r = g.nvml(NvmlFn::kDeviceMPSComputeRunningProcesses, 0, 8, 0, 8 * sizeof(nvml_wire::NvmlProcess));
+  CHECK(r.ret == NVML_SUCCESS);
+  CHECK(r.rep.val[0] == 0);
+}
+
+TEST_CASE("the pass-through queries reach the host's NVML for the granted GPU, and no further", "[nvml_double][hostile]") {
+  // Host GPUs 1 and 2: the double's values depend on the host index.
+  Daemon d("pt", {"--gpus", "1,2", "--nvml", NVML_DOUBLE_PATH});
+  Guest g(d.sock, 4343);
+  const std::uint32_t rows = passthrough_fn("nvmlDeviceGetRemappedRows");
+  // Four values out, the host's GPU 2 behind the guest's 1.
+  Reply r = g.nvml_raw(rows, 1, 0, 0, 16);
+  REQUIRE(r.ret == NVML_SUCCESS);
+  REQUIRE(r.out.size() == 16);
+  unsigned v[4];
+  std::memcpy(v, r.out.data(), sizeof v);
+  CHECK((v[0] == 4 && v[1] == 1 && v[2] == 0 && v[3] == 0));
+  // A guest that takes less than the layout is no request the library makes.
+  CHECK(g.nvml_raw(rows, 1, 0, 0, 12).ret == NVML_ERROR_INVALID_ARGUMENT);
+  // Rows past the list, a device query without a device, a system query with one, an ungranted GPU.
+  for (std::uint32_t fn : {nvml_wire::kPassthroughBase + 100000u, nvml_wire::kPassthroughBase - 1})
+    CHECK(g.nvml_raw(fn, 0, 0, 0, 64).ret == NVML_ERROR_INVALID_ARGUMENT);
+  CHECK(g.nvml_raw(rows, nvml_wire::kNoDevice, 0, 0, 16).ret == NVML_ERROR_INVALID_ARGUMENT);
+  CHECK(g.nvml_raw(rows, 2, 0, 0, 16).ret == NVML_ERROR_INVALID_ARGUMENT);
+  const std::uint32_t bw = passthrough_fn("nvmlSystemGetNvlinkBwMode");
+  CHECK(g.nvml_raw(bw, 0, 0, 0, 4).ret == NVML_ERROR_INVALID_ARGUMENT);
+  CHECK(g.nvml_raw(bw, nvml_wire::kNoDevice, 0, 0, 4).ret == NVML_SUCCESS);
+  // A function the host's NVML lacks (the double exports few): as NVML's loaders answer.
+  CHECK(g.nvml_raw(passthrough_fn("nvmlDeviceGetNumaNodeId"), 0, 0, 0, 4).ret == NVML_ERROR_FUNCTION_NOT_FOUND);
+  // A versioned struct claiming more bytes than nvml.h's: refused before NVML writes.
+  const std::uint32_t margin = passthrough_fn("nvmlDeviceGetMarginTemperature");
+  CHECK(g.nvml_raw(margin, 0, nvmlMarginTemperature_v1, 0, sizeof(nvmlMarginTemperature_t)).ret == NVML_SUCCESS);
+  CHECK(g.nvml_raw(margin, 0, (1u << 24) | 4096u, 0, sizeof(nvmlMarginTemperature_t)).ret ==
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+  // A list capacity far past what a reply holds: clamped, never more than the limit comes back.
+  const std::uint32_t samples = passthrough_fn("nvmlDeviceGetSamples");
+  // slots: type, last seen (2), capacity
+  r = g.nvml_raw(samples, 0, NVML_GPU_UTILIZATION_SAMPLES, 0x7fffffffull << 32, 1u << 20);
+  CHECK(r.ret == NVML_SUCCESS);
+  CHECK(r.out.size() <= nvml_wire::kPassthroughMaxBody);
+  CHECK(r.rep.val[0] == 10);
+  // Without an array: the count alone, and no bytes.
+  r = g.nvml_raw(samples, 0, NVML_GPU_UTILIZATION_SAMPLES, std::uint64_t{nvml_wire::kPassthroughNullItems} << 32, 4);
+  CHECK(r.ret == NVML_SUCCESS);
+  CHECK(r.rep.val[0] == 10);
+  CHECK(r.out.size() == 4);  // the value type alone
+  // A text longer than the limit is clamped to it.
+  r = g.nvml_raw(passthrough_fn("nvmlDeviceGetInforomVersion"), 0, NVML_INFOROM_OEM | (0xffffffffull << 32), 0,
+                 nvml_wire::kPassthroughMaxBody);
+  CHECK(r.ret == NVML_SUCCESS);
+  CHECK(r.out.size() == nvml_wire::kPassthroughMaxText);
+  // An enum argument NVML does not know reaches it as a number and it says so.
+  CHECK(g.nvml_raw(passthrough_fn("nvmlDeviceGetMinMaxClockOfPState"), 0, 0xffffffffull, 0, 8).ret ==
+        NVML_ERROR_INVALID_ARGUMENT);
   // And the worker still answers.
   CHECK(g.nvml(NvmlFn::kDeviceName, 1).ret == NVML_SUCCESS);
 }

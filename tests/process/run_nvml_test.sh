@@ -22,7 +22,7 @@ holder=
 keep=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
-expect_cases 8
+expect_cases 9
 
 cleanup() {
   [ -n "$keep" ] && kill "$keep" 2>/dev/null
@@ -57,9 +57,27 @@ show() {  # RC: prints the output when RC is not 0, returns RC
 }
 
 start_daemon
-guest "$bin/nvml_api"
+IVCUDA_LOG_UNSUPPORTED=$work/unsupported.log IVCUDA_LOG_ERRORS=$work/errors.log guest "$bin/nvml_api"
 show $?
-verdict "nvml_api: identity as libcuda says it, the tenant's memory and processes, another tenant invisible, bad handles, small buffers, setters refused, events" $?
+verdict "nvml_api: identity as libcuda says it, the tenant's memory and processes, another tenant invisible, bad handles, small buffers, setters refused, events, the pass-through queries" $?
+
+# What NVML answered that was not success, at the process's exit: a function nothing forwards
+# (marked so), one the host's NVML refused (not marked), the setters' refusals and the host's
+# INSUFFICIENT_SIZE in the errors' list - and no line for what succeeded.
+rc=0
+for want in "NOT_SUPPORTED nvmlDeviceGetActiveVgpus (not forwarded): 1 call(s)" \
+  "NOT_SUPPORTED nvmlDeviceGetFanSpeed: "; do
+  grep -qF "ivcuda-nvml: $want" "$work/unsupported.log" || { echo "missing in IVCUDA_LOG_UNSUPPORTED: $want"; rc=1; }
+done
+for want in "FAILED nvmlDeviceSetPersistenceMode -> Insufficient Permissions (4): 1 call(s)" \
+  "FAILED nvmlDeviceGetInforomVersion -> Insufficient Size (7): " "FAILED nvmlDeviceGetActiveVgpus -> Not Supported (3)"; do
+  grep -qF "ivcuda-nvml: $want" "$work/errors.log" || { echo "missing in IVCUDA_LOG_ERRORS: $want"; rc=1; }
+done
+if grep -q "nvmlDeviceGetPcieSpeed\|nvmlDeviceGetName" "$work/unsupported.log" "$work/errors.log"; then
+  echo "a query that succeeded is listed"; rc=1
+fi
+[ $rc -ne 0 ] && cat "$work/unsupported.log" "$work/errors.log"
+verdict "IVCUDA_LOG_UNSUPPORTED and IVCUDA_LOG_ERRORS list NVML's refusals at exit, by function, not forwarded marked" $rc
 
 # Another tenant holds device memory while ivcuda-smi draws its table. The
 # host's NVML lists every worker (each holds a context: this guest's, the

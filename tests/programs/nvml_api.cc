@@ -156,10 +156,13 @@ void setters(nvmlDevice_t d) {
   EXPECT_RET(nvmlDeviceSetAutoBoostedClocksEnabled(d, NVML_FEATURE_DISABLED), NVML_ERROR_NO_PERMISSION);
   EXPECT_RET(nvmlDeviceSetAccountingMode(d, NVML_FEATURE_ENABLED), NVML_ERROR_NO_PERMISSION);
   EXPECT_RET(nvmlDeviceModifyDrainState(nullptr, NVML_FEATURE_ENABLED), NVML_ERROR_NO_PERMISSION);
-  // Queries nothing implements answer NOT_SUPPORTED.
-  EXPECT_RET(nvmlDeviceGetFieldValues(d, 0, nullptr), NVML_ERROR_NOT_SUPPORTED);
+  // Queries nothing implements answer NOT_SUPPORTED (a guest is no vGPU host).
   unsigned n = 0;
-  EXPECT_RET(nvmlDeviceGetAccountingPids(d, &n, nullptr), NVML_ERROR_NOT_SUPPORTED);
+  EXPECT_RET(nvmlDeviceGetCreatableVgpus(d, &n, nullptr), NVML_ERROR_NOT_SUPPORTED);
+  // What a guest has none of: accounted processes (not kept for guests).
+  n = 5;
+  EXPECT_RET(nvmlDeviceGetAccountingPids(d, &n, nullptr), NVML_SUCCESS);
+  CHECK_TRUE(n == 0);
 }
 
 void events(nvmlDevice_t d) {
@@ -285,6 +288,118 @@ void figures(nvmlDevice_t d) {
   CHECK_TRUE(is_mig == 0);
 }
 
+// The pass-through queries (tools/nvml_passthrough.txt): one of each shape the
+// generated code has, checked against each other and against the forwarded
+// queries, so that a layout the two sides disagree on shows.
+void passthrough(nvmlDevice_t d) {
+  unsigned v = 0, w = 0;
+  EXPECT_RET(nvmlDeviceGetPcieSpeed(d, &v), NVML_SUCCESS);
+  CHECK_TRUE(v > 0);
+  EXPECT_RET(nvmlDeviceGetPcieSpeed(d, nullptr), NVML_ERROR_INVALID_ARGUMENT);
+  EXPECT_RET(nvmlDeviceGetPcieSpeed(nullptr, &v), NVML_ERROR_INVALID_ARGUMENT);
+  EXPECT_RET(nvmlDeviceGetGspFirmwareMode(d, &v, &w), NVML_SUCCESS);
+  CHECK_TRUE(v <= 1 && w <= 1);
+  unsigned rows[4] = {~0u, ~0u, ~0u, ~0u};
+  EXPECT_RET(nvmlDeviceGetRemappedRows(d, &rows[0], &rows[1], &rows[2], &rows[3]), NVML_SUCCESS);
+  CHECK_TRUE(rows[2] <= 1 && rows[3] <= 1);  // pending and failure are flags
+
+  // Two inputs, two outputs: P0's range ends at the GPU's maximum clock.
+  unsigned lo = 0, hi = 0, max = 0;
+  EXPECT_RET(nvmlDeviceGetMinMaxClockOfPState(d, NVML_CLOCK_GRAPHICS, NVML_PSTATE_0, &lo, &hi), NVML_SUCCESS);
+  EXPECT_RET(nvmlDeviceGetMaxClockInfo(d, NVML_CLOCK_GRAPHICS, &max), NVML_SUCCESS);
+  expect(lo <= hi && hi == max, __LINE__,
+         "P0 " + std::to_string(lo) + "-" + std::to_string(hi) + " MHz, max clock " + std::to_string(max));
+
+  // A versioned struct: the caller's version travels; a newer one than nvml.h's is refused.
+  nvmlMarginTemperature_t m{};
+  m.version = nvmlMarginTemperature_v1;
+  m.marginTemperature = -999;
+  EXPECT_RET(nvmlDeviceGetMarginTemperature(d, &m), NVML_SUCCESS);
+  CHECK_TRUE(m.version == nvmlMarginTemperature_v1 && m.marginTemperature != -999);
+  m.version = 0;
+  EXPECT_RET(nvmlDeviceGetMarginTemperature(d, &m), NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+  m.version = static_cast<unsigned>(sizeof m + 64) | 1u << 24;
+  EXPECT_RET(nvmlDeviceGetMarginTemperature(d, &m), NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+
+  // Texts: the caller's length, and nvml.h's fixed size.
+  char text[96];
+  EXPECT_RET(nvmlDeviceGetInforomVersion(d, NVML_INFOROM_OEM, text, sizeof text), NVML_SUCCESS);
+  CHECK_TRUE(std::strlen(text) > 0 && std::strlen(text) < sizeof text);
+  EXPECT_RET(nvmlDeviceGetInforomVersion(d, NVML_INFOROM_OEM, text, 1), NVML_ERROR_INSUFFICIENT_SIZE);
+  EXPECT_RET(nvmlDeviceGetInforomVersion(d, NVML_INFOROM_OEM, nullptr, 16), NVML_ERROR_INVALID_ARGUMENT);
+  char gsp[NVML_GSP_FIRMWARE_VERSION_BUF_SIZE];
+  std::memset(gsp, 'x', sizeof gsp);
+  EXPECT_RET(nvmlDeviceGetGspFirmwareVersion(d, gsp), NVML_SUCCESS);
+  CHECK_TRUE(std::memchr(gsp, '\0', sizeof gsp) != nullptr && gsp[0] != '\0');
+
+  // A list of the caller's size, the rest of it left as NVML leaves it.
+  unsigned long cpus[4] = {0, 0, 0, 0};
+  EXPECT_RET(nvmlDeviceGetCpuAffinity(d, 4, cpus), NVML_SUCCESS);
+  CHECK_TRUE((cpus[0] | cpus[1] | cpus[2] | cpus[3]) != 0);
+
+  // A list that says how many entries it holds: asked, too small, enough.
+  unsigned n = 0;
+  const nvmlReturn_t r = nvmlDeviceGetSupportedMemoryClocks(d, &n, nullptr);
+  CHECK_TRUE((r == NVML_ERROR_INSUFFICIENT_SIZE || r == NVML_SUCCESS) && n > 0);
+  std::vector<unsigned> clocks(n + 4, 0);
+  unsigned small = n - 1;
+  EXPECT_RET(nvmlDeviceGetSupportedMemoryClocks(d, &small, clocks.data()), NVML_ERROR_INSUFFICIENT_SIZE);
+  CHECK_TRUE(small == n);
+  unsigned cap = n + 4;
+  EXPECT_RET(nvmlDeviceGetSupportedMemoryClocks(d, &cap, clocks.data()), NVML_SUCCESS);
+  CHECK_TRUE(cap == n);
+  EXPECT_RET(nvmlDeviceGetMaxClockInfo(d, NVML_CLOCK_MEM, &max), NVML_SUCCESS);
+  for (unsigned k = 0; k < n; ++k)
+    expect(clocks[k] > 0 && clocks[k] <= max, __LINE__,
+           "memory clock " + std::to_string(clocks[k]) + " MHz, max " + std::to_string(max));
+  CHECK_TRUE(clocks[n] == 0);  // nothing past the entries
+  EXPECT_RET(nvmlDeviceGetSupportedMemoryClocks(d, nullptr, clocks.data()), NVML_ERROR_INVALID_ARGUMENT);
+
+  // A list with a 64-bit input and a value out beside it: the samples after a time stamp.
+  nvmlValueType_t type{};
+  unsigned ns = 0;
+  EXPECT_RET(nvmlDeviceGetSamples(d, NVML_GPU_UTILIZATION_SAMPLES, 0, &type, &ns, nullptr), NVML_SUCCESS);
+  if (ns > 0) {
+    std::vector<nvmlSample_t> samples(ns + 1);
+    unsigned got = ns + 1;
+    EXPECT_RET(nvmlDeviceGetSamples(d, NVML_GPU_UTILIZATION_SAMPLES, 0, &type, &got, samples.data()), NVML_SUCCESS);
+    CHECK_TRUE(got >= 1 && got <= ns + 1);
+    bool ordered = true;
+    for (unsigned k = 1; k < got; ++k) ordered = ordered && samples[k].timeStamp >= samples[k - 1].timeStamp;
+    CHECK_TRUE(ordered);
+    if (got >= 2) {  // after the first one's time stamp, the first one is not returned again
+      unsigned later = got;
+      std::vector<nvmlSample_t> rest(got);
+      const nvmlReturn_t rr = nvmlDeviceGetSamples(d, NVML_GPU_UTILIZATION_SAMPLES, samples[0].timeStamp, &type,
+                                                   &later, rest.data());
+      CHECK_TRUE(rr == NVML_SUCCESS && later >= 1 && rest[0].timeStamp > samples[0].timeStamp);
+    }
+  }
+
+  // Never forwarded, by design (a guest is no vGPU host), and a forwarded query whatever the
+  // host answers: tests/process/run_nvml_test.sh finds both in IVCUDA_LOG_UNSUPPORTED's list.
+  unsigned vgpus = 0;
+  EXPECT_RET(nvmlDeviceGetActiveVgpus(d, &vgpus, nullptr), NVML_ERROR_NOT_SUPPORTED);
+  (void)nvmlDeviceGetFanSpeed(d, &v);
+
+  // Field values, three of them (two queries): each with its own answer, in the caller's order.
+  nvmlFieldValue_t f[3] = {};
+  f[0].fieldId = NVML_FI_DEV_ECC_CURRENT;
+  f[1].fieldId = NVML_FI_DEV_PCIE_REPLAY_COUNTER;
+  f[2].fieldId = NVML_FI_DEV_ECC_CURRENT;
+  f[2].scopeId = 0;
+  EXPECT_RET(nvmlDeviceGetFieldValues(d, 3, f), NVML_SUCCESS);
+  CHECK_TRUE(f[0].fieldId == NVML_FI_DEV_ECC_CURRENT && f[1].fieldId == NVML_FI_DEV_PCIE_REPLAY_COUNTER);
+  CHECK_TRUE(f[0].nvmlReturn == NVML_SUCCESS && f[2].nvmlReturn == NVML_SUCCESS && f[0].timestamp > 0);
+  CHECK_TRUE(f[0].value.ullVal == f[2].value.ullVal || f[0].value.uiVal == f[2].value.uiVal);
+  EXPECT_RET(nvmlDeviceGetFieldValues(d, 1, nullptr), NVML_ERROR_INVALID_ARGUMENT);
+  EXPECT_RET(nvmlDeviceGetFieldValues(d, 0, nullptr), NVML_SUCCESS);
+
+  // A system query.
+  EXPECT_RET(nvmlSystemGetNvlinkBwMode(&v), NVML_SUCCESS);
+  EXPECT_RET(nvmlSystemGetNvlinkBwMode(nullptr), NVML_ERROR_INVALID_ARGUMENT);
+}
+
 struct Memory {
   unsigned long long total = 0, free = 0, used = 0;
 };
@@ -373,6 +488,7 @@ int main(int argc, char** argv) {
       EXPECT_RET(nvmlDeviceGetHandleByIndex_v2(i, &d), NVML_SUCCESS);
       identity(i, d);
       figures(d);
+      passthrough(d);
     }
     bad_arguments(d0, count);
     setters(d0);
