@@ -80,6 +80,12 @@ class PassthroughCall {
     return n < nvml_wire::kPassthroughMaxText ? n : nvml_wire::kPassthroughMaxText;
   }
   char* text(std::size_t n) { return reinterpret_cast<char*>(section(n)); }
+  // A buffer's size in bytes, clamped as the guest clamps it (to the room left).
+  std::uint32_t raw_length() {
+    const std::uint32_t n = pop();
+    const std::size_t room = nvml_wire::kPassthroughMaxBody - std::min<std::size_t>(used(), nvml_wire::kPassthroughMaxBody);
+    return n < room ? n : static_cast<std::uint32_t>(room);
+  }
 
   int error() const { return err_; }
   void set_count(std::uint64_t n) { count_ = n; }

@@ -166,6 +166,7 @@ class Row:
         self.strings: dict[str, str] = {}  # buffer -> length parameter
         self.chars: dict[str, str] = {}    # buffer -> fixed size
         self.struct_in: dict[str, str] = {}  # struct out -> its leading 32-bit words the caller fills
+        self.raw: dict[str, str] = {}      # buffer -> its size in bytes (a by-value parameter)
         for h in hints:
             key, _, val = h.partition("=")
             items, _, count = val.partition(":")
@@ -173,12 +174,13 @@ class Row:
                 raise GenError(f"{name}: hint {h} wants NAME:COUNT")
             for it in items.split(","):
                 {"array": self.arrays, "string": self.strings, "chars": self.chars,
-                 "in": self.struct_in}.get(key, {})[it] = count
-            if key not in ("array", "string", "chars", "in"):
+                 "in": self.struct_in, "bytes": self.raw}.get(key, {})[it] = count
+            if key not in ("array", "string", "chars", "in", "bytes"):
                 raise GenError(f"{name}: unknown hint {h}")
         names = {p.name: p for p in body}
         for what in list(self.arrays) + list(self.arrays.values()) + list(self.strings) + \
-                list(self.strings.values()) + list(self.chars) + list(self.struct_in):
+                list(self.strings.values()) + list(self.chars) + list(self.struct_in) + \
+                list(self.raw) + list(self.raw.values()):
             if what not in names:
                 raise GenError(f"{name}: a hint names {what}, which is not a parameter")
         for p in body:
@@ -188,7 +190,7 @@ class Row:
         self.names = names
 
     def counts(self) -> set[str]:
-        return set(self.arrays.values()) | set(self.strings.values())
+        return set(self.arrays.values()) | set(self.strings.values()) | set(self.raw.values())
 
 
 def read_passthrough(path: Path, params: dict[str, str], decls: dict[str, str]) -> list[Row]:
@@ -234,6 +236,8 @@ def emit_guest_passthrough(rows: list[Row]) -> str:
                     out.append(f"  q.items_sized({p.name}, {count});")
             elif p.name in r.strings:
                 out.append(f"  q.text({p.name}, {r.strings[p.name]});")
+            elif p.name in r.raw:
+                out.append(f"  q.raw({p.name}, {r.raw[p.name]});")
             elif p.name in r.chars:
                 out.append(f"  q.chars({p.name}, {r.chars[p.name]});")
             elif p.name in r.struct_in:
@@ -286,6 +290,10 @@ def emit_host_passthrough(rows: list[Row]) -> str:
                 out.append(f"      char* v_{p.name} = p.text(v_{lp.name});")
             elif p.name in r.chars:
                 out.append(f"      char* v_{p.name} = p.text({r.chars[p.name]});")
+            elif p.name in r.raw:
+                lp = r.names[r.raw[p.name]]
+                out.append(f"      {lp.base} v_{lp.name} = static_cast<{lp.base}>(p.raw_length());")
+                out.append(f"      {p.base}* v_{p.name} = reinterpret_cast<{p.base}*>(p.text(v_{lp.name}));")
             elif p.name in r.struct_in:
                 out.append(f"      {p.base}* v_{p.name} = p.out<{p.base}>({r.struct_in[p.name]});")
             elif p.pointer:

@@ -88,6 +88,14 @@ class Passthrough {
     const unsigned n = length < nvml_wire::kPassthroughMaxText ? length : nvml_wire::kPassthroughMaxText;
     add(buf, n, n, Kind::kText);
   }
+  // A buffer of `size` bytes (a size in bytes, not entries), all of it coming back.
+  void raw(void* p, unsigned size) noexcept {
+    if (p == nullptr) return fail(NVML_ERROR_INVALID_ARGUMENT);
+    slot(size);
+    const std::size_t room = nvml_wire::kPassthroughMaxBody - used_;
+    const std::size_t n = size < room ? size : room;
+    add(p, n, n, Kind::kValue);
+  }
   // A text buffer whose size nvml.h fixes.
   void chars(char* buf, unsigned n) noexcept {
     if (buf == nullptr) return fail(NVML_ERROR_INVALID_ARGUMENT);

@@ -596,6 +596,36 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type, 
   *count = n;
   return NVML_SUCCESS;
 }
+// size in bytes (nvml.h): P0 and P2, the rest NVML_PSTATE_UNKNOWN.
+nvmlReturn_t nvmlDeviceGetSupportedPerformanceStates(nvmlDevice_t device, nvmlPstates_t* pstates, unsigned size) {
+  DEVICE_OR_RETURN(device, i, pstates == nullptr)
+  (void)i;
+  const unsigned n = size / sizeof(nvmlPstates_t);
+  if (n < 2) return NVML_ERROR_INSUFFICIENT_SIZE;
+  for (unsigned k = 0; k < n && k < NVML_MAX_GPU_PERF_PSTATES; ++k) pstates[k] = NVML_PSTATE_UNKNOWN;
+  pstates[0] = NVML_PSTATE_0;
+  pstates[1] = NVML_PSTATE_2;
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetHicVersion(unsigned* count, nvmlHwbcEntry_t* entries) {
+  if (!inited()) return NVML_ERROR_UNINITIALIZED;
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  (void)entries;
+  *count = 0;  // no HIC boards
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetConfComputeState(nvmlConfComputeSystemState_t* state) {
+  if (!inited()) return NVML_ERROR_UNINITIALIZED;
+  if (state == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *state = {NVML_CC_SYSTEM_ENVIRONMENT_UNAVAILABLE, NVML_CC_SYSTEM_FEATURE_DISABLED, NVML_CC_SYSTEM_DEVTOOLS_MODE_OFF};
+  return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetConfComputeCapabilities(nvmlConfComputeSystemCaps_t* caps) {
+  if (!inited()) return NVML_ERROR_UNINITIALIZED;
+  if (caps == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *caps = {NVML_CC_SYSTEM_CPU_CAPS_NONE, NVML_CC_SYSTEM_GPUS_CC_CAPABLE};
+  return NVML_SUCCESS;
+}
 nvmlReturn_t nvmlSystemGetNvlinkBwMode(unsigned* mode) {
   if (!inited()) return NVML_ERROR_UNINITIALIZED;
   if (mode == nullptr) return NVML_ERROR_INVALID_ARGUMENT;

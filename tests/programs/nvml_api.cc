@@ -337,6 +337,16 @@ void passthrough(nvmlDevice_t d) {
   EXPECT_RET(nvmlDeviceGetCpuAffinity(d, 4, cpus), NVML_SUCCESS);
   CHECK_TRUE((cpus[0] | cpus[1] | cpus[2] | cpus[3]) != 0);
 
+  // A list whose size is in bytes (nvml.h's pstates): nothing written past those bytes.
+  nvmlPstates_t ps[NVML_MAX_GPU_PERF_PSTATES + 1];
+  for (auto& x : ps) x = static_cast<nvmlPstates_t>(7);
+  EXPECT_RET(nvmlDeviceGetSupportedPerformanceStates(d, ps, NVML_MAX_GPU_PERF_PSTATES * sizeof(nvmlPstates_t)),
+             NVML_SUCCESS);
+  CHECK_TRUE(ps[0] != 7 && static_cast<int>(ps[NVML_MAX_GPU_PERF_PSTATES]) == 7);
+  for (auto& x : ps) x = static_cast<nvmlPstates_t>(7);
+  const nvmlReturn_t rp = nvmlDeviceGetSupportedPerformanceStates(d, ps, 2 * sizeof(nvmlPstates_t));
+  CHECK_TRUE((rp == NVML_SUCCESS || rp == NVML_ERROR_INSUFFICIENT_SIZE) && static_cast<int>(ps[2]) == 7);
+
   // A list that says how many entries it holds: asked, too small, enough.
   unsigned n = 0;
   const nvmlReturn_t r = nvmlDeviceGetSupportedMemoryClocks(d, &n, nullptr);
