@@ -591,7 +591,11 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
       std::vector<nvmlProcessUtilizationSample_t> own;
       for (auto sample : all) {
         const auto it = mine.find(sample.pid);
-        if (it == mine.end() || !it->second.listed) continue;
+        if ((it == mine.end() || !it->second.listed) && IVCUDA_RULE("nvml-own-samples")) continue;
+        if (it == mine.end()) {  // the mutant: another tenant's sample passes for the guest's
+          own.push_back(sample);
+          continue;
+        }
         sample.pid = it->second.guest_pid;
         own.push_back(sample);
       }

@@ -23,7 +23,8 @@
 #           nvbench.txt, nvbench.json/.png and nvbench-python.json/.png, the raw results in logs
 #   nvml    NVML for guests in process mode (run_nvml_on_gpu.sh): pynvml through ivcuda vs the
 #           host's NVML, ivcuda-smi and the driver's nvidia-smi on the guest library, PyTorch's
-#           list_gpu_processes()
+#           list_gpu_processes(), gpustat and nvitop, every pynvml query against the host's
+#           (nvml_survey.py), JAX's start without NVML error lines
 #   lifecycle  issue 30's figures with ivcudad's defaults: start-up after idle, back-to-back,
 #           in a burst and spread, and death with work under way (SIGKILL to memory back), native
 #           vs ivcuda (ivcuda-bench --only startup,starts,death, or IVCUDA_LIFECYCLE_PARTS; lifecycle.txt/.json);

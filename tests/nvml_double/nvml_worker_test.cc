@@ -392,7 +392,7 @@ std::uint32_t passthrough_fn(const std::string& name) {
   return 0;
 }
 
-TEST_CASE("field values travel two at a time; utilisation samples are the guest's own processes", "[nvml_double][hostile]") {
+TEST_CASE("field values travel two at a time, and utilisation samples are the guest's own processes", "[nvml_double][hostile]") {
   Daemon d("fv", {"--gpus", "0,1", "--nvml", NVML_DOUBLE_PATH});
   Guest g(d.sock, 4444);
   Reply r = g.nvml(NvmlFn::kDeviceFieldValues, 0, NVML_FI_DEV_ECC_CURRENT | (3ull << 32), NVML_FI_DEV_MEMORY_TEMP,
