@@ -34,6 +34,33 @@ CUresult peer_query(int* value, std::uint32_t attrib, CUdevice dev, CUdevice pee
   });
 }
 
+// Atomic capabilities, one operation a query (to the host: peer kPeerHost).
+// What cuda.h documents is refused here: no arrays, no operations, an
+// operation outside CUatomicOperation.
+CUresult atomic_caps(unsigned* caps, const CUatomicOperation* ops, unsigned count, CUdevice dev, CUdevice peer,
+                     bool host) {
+  return guard([&] {
+    Runtime* rt = nullptr;
+    if (const CUresult st = runtime(&rt); st != CUDA_SUCCESS) return st;
+    const int a = rt->to_worker(dev);
+    const int b = host ? ivcuda::proto::kPeerHost : rt->to_worker(peer);
+    if (a < 0 || (!host && (b < 0 || dev == peer))) return CUDA_ERROR_INVALID_DEVICE;
+    if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned k = 0; k < count; ++k) {
+      const int op = ivcuda::guest::internal::raw_enum(ops[k]);
+      if (op < 0 || op >= static_cast<int>(CU_ATOMIC_OPERATION_MAX)) return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (unsigned k = 0; k < count; ++k) {
+      ivcuda::proto::RepValue rep{};
+      const auto attrib = ivcuda::proto::kPeerAtomicQuery + static_cast<std::uint32_t>(ivcuda::guest::internal::raw_enum(ops[k]));
+      const CUresult st = rt->call<Op::kPeerQuery>(ivcuda::proto::ReqPeerQuery{a, b, attrib, 0}, {}, &rep);
+      if (st != CUDA_SUCCESS) return st;
+      caps[k] = static_cast<unsigned>(rep.value);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult peer_access(CUcontext peer, unsigned flags, bool enable) {
   return guard([&] {
     Runtime* rt = nullptr;
@@ -71,6 +98,16 @@ CUresult cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) { return p
 CUresult cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib, CUdevice src, CUdevice dst) {
   if (static_cast<int>(attrib) < 0) return CUDA_ERROR_INVALID_VALUE;
   return peer_query(value, static_cast<std::uint32_t>(attrib) + 1, src, dst);
+}
+
+CUresult cuDeviceGetHostAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                           unsigned int count, CUdevice dev) {
+  return atomic_caps(capabilities, operations, count, dev, dev, true);
+}
+
+CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                          unsigned int count, CUdevice srcDevice, CUdevice dstDevice) {
+  return atomic_caps(capabilities, operations, count, srcDevice, dstDevice, false);
 }
 
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) { return peer_access(peer, flags, true); }

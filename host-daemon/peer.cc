@@ -12,6 +12,21 @@ using namespace detail;
 
 CUresult Worker::on_PeerQuery(Call& c) {
   const auto r = c.req<ReqPeerQuery>();
+  if (r.attrib >= kPeerAtomicQuery) {  // atomic capabilities of one operation, to the host or a peer
+    if (!valid_device(r.device) || (r.peer != kPeerHost && !valid_device(r.peer))) return CUDA_ERROR_INVALID_DEVICE;
+    const std::uint32_t op = r.attrib - kPeerAtomicQuery;
+    if (op >= static_cast<std::uint32_t>(CU_ATOMIC_OPERATION_MAX)) return CUDA_ERROR_INVALID_VALUE;
+    const CUatomicOperation operation = static_cast<CUatomicOperation>(op);
+    unsigned caps = 0;
+    const CUdevice a = devices_[dev_index(r.device)];
+    const CUresult st =
+        r.peer == kPeerHost
+            ? cu_.cuDeviceGetHostAtomicCapabilities(&caps, &operation, 1, a)
+            : cu_.cuDeviceGetP2PAtomicCapabilities(&caps, &operation, 1, a, devices_[dev_index(r.peer)]);
+    if (st != CUDA_SUCCESS) return st;
+    c.set_reply(RepValue{caps});
+    return CUDA_SUCCESS;
+  }
   if (!valid_device(r.device) || !valid_device(r.peer)) return CUDA_ERROR_INVALID_DEVICE;
   const CUdevice a = devices_[dev_index(r.device)];
   const CUdevice b = devices_[dev_index(r.peer)];

@@ -312,7 +312,13 @@ struct RepCopyInline {
 };
 
 // Peer access. A query with attrib 0 is cuDeviceCanAccessPeer(device, peer);
-// otherwise it is cuDeviceGetP2PAttribute(attrib - 1, device, peer).
+// from kPeerAtomicQuery on, the atomic capabilities of CUatomicOperation
+// attrib - kPeerAtomicQuery over the link to peer (cuDeviceGetP2PAtomicCapabilities
+// for that one operation), or to the host where peer is kPeerHost
+// (cuDeviceGetHostAtomicCapabilities); otherwise cuDeviceGetP2PAttribute(attrib
+// - 1, device, peer). RepValue carries the value or the capability bits.
+inline constexpr u32 kPeerAtomicQuery = 0x10000;
+inline constexpr i32 kPeerHost = -1;
 struct ReqPeerQuery {
   i32 device;
   i32 peer;

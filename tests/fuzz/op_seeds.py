@@ -741,6 +741,11 @@ def stream_seeds():
         s.call("PeerQuery", device=1, peer=0, attrib=C[attr] + 1)
     s.call("PeerQuery", ok=False, device=0, peer=1, attrib=200)
     s.call("PeerQuery", ok=False, device=0, peer=2)
+    # Atomic capabilities: to the host (peer -1), to a peer, an operation past the enum.
+    s.call("PeerQuery", device=0, peer=-1, attrib=0x10000 + C["CU_ATOMIC_OPERATION_CAS"])
+    s.call("PeerQuery", device=0, peer=1, attrib=0x10000 + C["CU_ATOMIC_OPERATION_FLOAT_ADD"])
+    s.call("PeerQuery", ok=False, device=0, peer=-1, attrib=0x10000 + C["CU_ATOMIC_OPERATION_MAX"])
+    s.call("PeerQuery", ok=False, device=0, peer=-2, attrib=0x10000)
     yield s
     s = start("PeerAccess", devices=2)
     s.call("PeerAccess", ctx=s.ctx, peer_ctx=s.ctx1, enable=1)

@@ -69,6 +69,45 @@ CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attri
   });
 }
 
+// Atomics: integer operations signed and unsigned at 32 and 64 bits, the
+// float ones at 32 and 64 bits, nothing at 128; the host's link has no
+// float minimum or maximum (a plausible PCIe link), peers everything listed.
+namespace {
+unsigned atomic_caps_of(int op, bool host) {
+  constexpr unsigned kInt = CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED |
+                            CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64;
+  constexpr unsigned kFloat = CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64;
+  if (op >= CU_ATOMIC_OPERATION_FLOAT_ADD) return host && op != CU_ATOMIC_OPERATION_FLOAT_ADD ? 0u : kFloat;
+  return kInt;
+}
+CUresult atomic_caps(State& s, unsigned* caps, const CUatomicOperation* ops, unsigned count, CUdevice a, CUdevice b,
+                     bool host) {
+  if (!valid_dev(s, a) || (!host && (!valid_dev(s, b) || a == b))) return CUDA_ERROR_INVALID_DEVICE;
+  if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned k = 0; k < count; ++k) {
+    int op = 0;
+    std::memcpy(&op, &ops[k], sizeof op);
+    if (op < 0 || op >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (unsigned k = 0; k < count; ++k) {
+    int op = 0;
+    std::memcpy(&op, &ops[k], sizeof op);
+    caps[k] = atomic_caps_of(op, host);
+  }
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult CUDAAPI cuDeviceGetHostAtomicCapabilities(unsigned* caps, const CUatomicOperation* ops, unsigned count,
+                                                   CUdevice dev) {
+  return guarded([&](State& s) -> CUresult { return atomic_caps(s, caps, ops, count, dev, dev, true); });
+}
+
+CUresult CUDAAPI cuDeviceGetP2PAtomicCapabilities(unsigned* caps, const CUatomicOperation* ops, unsigned count,
+                                                  CUdevice src, CUdevice dst) {
+  return guarded([&](State& s) -> CUresult { return atomic_caps(s, caps, ops, count, src, dst, false); });
+}
+
 CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
   return guarded([&](State& s) -> CUresult {
     Handle cur = 0;

@@ -13,7 +13,7 @@ work=$(mktemp -d /tmp/ivcuda-gpus.XXXXXX)
 daemon=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
-expect_cases 18
+expect_cases 19
 export IVCUDA_GPU_DOUBLE_DEVICES=4
 cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
@@ -39,6 +39,9 @@ start
 guest >"$work/all.out"
 judge "all GPUs granted: the same 4 devices, same UUIDs and PCI ids" \
   bash -c "for i in 0 1 2 3; do [ \"\$(grep \"^device \$i \" '$work/all.out' | cut -d' ' -f3-)\" = \"\$(grep \"^device \$i \" '$work/direct.out' | cut -d' ' -f3-)\" ] || exit 1; done"
+
+judge "all GPUs granted: the driver's atomic capabilities to the host and between GPUs, as the driver gives them" \
+  bash -c "grep 'atomics of device' '$work/direct.out' >'$work/atomics.direct' && [ \$(wc -l <'$work/atomics.direct') -eq 7 ] && grep 'atomics of device' '$work/all.out' | diff - '$work/atomics.direct'"
 
 start --gpus 3,1
 guest --try-ordinal 2 >"$work/sel.out"

@@ -60,6 +60,36 @@ int main(int argc, char** argv) {
     OK(cuMemAlloc(&p, 1 << 20));
     OK(cuMemFree(p));
     OK(cuDevicePrimaryCtxRelease(d));
+
+    // Atomic operations over the link to the host, and to the next GPU: the driver's bits.
+    CUatomicOperation ops[CU_ATOMIC_OPERATION_MAX];
+    unsigned caps[CU_ATOMIC_OPERATION_MAX] = {};
+    for (int k = 0; k < CU_ATOMIC_OPERATION_MAX; ++k) ops[k] = static_cast<CUatomicOperation>(k);
+    OK(cuDeviceGetHostAtomicCapabilities(caps, ops, CU_ATOMIC_OPERATION_MAX, d));
+    std::printf("host atomics of device %d:", i);
+    for (unsigned bits : caps) std::printf(" %x", bits);
+    std::printf("\n");
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuDeviceGetHostAtomicCapabilities(nullptr, ops, 1, d));
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuDeviceGetHostAtomicCapabilities(caps, nullptr, 1, d));
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuDeviceGetHostAtomicCapabilities(caps, ops, 0, d));
+    CUatomicOperation unknown;
+    const int ninety_nine = 99;
+    std::memcpy(&unknown, &ninety_nine, sizeof unknown);
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuDeviceGetHostAtomicCapabilities(caps, &unknown, 1, d));
+    EXPECT_RES(CUDA_ERROR_INVALID_DEVICE, cuDeviceGetP2PAtomicCapabilities(caps, ops, 1, d, d));
+    if (i + 1 < n) {
+      CUdevice next;
+      OK(cuDeviceGet(&next, i + 1));
+      OK(cuDeviceGetP2PAtomicCapabilities(caps, ops, CU_ATOMIC_OPERATION_MAX, d, next));
+      std::printf("peer atomics of device %d to %d:", i, i + 1);
+      for (unsigned bits : caps) std::printf(" %x", bits);
+      std::printf("\n");
+    }
+  }
+  {
+    CUatomicOperation add = CU_ATOMIC_OPERATION_INTEGER_ADD;
+    unsigned cap = 0;
+    EXPECT_RES(CUDA_ERROR_INVALID_DEVICE, cuDeviceGetHostAtomicCapabilities(&cap, &add, 1, n + 7));
   }
   if (const char* t = check::arg(argc, argv, "--try-ordinal")) {
     CUdevice d;
