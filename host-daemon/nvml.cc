@@ -155,6 +155,21 @@ bool nvml_enum(std::uint64_t v, std::uint64_t count, E* out) {
   return true;
 }
 
+// One of NVML's lists, which can grow between asking how long it is and
+// filling it: `call(entries, &count)` a few times, with room to spare.
+template <class T, class Call>
+nvmlReturn_t growing_list(std::vector<T>* all, Call call) {
+  unsigned n = 0;
+  nvmlReturn_t st = NVML_ERROR_INSUFFICIENT_SIZE;
+  for (int tries = 0; tries < 4 && st == NVML_ERROR_INSUFFICIENT_SIZE; ++tries) {
+    all->resize(n + 8);
+    n = static_cast<unsigned>(all->size());
+    st = call(all->data(), &n);
+  }
+  if (st == NVML_SUCCESS) all->resize(std::min<std::size_t>(n, all->size()));
+  return st;
+}
+
 }  // namespace
 
 #define IVCUDA_NVML_CALL(f, ...) (a.f == nullptr ? NVML_ERROR_FUNCTION_NOT_FOUND : a.f(__VA_ARGS__))
@@ -261,16 +276,9 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
     std::map<std::uint32_t, Own> mine = own_workers();
     if (source == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
     std::vector<nvmlProcessInfo_t> all;
-    unsigned n = 0;
-    nvmlReturn_t st = NVML_ERROR_INSUFFICIENT_SIZE;
-    // The list can grow between the two calls: a few tries.
-    for (int tries = 0; tries < 4 && st == NVML_ERROR_INSUFFICIENT_SIZE; ++tries) {
-      all.resize(n + 8);
-      n = static_cast<unsigned>(all.size());
-      st = source(h, &n, all.data());
-    }
-    if (st != NVML_SUCCESS) return st;
-    all.resize(std::min<std::size_t>(n, all.size()));
+    if (const nvmlReturn_t st = growing_list(&all, [&](nvmlProcessInfo_t* e, unsigned* n) { return source(h, n, e); });
+        st != NVML_SUCCESS)
+      return st;
     *used = 0;
     for (const auto& p : all) {
       auto it = mine.find(p.pid);
@@ -578,15 +586,11 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
       if (a.nvmlDeviceGetProcessUtilization == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
       const std::map<std::uint32_t, Own> mine = own_workers();
       std::vector<nvmlProcessUtilizationSample_t> all;
-      unsigned n = 0;
-      nvmlReturn_t st = NVML_ERROR_INSUFFICIENT_SIZE;
-      for (int tries = 0; tries < 4 && st == NVML_ERROR_INSUFFICIENT_SIZE; ++tries) {
-        all.resize(n + 8);
-        n = static_cast<unsigned>(all.size());
-        st = a.nvmlDeviceGetProcessUtilization(h, all.data(), &n, r.arg1);
-      }
-      if (st != NVML_SUCCESS) return st;
-      all.resize(std::min<std::size_t>(n, all.size()));
+      if (const nvmlReturn_t st = growing_list(&all, [&](nvmlProcessUtilizationSample_t* e, unsigned* n) {
+            return a.nvmlDeviceGetProcessUtilization(h, e, n, r.arg1);
+          });
+          st != NVML_SUCCESS)
+        return st;
       // The guest's processes' samples, by their guest pids; none of another tenant's.
       std::vector<nvmlProcessUtilizationSample_t> own;
       for (auto sample : all) {

@@ -192,6 +192,22 @@ class Row:
     def counts(self) -> set[str]:
         return set(self.arrays.values()) | set(self.strings.values()) | set(self.raw.values())
 
+    def kind(self, p: Param) -> str:
+        """What parameter p is on the wire, the same for both sides' code: "count" (a list's
+        count, a text's length or a buffer's size: taken with its buffer), "items" (a list's
+        first array), "more_items" (another array of the same count), "text", "raw", "chars",
+        "struct_in", "out" or "in"."""
+        if p.name in self.counts():
+            return "count"
+        if p.name in self.arrays:
+            count = self.arrays[p.name]
+            return "items" if [i for i, c in self.arrays.items() if c == count][0] == p.name else "more_items"
+        for kind, table in (("text", self.strings), ("raw", self.raw), ("chars", self.chars),
+                            ("struct_in", self.struct_in)):
+            if p.name in table:
+                return kind
+        return "out" if p.pointer else "in"
+
 
 def read_passthrough(path: Path, params: dict[str, str], decls: dict[str, str]) -> list[Row]:
     rows, number = [], 0
@@ -221,32 +237,21 @@ def emit_guest_passthrough(rows: list[Row]) -> str:
         out.append(f'  ivcuda::nvml::Passthrough q({r.number}, "{r.name}");')
         if not r.system:
             out.append(f"  q.device({r.params[0].name});")
-        done: set[str] = set()
         for p in r.body:
-            if p.name in done or p.name in r.counts() and p.name not in r.arrays:
+            k = r.kind(p)
+            if k == "count":
                 continue
-            if p.name in r.arrays:
+            if k == "items":
                 count = r.arrays[p.name]
-                first = [i for i, c in r.arrays.items() if c == count][0]
-                if p.name != first:
-                    out.append(f"  q.more_items({p.name});")
-                elif r.names[count].pointer:
-                    out.append(f"  q.items({p.name}, {count});")
-                else:
-                    out.append(f"  q.items_sized({p.name}, {count});")
-            elif p.name in r.strings:
-                out.append(f"  q.text({p.name}, {r.strings[p.name]});")
-            elif p.name in r.raw:
-                out.append(f"  q.raw({p.name}, {r.raw[p.name]});")
-            elif p.name in r.chars:
-                out.append(f"  q.chars({p.name}, {r.chars[p.name]});")
-            elif p.name in r.struct_in:
-                out.append(f"  q.out({p.name}, {r.struct_in[p.name]});")
-            elif p.pointer:
-                out.append(f"  q.out({p.name});")
+                call = "items" if r.names[count].pointer else "items_sized"
+                out.append(f"  q.{call}({p.name}, {count});")
+            elif k == "more_items":
+                out.append(f"  q.more_items({p.name});")
+            elif k in ("text", "raw", "chars", "struct_in"):
+                extra = {"text": r.strings, "raw": r.raw, "chars": r.chars, "struct_in": r.struct_in}[k][p.name]
+                out.append(f"  q.{'out' if k == 'struct_in' else k}({p.name}, {extra});")
             else:
-                out.append(f"  q.in({p.name});")
-            done.add(p.name)
+                out.append(f"  q.{k}({p.name});")
         out.append("  return q.run();")
         out.append("}")
         out.append("")
@@ -275,28 +280,25 @@ def emit_host_passthrough(rows: list[Row]) -> str:
         out.append(f"    case {r.number}: {{  // {r.name}")
         out.append(f"      if (a.{r.name} == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;")
         for p in r.body:
-            if p.name in r.counts():
-                continue  # a list's count or a text's length: taken where its buffer is
-            if p.name in r.arrays:
+            k = r.kind(p)
+            if k == "count":
+                continue  # a list's count, a text's length, a buffer's size: taken where its buffer is
+            if k in ("items", "more_items"):
                 count = r.arrays[p.name]
-                first = [i for i, c in r.arrays.items() if c == count][0] == p.name
-                if first:
+                if k == "items":
                     cp = r.names[count]
                     out.append(f"      {cp.base} v_{count} = static_cast<{cp.base}>(p.capacity());")
-                out.append(f"      {p.base}* v_{p.name} = p.items<{p.base}>(v_{count}, {'true' if first else 'false'});")
-            elif p.name in r.strings:
-                lp = r.names[r.strings[p.name]]
-                out.append(f"      {lp.base} v_{lp.name} = static_cast<{lp.base}>(p.text_length());")
-                out.append(f"      char* v_{p.name} = p.text(v_{lp.name});")
-            elif p.name in r.chars:
-                out.append(f"      char* v_{p.name} = p.text({r.chars[p.name]});")
-            elif p.name in r.raw:
-                lp = r.names[r.raw[p.name]]
-                out.append(f"      {lp.base} v_{lp.name} = static_cast<{lp.base}>(p.raw_length());")
+                out.append(f"      {p.base}* v_{p.name} = p.items<{p.base}>(v_{count}, {'true' if k == 'items' else 'false'});")
+            elif k in ("text", "raw"):
+                lp = r.names[(r.strings if k == "text" else r.raw)[p.name]]
+                length = "text_length" if k == "text" else "raw_length"
+                out.append(f"      {lp.base} v_{lp.name} = static_cast<{lp.base}>(p.{length}());")
                 out.append(f"      {p.base}* v_{p.name} = reinterpret_cast<{p.base}*>(p.text(v_{lp.name}));")
-            elif p.name in r.struct_in:
+            elif k == "chars":
+                out.append(f"      char* v_{p.name} = p.text({r.chars[p.name]});")
+            elif k == "struct_in":
                 out.append(f"      {p.base}* v_{p.name} = p.out<{p.base}>({r.struct_in[p.name]});")
-            elif p.pointer:
+            elif k == "out":
                 out.append(f"      {p.base}* v_{p.name} = p.out<{p.base}>();")
             else:
                 out.append(f"      const auto v_{p.name} = p.in<{p.base}>();")
