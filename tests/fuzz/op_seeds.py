@@ -14,10 +14,11 @@ can count which ops answered CUDA_SUCCESS.
 replays each seed with IVCUDA_FUZZ_TRACE=1 and reports where the worker answered otherwise
 (make_seeds.py --check BINARY).
 """
+import os
 import struct
 from collections import Counter
 
-from proto_layout import Proto, cuda_constants
+from proto_layout import ROOT, Proto, cuda_constants
 
 P = Proto()
 C = cuda_constants()
@@ -1584,6 +1585,14 @@ def nvml_seeds():
         system = f in ("kInit", "kSystemDriverVersion", "kSystemNvmlVersion", "kSystemCudaDriverVersion",
                        "kDeviceCount")
         q(f, nodev if system else 0, 0, 0, 8 if f == "kDeviceUuid" else 256)
+    # The pass-through rows (tools/nvml_passthrough.txt; its row is the wire number past
+    # kPassthroughBase), each asked as its kind wants, then a row past the list.
+    base = P.consts["kPassthroughBase"]
+    rows = [line.lstrip("#-").split()[0] for line in open(os.path.join(ROOT, "tools", "nvml_passthrough.txt"))
+            if line.strip() and (not line.startswith("#") or line.startswith("#-"))]
+    for row, name in enumerate(rows):
+        q(base + row, nodev if name.startswith("nvmlSystem") else 0, 4, 0x100000004, 1024)
+    q(base + len(rows), 0, ok=True)
     yield s
 
 
