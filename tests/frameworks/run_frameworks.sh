@@ -23,7 +23,7 @@ daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 
-# "name|script|environment (space-separated VAR=value)|GPUs needed (default 1)"
+# "name|script|environment (space-separated VAR=value)|GPUs needed (default 1)|seconds (default 120)"
 cases=(
   "torch_eager|torch_eager.py|"
   "torch_graphs|torch_graphs.py|"
@@ -38,6 +38,7 @@ cases=(
   "cupy_basic|cupy_basic.py|"
   "cupy_managed|cupy_managed.py|"
   "torch_libs|torch_libs.py|"
+  "llm_serve|llm_serve.py|||300"
   "torch_two_gpus|torch_two_gpus.py||2"
   "torch_nccl_two|torch_nccl_two.py||2"
 )
@@ -51,19 +52,20 @@ fi
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 expect_cases ${#cases[@]}
 for c in "${cases[@]}"; do
-  IFS='|' read -r name script envs gpus <<<"$c"
+  IFS='|' read -r name script envs gpus secs <<<"$c"
+  secs=${secs:-120}
   if [ "${gpus:-1}" -gt "$ngpu" ]; then
     not_run "$name" "needs ${gpus} GPUs, this machine has $ngpu (nvidia-h200-x2 runs it)"
     continue
   fi
   # shellcheck disable=SC2086 # one word per variable
-  env $envs timeout 120 "$py" "$here/$script" >"$out/$name.native" 2>"$out/$name.native.err"; rn=$?
+  env $envs timeout "$secs" "$py" "$here/$script" >"$out/$name.native" 2>"$out/$name.native.err"; rn=$?
   rm -f "$out/$name.pid" "$out/$name.unsupported"
   mark=$(log_mark "$out/ivcudad.log")
   # shellcheck disable=SC2086
   env $envs IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_LOG_UNSUPPORTED="$out/$name.unsupported" \
     IVCUDA_LOG_ERRORS="$out/$name.errors" IVCUDA_CALL_STATS="$out/$name.calls" \
-    timeout 120 "${tagged[@]}" "$out/$name.pid" "$py" "$here/$script" >"$out/$name.ivcuda" 2>"$out/$name.ivcuda.err"
+    timeout "$secs" "${tagged[@]}" "$out/$name.pid" "$py" "$here/$script" >"$out/$name.ivcuda" 2>"$out/$name.ivcuda.err"
   ri=$?
   tn=$(sed -n 's/^TIME //p' "$out/$name.native"); ti=$(sed -n 's/^TIME //p' "$out/$name.ivcuda")
   why=
@@ -71,7 +73,8 @@ for c in "${cases[@]}"; do
   [ $ri -eq 0 ] || why="${why:+$why, }ivcuda exit $ri"
   served_by "$out/ivcudad.log" "$(cat "$out/$name.pid" 2>/dev/null || echo 0)" "$mark" ||
     why="${why:+$why, }not served by ivcudad"
-  diff <(grep -v '^TIME ' "$out/$name.native") <(grep -v '^TIME ' "$out/$name.ivcuda") >"$out/$name.diff" ||
+  # TIME and FIG lines are figures (FIG: a case's own rate, printed beside the verdict), not output.
+  diff <(grep -Ev '^(TIME|FIG) ' "$out/$name.native") <(grep -Ev '^(TIME|FIG) ' "$out/$name.ivcuda") >"$out/$name.diff" ||
     why="${why:+$why, }outputs differ"
   # libcuda's NOT_SUPPORTED answers, and NVML functions ivcuda does not forward (NVML's own
   # NOT_SUPPORTED for what the GPU lacks - fans on an H200 - is the host's answer, passed on).
@@ -88,6 +91,8 @@ for c in "${cases[@]}"; do
   [ -n "$tn" ] && [ -n "$ti" ] && ratio=$(awk -v a="$ti" -v b="$tn" 'BEGIN { printf "%.2f", a / b }')
   if [ -z "$why" ]; then
     echo "  $name: identical output, served, time native ${tn}s ivcuda ${ti}s (x$ratio)"
+    paste <(sed -n 's/^FIG //p' "$out/$name.native") <(sed -n 's/^FIG //p' "$out/$name.ivcuda") |
+      awk -F'\t' 'NF == 2 { split($1, a, " "); split($2, b, " "); printf "  %s: %s native, %s ivcuda\n", a[1], a[2], b[2] }' 
     # Where a slow case's time went: its costliest requests (IVCUDA_CALL_STATS).
     if awk -v r="${ratio:-0}" 'BEGIN { exit !(r > 1.5) }'; then
       grep -A6 "requests by kind" "$out/$name.calls" 2>/dev/null | sed 's/^/  calls> /' | head -14
