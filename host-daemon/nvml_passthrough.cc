@@ -8,31 +8,21 @@
 // What a hostile request can do: name a row outside the list (INVALID_ARGUMENT),
 // a device outside the grant (nvml.cc checks that first), ask for lists and
 // texts larger than kPassthroughMaxBody (clamped, as the guest's library
-// clamps them), or pass NVML a version or enum value it does not know (NVML
-// answers for itself; enum arguments reach it as the integers they are on the
-// wire, never loaded as C++ enums). A versioned struct never claims more
-// bytes than nvml.h's: ARGUMENT_VERSION_MISMATCH, before NVML writes any.
+// clamps them), or pass NVML a version or enum value it does not know. An enum
+// argument becomes the C++ enum only inside the enum's range (the bit-field of
+// its enumerators, generated from nvml.h: nvml_enum_ranges.h); past it the
+// answer is INVALID_ARGUMENT, as NVML gives for a value it does not know, and
+// inside it NVML answers for itself. A versioned struct never claims more bytes
+// than nvml.h's: ARGUMENT_VERSION_MISMATCH, before NVML writes any.
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "host-daemon/nvml_api.h"
+#include "nvml_enum_ranges.h"
 
 namespace ivcuda::host {
 namespace {
-
-// An enum argument as the integer it travels as (the same ABI).
-template <class T>
-struct Wire {
-  using type = T;
-};
-template <class T>
-  requires std::is_enum_v<T>
-struct Wire<T> {
-  using type = std::underlying_type_t<T>;
-};
-template <class T>
-using wire_t = typename Wire<T>::type;
 
 class PassthroughCall {
  public:
@@ -42,10 +32,16 @@ class PassthroughCall {
         room_(cap < nvml_wire::kPassthroughMaxBody ? cap : nvml_wire::kPassthroughMaxBody) {}
 
   template <class T>
-  wire_t<T> in() {
+  T in() {
     std::uint64_t v = pop();
     if constexpr (sizeof(T) > 4) v |= static_cast<std::uint64_t>(pop()) << 32;
-    return static_cast<wire_t<T>>(v);
+    if constexpr (std::is_enum_v<T>) {
+      if (v > EnumRange<T>::limit) {  // no value of T: what NVML answers for one it does not know
+        fail(NVML_ERROR_INVALID_ARGUMENT);
+        return T{};
+      }
+    }
+    return static_cast<T>(v);
   }
 
   // One value out; a versioned struct gets the guest's leading `words`.

@@ -307,11 +307,7 @@ def emit_host_passthrough(rows: list[Row]) -> str:
         for p in r.body:
             args.append(f"&v_{p.name}" if p.name in r.arrays.values() and p.pointer else f"v_{p.name}")
         out.append("      if (const int e = p.error(); e != NVML_SUCCESS) return e;")
-        # Through the same function with its enum arguments as the integers they travel as.
-        sig = ([] if r.system else ["nvmlDevice_t"]) + \
-            [f"{p.base}*" if p.pointer else f"wire_t<{p.base}>" for p in r.body]
-        out.append(f"      using Fn = nvmlReturn_t (*)({', '.join(sig)});")
-        out.append(f"      const nvmlReturn_t st = reinterpret_cast<Fn>(a.{r.name})({', '.join(args)});")
+        out.append(f"      const nvmlReturn_t st = a.{r.name}({', '.join(args)});")
         counts_by_ptr = [c for c in set(r.arrays.values()) if r.names[c].pointer]
         for c in counts_by_ptr:
             out.append(f"      p.set_count(v_{c});")

@@ -1585,15 +1585,21 @@ def nvml_seeds():
         system = f in ("kInit", "kSystemDriverVersion", "kSystemNvmlVersion", "kSystemCudaDriverVersion",
                        "kDeviceCount")
         q(f, nodev if system else 0, 0, 0, 8 if f == "kDeviceUuid" else 256)
+    yield s
     # The pass-through rows (tools/nvml_passthrough.txt; its row is the wire number past
-    # kPassthroughBase), each asked as its kind wants, then a row past the list.
+    # kPassthroughBase), each asked as its kind wants, then a row past the list: seeds of
+    # their own, 40 rows each (one seed's records and replies must fit the ring).
     base = P.consts["kPassthroughBase"]
     rows = [line.lstrip("#-").split()[0] for line in open(os.path.join(ROOT, "tools", "nvml_passthrough.txt"))
             if line.strip() and (not line.startswith("#") or line.startswith("#-"))]
-    for row, name in enumerate(rows):
-        q(base + row, nodev if name.startswith("nvmlSystem") else 0, 4, 0x100000004, 1024)
-    q(base + len(rows), 0, ok=True)
-    yield s
+    per_seed = 40
+    for first in range(0, len(rows), per_seed):
+        s = start(f"Nvml-passthrough{first // per_seed}")
+        for row in range(first, min(first + per_seed, len(rows))):
+            q(base + row, nodev if rows[row].startswith("nvmlSystem") else 0, 4, 0x100000004, 64)
+        if first + per_seed >= len(rows):
+            q(base + len(rows), 0)
+        yield s
 
 
 def random_bar_seeds():
