@@ -1593,6 +1593,9 @@ int main(int argc, char** argv) {
         std::memcpy(&wpid, msg + 1, sizeof wpid);
         e.worker_pid = wpid;
         e.ready = true;
+        if (e.tenant_uid)  // a recycled worker, reset for its user's next guest: from now it is offered
+          IVLOG_INFO("worker pid %d is ready for the next guest of uid %u", static_cast<int>(wpid),
+                     static_cast<unsigned>(*e.tenant_uid));
         warm_backoff[e.listener].second = std::chrono::seconds(1);  // it works again
       } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
         e.handoff.reset();  // ending: no guest goes to it
