@@ -59,6 +59,24 @@ void reset_primary(State& s, Handle h) {
 
 }  // namespace
 
+CUresult ivcuda::gpu_double::retain_primary(State& s, int dev) {
+  const Handle h = s.primary[static_cast<std::size_t>(dev)];
+  Context& c = s.contexts.at(h);
+  if (!c.active)
+    if (const CUresult r = charge_context(s, dev); r != CUDA_SUCCESS) return r;
+  ++c.refs;
+  c.active = true;
+  return CUDA_SUCCESS;
+}
+
+CUresult ivcuda::gpu_double::release_primary(State& s, int dev) {
+  const Handle h = s.primary[static_cast<std::size_t>(dev)];
+  Context& c = s.contexts.at(h);
+  if (c.refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--c.refs == 0) reset_primary(s, h);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams,
                                 unsigned int flags, CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
@@ -103,7 +121,8 @@ CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
       if (!stack.empty()) stack.pop_back();
       return CUDA_SUCCESS;
     }
-    if (!s.contexts.contains(from_handle(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    Handle named = 0;  // a green context's converted context is pushed as itself
+    if (const CUresult r = resolve_context(s, from_handle(ctx), &named); r != CUDA_SUCCESS) return r;
     if (stack.empty())
       stack.push_back(from_handle(ctx));
     else
@@ -124,7 +143,8 @@ CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
 CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) {
   return guarded([&](State& s) -> CUresult {
     if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!s.contexts.contains(from_handle(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    Handle named = 0;
+    if (const CUresult r = resolve_context(s, from_handle(ctx), &named); r != CUDA_SUCCESS) return r;
     ctx_stack().push_back(from_handle(ctx));
     return CUDA_SUCCESS;
   });
@@ -150,8 +170,8 @@ CUresult ctx_synchronize(CUcontext ctx) {
       if (ctx == nullptr) {
         if (const CUresult w = work_context(s, &h); w != CUDA_SUCCESS) return w;
       } else {
-        const auto it = s.contexts.find(from_handle(ctx));
-        if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+        if (const CUresult e = resolve_context(s, from_handle(ctx), &h); e != CUDA_SUCCESS) return e;
+        const auto it = s.contexts.find(h);
         if (!it->second.active) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
         h = it->first;
         if (const CUresult f = s.fault_of(h); f != CUDA_SUCCESS) return f;
@@ -172,6 +192,13 @@ CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) { return ctx_synchronize(ctx
 CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
   return guarded([&](State& s) -> CUresult {
     if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // A converted context still current after its green context's end keeps its device (the
+    // H200's driver answers it there, and CONTEXT_IS_DESTROYED to work).
+    if (const auto& stack = ctx_stack(); !stack.empty())
+      if (const auto d = s.dead_converted.find(stack.back()); d != s.dead_converted.end()) {
+        *device = d->second;
+        return CUDA_SUCCESS;
+      }
     Handle h = 0;
     if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
     *device = s.contexts.at(h).device;
@@ -183,9 +210,9 @@ CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   if (ctx == nullptr) return cuCtxGetDevice(device);
   return guarded([&](State& s) -> CUresult {
     if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const auto it = s.contexts.find(from_handle(ctx));
-    if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
-    *device = it->second.device;
+    Handle h = 0;
+    if (const CUresult r = resolve_context(s, from_handle(ctx), &h); r != CUDA_SUCCESS) return r;
+    *device = s.contexts.at(h).device;
     return CUDA_SUCCESS;
   });
 }
@@ -246,10 +273,11 @@ namespace {
 // The context must exist and the event be one of its own.
 CUresult ctx_event(CUcontext ctx, CUevent ev) {
   return guarded([&](State& s) -> CUresult {
-    if (s.contexts.count(from_handle(ctx)) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    Handle h = 0;
+    if (const CUresult r = resolve_context(s, from_handle(ctx), &h); r != CUDA_SUCCESS) return r;
     const auto it = s.events.find(from_handle(ev));
     if (it == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-    return it->second.ctx == from_handle(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    return it->second.ctx == h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
   });
 }
 }  // namespace
@@ -269,10 +297,30 @@ CUresult CUDAAPI cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
     Handle h = from_handle(ctx);
     if (ctx == nullptr) {
       if (const CUresult r = current_context(s, &h); r != CUDA_SUCCESS) return r;
-    } else if (!s.contexts.contains(h)) {
-      return CUDA_ERROR_INVALID_CONTEXT;
+    } else if (const CUresult r = resolve_context(s, h, &h); r != CUDA_SUCCESS) {
+      return r;
     }
     *version = 3020;  // what every context since CUDA 3.2 reports
+    return CUDA_SUCCESS;
+  });
+}
+
+// Ids are given on first ask, one per CUcontext handle (handles are never reused): a green
+// context's converted context has one of its own, apart from the primary context's.
+CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long* ctxId) {
+  return guarded([&](State& s) -> CUresult {
+    if (ctxId == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Handle h = from_handle(ctx);
+    Handle work = 0;
+    if (ctx == nullptr) {
+      if (const CUresult r = current_context(s, &work); r != CUDA_SUCCESS) return r;
+      h = ctx_stack().back();
+    } else if (const CUresult r = resolve_context(s, h, &work); r != CUDA_SUCCESS) {
+      return r;
+    }
+    const auto [it, fresh] = s.context_ids.try_emplace(h, 0);
+    if (fresh) it->second = s.next_context_id++;
+    *ctxId = it->second;
     return CUDA_SUCCESS;
   });
 }
@@ -291,13 +339,8 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
-    const Handle h = s.primary[static_cast<std::size_t>(dev)];
-    Context& c = s.contexts.at(h);
-    if (!c.active)
-      if (const CUresult r = charge_context(s, dev); r != CUDA_SUCCESS) return r;
-    ++c.refs;
-    c.active = true;
-    *pctx = to_handle<CUctx_st>(h);
+    if (const CUresult r = retain_primary(s, dev); r != CUDA_SUCCESS) return r;
+    *pctx = to_handle<CUctx_st>(s.primary[static_cast<std::size_t>(dev)]);
     return CUDA_SUCCESS;
   });
 }
@@ -305,11 +348,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
 CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
     if (const CUresult r = device_of(s, dev); r != CUDA_SUCCESS) return r;
-    const Handle h = s.primary[static_cast<std::size_t>(dev)];
-    Context& c = s.contexts.at(h);
-    if (c.refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (--c.refs == 0) reset_primary(s, h);
-    return CUDA_SUCCESS;
+    return release_primary(s, dev);
   });
 }
 

@@ -28,8 +28,9 @@ CUresult peer_copy(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontex
     Handle cur = 0;
     if (const CUresult r = work_context(s, &cur); r != CUDA_SUCCESS) return r;
     // A null context is accepted, as the real driver (unified addressing) does.
-    if ((dst_ctx != nullptr && !s.contexts.contains(from_handle(dst_ctx))) ||
-        (src_ctx != nullptr && !s.contexts.contains(from_handle(src_ctx))))
+    Handle named = 0;
+    if ((dst_ctx != nullptr && resolve_context(s, from_handle(dst_ctx), &named) != CUDA_SUCCESS) ||
+        (src_ctx != nullptr && resolve_context(s, from_handle(src_ctx), &named) != CUDA_SUCCESS))
       return CUDA_ERROR_INVALID_CONTEXT;
     if (stream != nullptr)
       if (const CUresult r = check_stream(s, *stream); r != CUDA_SUCCESS) return r;
@@ -112,8 +113,9 @@ CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
   return guarded([&](State& s) -> CUresult {
     Handle cur = 0;
     if (const CUresult r = work_context(s, &cur); r != CUDA_SUCCESS) return r;
-    const auto it = s.contexts.find(from_handle(peer));
-    if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+    Handle peer_ctx = 0;  // a green context's converted context is its primary context
+    if (const CUresult r = resolve_context(s, from_handle(peer), &peer_ctx); r != CUDA_SUCCESS) return r;
+    const auto it = s.contexts.find(peer_ctx);
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (it->second.device == s.contexts.at(cur).device) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     if (!enabled().emplace(cur, it->first).second) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
@@ -125,8 +127,9 @@ CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peer) {
   return guarded([&](State& s) -> CUresult {
     Handle cur = 0;
     if (const CUresult r = current_context(s, &cur); r != CUDA_SUCCESS) return r;
-    if (!s.contexts.contains(from_handle(peer))) return CUDA_ERROR_INVALID_CONTEXT;
-    return enabled().erase({cur, from_handle(peer)}) == 1 ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    Handle peer_ctx = 0;
+    if (const CUresult r = resolve_context(s, from_handle(peer), &peer_ctx); r != CUDA_SUCCESS) return r;
+    return enabled().erase({cur, peer_ctx}) == 1 ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
   });
 }
 

@@ -19,6 +19,7 @@ CUresult stream_context(State& s, CUstream h, Handle* ctx, const Stream** stream
     return current_context(s, ctx);
   const auto it = s.streams.find(from_handle(h));
   if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (orphaned(it->second)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;  // its green context is gone
   *ctx = it->second.ctx;
   *stream = &it->second;
   return CUDA_SUCCESS;
@@ -33,7 +34,9 @@ CUresult create_stream(CUstream* ph, unsigned flags, int priority) {
     const Handle h = s.new_handle();
     // Out-of-range priorities are clamped, as the driver documents.
     const int prio = std::clamp(priority, kGreatestStreamPriority, kLeastStreamPriority);
-    s.streams[h] = Stream{.ctx = ctx, .flags = flags, .priority = prio, .id = s.next_stream_id++, .attrs = {}};
+    // Made while a green context's converted context is current, it is that green context's.
+    s.streams[h] = Stream{
+        .ctx = ctx, .flags = flags, .priority = prio, .id = s.next_stream_id++, .attrs = {}, .green = current_green(s)};
     *ph = to_handle<CUstream_st>(h);
     return CUDA_SUCCESS;
   });
@@ -197,13 +200,33 @@ CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long* streamId) {
   });
 }
 
+// A green context's stream answers its converted context.
 CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
   return guarded([&](State& s) -> CUresult {
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Handle ctx = 0;
-    const Stream* st = nullptr;
-    if (const CUresult r = stream_context(s, hStream, &ctx, &st); r != CUDA_SUCCESS) return r;
+    Handle green = 0;
+    if (const CUresult r = stream_owner(s, hStream, &ctx, &green); r != CUDA_SUCCESS) return r;
     *pctx = to_handle<CUctx_st>(ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+// CUDA 12.5's form: a green context's stream (or a special stream while its converted context
+// is current) answers the green context and the device's primary context, others their context
+// and NULL. CU_STREAM_PER_THREAD under a converted context is INVALID_HANDLE, as cuda.h says.
+// Either output may be NULL (the H200's driver, 580, takes that too).
+CUresult CUDAAPI cuStreamGetCtx_v2(CUstream hStream, CUcontext* pCtx, CUgreenCtx* pGreenCtx) {
+  return guarded([&](State& s) -> CUresult {
+    Handle ctx = 0;
+    Handle green = 0;
+    if (const CUresult r = stream_owner(s, hStream, &ctx, &green); r != CUDA_SUCCESS) return r;
+    if (green != 0) {
+      if (hStream == CU_STREAM_PER_THREAD) return CUDA_ERROR_INVALID_HANDLE;
+      ctx = s.primary[static_cast<std::size_t>(s.greens.at(green).device)];
+    }
+    if (pCtx != nullptr) *pCtx = to_handle<CUctx_st>(ctx);
+    if (pGreenCtx != nullptr) *pGreenCtx = to_handle<CUgreenCtx_st>(green);
     return CUDA_SUCCESS;
   });
 }

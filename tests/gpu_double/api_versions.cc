@@ -112,6 +112,7 @@ const ProcEntry kProcs[] = {
     {"cuCtxGetFlags", 7000, fp(cuCtxGetFlags)},
     {"cuCtxGetApiVersion", 3020, fp(cuCtxGetApiVersion)},
     {"cuCtxGetStreamPriorityRange", 5050, fp(cuCtxGetStreamPriorityRange)},
+    {"cuCtxGetId", 12000, fp(cuCtxGetId)},
     {"cuMemGetInfo", 3020, fp(cuMemGetInfo_v2)},
     {"cuMemAlloc", 3020, fp(cuMemAlloc_v2)},
     {"cuMemAllocPitch", 3020, fp(cuMemAllocPitch_v2)},
@@ -146,6 +147,7 @@ const ProcEntry kProcs[] = {
     {"cuStreamGetPriority", 5050, fp(cuStreamGetPriority)},
     {"cuStreamGetFlags", 5050, fp(cuStreamGetFlags)},
     {"cuStreamGetCtx", 9020, fp(cuStreamGetCtx)},
+    {"cuStreamGetCtx", 12050, fp(cuStreamGetCtx_v2)},
     {"cuStreamGetId", 12000, fp(cuStreamGetId)},
     {"cuStreamWaitEvent", 3020, fp(cuStreamWaitEvent)},
     {"cuStreamQuery", 2000, fp(cuStreamQuery)},
@@ -199,6 +201,21 @@ const ProcEntry kProcs[] = {
     {"cuMemRetainAllocationHandle", 11000, fp(cuMemRetainAllocationHandle)},
     {"cuMemExportToShareableHandle", 10020, fp(cuMemExportToShareableHandle)},
     {"cuMemImportFromShareableHandle", 10020, fp(cuMemImportFromShareableHandle)},
+    // Green contexts (api_green.cc): the versions at which the H200's driver (580.159.04) first
+    // answers each name (tests/api/data/real_driver_answers.txt).
+    {"cuDeviceGetDevResource", 12040, fp(cuDeviceGetDevResource)},
+    {"cuCtxGetDevResource", 12040, fp(cuCtxGetDevResource)},
+    {"cuGreenCtxGetDevResource", 12040, fp(cuGreenCtxGetDevResource)},
+    {"cuDevSmResourceSplitByCount", 12040, fp(cuDevSmResourceSplitByCount)},
+    {"cuDevResourceGenerateDesc", 12040, fp(cuDevResourceGenerateDesc)},
+    {"cuGreenCtxCreate", 12040, fp(cuGreenCtxCreate)},
+    {"cuGreenCtxDestroy", 12040, fp(cuGreenCtxDestroy)},
+    {"cuCtxFromGreenCtx", 12040, fp(cuCtxFromGreenCtx)},
+    {"cuGreenCtxRecordEvent", 12040, fp(cuGreenCtxRecordEvent)},
+    {"cuGreenCtxWaitEvent", 12040, fp(cuGreenCtxWaitEvent)},
+    {"cuStreamGetGreenCtx", 12040, fp(cuStreamGetGreenCtx)},
+    {"cuGreenCtxStreamCreate", 12050, fp(cuGreenCtxStreamCreate)},
+    {"cuGreenCtxGetId", 12090, fp(cuGreenCtxGetId)},
 };
 
 }  // namespace

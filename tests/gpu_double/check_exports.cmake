@@ -18,7 +18,8 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 foreach(required cuInit cuMemAlloc_v2 cuCtxCreate_v4 cuMemcpyHtoD_v2 cuLaunchKernel
-                 cuModuleGetGlobal_v2 cuEventElapsedTime_v2 cuDevicePrimaryCtxRelease_v2)
+                 cuModuleGetGlobal_v2 cuEventElapsedTime_v2 cuDevicePrimaryCtxRelease_v2
+                 cuGreenCtxCreate cuCtxFromGreenCtx cuStreamGetCtx_v2)
   if(NOT required IN_LIST names)
     message(FATAL_ERROR "the GPU test double does not export ${required}")
   endif()

@@ -304,12 +304,35 @@ CUresult replaying(const std::function<CUresult()>& fn) {
 CUresult current_context(State& s, Handle* out) {
   const auto& stack = ctx_stack();
   if (stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
-  const auto it = s.contexts.find(stack.back());
+  Handle h = stack.back();
+  if (const auto g = s.converted.find(h); g != s.converted.end())
+    h = s.primary[static_cast<std::size_t>(s.greens.at(g->second).device)];
+  else if (s.dead_converted.contains(h))
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;  // its green context was destroyed while current
+  const auto it = s.contexts.find(h);
   if (it == s.contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
   // What the real driver says about a current primary context nobody retains.
   if (!it->second.active) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   *out = it->first;
   return CUDA_SUCCESS;
+}
+
+CUresult resolve_context(const State& s, Handle h, Handle* out) {
+  if (s.contexts.contains(h)) {
+    *out = h;
+    return CUDA_SUCCESS;
+  }
+  const auto g = s.converted.find(h);
+  if (g == s.converted.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  *out = s.primary[static_cast<std::size_t>(s.greens.at(g->second).device)];
+  return CUDA_SUCCESS;
+}
+
+Handle current_green(const State& s) {
+  const auto& stack = ctx_stack();
+  if (stack.empty()) return 0;
+  const auto g = s.converted.find(stack.back());
+  return g == s.converted.end() ? 0 : g->second;
 }
 
 CUresult work_context(State& s, Handle* out) {
@@ -320,7 +343,9 @@ CUresult work_context(State& s, Handle* out) {
 CUresult check_stream(const State& s, CUstream stream) {
   if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
     return CUDA_SUCCESS;
-  return s.streams.contains(from_handle(stream)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  const auto it = s.streams.find(from_handle(stream));
+  if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return orphaned(it->second) ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_SUCCESS;
 }
 
 CUresult check_device_range(const State& s, CUdeviceptr p, std::size_t n, const char* file, unsigned line) {

@@ -35,6 +35,9 @@ inline constexpr int kGreatestStreamPriority = -5;
 inline constexpr int kMaxThreadsPerBlock = 1024;
 inline constexpr int kDefaultSharedPerBlock = 48 * 1024;
 inline constexpr int kMaxSharedPerBlockOptin = 227 * 1024;
+// Streaming multiprocessors per device: CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (api_device.cc)
+// and the whole device's CU_DEV_RESOURCE_TYPE_SM resource (api_green.cc).
+inline constexpr unsigned kSmCount = 132;
 
 using Handle = std::uintptr_t;
 
@@ -207,6 +210,10 @@ struct Stream {
   int priority = 0;
   unsigned long long id = 0;
   std::map<unsigned, CUstreamAttrValue> attrs;  // cuStreamSetAttribute's, by CUstreamAttrID
+  // The green context it was made in (cuGreenCtxStreamCreate, or cuStreamCreate while its
+  // converted context was current), or 0. Its ctx is then the device's primary context; once
+  // the green context is destroyed the stream lingers, with ctx 0, for cuStreamDestroy alone.
+  Handle green = 0;
 };
 
 struct Event {
@@ -214,6 +221,24 @@ struct Event {
   unsigned flags = 0;
   bool recorded = false;
   std::chrono::steady_clock::time_point when{};
+};
+
+// Green contexts (api_green.cc): a set of the device's SMs over its primary context, which it
+// retains while it lives. Its converted context (cuCtxFromGreenCtx, made once with it) is a
+// CUcontext that is no entry of State::contexts: wherever a context is used for work it stands
+// for the device's primary context (current_context, resolve_context), so what is made while it
+// is current belongs to the primary context, except streams, which remember the green context.
+struct Green {
+  int device = 0;
+  unsigned sm_count = 0;
+  Handle converted = 0;
+  unsigned long long id = 0;  // cuGreenCtxGetId
+};
+// A resource descriptor (cuDevResourceGenerateDesc): the SMs a green context gets. The driver
+// frees none before the process ends, nor does the double.
+struct ResourceDesc {
+  int device = 0;
+  unsigned sm_count = 0;
 };
 
 struct Module {
@@ -291,6 +316,14 @@ struct State {
   std::unordered_map<Handle, PhysicalMem> physical;   // cuMemCreate handles
   std::map<std::uintptr_t, std::size_t> reservations;  // base -> size; never overlap
   std::map<std::uintptr_t, VmmMapping> mappings;       // by base; never overlap
+  std::unordered_map<Handle, Green> greens;
+  std::unordered_map<Handle, Handle> converted;  // converted context -> its green context
+  std::unordered_map<Handle, int> dead_converted;  // converted contexts of destroyed green contexts -> device
+  std::unordered_map<Handle, ResourceDesc> resource_descs;
+  std::unordered_map<Handle, unsigned long long> context_ids;  // cuCtxGetId's, given on first ask
+  unsigned long long next_green_id = 1;
+  unsigned long long next_split_id = 1;  // cuDevSmResourceSplitByCount calls
+  unsigned long long next_context_id = 1;
   unsigned long long next_capture_id = 1;
   Handle next_handle = 0x1000000;
   unsigned long long next_stream_id = 16;
@@ -318,8 +351,25 @@ std::vector<Handle>& ctx_stack();
 // none (or it was destroyed), CONTEXT_IS_DESTROYED for an inactive primary context, the
 // device's sticky error once a kernel faulted on it.
 CUresult work_context(State& s, Handle* out);
-// As work_context, but a poisoned context is still returned (for queries).
+// As work_context, but a poisoned context is still returned (for queries). A green context's
+// converted context stands for its device's primary context; once the green context is
+// destroyed it answers CONTEXT_IS_DESTROYED.
 CUresult current_context(State& s, Handle* out);
+// The context a CUcontext argument names: itself, or for a live green context's converted
+// context the device's primary context. INVALID_CONTEXT for anything else (null included).
+CUresult resolve_context(const State& s, Handle h, Handle* out);
+// The green context whose converted context is current on this thread, or 0.
+Handle current_green(const State& s);
+// A stream's green context is gone: every call but cuStreamDestroy answers this.
+inline bool orphaned(const Stream& st) { return st.green != 0 && st.ctx == 0; }
+// Whose a stream is, as cuStreamGetCtx reports it: its context as the caller names it (for a
+// green context's stream, that green context's converted context) and its green context or 0;
+// for the special streams the current context's, as made current (api_green.cc).
+CUresult stream_owner(State& s, CUstream h, Handle* ctx, Handle* green);
+// Retains the device's primary context, activating it (and charging its memory) on the first
+// retain; releases one retain, resetting it at the last (api_context.cc). Under the state lock.
+CUresult retain_primary(State& s, int dev);
+CUresult release_primary(State& s, int dev);
 // Checks a stream handle: 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD always work;
 // anything else must be a live stream. Like the real driver, copies and launches accept a
 // stream of another context (work runs at once, so whose queue it joins does not matter).
