@@ -96,6 +96,13 @@ inline bool known_stream(Runtime* rt, CUstream s) {
   return rt->streams.count(v) != 0;
 }
 
+// The green context whose converted context `ctx` is, or 0 (guest/green.cc).
+inline std::uint64_t green_of_ctx(Runtime* rt, std::uint64_t ctx) {
+  std::lock_guard lk(rt->books_mu);
+  const auto it = rt->ctx_green.find(ctx);
+  return it == rt->ctx_green.end() ? 0 : it->second;
+}
+
 inline bool known_event(Runtime* rt, CUevent e) {
   std::lock_guard lk(rt->books_mu);
   return rt->events.count(h(e)) != 0;

@@ -116,6 +116,9 @@ class Runtime {
   std::unordered_map<std::uint64_t, std::uint64_t> streams;  // stream -> context
   std::unordered_map<std::uint64_t, unsigned> stream_flags;  // stream -> creation flags
   std::unordered_map<std::uint64_t, std::uint64_t> events;   // event -> context
+  // Green contexts (guest/green.cc): each one's converted context, and back.
+  std::unordered_map<std::uint64_t, std::uint64_t> green_ctx;  // green context -> converted context
+  std::unordered_map<std::uint64_t, std::uint64_t> ctx_green;  // converted context -> green context
   std::map<std::uint64_t, std::uint64_t> dev_allocs;       // device ptr -> size
   std::set<std::uint64_t> ipc_capable;                     // cuMemAlloc'ed bases (legacy IPC capable)
   // Bases in dev_allocs that are cuMemAddressReserve'd ranges: addresses the

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "guest/errors.h"
+#include "guest/export_hooks.h"
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
@@ -69,6 +70,9 @@ CUresult cuStreamGetCtx(CUstream s, CUcontext* pctx) {
     if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (h(s) == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
       NEED_CTX();
+      // A green context has no per-thread stream (the driver's answer, on the H200).
+      if (s == CU_STREAM_PER_THREAD && ivcuda::guest::internal::green_of_ctx(rt, ctx) != 0)
+        return CUDA_ERROR_INVALID_HANDLE;
       *pctx = reinterpret_cast<CUcontext>(ctx);
       return CUDA_SUCCESS;
     }
@@ -80,10 +84,25 @@ CUresult cuStreamGetCtx(CUstream s, CUcontext* pctx) {
   });
 }
 
+// A green context's stream (or, for the special streams, a green context's
+// converted context current) answers the green context and the device's
+// primary context; any other, its context and no green context. Either
+// output may be NULL, as the driver allows.
 CUresult cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
-  if (pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pgreen = nullptr;  // green contexts are not forwarded: every stream is a plain context's
-  return cuStreamGetCtx(s, pctx);
+  return guard([&] {
+    NEED_RT();
+    CUcontext c = nullptr;
+    if (const CUresult st = cuStreamGetCtx(s, &c); st != CUDA_SUCCESS) return st;
+    const std::uint64_t green = ivcuda::guest::internal::green_of_ctx(rt, h(c));
+    if (green != 0) {
+      CUdevice dev = 0;
+      if (const CUresult st = cuCtxGetDevice_v2(&dev, c); st != CUDA_SUCCESS) return st;
+      if (const CUresult st = ivcuda::guest::hooks::primary_context(dev, &c); st != CUDA_SUCCESS) return st;
+    }
+    if (pctx != nullptr) *pctx = c;
+    if (pgreen != nullptr) *pgreen = reinterpret_cast<CUgreenCtx>(green);
+    return CUDA_SUCCESS;
+  });
 }
 
 // The stream's device: its context's.

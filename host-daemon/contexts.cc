@@ -246,7 +246,8 @@ CUresult Worker::on_CtxCreate(Call& c) {
 CUresult Worker::on_CtxDestroy(Call& c) {
   const auto r = c.req<ReqHandle>();
   CtxEntry* e = ctxs_.find(r.handle);
-  if (e == nullptr || e->primary || e->real == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  // A green context's converted context goes with cuGreenCtxDestroy only.
+  if (e == nullptr || e->primary || e->real == nullptr || e->green != 0) return CUDA_ERROR_INVALID_CONTEXT;
   const CUresult st = cu_.cuCtxDestroy(e->real);
   if (st != CUDA_SUCCESS) return st;
   if (current_ == e->real) current_ = nullptr;

@@ -83,7 +83,10 @@ namespace ivcuda::host {
   X(cuUserObjectCreate) X(cuUserObjectRetain) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject) \
   X(cuGraphDebugDotPrint) X(cuGraphKernelNodeGetAttribute) X(cuGraphKernelNodeSetAttribute) \
   X(cuGraphKernelNodeCopyAttributes) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)       \
-  X(cuDeviceSetGraphMemAttribute) X(cuLinkCreate) X(cuLinkAddData) X(cuLinkComplete) X(cuLinkDestroy)
+  X(cuDeviceSetGraphMemAttribute) X(cuLinkCreate) X(cuLinkAddData) X(cuLinkComplete) X(cuLinkDestroy) \
+  X(cuDeviceGetDevResource) X(cuCtxGetDevResource) X(cuGreenCtxGetDevResource)                     \
+  X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) X(cuGreenCtxCreate) X(cuGreenCtxDestroy) \
+  X(cuCtxFromGreenCtx) X(cuGreenCtxStreamCreate) X(cuGreenCtxRecordEvent) X(cuGreenCtxWaitEvent)
 
 struct DriverApi {
 #define IVCUDA_DRIVER_MEMBER(f) decltype(&::f) f = nullptr;

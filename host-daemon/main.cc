@@ -123,7 +123,8 @@ std::string parse_object_limits(const std::string& spec, ivcuda::host::ObjectLim
       {"contexts", &L::contexts},       {"streams", &L::streams},         {"events", &L::events},
       {"modules", &L::modules},         {"graphs", &L::graphs},           {"graph-nodes", &L::graph_nodes},
       {"graph-execs", &L::graph_execs}, {"arrays", &L::arrays},           {"pools", &L::pools},
-      {"mem-handles", &L::mem_handles}, {"user-objects", &L::user_objects}, {"links", &L::links}};
+      {"mem-handles", &L::mem_handles}, {"user-objects", &L::user_objects}, {"links", &L::links},
+      {"green-contexts", &L::green_contexts}, {"resource-descs", &L::resource_descs}, {"resources", &L::resources}};
   std::stringstream ss(spec);
   std::string item;
   while (std::getline(ss, item, ',')) {

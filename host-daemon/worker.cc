@@ -318,6 +318,7 @@ void Worker::cleanup() noexcept {
   destroy_created_pools();
   release_vmm();
   destroy_links();
+  destroy_greens();  // green.cc: before the primary contexts they retain
   // Contexts the guest created die with everything in them; primaries are
   // released as often as the guest retained them. Process exit would free
   // all of it too - this keeps the driver's books straight while we live.
@@ -871,6 +872,7 @@ void Worker::release_for_recycle() noexcept {
   destroy_created_pools();
   release_vmm();
   destroy_links();  // link.cc: the driver's linkers hold host memory, outside any context
+  destroy_greens();  // green.cc: before the primary contexts they retain
   ctxs_.for_each([&](std::uint64_t, CtxEntry& c) {
     if (!c.primary && c.real != nullptr) cu_.cuCtxDestroy(c.real);
   });

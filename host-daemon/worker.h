@@ -72,6 +72,9 @@ struct ObjectLimits {
   std::uint32_t mem_handles = 262144;
   std::uint32_t user_objects = 65536;
   std::uint32_t links = 256;                // JIT linkers (cuLinkCreate)
+  std::uint32_t green_contexts = 64;        // cuGreenCtxCreate (each also counts as a context)
+  std::uint32_t resource_descs = 1024;      // cuDevResourceGenerateDesc (the driver frees none before exit)
+  std::uint32_t resources = 4096;           // distinct CUdevResource images handed out (green.cc)
 };
 
 // What a CUDA context costs on the device before the guest allocates anything
@@ -224,6 +227,13 @@ class Worker {
     // starts with, whose charge is context_charge_).
     Charge charge{};
     LimitBooks limits{};
+    std::uint64_t green = 0;  // a green context's converted context: that green context (green.cc)
+  };
+  struct GreenEntry {  // cuGreenCtxCreate
+    CUgreenCtx real = nullptr;
+    std::uint64_t ctx = 0;  // its converted context (cuCtxFromGreenCtx), in ctxs_
+    int device = 0;         // guest ordinal
+    Charge charge{};        // as a context made for the guest
   };
   struct FuncEntry {
     CUfunction real = nullptr;
@@ -394,6 +404,10 @@ class Worker {
   void sleep_until_work();
   void cleanup() noexcept;
   void destroy_links() noexcept;  // link.cc
+  void destroy_greens() noexcept;  // green.cc
+  // green.cc: an image the driver gave out, remembered so that only such come back to it.
+  bool issue_resource(const CUdevResource& r);
+  bool issued_resource(std::span<const std::byte> image) const;
 
   // Helpers the handlers share.
   CUresult use_ctx(std::uint64_t h, CtxEntry** out = nullptr);
@@ -614,6 +628,9 @@ class Worker {
   HandleTable<NodeEntry> nodes_{proto::HandleKind::kGraphNode};
   HandleTable<UserObjEntry> user_objs_{proto::HandleKind::kUserObject};
   HandleTable<LinkEntry> links_{proto::HandleKind::kLink};
+  HandleTable<GreenEntry> greens_{proto::HandleKind::kGreenCtx};
+  HandleTable<CUdevResourceDesc> resource_descs_{proto::HandleKind::kResourceDesc};
+  std::set<std::string, std::less<>> issued_resources_;  // CUdevResource images (green.cc)
   std::map<CUgraphNode, std::uint64_t> node_of_;  // driver node -> its handle
   std::map<std::uint64_t, std::unique_ptr<HostNodeSlot>> host_slots_;  // by BAR offset
   // Graphs a capture made, given a handle before the capture ended

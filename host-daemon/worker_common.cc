@@ -34,6 +34,9 @@ std::size_t Worker::dev_index(int device) const noexcept { return static_cast<st
 
 CUresult Worker::use_ctx(std::uint64_t h, CtxEntry** out) {
   CtxEntry* c = ctxs_.find(h);
+  // A destroyed green context's converted context: what the guest made in
+  // it is the device's primary context's, where the driver keeps it (green.cc).
+  if (c != nullptr && c->real == nullptr && c->green != 0) c = ctxs_.find(primary_[dev_index(c->device)]);
   if (c == nullptr || c->real == nullptr || (c->primary && c->guest_refs == 0))
     return CUDA_ERROR_INVALID_CONTEXT;
   if (current_ != c->real) {

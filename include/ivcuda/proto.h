@@ -44,6 +44,7 @@ enum class HandleKind : u8 {
   kContext = 1, kModule = 2, kFunction = 3, kStream = 4, kEvent = 5,
   kMemPool = 6, kGraph = 7, kGraphExec = 8, kMemHandle = 9,
   kArray = 10, kMipmappedArray = 11, kGraphNode = 12, kUserObject = 13, kLink = 14,
+  kGreenCtx = 15, kResourceDesc = 16,
 };
 
 // ---- the op table: one line per op: X(name, request, reply, needs_reply)
@@ -169,7 +170,8 @@ enum class HandleKind : u8 {
   X(Nvml, ReqNvml, RepNvml, 1)                                          \
   X(MemcpyDtoHInline, ReqCopy, RepCopyInline, 1)                        \
   X(FlushWait, ReqCtx, RepNone, 1)                                      \
-  X(Link, ReqLink, RepLink, 1)
+  X(Link, ReqLink, RepLink, 1)                                          \
+  X(Green, ReqGreen, RepGreen, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -614,6 +616,56 @@ struct RepLink {
   u32 error_len;
   float wall_ms;   // CU_JIT_WALL_TIME of the last step
   u32 reserved;
+};
+// Green contexts (guest/green.cc, host-daemon/green.cc): one request, by
+// kind. Resources travel as the driver's own CUdevResource images,
+// kResourceBytes each, after the struct: the worker takes back only images it
+// gave out (their internals are the driver's, not to be forged).
+//   kGreenDeviceResource  resource `type` of `device`        -> 1 image
+//   kGreenCtxResource     of context `ctx`                    -> 1 image
+//   kGreenOwnResource     of green context `handle`           -> 1 image
+//   kGreenSplit           split the 1 image sent into `count` groups (0: how
+//                         many would be made) of at least `min_count` SMs,
+//                         `flags` the split's; `want_remaining` 1 asks for the
+//                         rest -> RepGreen.count groups, then the rest if asked
+//   kGreenDesc            a descriptor of the `count` images sent -> handle
+//   kGreenCreate          a green context on `device` from descriptor `handle`,
+//                         `flags` cuGreenCtxCreate's -> handle, and ctx: its
+//                         converted context
+//   kGreenDestroy         green context `handle` (its id is its handle: the guest answers)
+//   kGreenStreamCreate    a stream (`flags`, `priority`) in green context `handle` -> value: the stream
+//   kGreenRecordEvent / kGreenWaitEvent  `event` and green context `handle`
+inline constexpr u32 kGreenDeviceResource = 0;
+inline constexpr u32 kGreenCtxResource = 1;
+inline constexpr u32 kGreenOwnResource = 2;
+inline constexpr u32 kGreenSplit = 3;
+inline constexpr u32 kGreenDesc = 4;
+inline constexpr u32 kGreenCreate = 5;
+inline constexpr u32 kGreenDestroy = 6;
+inline constexpr u32 kGreenStreamCreate = 7;
+inline constexpr u32 kGreenRecordEvent = 8;
+inline constexpr u32 kGreenWaitEvent = 9;
+inline constexpr u32 kResourceBytes = 144;  // sizeof(CUdevResource), RESOURCE_ABI_VERSION 1
+inline constexpr u32 kGreenMaxGroups = 128;  // groups of one split (the smallest group is 2 SMs)
+struct ReqGreen {
+  u64 ctx;
+  u64 handle;  // a green context, or a descriptor (kGreenCreate)
+  u64 event;
+  i32 device;
+  u32 kind;
+  u32 type;
+  u32 count;
+  u32 flags;
+  u32 min_count;
+  i32 priority;
+  u32 want_remaining;
+};
+struct RepGreen {
+  u64 handle;
+  u64 ctx;
+  u64 value;      // kGreenStreamCreate: the stream
+  u32 count;
+  u32 remaining;  // kGreenSplit: 1 when the rest follows the groups
 };
 struct ReqFuncMisc {
   u64 function;

@@ -1626,8 +1626,34 @@ def random_bar_seeds():
     yield s
 
 
+# ----------------------------------------------------------------- green contexts
+
+def green_seeds():
+    """The resource questions succeed; the rest meets the worker's refusals: a split or a
+    descriptor of images it never gave out, a descriptor and green contexts that do not exist
+    (a seed cannot carry an image back: the substitution words cover a reply's first eight)."""
+    s = start("Green")
+    k = P.consts
+    s.call("Green", kind=k["kGreenDeviceResource"], device=0, type=1)  # CU_DEV_RESOURCE_TYPE_SM
+    s.call("Green", ok=False, kind=k["kGreenDeviceResource"], device=0, type=0x7FFFFFFF)
+    s.call("Green", ok=False, kind=k["kGreenDeviceResource"], device=5, type=1)
+    s.call("Green", kind=k["kGreenCtxResource"], ctx=s.ctx, type=1)
+    s.call("Green", ok=False, kind=k["kGreenCtxResource"], ctx=s.ctx + 1, type=1)
+    s.call("Green", ok=False, kind=k["kGreenOwnResource"], handle=s.ctx, type=1)
+    image = bytes([1, 0, 0, 0]) + bytes(range(140))
+    s.call("Green", ok=False, kind=k["kGreenSplit"], count=2, min_count=8, want_remaining=1, tail=image)
+    s.call("Green", ok=False, kind=k["kGreenSplit"], count=0, tail=image[:100])
+    s.call("Green", ok=False, kind=k["kGreenDesc"], count=2, tail=image + image)
+    s.call("Green", ok=False, kind=k["kGreenDesc"], count=0)
+    s.call("Green", ok=False, kind=k["kGreenCreate"], handle=s.ctx, device=0, flags=1)
+    for kind in ("kGreenDestroy", "kGreenStreamCreate", "kGreenRecordEvent", "kGreenWaitEvent"):
+        s.call("Green", ok=False, kind=k[kind], handle=s.ctx, flags=1)
+    s.call("Green", ok=False, kind=77)
+    yield s
+
+
 FAMILIES = (session_seeds, memory_seeds, module_seeds, stream_seeds, pool_seeds, graph_seeds, vmm_seeds,
-            arrays_seeds, ipc_seeds, nvml_seeds, random_bar_seeds)
+            arrays_seeds, ipc_seeds, nvml_seeds, green_seeds, random_bar_seeds)
 
 
 def op_seeds():

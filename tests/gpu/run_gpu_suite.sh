@@ -39,7 +39,7 @@ echo "== build"
 set -o pipefail
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_vmm drv_vmm_share drv_pools drv_pool_share drv_arrays drv_sparse rt_texture drv_capture_modes drv_memops drv_isolation drv_ipc drv_roundtrip drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_link drv_managed drv_batches drv_peer drv_hostfunc rt_basic rt_ipc rt_graphs ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
+core="ivcudad ivcuda_guest drv_core drv_vmm drv_vmm_share drv_pools drv_pool_share drv_arrays drv_sparse rt_texture drv_capture_modes drv_memops drv_isolation drv_ipc drv_roundtrip drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_link drv_managed drv_batches drv_green drv_peer drv_hostfunc rt_basic rt_ipc rt_graphs ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
 only=${IVCUDA_GPU_ONLY:-}
 [ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
 # (a runtime program's two builds, NAME_static and NAME_shared, are one target NAME)
@@ -113,6 +113,7 @@ programs=(
   "drv_link|$bin/drv_link --dir $(dirname "$ptx") --cubin|"
   "drv_managed|$bin/drv_managed --ptx $ptx|"
   "drv_batches|$bin/drv_batches|"
+  "drv_green|$bin/drv_green --ptx $ptx|"
   "drv_hostfunc|$bin/drv_hostfunc --ptx $ptx|"
   "drv_errors|$bin/drv_errors --ptx $ptx|"
   "drv_fault|$bin/drv_errors --ptx $ptx --fault|"

@@ -388,3 +388,60 @@ TEST_CASE("context flags that make the driver write core dumps on the host are r
   CHECK(g.call(0, Op::kCtxDestroy, proto::ReqHandle{0, made}) == CUDA_SUCCESS);
   CHECK(d.alive());
 }
+
+// Rule green-issued-resources: a CUdevResource carries the driver's own
+// internals, which the driver does not check when they come back. A guest
+// hands the worker another guest's images (made by another worker's driver):
+// refused, though a driver would take them; its own images still work.
+TEST_CASE("a green context's resources reach the driver only as this worker handed them out", "[process][hostile]") {
+  Daemon d({}, "-green");
+  REQUIRE(d.alive());
+  const auto ask = [](RawGuest& g, const proto::ReqGreen& r, std::span<const std::byte> tail = {}) {
+    std::vector<std::byte> out;
+    const CUresult st = g.call(0, Op::kGreen, r, &out, tail);
+    return std::make_pair(st, out);
+  };
+  proto::ReqGreen whole{};
+  whole.kind = proto::kGreenDeviceResource;
+  whole.type = CU_DEV_RESOURCE_TYPE_SM;
+  // Guest A splits its GPU into two groups of 16 SMs.
+  RawGuest a(d.sock);
+  a.open(0);
+  hello(a);
+  primary(a);
+  auto [st, dev_a] = ask(a, whole);
+  REQUIRE(st == CUDA_SUCCESS);
+  REQUIRE(dev_a.size() == sizeof(proto::RepGreen) + proto::kResourceBytes);
+  proto::ReqGreen split{};
+  split.kind = proto::kGreenSplit;
+  split.count = 2;
+  split.min_count = 16;
+  const auto image_a = std::span(dev_a).subspan(sizeof(proto::RepGreen));
+  auto [st2, groups_a] = ask(a, split, image_a);
+  REQUIRE(st2 == CUDA_SUCCESS);
+  REQUIRE(groups_a.size() == sizeof(proto::RepGreen) + 2 * proto::kResourceBytes);
+  const auto group_a = std::span(groups_a).subspan(sizeof(proto::RepGreen), proto::kResourceBytes);
+  // Guest B, another worker, offers A's images.
+  RawGuest b(d.sock);
+  b.open(0);
+  hello(b);
+  primary(b);
+  proto::ReqGreen desc{};
+  desc.kind = proto::kGreenDesc;
+  desc.count = 1;
+  CHECK(ask(b, desc, group_a).first == CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  CHECK(ask(b, split, group_a).first == CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  // B's own images: a split (into groups of 24 SMs: no image of it is A's) and a
+  // descriptor of its group.
+  auto [st3, dev_b] = ask(b, whole);
+  REQUIRE(st3 == CUDA_SUCCESS);
+  proto::ReqGreen split_b = split;
+  split_b.min_count = 24;
+  auto [st4, groups_b] = ask(b, split_b, std::span(dev_b).subspan(sizeof(proto::RepGreen)));
+  REQUIRE(st4 == CUDA_SUCCESS);
+  const auto group_b = std::span(groups_b).subspan(sizeof(proto::RepGreen), proto::kResourceBytes);
+  CHECK(ask(b, desc, group_b).first == CUDA_SUCCESS);
+  // Still not A's group, which no split of B's made.
+  CHECK(ask(b, desc, group_a).first == CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+  CHECK(d.alive());
+}

@@ -118,6 +118,7 @@ drv_cases=(
   "drv_link: relocatable PTX linked at run time (data and file), loaded, launched; unresolved and bad inputs|drv_link --dir $(dirname "$ptx")"
   "drv_managed: managed memory the CPU and kernels take turns on, copies, threads, graphs, advice, attach|drv_managed --ptx $ptx"
   "drv_batches: batches of 1D and 3D copies (pointers, arrays, pitches), the failing index, refusals|drv_batches"
+  "drv_green: SMs split, green contexts, their streams, kernels and events; forged resources refused|drv_green --ptx $ptx --forged"
 )
 # Runtime-API programs, each in its static and its shared cudart build: "program|what it shows".
 rt_kinds=(static shared)
