@@ -31,6 +31,27 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, u
   return cuIpcOpenMemHandle_v2(pdptr, handle, flags);
 }
 
+// ---- cuCtxCreate as programs built with CUDA 12.4 and before call it: with
+// no creation parameters (CUDA 2.0 and 3.2 ABIs), and with execution-affinity
+// parameters (11.4), which the current form refuses as NOT_SUPPORTED.
+extern "C" CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                                           CUdevice dev);
+CUresult CUDAAPI cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return cuCtxCreate_v4(pctx, nullptr, flags, dev);
+}
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return cuCtxCreate_v4(pctx, nullptr, flags, dev);
+}
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags,
+                                CUdevice dev) {
+  if (n < 0 || (n > 0 && params == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (n == 0) return cuCtxCreate_v4(pctx, nullptr, flags, dev);
+  CUctxCreateParams p{};
+  p.execAffinityParams = params;
+  p.numExecAffinityParams = n;
+  return cuCtxCreate_v4(pctx, &p, flags, dev);
+}
+
 // ---- per-thread default stream: synchronous calls (_ptds)
 CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void* h, size_t n) { return cuMemcpyHtoD_v2(d, h, n); }
 CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void* h, CUdeviceptr d, size_t n) { return cuMemcpyDtoH_v2(h, d, n); }

@@ -449,6 +449,16 @@ CUresult cuKernelSetAttribute(CUfunction_attribute a, int v, CUkernel k, CUdevic
   });
 }
 
+// Like the attributes: the kernel's function in the current context (the
+// device argument names the context's device, as the driver's does).
+CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache config, CUdevice) {
+  return guard([&] {
+    CUfunction f = nullptr;
+    const CUresult st = function_here(k, &f);
+    return st != CUDA_SUCCESS ? st : cuFuncSetCacheConfig(f, config);
+  });
+}
+
 CUresult cuKernelGetParamInfo(CUkernel k, size_t index, size_t* offset, size_t* size) {
   return guard([&] {
     CUfunction f = nullptr;

@@ -125,6 +125,31 @@ void contexts() {
   OK(cuMemFree(p));
   OK(cuCtxPopCurrent(nullptr));
 
+  // cuCtxCreate as a program built with CUDA 12.4 or before gets it (no creation
+  // parameters), and as one built with CUDA 11.4 to 12.4 (execution affinity).
+  {
+    using Create32 = CUresult (*)(CUcontext*, unsigned, CUdevice);
+    using Create114 = CUresult (*)(CUcontext*, CUexecAffinityParam*, int, unsigned, CUdevice);
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult found{};
+    OK(cuGetProcAddress("cuCtxCreate", &fn, 11000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
+    CUcontext old = nullptr;
+    EXPECT(fn != nullptr);
+    if (fn != nullptr) {
+      OK(reinterpret_cast<Create32>(fn)(&old, 0, d));
+      OK(cuCtxGetCurrent(&cur));
+      EXPECT(cur == old && old != nullptr);
+      OK(cuCtxDestroy(old));
+    }
+    OK(cuGetProcAddress("cuCtxCreate", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found));
+    EXPECT(fn != nullptr);
+    if (fn != nullptr) {
+      OK(reinterpret_cast<Create114>(fn)(&old, nullptr, 0, 0, d));
+      OK(cuCtxDestroy(old));
+    }
+    std::printf("contexts made through cuCtxCreate of CUDA 11.0 and 12.0\n");
+  }
+
   // The current context is per thread.
   std::thread t([&] {
     CUcontext c = reinterpret_cast<CUcontext>(1);

@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   OK(cuKernelGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, add, d));
   EXPECT(threads >= 256);
+  OK(cuKernelSetCacheConfig(add, CU_FUNC_CACHE_PREFER_SHARED, d));
   unsigned count = 0;
   OK(cuLibraryGetKernelCount(&count, lib));
   EXPECT(count >= 5);
