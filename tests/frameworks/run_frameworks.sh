@@ -39,6 +39,7 @@ cases=(
   "cupy_managed|cupy_managed.py|"
   "torch_libs|torch_libs.py|"
   "llm_serve|llm_serve.py|||300"
+  "torch_green|torch_green.py|"
   "torch_two_gpus|torch_two_gpus.py||2"
   "torch_nccl_two|torch_nccl_two.py||2"
 )
