@@ -58,14 +58,14 @@ driver_saw() {
   return 1
 }
 
-start_daemon "$work/d1.log" --mem-limit 2G --compute-share 50 --guest-socket "$work/b.sock=0:mem-limit=1536M:compute=25"
+start_daemon "$work/d1.log" --mem-limit 2G --compute-share 50 --guest-socket "$work/b.sock=0:mem-limit=2560M:compute=25"
 grep -q "^start pipe=$work/mps log=$work/mpslog" "$mpslog" 2>/dev/null && grep -q "MPS: started a control daemon" "$work/d1.log"
 verdict "--mps starts an MPS control daemon with the daemon's own directories" $?
 run_guest "$work/a.sock" &&
   driver_saw "$work/d1.log.mps" "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 CUDA_MPS_LOG_DIRECTORY=$work/mpslog CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M CUDA_MPS_PIPE_DIRECTORY=$work/mps"
 verdict "a worker's driver starts as an MPS client: --compute-share 50, memory capped at quota + 2 GiB headroom" $?
 run_guest "$work/b.sock" &&
-  driver_saw "$work/d1.log.mps" "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_LOG_DIRECTORY=$work/mpslog CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3584M CUDA_MPS_PIPE_DIRECTORY=$work/mps"
+  driver_saw "$work/d1.log.mps" "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_LOG_DIRECTORY=$work/mpslog CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4608M CUDA_MPS_PIPE_DIRECTORY=$work/mps"
 verdict "a --guest-socket's compute=25 and mem-limit reach its workers' drivers" $?
 stop_daemon
 grep -q "^command quit" "$mpslog"
