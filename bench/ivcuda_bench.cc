@@ -756,7 +756,7 @@ std::uintmax_t log_mark(const Mode& mode) {
 }
 
 // Whether the log, past `mark`, has the worker's line for a served hello of `pid`
-// ("... info: guest G: process PID says hello (parent Q)", host-daemon/contexts.cc).
+// ("... info: guest G: process PID says hello (parent Q)", host-daemon/worker/contexts.cc).
 bool served(const Mode& mode, std::uintmax_t mark, pid_t pid) {
   if (mode.daemon_log.empty()) return true;
   std::ifstream log(mode.daemon_log);

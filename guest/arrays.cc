@@ -1,6 +1,6 @@
 // CUDA arrays, mipmapped arrays, texture and surface objects, sparse arrays'
 // properties and tile mappings, forwarded (the host side and its rules are
-// host-daemon/arrays.cc).
+// host-daemon/worker/arrays.cc).
 //
 // A CUarray / CUmipmappedArray here is the host's handle; texture and surface
 // objects are the driver's values, which kernels take by value. Every copy

@@ -1,6 +1,6 @@
 // Initialisation, devices and contexts: what cuInit, cuDevice* and cuCtx*
 // answer. Device facts come from the host once per device and are answered
-// here; contexts are the host's (host-daemon/contexts.cc), with the
+// here; contexts are the host's (host-daemon/worker/contexts.cc), with the
 // per-thread context stack kept in this process.
 #include <cuda.h>
 
@@ -307,7 +307,7 @@ CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
     const CUresult st = rt->call<Op::kPrimarySetFlags>(proto::ReqDeviceFlags{rt->to_worker(dev), flags});
     if (st == CUDA_SUCCESS) {
       std::lock_guard lk(rt->books_mu);
-      rt->primary_flags[dev] = flags;  // what the host keeps (host-daemon/contexts.cc)
+      rt->primary_flags[dev] = flags;  // what the host keeps (host-daemon/worker/contexts.cc)
     }
     return st;
   });

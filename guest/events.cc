@@ -1,6 +1,6 @@
 // Events: created (with their flags), recorded (with flags, also during
 // capture), queried, waited for, timed and destroyed on the host
-// (host-daemon/events.cc); the guest books which context each belongs to.
+// (host-daemon/worker/events.cc); the guest books which context each belongs to.
 #include <cuda.h>
 
 #include <mutex>

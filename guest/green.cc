@@ -1,7 +1,7 @@
 // Green contexts: a granted GPU's SMs partitioned (cuDeviceGetDevResource,
 // cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc), green contexts made
 // on a partition, their streams and events. The host's driver answers
-// (host-daemon/green.cc); resources travel as the driver's images, which the
+// (host-daemon/worker/green.cc); resources travel as the driver's images, which the
 // worker takes back only as it gave them out. Kept here: each green context's
 // converted context (cuCtxFromGreenCtx, answered locally) and the way back,
 // which cuStreamGetGreenCtx and cuStreamGetCtx_v2 (guest/streams.cc) answer

@@ -164,7 +164,7 @@ void run_one(const Pending& p) {
       const Pending p = d->pending[i];
       std::uint32_t* reached = word(rt, p.pair.off);
       // Pairs with the GPU's write of `reached` (or the daemon's failure
-      // mark, host-daemon/hostfunc.cc on_HostFunc's store_release).
+      // mark, host-daemon/worker/hostfunc.cc on_HostFunc's store_release).
       const std::uint32_t v = ivcuda::ring::load_acquire(*reached);
       const bool ready = v == p.pair.seq;
       const bool failed = v == (p.pair.seq | proto::kHostFuncFailed) || rt->dead();

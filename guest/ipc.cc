@@ -1,5 +1,5 @@
 // CUDA IPC, forwarded: memory and event handles passed between processes of
-// one tenant (the host side and its rules are host-daemon/ipc.cc). A handle
+// one tenant (the host side and its rules are host-daemon/worker/ipc.cc). A handle
 // is 64 opaque bytes the host made; this library only carries them. Memory
 // opened from a handle is booked like cuMemAlloc memory: its range is
 // reserved in this process and counted as device memory, so that unified

@@ -2,7 +2,7 @@
 // attributes go through guest/library.cc's cuLaunchKernelEx), occupancy
 // queries and tensor maps. Parameters are packed here from the function's
 // own description (FuncInfo); the host lays them out again from its own
-// (host-daemon/launch.cc).
+// (host-daemon/worker/launch.cc).
 //
 // This file sees cuda.h without its renaming macros, so every ABI
 // generation is defined under its exact exported name.

@@ -1,7 +1,7 @@
 // The JIT linker (cuLinkCreate / AddData / AddFile / Complete / Destroy):
 // relocatable device code linked at run time (Numba, CuPy with -rdc, programs
 // that link PTX with their own device libraries). The host's driver links
-// (host-daemon/link.cc, which checks every input and the output); this side
+// (host-daemon/worker/link.cc, which checks every input and the output); this side
 // keeps what the application handed cuLinkCreate - its option arrays, which
 // the driver's outputs (log lengths, wall time) are written back into for the
 // linker's life, and its log buffers - reads files itself, and holds the

@@ -8,7 +8,7 @@
 //
 // Core dumps: a GPU core dump would be written by the worker, on the host,
 // where the guest has no business writing files (the worker also refuses the
-// context flags that enable them, host-daemon/contexts.cc). The settings read
+// context flags that enable them, host-daemon/worker/contexts.cc). The settings read
 // as a driver's defaults and may be changed, but enabling a dump on exception
 // or by user trigger is refused with CUDA_ERROR_NOT_PERMITTED.
 #include <cuda.h>

@@ -1,7 +1,7 @@
 // Stream memory operations: cuStreamWaitValue32/64, cuStreamWriteValue32/64
 // and cuStreamBatchMemOp (the _v2 generation CUDA 12 and 13 programs call,
 // and their per-thread-stream forms). Each becomes one posted request; the
-// host (host-daemon/memops.cc) checks that every address is device memory
+// host (host-daemon/worker/memops.cc) checks that every address is device memory
 // of this guest and makes the same driver call. The deprecated v1 entry
 // points stay unforwarded (docs/api-coverage.md).
 //

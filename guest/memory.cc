@@ -1,7 +1,7 @@
 // Device memory, copies (1D, 2D, unified addressing; pageable ones pipelined
 // through the staging slots) and memsets, page-locked memory in the arena,
 // registered memory's entry points, and pointer attributes. The host side is
-// host-daemon/memory.cc. Definitions use the plain cuda.h names: its macros
+// host-daemon/worker/memory.cc. Definitions use the plain cuda.h names: its macros
 // select the ABI variant a CUDA 13 caller links against (cuMemAlloc ->
 // cuMemAlloc_v2). Exceptions never cross this boundary: every body runs
 // inside guard().
@@ -817,7 +817,7 @@ namespace {
 // Superblock line 9), when the answer is the guest's own: under a quota, with
 // the device's free memory (as the worker last asked the driver, less than
 // 100 ms ago) more than the quota's rest by a sixteenth of the device, the
-// worker would answer what is left of the quota (host-daemon/memory.cc,
+// worker would answer what is left of the quota (host-daemon/worker/memory.cc,
 // on_MemGetInfo). The view changes before the reply of any call that changed
 // the charge, so the process's own allocations are in it; what other tenants
 // take is what the 100 ms and the margin are for. Also while the worker is

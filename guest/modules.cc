@@ -1,6 +1,6 @@
 // Modules and their functions and globals (cuModuleLoad*, cuModuleGet*,
 // cuFunc*). Images travel through the arena; the host checks them before its
-// driver sees them (host-daemon/modules.cc). Libraries are guest/library.cc.
+// driver sees them (host-daemon/worker/modules.cc). Libraries are guest/library.cc.
 #include <cuda.h>
 #include <elf.h>
 

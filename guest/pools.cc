@@ -1,7 +1,7 @@
 // Stream-ordered memory: cuMemAllocAsync and friends, the devices' default
 // and current pools, explicit pools (cuMemPoolCreate, attributes, access,
 // trim, destroy), and pools shared between the processes of a tenant. Pools
-// are host handles (host-daemon/pools.cc): the host's driver does the work
+// are host handles (host-daemon/worker/pools.cc): the host's driver does the work
 // and judges most arguments itself, so the guest hears the driver's answers.
 // Device ordinals are the application's here and the worker's on the wire.
 //
@@ -397,7 +397,7 @@ bool ivcuda::guest::internal::free_pool_import(Runtime* rt, CUdeviceptr d, CUstr
 
 namespace {
 // Device locations of pinned memory are the devices' pools; host and
-// managed pools are not offered (host-daemon/pools.cc says why).
+// managed pools are not offered (host-daemon/worker/pools.cc says why).
 CUresult location_device(const CUmemLocation* loc, CUmemAllocationType type, CUdevice* dev) {
   if (loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (type == CU_MEM_ALLOCATION_TYPE_PINNED && loc->type == CU_MEM_LOCATION_TYPE_DEVICE) {

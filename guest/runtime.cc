@@ -493,7 +493,7 @@ CUresult Runtime::connect() {
   // In a VM the channels stay this process's until it has exited: calls
   // made at exit (cudart's and the libraries' teardown) still need them. The
   // guest's kernel driver tells the host when the process is gone, and the
-  // host frees the channels then (host-daemon/vm_supervisor.h).
+  // host frees the channels then (host-daemon/daemon/vm_supervisor.h).
   return CUDA_SUCCESS;
 }
 

@@ -1,5 +1,5 @@
 // Streams: created, queried, synchronised and destroyed on the host
-// (host-daemon/streams.cc); their flags and contexts are also booked here so
+// (host-daemon/worker/streams.cc); their flags and contexts are also booked here so
 // that cheap queries need no round trip.
 #include <cuda.h>
 

@@ -1,6 +1,6 @@
 // Virtual memory management, forwarded: address reservations, physical
 // allocations, their mappings and access (the host side and its rules are
-// host-daemon/vmm.cc). A reserved range is reserved in this process too and
+// host-daemon/worker/vmm.cc). A reserved range is reserved in this process too and
 // counted as device memory from the start, so that cuMemcpy's unified
 // addressing tells its pointers from host ones; what is mapped where, and who
 // may touch it, only the host decides. Device ordinals are the application's
@@ -234,7 +234,7 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
 //
 // An exported allocation is, for the application, a file descriptor it may
 // pass to another process of its own (SCM_RIGHTS, fork) and import there.
-// The driver's fd stays on the host (host-daemon/fd_broker.h); the guest's fd
+// The driver's fd stays on the host (host-daemon/daemon/fd_broker.h); the guest's fd
 // is a sealed memfd that holds the host's token for it. Pools exported as
 // file descriptors (guest/pools.cc) travel the same way.
 

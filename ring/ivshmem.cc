@@ -12,7 +12,7 @@
 #include <thread>
 #include <unistd.h>
 
-#include "host-daemon/rules.h"  // IVCUDA_RULE: host-side rules enforced here (docs/security.md)
+#include "host-daemon/shared/rules.h"  // IVCUDA_RULE: host-side rules enforced here (docs/security.md)
 
 namespace ivcuda::ivshmem {
 namespace {

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host-daemon/rules.h"  // IVCUDA_RULE: host-side rules enforced here (docs/security.md)
+#include "host-daemon/shared/rules.h"  // IVCUDA_RULE: host-side rules enforced here (docs/security.md)
 
 namespace ivcuda::sys {
 

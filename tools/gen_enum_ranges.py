@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the range of every enum of the toolkit's cuda.h (or of NVML's nvml.h,
---header), for the worker's wire_enum() (host-daemon/worker_internal.h) and
-NVML's pass-through queries (host-daemon/nvml_passthrough.cc): a number a
+--header), for the worker's wire_enum() (host-daemon/worker/worker_internal.h) and
+NVML's pass-through queries (host-daemon/worker/nvml_passthrough.cc): a number a
 guest sends may become an enum only inside the enum's range, the values of the
 smallest bit-field that holds all its enumerators (C++ [dcl.enum]); a cast
 outside it is undefined behaviour. Enums with a negative enumerator are left

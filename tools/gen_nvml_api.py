@@ -13,7 +13,7 @@ Outputs (build tree only):
   nvml_passthrough.cc with --passthrough: the guest's definition of each function that list names,
                       forwarding it as NvmlFn kPassthroughBase + row (include/ivcuda/nvml_wire.h)
 With --host, only nvml_passthrough_host.inc: the worker's side of the same list (the NvmlApi
-members and the call of the host's NVML for each row), for host-daemon/nvml_passthrough.cc.
+members and the call of the host's NVML for each row), for host-daemon/worker/nvml_passthrough.cc.
 
 How a pass-through function travels is read off its prototype: `nvmlDevice_t device` first (a
 device query) or not (a system query), by-value arguments as input slots, each pointer as one

@@ -2,7 +2,7 @@
 // each generated definition (nvml_passthrough.cc, from the function's
 // prototype in nvml.h) builds one Passthrough in the order of its parameters
 // and runs it. The wire form is in include/ivcuda/nvml_wire.h; the worker's
-// side, host-daemon/nvml_passthrough.cc, takes the arguments in the same order.
+// side, host-daemon/worker/nvml_passthrough.cc, takes the arguments in the same order.
 //
 // What the caller gets is what NVIDIA's library gives: the host NVML's code,
 // and the outputs written only on success (a list's count also on

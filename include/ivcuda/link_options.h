@@ -1,6 +1,6 @@
 // The JIT linker options that cross the wire (proto::LinkOption): those whose
 // value is a plain number. Log buffers and other pointers stay in the guest
-// (guest/link.cc); the host honours only these (host-daemon/link.cc).
+// (guest/link.cc); the host honours only these (host-daemon/worker/link.cc).
 #pragma once
 
 #include <cuda.h>

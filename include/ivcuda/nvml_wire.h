@@ -1,5 +1,5 @@
 // NVML over the ring: what the guest's libnvidia-ml.so.1 (guest/nvml/) asks
-// the worker (host-daemon/nvml.cc), in one op, proto::Op::kNvml. Each
+// the worker (host-daemon/worker/nvml.cc), in one op, proto::Op::kNvml. Each
 // forwarded query is an NvmlFn; its arguments ride in ReqNvml, its answer
 // in RepNvml (the NVML return code, up to four numbers) and, for strings,
 // structs and lists, `out_len` bytes after RepNvml.

@@ -26,7 +26,7 @@ using u16 = std::uint16_t;
 using u32 = std::uint32_t;
 using i32 = std::int32_t;
 using u64 = std::uint64_t;
-// NVML's queries (guest/nvml/, host-daemon/nvml.cc): ivcuda/nvml_wire.h.
+// NVML's queries (guest/nvml/, host-daemon/worker/nvml.cc): ivcuda/nvml_wire.h.
 using ReqNvml = nvml_wire::ReqNvml;
 using RepNvml = nvml_wire::RepNvml;
 
@@ -580,7 +580,7 @@ inline constexpr u32 kFuncName = 0;
 inline constexpr u32 kFuncModule = 1;
 inline constexpr u32 kFuncIsLoaded = 2;
 inline constexpr u32 kFuncLoad = 3;
-// The JIT linker (cuLink*, guest/link.cc, host-daemon/link.cc): one request,
+// The JIT linker (cuLink*, guest/link.cc, host-daemon/worker/link.cc): one request,
 // by kind. kLinkCreate sends `count` LinkOption pairs after the struct (the
 // numeric options only; the guest keeps the log buffers and answers them);
 // kLinkAdd an input of `input_type` (CUjitInputType) staged at `arena_off`,
@@ -617,7 +617,7 @@ struct RepLink {
   float wall_ms;   // CU_JIT_WALL_TIME of the last step
   u32 reserved;
 };
-// Green contexts (guest/green.cc, host-daemon/green.cc): one request, by
+// Green contexts (guest/green.cc, host-daemon/worker/green.cc): one request, by
 // kind. Resources travel as the driver's own CUdevResource images,
 // kResourceBytes each, after the struct: the worker takes back only images it
 // gave out (their internals are the driver's, not to be forged).
@@ -757,7 +757,7 @@ struct ReqFuncCache {
   u32 reserved;
 };
 
-// ---- virtual memory management (guest/vmm.cc, host-daemon/vmm.cc).
+// ---- virtual memory management (guest/vmm.cc, host-daemon/worker/vmm.cc).
 // CUmemAllocationProp without its pointer (win32HandleMetaData, unused on
 // Linux); loc_id is a device ordinal as the worker numbers them.
 struct MemProp {
@@ -857,7 +857,7 @@ struct RepElapsed {
 
 // ---- sharing physical allocations between a tenant's processes
 // (cuMemExportToShareableHandle / cuMemImportFromShareableHandle). The guest
-// holds a token the host made; host-daemon/fd_broker.h says where the fd is.
+// holds a token the host made; host-daemon/daemon/fd_broker.h says where the fd is.
 struct ReqMemExport {
   u64 handle;        // from MemCreate / MemRetainHandle / MemImportShareable
   u32 handle_type;   // CUmemAllocationHandleType
@@ -874,7 +874,7 @@ struct ReqMemImport {
 };
 
 // ---- CUDA arrays, texture and surface objects (guest/arrays.cc,
-// host-daemon/arrays.cc). Arrays and mipmapped arrays are host handles
+// host-daemon/worker/arrays.cc). Arrays and mipmapped arrays are host handles
 // (HandleKind::kArray / kMipmappedArray); texture and surface objects are the
 // driver's own 64-bit values (kernels take them by value), which the host
 // accepts back only if this guest created them.
@@ -1055,7 +1055,7 @@ struct RepTexInfo {
   ViewDesc view;
 };
 
-// ---- CUDA IPC between processes of one tenant (guest/ipc.cc, host-daemon/ipc.cc).
+// ---- CUDA IPC between processes of one tenant (guest/ipc.cc, host-daemon/worker/ipc.cc).
 // A handle is 64 opaque bytes made by the host (a ticket of the tenant's
 // registry, never the driver's handle). `proc` is the calling guest process's
 // id as the guest numbers it: inside a VM one worker serves every process, and
@@ -1085,7 +1085,7 @@ struct ReqIpcClose {
 };
 
 // ---- sharing memory pools between a tenant's processes (guest/pools.cc,
-// host-daemon/pools.cc). A pool exported as a POSIX fd is a token, as
+// host-daemon/worker/pools.cc). A pool exported as a POSIX fd is a token, as
 // MemExportShareable's is (the guest wraps it in the same sealed memfd); a
 // pointer's CUmemPoolPtrExportData is a ticket of the tenant's registry, as
 // an IPC handle is. `proc` is the calling guest process, as in the IPC
@@ -1126,7 +1126,7 @@ struct ReqPoolPtrFree {
   u32 async;
 };
 
-// ---- graph building (guest/graphs.cc, host-daemon/graphs.cc). Nodes are host
+// ---- graph building (guest/graphs.cc, host-daemon/worker/graphs.cc). Nodes are host
 // handles (HandleKind::kGraphNode), each belonging to one graph of this guest.
 // One end of a memcpy node: device memory (CU_MEMORYTYPE_DEVICE, addr is a
 // device address) or page-locked memory (CU_MEMORYTYPE_HOST, addr is a BAR

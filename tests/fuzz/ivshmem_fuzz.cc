@@ -3,7 +3,7 @@
 //    MessageReader, the greeting in ivshmem_client_handshake, IvshmemClient's
 //    later peer changes): the daemon with --join reads it from somebody
 //    else's ivshmem-server, and the guest library from the daemon;
-//  - the fd broker's requests (host-daemon/fd_broker.cc, FdBroker::serve),
+//  - the fd broker's requests (host-daemon/daemon/fd_broker.cc, FdBroker::serve),
 //    which the daemon reads from every worker, a worker being only as
 //    trustworthy as the guest memory it parses.
 // The bytes go through a real socket pair with real descriptors attached
@@ -31,7 +31,7 @@
 #include <span>
 #include <vector>
 
-#include "host-daemon/fd_broker.h"
+#include "host-daemon/daemon/fd_broker.h"
 #include "ring/ivshmem.h"
 #include "ring/sys.h"
 

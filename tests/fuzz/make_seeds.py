@@ -161,7 +161,7 @@ def worker_seeds():
     # request ring index moved backwards.
     s["hostile"] = (HELLO + raw_rec(0, b"") + raw_rec(999, b"abcd") + raw_rec(OP["MemAlloc"], b"\x01\x02\x03\x04")
                     + raw_rec(0xFFFF, b"") + SERVE + poke(1, 0, 0xFFFFFFF0) + rec("Hello", b"", ch=1))
-    # NVML queries (host-daemon/nvml.cc; worker_fuzz gives the worker the NVML test double):
+    # NVML queries (host-daemon/worker/nvml.cc; worker_fuzz gives the worker the NVML test double):
     # what the guest library asks, then what it never would.
     def nvml(fn, dev, a0=0, a1=0, cap=256):
         return rec("Nvml", struct.pack("<IiQQII", FN[fn] if isinstance(fn, str) else fn, dev, a0, a1, cap, 0))

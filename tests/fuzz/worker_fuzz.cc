@@ -52,10 +52,10 @@
 #include <memory>
 #include <vector>
 
-#include "host-daemon/log.h"
-#include "host-daemon/tenant_share.h"
-#include "host-daemon/worker.h"
-#include "host-daemon/worker_internal.h"
+#include "host-daemon/shared/log.h"
+#include "host-daemon/shared/tenant_share.h"
+#include "host-daemon/worker/worker.h"
+#include "host-daemon/worker/worker_internal.h"
 #include "ring/layout.h"
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"

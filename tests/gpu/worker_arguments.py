@@ -3,7 +3,7 @@
 of trace_worker_syscalls.sh (ivcudad --sandbox off, IVCUDA_SANDBOX_TRACE_MARK=1)
 and prints each call a worker made after its sandbox point that the seccomp
 filter would refuse by its arguments although the call itself is allowed
-(host-daemon/sandbox.cc; worker_syscalls.py checks the names):
+(host-daemon/sandbox/sandbox.cc; worker_syscalls.py checks the names):
 
   REFUSED call(args)   an ioctl of a socket, network or terminal type (0x89,
                        0x8b, 0x54), an fcntl command outside kFcntlAllowed,

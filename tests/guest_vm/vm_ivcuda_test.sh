@@ -3,7 +3,7 @@
 # driver) serves a stock QEMU guest through ivshmem-doorbell; inside the
 # guest, the unmodified driver-API test programs run through ivcuda's
 # libcuda.so.1 over BAR2 with MSI-X doorbells (uio-driver/). Each guest
-# process has a worker of its own (host-daemon/vm_supervisor.h): drv_ipc and
+# process has a worker of its own (host-daemon/daemon/vm_supervisor.h): drv_ipc and
 # rt_ipc share memory and events between two guest processes, drv_pool_share
 # a pool and its pointer; drv_isolation checks that a process that faults
 # leaves the other unharmed, that a SIGKILLed process's memory is back

@@ -2,7 +2,8 @@
 // registry) travels over their lines, only within the tenant the daemon filed
 // each line's guest under; forged tokens, malformed messages, lines that end
 // and guests that leave get or keep nothing; caps hold per guest and tenant.
-#include "host-daemon/fd_broker.h"
+#include "host-daemon/daemon/fd_broker.h"
+#include "host-daemon/shared/broker_client.h"
 
 #include <poll.h>
 #include <sys/socket.h>

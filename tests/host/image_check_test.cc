@@ -1,4 +1,4 @@
-// The worker's check of module images (host-daemon/image_check.h): real
+// The worker's check of module images (host-daemon/worker/image_check.h): real
 // images from nvcc pass; any image whose declared extents reach past the
 // bytes received, or that holds a pointer, is refused.
 #include <catch2/catch.hpp>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "host-daemon/image_check.h"
+#include "host-daemon/worker/image_check.h"
 
 using ivcuda::host::check_image;
 using ivcuda::host::ImageKind;

@@ -2,7 +2,7 @@
 // tenant's workers (the daemon keeps one per tenant): tickets match only as
 // issued, an exporter's own names reach only its own line, one guest cannot
 // take its tenant's room, and what a line or a guest published goes with it.
-#include "host-daemon/tenant_share.h"
+#include "host-daemon/shared/tenant_share.h"
 
 #include <catch2/catch.hpp>
 

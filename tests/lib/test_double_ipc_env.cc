@@ -5,7 +5,7 @@
 // pwrite64, which no driver needs) and nvml_worker_test (the NVML double
 // reads the GPU double's ledger file, which no Landlock rule names). So the
 // daemons they start run with the explicit test switch
-// IVCUDA_TEST_DOUBLE_IPC=1, which they log (host-daemon/sandbox.h). Set
+// IVCUDA_TEST_DOUBLE_IPC=1, which they log (host-daemon/sandbox/sandbox.h). Set
 // before main; every daemon inherits it.
 #include <cstdlib>
 

@@ -53,7 +53,7 @@ served_by() {
     echo "served_by LOG PID MARK: got '$*'" >&2
     return 2
   fi
-  # The worker's line is "... info: guest G: process P says hello (parent Q)" (host-daemon/contexts.cc).
+  # The worker's line is "... info: guest G: process P says hello (parent Q)" (host-daemon/worker/contexts.cc).
   # Not grep -q: it would leave tail to die of SIGPIPE, a failure under pipefail.
   tail -c +"$(($3 + 1))" "$1" 2>/dev/null |
     grep -E " info: guest [0-9]+: process ($2 says hello \(parent [0-9]+\)|[0-9]+ says hello \(parent $2\))$" >/dev/null

@@ -4,7 +4,7 @@
 The rule table of docs/security.md ("Rules the host enforces") gives every rule an id (first
 column, in backticks) and, in its test column, the CTest tests that must FAIL when the rule is
 gone, each in backticks (a Catch2 TEST_CASE name or a script test's CTest name, exactly). The
-code marks where each rule is enforced with IVCUDA_RULE("id") (host-daemon/rules.h); in the
+code marks where each rule is enforced with IVCUDA_RULE("id") (host-daemon/shared/rules.h); in the
 mutation build (the asan preset, IVCUDA_MUTANTS) IVCUDA_MUTATE=id removes it at run time.
 
 This script
@@ -40,7 +40,7 @@ TABLE = os.path.join(SOURCE, "docs", "security.md")
 # Where rules are enforced. rules.h itself only defines the macro (and shows it in a comment).
 CODE_DIRS = ("host-daemon", "ring", "include", "guest")
 CODE_EXT = (".cc", ".h", ".c")
-SKIP_FILES = {os.path.join("host-daemon", "rules.h")}
+SKIP_FILES = {os.path.join("host-daemon", "shared", "rules.h")}
 ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 MARK_RE = re.compile(r'IVCUDA_RULE\(\s*"([^"]*)"\s*\)')
 NOT_IN_CI = "not in ci:"

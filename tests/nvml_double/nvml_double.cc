@@ -11,7 +11,7 @@
 // memory needs no context) is a compute process with that much memory;
 // without a ledger there are none. Everything else is a fixed, plausible
 // value (an H200-like board).
-// It implements what ivcudad's worker resolves (host-daemon/nvml_api.h) and a
+// It implements what ivcudad's worker resolves (host-daemon/worker/nvml_api.h) and a
 // few basics (init with flags, count, handle by index, UUID); setters are not exported.
 #include <fcntl.h>
 #include <nvml.h>

@@ -1,4 +1,4 @@
-// The worker's NVML (host-daemon/nvml.cc), driven through ivcudad in process
+// The worker's NVML (host-daemon/worker/nvml.cc), driven through ivcudad in process
 // mode by a guest that speaks the ring protocol by hand, against the GPU and
 // NVML test doubles (three GPUs, two of them granted). What is proved: every
 // NvmlFn is answered; requests the worker must refuse are refused before NVML

@@ -409,7 +409,7 @@ TEST_CASE("images that would make the driver follow a pointer or read past the c
   CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
-// The JIT linker's request (host-daemon/link.cc): forged handles, pointers
+// The JIT linker's request (host-daemon/worker/link.cc): forged handles, pointers
 // passed as options, inputs whose bytes are not what they claim or lie past
 // the arena, and reads of an output that does not exist get clear errors.
 TEST_CASE("linker requests with forged handles, options or inputs are refused", "[process][hostile]") {
@@ -545,7 +545,7 @@ TEST_CASE("one user id gets at most --max-guests-per-uid guests at once", "[proc
   CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
-// Virtual memory management (host-daemon/vmm.cc): a guest maps only its own
+// Virtual memory management (host-daemon/worker/vmm.cc): a guest maps only its own
 // handles into its own reservations, and owns only what is mapped.
 TEST_CASE("VMM requests outside what the guest reserved and created are refused", "[process][hostile]") {
   Strays strays;

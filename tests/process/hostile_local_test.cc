@@ -1,7 +1,7 @@
 // A hostile local user, and a worker that a hostile guest subverted: what the
 // host's own surfaces must refuse them (docs/security.md, "Sandbox" and "The
 // operator's interfaces"). The sandbox cases fork a child that applies the
-// project's own sandbox steps (host-daemon/sandbox.h) exactly as a worker
+// project's own sandbox steps (host-daemon/sandbox/sandbox.h) exactly as a worker
 // does, then tries what a subverted worker would; the control-socket cases
 // run a daemon and speak to it as another user would.
 #include <catch2/catch.hpp>
@@ -41,8 +41,8 @@
 #include <thread>
 #include <vector>
 
-#include "host-daemon/sandbox.h"
-#include "host-daemon/uring_wait.h"
+#include "host-daemon/sandbox/sandbox.h"
+#include "host-daemon/worker/uring_wait.h"
 #include "tests/process/raw_guest.h"
 
 using namespace ivcuda;

@@ -1,4 +1,4 @@
-// A hostile VM (host-daemon/vm_supervisor.h): a guest that claims channels
+// A hostile VM (host-daemon/daemon/vm_supervisor.h): a guest that claims channels
 // under invented pids and forges its kernel driver's exit notices, and a
 // subverted worker that writes into the memory it shares with its
 // unsandboxed supervisor. The supervisor must bound the VM's workers and

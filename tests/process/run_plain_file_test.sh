@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # --plain-file against a local user who prepares the path before ivcudad
-# starts (docs/security.md, rule `plain-file-exclusive`; host-daemon/plain_file.h):
+# starts (docs/security.md, rule `plain-file-exclusive`; host-daemon/daemon/plain_file.h):
 # a symbolic link, a file of their own, a file ivcudad did not make, a
 # directory others may write or own are all refused, and nothing at the path
 # is touched; a fresh path is made exclusively (in a sticky directory like

@@ -1,8 +1,8 @@
 // What device memory the driver holds beyond a program's allocations, and
 // what a stream capture does with a copy into pageable memory: the figures
-// ivcudad's quota charges (host-daemon/contexts.cc, pools.cc; docs/operating.md,
+// ivcudad's quota charges (host-daemon/worker/contexts.cc, pools.cc; docs/operating.md,
 // "Device-memory quotas") and the case its capture rule prevents
-// (host-daemon/memory.cc, dtoh_inline). Run natively on an idle GPU
+// (host-daemon/worker/memory.cc, dtoh_inline). Run natively on an idle GPU
 // (tests/gpu/run_all.sh cost); every figure is a cuMemGetInfo difference:
 //   context         a created context, then after its first launch
 //   limit.*         each limit ivcudad charges, raised, against its formula

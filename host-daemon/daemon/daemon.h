@@ -1,0 +1,182 @@
+// ivcudad's listening side: the sockets guests connect on, the processes that
+// serve them, the pool of workers started ahead, and the operator's control
+// socket and metrics, in one event loop. Runs unsandboxed and never loads the
+// driver; what it reads of workers is the status board, the broker line and a
+// warm entry's one-byte words (host-daemon/shared/from_worker.h).
+//
+// Its parts, each a file:
+//   daemon.cc     the set-up, the loop, and the stop
+//   guests.cc     a guest's arrival: admission, its memory, its process
+//   warm_pool.cc  workers started ahead, recycled workers (warm_policy.h decides)
+//   operator.cc   ivcudactl's status, reload and evict; the metrics' snapshot
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "host-daemon/daemon/control.h"
+#include "host-daemon/daemon/fd_broker.h"
+#include "host-daemon/daemon/metrics.h"
+#include "host-daemon/daemon/options.h"
+#include "host-daemon/daemon/status.h"
+#include "host-daemon/daemon/worker_budget.h"
+#include "host-daemon/shared/from_worker.h"
+#include "ring/ivshmem.h"
+#include "ring/layout.h"
+#include "ring/sys.h"
+
+namespace ivcuda::host {
+
+class Daemon {
+ public:
+  // `argc`/`argv` are read again by a reload. `gpus`: --gpus as parsed.
+  Daemon(Options o, int argc, char** argv, std::vector<int> gpus, ring::Layout layout);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Listens, serves until SIGINT or SIGTERM, stops every guest's process.
+  // Returns the process's exit status.
+  int run();
+
+ private:
+  using clk = std::chrono::steady_clock;
+  static constexpr std::size_t kNoListener = static_cast<std::size_t>(-1);
+
+  // A socket guests connect on: --socket with --gpus, or a --guest-socket.
+  struct Listener {
+    std::string path;
+    std::vector<int> gpus;
+    std::uint64_t mem_limit;
+    ivshmem::IvshmemServer server;
+    unsigned compute = 100;  // % of the SMs under --mps
+    unsigned warm = 1;       // workers kept started ahead
+    bool huge = false;       // guests' memory on 2 MiB pages
+  };
+  // A guest served now, by the pid of its connection's process.
+  struct Served {
+    std::int64_t id = 0;
+    uid_t uid = 0;        // the connecting process's (SO_PEERCRED); plain files: the daemon's
+    pid_t peer_pid = 0;   // the connecting process; 0 for plain files
+    std::string socket;   // the listener's path, or the ivshmem-plain file
+    std::vector<int> gpus;
+    unsigned compute = 0;                // % of the SMs under --mps; 0: no MPS
+    std::size_t listener = kNoListener;  // index into listeners_; kNoListener: a plain file
+    // A copy of the guest's connection: when the worker has ended, the
+    // daemon hangs up on the guest itself. A worker that died may leave its
+    // own reference behind for a while (its io_uring's armed poll is torn
+    // down asynchronously), and a process-mode guest learns of the end only
+    // from the hang-up.
+    std::shared_ptr<sys::UniqueFd> conn;
+    std::unique_ptr<GuestBoard> board;  // what its workers report (from_worker.h)
+    // Served by a warm entry: our end of the entry's line, on which its
+    // process says that the worker ended cleanly and may be recycled
+    // ('C', vm_supervisor.h), and that worker's pid.
+    sys::UniqueFd handoff;
+    pid_t worker_pid = 0;
+    clk::time_point started = clk::now();
+    clk::time_point evict_deadline{};  // evicting: its process is killed after this
+    // The last sampling window, for calls/s and copy bytes/s.
+    clk::time_point sample_at = clk::now();
+    std::uint64_t sample_calls = 0, sample_bytes = 0;
+    double calls_per_s = 0, bytes_per_s = 0;
+  };
+  // A warm entry (docs/design.md, "Warm workers"): a connection's process
+  // started ahead of its guest, with the guest's memory, doorbells and status
+  // board made and a worker that has loaded the driver, retained a context
+  // and registered the memory. A guest that connects takes one.
+  struct Warm {
+    pid_t pid = 0;
+    std::size_t listener = 0;
+    std::int64_t id = 0;               // the guest number it will have
+    sys::UniqueFd handoff;             // our end of its line (vm_supervisor.h)
+    sys::UniqueFd shm;
+    ivshmem::GuestConnection bells;    // its doorbells, for the greeting
+    std::unique_ptr<GuestBoard> board;
+    bool ready = false;                // its worker said so
+    pid_t worker_pid = 0;              // that worker (the entry's process's child)
+    // A recycled worker (--recycle-workers): it served a guest of this
+    // user, and serves only that user's guests (docs/security.md).
+    std::optional<uid_t> tenant_uid;
+  };
+  // What one pass of the loop polls, and where each kind starts in it.
+  struct PollSet;
+
+  // daemon.cc: set-up, the loop's parts, the stop.
+  bool add_listener(const std::string& path, std::vector<int> grant, std::uint64_t mem_limit, unsigned compute,
+                    unsigned warm, bool huge);
+  int open_listeners();        // 0, or the exit status
+  int open_operator_side();    // the control socket and metrics: 0, or the exit status
+  int start_plain_guests();    // --plain-file: 0, or the exit status
+  void reap();                 // processes that ended
+  void tend_guests();          // rates over about a second, evictions that do not finish
+  void serve_once();           // one poll of every descriptor, and what it found
+  void stop_all();
+  std::vector<std::string> driver_env(unsigned compute, std::uint64_t mem_limit, const std::vector<int>& grant) const;
+
+  // guests.cc: a guest's arrival.
+  void accept_guest(std::size_t li);
+  std::int64_t next_guest_id();
+  std::optional<sys::UniqueFd> guest_memory(std::int64_t id, std::size_t li);
+  std::unique_ptr<GuestBoard> new_board(std::uint64_t mem_limit);
+  // In a forked guest process: what it must not keep of the daemon's.
+  void forget_in_child(const GuestBoard* mine);
+
+  // warm_pool.cc: workers started ahead.
+  bool start_warm(std::size_t li, int not_theirs = -1);
+  void let_go_warm(Warm& e);
+  void fill_pools();
+  std::optional<Warm> take_warm(std::size_t li, uid_t uid, int not_theirs);
+  void recycle_served(pid_t pid);
+  bool reap_warm(pid_t pid, int status);  // false: not an entry's process
+  void read_served_line(pid_t pid, std::vector<pid_t>* to_recycle);
+  void read_warm_line(Warm& e);
+  void drop_stale_warm();
+
+  // operator.cc: what ivcudactl asks.
+  DaemonStatus snapshot() const;
+  nlohmann::json reload();
+  nlohmann::json handle_control(const nlohmann::json& req);
+
+  Options o_;
+  int argc_;
+  char** argv_;
+  const std::vector<int> gpus_;
+  const ring::Layout layout_;
+  const std::uint64_t generation_;
+  const int gpu_count_;
+  const clk::time_point started_ = clk::now();
+  std::uint64_t refused_ = 0;  // connections turned away (limits)
+
+  std::vector<Listener> listeners_;
+  std::vector<bool> huge_short_;       // a socket's want of huge pages said once
+  std::map<pid_t, Served> workers_;    // by the connection's process
+  std::unique_ptr<WorkerBudget> budget_;
+  FdBroker broker_;
+  std::optional<ControlServer> control_;
+  std::unique_ptr<MetricsServer> metrics_;
+  // Guest numbers are the daemon's, across its sockets (each socket's
+  // ivshmem server would count from 1): logs, status and evict use them.
+  std::int64_t last_id_ = 0;
+
+  // The pool, per socket (warm_pool.cc).
+  std::vector<std::vector<Warm>> pools_;
+  // After a warm entry failed, the socket's next one waits (1 s, doubling to a minute).
+  std::vector<std::pair<clk::time_point, std::chrono::seconds>> warm_backoff_;
+  std::set<pid_t> warm_let_go_;                 // entries told to go, not reaped yet
+  std::vector<std::deque<clk::time_point>> arrivals_;  // guests' arrivals per socket
+  bool warm_stale_ = false;                     // a reload changed what they were started with
+};
+
+}  // namespace ivcuda::host

@@ -1,0 +1,230 @@
+// See daemon.h: a guest's arrival - admission, its memory, its process.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "host-daemon/daemon/daemon.h"
+#include "host-daemon/daemon/launch.h"
+#include "host-daemon/shared/log.h"
+#include "host-daemon/shared/rules.h"
+
+namespace ivcuda::host {
+
+std::int64_t Daemon::next_guest_id() {
+  for (std::int64_t tries = 0; tries < ivshmem::kMaxPeerId; ++tries) {
+    last_id_ = last_id_ >= ivshmem::kMaxPeerId ? 1 : last_id_ + 1;
+    const auto taken = [&](const auto& w) { return w.second.id == last_id_; };
+    const auto warm_taken = [&](const std::vector<Warm>& p) {
+      return std::any_of(p.begin(), p.end(), [&](const Warm& e) { return e.id == last_id_; });
+    };
+    if (std::none_of(workers_.begin(), workers_.end(), taken) && std::none_of(pools_.begin(), pools_.end(), warm_taken))
+      break;
+  }
+  return last_id_;
+}
+
+// What a forked guest process must not keep of the daemon's: the other
+// listeners, the operator's sockets, other guests' connections and boards.
+void Daemon::forget_in_child(const GuestBoard* mine) {
+  for (const auto& other : listeners_) ::close(other.server.listen_fd());
+  broker_.close_in_child();
+  if (control_) control_->close_in_child();
+  if (metrics_) metrics_->close_in_child();
+  for (auto& [other_pid, other] : workers_) {
+    if (other.conn) other.conn->reset();  // other guests' connections are not this one's
+    other.handoff.reset();
+    if (other.board.get() != mine) other.board->unmap_in_child();
+  }
+  // Nor the memory, doorbells or boards of guests to come.
+  for (auto& pool : pools_)
+    for (Warm& e : pool) {
+      e.handoff.reset();
+      e.shm.reset();
+      e.bells = {};
+      e.board->unmap_in_child();
+    }
+}
+
+std::unique_ptr<GuestBoard> Daemon::new_board(std::uint64_t mem_limit) {
+  auto b = GuestBoard::create();
+  if (b) b->stats().mem_limit.store(mem_limit, std::memory_order_relaxed);
+  return b;
+}
+
+// A guest's own memory, formatted: nobody else can map it. On 2 MiB pages
+// when the socket asks and the host's pool has them (mapping it here takes
+// them from the pool, or fails), else on 4 KiB pages.
+std::optional<sys::UniqueFd> Daemon::guest_memory(std::int64_t id, std::size_t li) {
+  std::uint64_t features = abi::kFeatDoorbell | abi::kFeatArenaRegistered;
+  std::optional<sys::UniqueFd> shm;
+  std::optional<sys::Mapping> map;
+  if (listeners_[li].huge) {
+    auto h = sys::make_huge_memfd("ivcuda-guest", o_.shm_size);
+    auto m = h ? sys::Mapping::map_shared(h->get(), o_.shm_size)
+               : Result<sys::Mapping>(make_error(h.error().code, h.error().what));
+    if (m) {
+      shm = std::move(*h);
+      map = std::move(*m);
+      features |= abi::kFeatHugePages;
+      IVLOG_INFO("guest %lld: its memory is on 2 MiB huge pages", static_cast<long long>(id));
+      if (huge_short_[li]) IVLOG_INFO("%s: guests' memory is on huge pages again", listeners_[li].path.c_str());
+      huge_short_[li] = false;
+    } else if (!huge_short_[li]) {
+      huge_short_[li] = true;
+      IVLOG_WARN("%s: no %llu MiB of 2 MiB huge pages for guest %lld (%s; vm.nr_hugepages reserves them): "
+                 "4 KiB pages until there are",
+                 listeners_[li].path.c_str(), static_cast<unsigned long long>(o_.shm_size >> 20),
+                 static_cast<long long>(id), m.error().what.c_str());
+    }
+  }
+  if (!shm) {
+    auto s = sys::make_memfd("ivcuda-guest", o_.shm_size);
+    if (!s) {
+      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), s.error().what.c_str());
+      return std::nullopt;
+    }
+    auto m = sys::Mapping::map_shared(s->get(), o_.shm_size);
+    if (!m) {
+      IVLOG_ERROR("guest %lld: %s", static_cast<long long>(id), m.error().what.c_str());
+      return std::nullopt;
+    }
+    shm = std::move(*s);
+    map = std::move(*m);
+  }
+  (void)ring::format_bar(map->data(), layout_, generation_, static_cast<std::uint32_t>(ivshmem::kHostPeerId),
+                         static_cast<std::uint32_t>(o_.vectors), features);
+  return std::move(*shm);
+}
+
+// A connection on listener li: admitted under the limits, greeted with its
+// memory and doorbells, and handed to a warm entry's process or to a process
+// forked for it.
+void Daemon::accept_guest(std::size_t li) {
+  Listener& l = listeners_[li];
+  auto pending = l.server.accept(0);
+  if (!pending) {
+    if (pending.error().code != ETIMEDOUT && pending.error().code != EINTR)
+      IVLOG_WARN("accept on %s: %s", l.path.c_str(), pending.error().what.c_str());
+    return;
+  }
+  if (workers_.size() >= o_.max_guests) {
+    IVLOG_WARN("refusing a guest: %u guests already served", o_.max_guests);
+    ++refused_;
+    return;  // closing the connection tells the peer
+  }
+  // Every guest pins --shm-size of RAM before it proves anything: one
+  // local user must not take all of it.
+  ucred cred{};
+  socklen_t cred_len = sizeof cred;
+  if (::getsockopt(pending->conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+    IVLOG_WARN("refusing a guest on %s: SO_PEERCRED: %s", l.path.c_str(), std::strerror(errno));
+    return;
+  }
+  auto unit = budget_->admit(cred.uid, IVCUDA_RULE("guests-per-uid") ? o_.max_guests_per_uid : 0);
+  if (!unit) {
+    IVLOG_WARN("refusing a guest of uid %u (pid %d): its guests and their workers count %u already "
+               "(--max-guests-per-uid %u)",
+               static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), budget_->used(cred.uid),
+               o_.max_guests_per_uid);
+    ++refused_;
+    return;
+  }
+  arrivals_[li].push_back(clk::now());
+  // A warm entry when one is there (a ready one first); else all of it now.
+  std::optional<Warm> warm = take_warm(li, cred.uid, pending->conn.get());
+  pending->peer_id = warm ? warm->id : next_guest_id();
+  const long long id = pending->peer_id;
+  std::optional<sys::UniqueFd> shm;
+  if (warm) shm = std::move(warm->shm);
+  else shm = guest_memory(id, li);
+  if (!shm) return;
+  auto board = warm ? std::move(warm->board) : new_board(l.mem_limit);
+  if (!board) {
+    IVLOG_ERROR("guest %lld: no status board: %s", id, std::strerror(errno));
+    return;
+  }
+  auto conn = warm ? l.server.greet(std::move(*pending), shm->get(), std::move(warm->bells))
+                   : l.server.greet(std::move(*pending), shm->get());
+  if (!conn) {
+    IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
+    if (warm) let_go_warm(*warm);
+    return;
+  }
+  pid_t pid = -1;
+  // Its tenant: its user on this socket, or (a VM) its connection (fd_broker.h).
+  const auto tenancy = Tenancy::user(static_cast<std::uint32_t>(li), cred.uid);
+  if (warm) {
+    // The entry's process takes the guest from here (vm_supervisor.h);
+    // its line shares from now on, as this guest's.
+    broker_.admit(static_cast<std::uint32_t>(id), tenancy);
+    if (auto st = ivshmem::send_msg(warm->handoff.get(), cred.pid, conn->conn.get()); !st) {
+      IVLOG_ERROR("guest %lld: cannot hand it to its warm worker: %s", id, st.error().what.c_str());
+      ::kill(warm->pid, SIGKILL);
+      let_go_warm(*warm);
+      return;
+    }
+    pid = warm->pid;
+  } else {
+    auto broker_end = broker_.add_worker(static_cast<std::uint32_t>(id), tenancy);
+    if (!broker_end)
+      IVLOG_WARN("guest %lld: no fd broker (%s): it can import only its own exports", id,
+                 broker_end.error().what.c_str());
+    pid = ::fork();
+    if (pid < 0) {
+      IVLOG_ERROR("guest %lld: fork: %s", id, std::strerror(errno));
+      broker_.end_guest(static_cast<std::uint32_t>(id));
+      return;
+    }
+    if (pid == 0) {
+      forget_in_child(board.get());
+      GuestSetup g;
+      g.gpus = &l.gpus;
+      g.mem_limit = l.mem_limit;
+      g.layout = &layout_;
+      g.generation = generation_;
+      g.id = id;
+      g.shm_fd = shm->get();
+      g.fds = &*conn;
+      g.broker_fd = broker_end ? broker_end->release() : -1;
+      g.peer_pid = cred.pid;
+      g.stats = &board->stats();
+      g.driver_env = driver_env(l.compute, l.mem_limit, l.gpus);
+      g.budget = budget_.get();
+      ::_exit(run_connection(o_, g));
+    }
+  }
+  unit.bind(pid);
+  Served s;
+  s.id = id;
+  s.uid = cred.uid;
+  s.peer_pid = cred.pid;
+  s.socket = l.path;
+  s.gpus = l.gpus;
+  s.compute = o_.mps ? l.compute : 0;
+  s.listener = li;
+  s.conn = std::make_shared<sys::UniqueFd>(::fcntl(conn->conn.get(), F_DUPFD_CLOEXEC, 0));
+  s.board = std::move(board);
+  if (warm) {
+    s.handoff = std::move(warm->handoff);
+    s.worker_pid = warm->worker_pid;
+  }
+  workers_[pid] = std::move(s);
+  // A warm entry's process names its worker once it hands the guest over
+  // ("guest N: worker pid W", vm_supervisor.cc).
+  if (warm)
+    IVLOG_INFO("guest %lld (uid %u) connected on %s; a warm entry (%s), its process pid %d", id,
+               static_cast<unsigned>(cred.uid), l.path.c_str(), warm->ready ? "ready" : "still starting",
+               static_cast<int>(pid));
+  else
+    IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
+               l.path.c_str(), static_cast<int>(pid));
+  // The next warm entry starts at the top of the loop, once this guest's
+  // memory and connection are out of scope here: a fork now would hand
+  // them to it.
+}
+
+}  // namespace ivcuda::host

@@ -1,0 +1,52 @@
+// See warm_policy.h.
+#include "host-daemon/daemon/warm_policy.h"
+
+#include <algorithm>
+
+#include "host-daemon/shared/rules.h"
+
+namespace ivcuda::host {
+
+PoolTarget pool_target(std::deque<std::chrono::steady_clock::time_point>& arrivals,
+                       std::chrono::steady_clock::time_point now, std::size_t warm, std::size_t burst,
+                       std::size_t recycled, std::size_t serving) {
+  PoolTarget t;
+  t.idle = arrivals.empty() || now - arrivals.back() >= kBurstIdle;
+  while (!arrivals.empty() && now - arrivals.front() > kArrivalWindow && (arrivals.size() > 1 || t.idle))
+    arrivals.pop_front();
+  // Arrivals in the window beyond the first: a guest alone adds nothing.
+  std::size_t recent = 0;
+  for (const auto a : arrivals) recent += now - a <= kArrivalWindow ? 1 : 0;
+  const std::size_t extra = recent > 1 ? std::min(recent - 1, burst) : 0;
+  const std::size_t cover = recycled + serving;
+  t.fresh = warm == 0 ? 0 : warm + (extra > cover ? extra - cover : 0);
+  return t;
+}
+
+std::optional<std::size_t> pick_entry(const std::vector<WarmView>& pool, uid_t uid) {
+  const auto usable = [&](const WarmView& e) {
+    return e.open && (!e.tenant || *e.tenant == uid || !IVCUDA_RULE("recycle-same-tenant"));
+  };
+  for (const bool made : {true, false})
+    for (const bool own : {true, false})
+      for (std::size_t i = 0; i < pool.size(); ++i)
+        if (usable(pool[i]) && (!made || pool[i].ready) && pool[i].tenant.has_value() == own) return i;
+  return std::nullopt;
+}
+
+std::optional<std::size_t> make_room(const std::vector<WarmView>& pool, std::size_t warm) {
+  const std::size_t fresh =
+      static_cast<std::size_t>(std::count_if(pool.begin(), pool.end(), [](const WarmView& e) { return !e.tenant; }));
+  std::optional<std::size_t> victim;
+  if (fresh > warm) {
+    // The newest extra one, a starting one before a ready one.
+    for (std::size_t i = 0; i < pool.size(); ++i)
+      if (!pool[i].tenant && (!victim || !pool[i].ready || pool[*victim].ready)) victim = i;
+    return victim;
+  }
+  for (std::size_t i = 0; i < pool.size(); ++i)
+    if (pool[i].tenant) return i;
+  return std::nullopt;
+}
+
+}  // namespace ivcuda::host

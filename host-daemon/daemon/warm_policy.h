@@ -1,0 +1,56 @@
+// The warm pool's decisions, apart from its processes so that tests can ask
+// them (tests/host/warm_policy_test.cc): how many workers a socket keeps made
+// ahead, which entry a guest takes, and which one goes when the pool is full.
+// The daemon applies them (warm_pool.cc); docs/design.md, "Warm workers" and
+// "Recycled workers", says why each is so.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <optional>
+#include <vector>
+
+namespace ivcuda::host {
+
+// Arrivals closer than this count as one burst; a socket this long without
+// one is idle, and its extra and recycled entries go.
+inline constexpr auto kArrivalWindow = std::chrono::seconds(2);
+inline constexpr auto kBurstIdle = std::chrono::seconds(30);
+
+// What the pool knows of one entry.
+struct WarmView {
+  bool open = false;            // its line is up (it can take a guest)
+  bool ready = false;           // its worker said so
+  std::optional<uid_t> tenant;  // recycled: the only user it may serve
+};
+
+struct PoolTarget {
+  std::size_t fresh = 0;  // entries made from nothing the pool should hold
+  bool idle = false;      // no guest for kBurstIdle: let the extra ones go
+};
+
+// A socket's target. `arrivals` are its guests' arrival times, oldest first;
+// those older than the window are dropped (the latest is kept until the
+// socket is idle). `warm` is its --warm-workers, `burst` --warm-burst;
+// `recycled` entries, and `serving` workers that may come back recycled,
+// stand in for the extra ones: each worker made from nothing competes with
+// them for the driver, which makes contexts one at a time.
+PoolTarget pool_target(std::deque<std::chrono::steady_clock::time_point>& arrivals,
+                       std::chrono::steady_clock::time_point now, std::size_t warm, std::size_t burst,
+                       std::size_t recycled, std::size_t serving);
+
+// The entry a guest of `uid` takes, or nullopt: never one recycled for
+// another user (rule recycle-same-tenant); of the others a ready one first,
+// and one recycled for this user before a fresh one (which any user may have).
+std::optional<std::size_t> pick_entry(const std::vector<WarmView>& pool, uid_t uid);
+
+// The entry that makes room for a worker that has just served, when the pool
+// holds `cap` entries already: an extra fresh one (a starting one first; the
+// socket keeps its `warm` fresh ones), else the one recycled longest ago
+// (entries are in the order they came). nullopt: none may go.
+std::optional<std::size_t> make_room(const std::vector<WarmView>& pool, std::size_t warm);
+
+}  // namespace ivcuda::host
