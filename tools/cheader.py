@@ -9,8 +9,8 @@ the bodies of structs, unions, enums and inline functions dropped, and read each
 declaration's return type, name and parameter list off its statement. What each does with those
 (which names to keep, what a return type must be) stays in the generator.
 
-Both also end in a library's linker version script and write their outputs only when changed,
-the same way, so that is here too.
+Both also end in a library's linker version script and write their outputs into the build tree
+only when changed, the same way, so that is here too.
 
 gen_enum_ranges.py reads cuda.h and nvml.h as well, but as text without the preprocessor: it
 wants the enum bodies these statements drop, and it takes no --cc. It does not use this module.
@@ -115,3 +115,10 @@ def write_if_changed(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_outputs(out_dir: Path, outputs: dict[str, str]) -> None:
+    """Each file name of `outputs` with its text, in `out_dir` (made where missing)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in outputs.items():
+        write_if_changed(out_dir / name, text)

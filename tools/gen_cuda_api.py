@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 
 from cheader import (GenError, file_scope_statements, function_declarations, preprocess,
-                     version_script, write_if_changed)
+                     version_script, write_outputs)
 
 # Headers whose functions libcuda.so.1 exports. cudaGL.h, cudaEGL.h and cudaVDPAU.h are also
 # implemented by the real driver, but graphics interop cannot cross to the host, so the guest
@@ -318,12 +318,11 @@ def main(argv: list[str]) -> int:
             if not (args.cuda_include / h).is_file():
                 raise GenError(f"{args.cuda_include / h} not found")
         api = build_model(args.cuda_include, args.cc)
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        write_if_changed(args.out_dir / "cuda_api_table.inc", emit_table(api))
-        write_if_changed(args.out_dir / "cuda_stubs.cc", emit_stubs(api))
-        write_if_changed(args.out_dir / "cuda_symbols.cc", emit_symbols(api))
-        write_if_changed(args.out_dir / "cuda_exports.map", emit_map(api))
-        write_if_changed(args.out_dir / "cuda_procaddress.inc", emit_procaddress(api))
+        write_outputs(args.out_dir, {"cuda_api_table.inc": emit_table(api),
+                                     "cuda_stubs.cc": emit_stubs(api),
+                                     "cuda_symbols.cc": emit_symbols(api),
+                                     "cuda_exports.map": emit_map(api),
+                                     "cuda_procaddress.inc": emit_procaddress(api)})
     except (GenError, OSError) as e:
         print(f"gen_cuda_api.py: error: {e}", file=sys.stderr)
         return 1

@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 
 from cheader import (GenError, file_scope_statements, function_declarations, preprocess,
-                     version_script, write_if_changed)
+                     version_script, write_outputs)
 
 NVML_SUCCESS_TYPE = "nvmlReturn_t"
 
@@ -335,19 +335,17 @@ def main(argv: list[str]) -> int:
         passthrough = read_passthrough(args.passthrough, params, {n: "nvmlReturn_t" for n in rows}) \
             if args.passthrough else []
         if args.host:
-            args.out_dir.mkdir(parents=True, exist_ok=True)
-            write_if_changed(args.out_dir / "nvml_passthrough_host.inc", emit_host_passthrough(passthrough))
+            write_outputs(args.out_dir, {"nvml_passthrough_host.inc": emit_host_passthrough(passthrough)})
             return 0
         if args.list:
             for n, d in rows.items():
                 print(n, d)
             return 0
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        write_if_changed(args.out_dir / "nvml_api_table.inc", emit_table(rows))
-        write_if_changed(args.out_dir / "nvml_stubs.cc", emit_stubs(rows))
-        write_if_changed(args.out_dir / "nvml_exports.map", emit_map(rows))
+        outputs = {"nvml_api_table.inc": emit_table(rows), "nvml_stubs.cc": emit_stubs(rows),
+                   "nvml_exports.map": emit_map(rows)}
         if args.passthrough:
-            write_if_changed(args.out_dir / "nvml_passthrough.cc", emit_guest_passthrough(passthrough))
+            outputs["nvml_passthrough.cc"] = emit_guest_passthrough(passthrough)
+        write_outputs(args.out_dir, outputs)
     except (GenError, OSError) as e:
         print(f"gen_nvml_api.py: error: {e}", file=sys.stderr)
         return 1
