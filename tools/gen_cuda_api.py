@@ -26,6 +26,9 @@ v11040 -> _v3, v12050 -> _v4). The per-thread forms (cuX[_vN]_ptds / _ptsz) are 
 way among themselves. The generator refuses to run if the counts disagree anywhere, so a
 toolkit that breaks the rule is caught here, not at run time.
 
+The header parsing shared with gen_nvml_api.py (the preprocessor run, statements,
+declarations) is in cheader.py.
+
 Python 3.11 standard library only.
 """
 
@@ -36,10 +39,12 @@ import collections
 import dataclasses
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from cheader import (GenError, file_scope_statements, function_declarations, preprocess,
+                     version_script, write_outputs)
 
 # Headers whose functions libcuda.so.1 exports. cudaGL.h, cudaEGL.h and cudaVDPAU.h are also
 # implemented by the real driver, but graphics interop cannot cross to the host, so the guest
@@ -50,12 +55,6 @@ TYPEDEF_HEADERS = ("cudaTypedefs.h", "cudaProfilerTypedefs.h")
 SUFFIX_RE = re.compile(r"^(?P<base>\w+?)(?:_v(?P<gen>\d+))?(?:_(?P<pt>ptds|ptsz))?$")
 PFN_RE = re.compile(r"\bPFN_(?P<name>\w+)_v(?P<ver>\d+)(?:_(?P<pt>ptds|ptsz))?\s*\)")
 LINEMARK_RE = re.compile(r'^#\s+\d+\s+"(?P<file>[^"]*)"')
-ATTR_RE = re.compile(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)")
-DECL_RE = re.compile(r"^(?P<ret>[\w\s\*]*?)\s*\b(?P<name>[A-Za-z_]\w*)\s*\((?P<args>.*)\)$", re.S)
-
-
-class GenError(Exception):
-    pass
 
 
 @dataclasses.dataclass
@@ -69,67 +68,38 @@ class Symbol:
 # --------------------------------------------------------------------------------------------
 # Parsing
 
-def preprocess(cc: str, include: Path, internal: bool) -> str:
+def preprocess_api(cc: str, include: Path, internal: bool) -> str:
     src = "".join(f"#include <{h}>\n" for h in API_HEADERS)
+    flags = ["-I", str(include)]
+    if internal:
+        flags.append("-D__CUDA_API_VERSION_INTERNAL")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "api.c"
         path.write_text(src)
-        cmd = [cc, "-E", "-x", "c", "-I", str(include)]
-        if internal:
-            cmd.append("-D__CUDA_API_VERSION_INTERNAL")
-        cmd.append(str(path))
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        except OSError as e:
-            raise GenError(f"cannot run the preprocessor {cc!r}: {e}") from e
-    if res.returncode != 0:
-        raise GenError(f"{' '.join(cmd)} failed:\n{res.stderr}")
-    return res.stdout
+        return preprocess(cc, path, flags)
 
 
-def api_statements(pp: str, include: Path) -> list[str]:
-    """File-scope statements that come from API_HEADERS (not libc), with bodies removed."""
+def api_text(pp: str, include: Path) -> str:
+    """The preprocessed lines that come from API_HEADERS, not from the libc headers they
+    include: told apart by the preprocessor's line markers, which is why there is no -P here."""
     wanted = {str((include / h).resolve()) for h in API_HEADERS}
-    stmts: list[str] = []
-    cur: list[str] = []
-    depth = 0
+    kept: list[str] = []
     in_api = False
     for line in pp.splitlines():
         m = LINEMARK_RE.match(line)
         if m:
             in_api = str(Path(m.group("file")).resolve()) in wanted
-            continue
-        if not in_api:
-            # A statement never spans files here; drop partial text from system headers.
-            continue
-        for ch in line + "\n":
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-            elif ch == ";" and depth == 0:
-                stmts.append(" ".join("".join(cur).split()))
-                cur = []
-            elif depth == 0:
-                cur.append(ch)
-    return stmts
+        elif in_api:
+            # A statement never spans files here, so dropping a system header's lines
+            # leaves no partial statement behind.
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def declared_functions(pp: str, include: Path) -> dict[str, str]:
     """name -> return type of every function declared at file scope in the API headers."""
-    funcs: dict[str, str] = {}
-    for stmt in api_statements(pp, include):
-        s = ATTR_RE.sub(" ", stmt).strip()
-        if not s or s.startswith(("typedef", "struct", "union", "enum")) or "(" not in s:
-            continue
-        if s.startswith("static"):
-            continue  # header-only inline helpers (cuGetProcAddress_v2_ptsz) are not exports
-        m = DECL_RE.match(s)
-        if not m:
-            raise GenError(f"unrecognised declaration in the API headers: {stmt!r}")
-        ret = " ".join(m.group("ret").replace("extern", " ").split())
-        funcs[m.group("name")] = ret
-    return funcs
+    statements = file_scope_statements(api_text(pp, include))
+    return {f.name: f.ret for f in function_declarations(statements)}
 
 
 def typedef_versions(include: Path) -> dict[str, list[tuple[int, str]]]:
@@ -168,8 +138,8 @@ def build_model(include: Path, cc: str) -> Api:
     not_supported = header_int(cuda_h, r"\bCUDA_ERROR_NOT_SUPPORTED\s*=\s*(\d+)",
                                "CUDA_ERROR_NOT_SUPPORTED")
 
-    internal = declared_functions(preprocess(cc, include, True), include)
-    public = declared_functions(preprocess(cc, include, False), include)
+    internal = declared_functions(preprocess_api(cc, include, True), include)
+    public = declared_functions(preprocess_api(cc, include, False), include)
     if missing := sorted(set(public) - set(internal)):
         raise GenError(f"declared only without __CUDA_API_VERSION_INTERNAL: {missing}")
     bad = {n: r for n, r in internal.items() if r != "CUresult" or not n.startswith("cu")}
@@ -316,12 +286,8 @@ void* symbol_address(std::size_t index) noexcept {
 
 
 def emit_map(api: Api) -> str:
-    out = ["/* Generated by tools/gen_cuda_api.py. Do not edit. */",
-           "/* Unversioned, as NVIDIA's libcuda.so.1: export the driver API and nothing else. */",
-           "{", "  global:"]
-    out += [f"    {s.name};" for s in api.symbols]
-    out += ["  local:", "    *;", "};"]
-    return "\n".join(out) + "\n"
+    return version_script("gen_cuda_api.py", "libcuda.so.1", "the driver API",
+                          (s.name for s in api.symbols))
 
 
 def emit_procaddress(api: Api) -> str:
@@ -341,15 +307,6 @@ def emit_procaddress(api: Api) -> str:
             + "\n".join(rows) + "\n};\n")
 
 
-def write_if_changed(path: Path, text: str) -> None:
-    # Unchanged outputs keep their timestamps so that Ninja does not rebuild the library.
-    if path.exists() and path.read_text() == text:
-        return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cuda-include", required=True, type=Path)
@@ -361,12 +318,11 @@ def main(argv: list[str]) -> int:
             if not (args.cuda_include / h).is_file():
                 raise GenError(f"{args.cuda_include / h} not found")
         api = build_model(args.cuda_include, args.cc)
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        write_if_changed(args.out_dir / "cuda_api_table.inc", emit_table(api))
-        write_if_changed(args.out_dir / "cuda_stubs.cc", emit_stubs(api))
-        write_if_changed(args.out_dir / "cuda_symbols.cc", emit_symbols(api))
-        write_if_changed(args.out_dir / "cuda_exports.map", emit_map(api))
-        write_if_changed(args.out_dir / "cuda_procaddress.inc", emit_procaddress(api))
+        write_outputs(args.out_dir, {"cuda_api_table.inc": emit_table(api),
+                                     "cuda_stubs.cc": emit_stubs(api),
+                                     "cuda_symbols.cc": emit_symbols(api),
+                                     "cuda_exports.map": emit_map(api),
+                                     "cuda_procaddress.inc": emit_procaddress(api)})
     except (GenError, OSError) as e:
         print(f"gen_cuda_api.py: error: {e}", file=sys.stderr)
         return 1
