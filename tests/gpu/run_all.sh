@@ -33,6 +33,9 @@
 #           mode with IVCUDA_HOST_POLLS=off, ivcuda-bench solo, JAX step, mem_get_info, an LLM's
 #           first prefill, idle streams answered in the guest on the real driver
 #           (IVCUDA_SPEED_PARTS picks among idle nvbench bench probe)
+#   absent  what the driver answers to each export the guest library has no feature for (its
+#           generated stubs, nm type W), every argument zero (tests/programs/drv_absent.cc), natively
+#           and through ivcuda: absent-native.txt, absent-ivcuda.txt and their differences
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
 #           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
 #           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
@@ -320,6 +323,27 @@ for p in $parts; do
     else
       part cost 1
     fi ;;
+  absent)
+    rc=0
+    b=${IVCUDA_GPU_PREBUILT:-$root/build/gpu}
+    [ -n "${IVCUDA_GPU_PREBUILT:-}" ] || build_gpu drv_absent ivcudad ivcuda_guest || rc=1
+    if [ $rc -eq 0 ]; then
+      nm -D --defined-only "$b/lib/libcuda.so.1" | awk '$2 == "W" { print $3 }' | sort >"$work/absent.names"
+      timeout 120 "$b/tests/bin/drv_absent" "$work/absent.names" >"$final/absent-native.txt" 2>"$work/absent-native.err"
+      rn=$?
+      sock=$work/absent.sock
+      "$b/host-daemon/ivcudad" --socket "$sock" --control-socket none --driver libcuda.so.1 >"$work/absent-ivcudad.log" 2>&1 &
+      daemon=$!
+      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+      IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$b/lib timeout 120 "$b/tests/bin/drv_absent" "$work/absent.names" \
+        >"$final/absent-ivcuda.txt" 2>"$work/absent-ivcuda.err"
+      ri=$?
+      kill $daemon; wait $daemon 2>/dev/null
+      echo "absent: $(wc -l <"$work/absent.names") exports; native exit $rn, ivcuda exit $ri; answers that differ:"
+      diff "$final/absent-native.txt" "$final/absent-ivcuda.txt" | grep -c '^<'
+      [ $rn -eq 0 ] && [ $ri -eq 0 ] || rc=1
+    fi
+    part absent $rc ;;
   *) echo "unknown part $p"; part "$p" 2 ;;
   esac
 done

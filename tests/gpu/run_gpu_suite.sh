@@ -11,6 +11,8 @@
 # the lists below make must pass (IVCUDA_GPU_QUICK=1 leaves out the
 # process-mode script and the ring benchmark, and says so). IVCUDA_GPU_ONLY="drv_vmm ..."
 # builds and compares just those programs (and runs the bypass control): a re-check.
+# IVCUDA_GPU_PREBUILT=DIR runs what tools/gpu-bundle.sh built elsewhere (a carried bundle, for a
+# lease too short to build in), with the same cases; it says so in the machine section.
 # Needs the Debian packages in .deps/ (liburing, Catch2, CLI11), which
 # `tests/gpu/fetch-deps.sh` downloads on a Debian machine.
 set -u
@@ -27,26 +29,31 @@ nvcc --version | tail -1
 g++ --version | head -1
 cmake --version | head -1
 
-echo "== unpacking build dependencies"
-rm -rf "$deps" && mkdir -p "$deps"
-for f in "$root"/.deps/*.deb; do dpkg -x "$f" "$deps"; done
-export PKG_CONFIG_SYSROOT_DIR=$deps
-export PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
-export CPLUS_INCLUDE_PATH=$deps/usr/include
-export LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu
-
-echo "== build"
 set -o pipefail
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
-  >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-core="ivcudad ivcuda_guest drv_core drv_vmm drv_vmm_share drv_pools drv_pool_share drv_arrays drv_sparse rt_texture drv_capture_modes drv_memops drv_isolation drv_ipc drv_roundtrip drv_kernels drv_library drv_errors drv_devices drv_graphs drv_graph_build drv_link drv_managed drv_batches drv_green drv_peer drv_hostfunc rt_basic rt_ipc rt_graphs ivcuda_gpu_double_kernels drv_hostreg rt_nvbench_pattern rt_features lib_cublas lib_cublaslt lib_cufft lib_curand lib_nvrtc"
 only=${IVCUDA_GPU_ONLY:-}
-[ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
-# (a runtime program's two builds, NAME_static and NAME_shared, are one target NAME)
-[ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $(echo "$only" | sed -E 's/_(static|shared)( |$)/\2/g')"
-cmake --build "$build" -j "$jobs" --target $core >"$out/build.log" 2>&1 ||
-  { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
-echo "built: $core"
+if [ -n "${IVCUDA_GPU_PREBUILT:-}" ]; then
+  build=$(cd "$IVCUDA_GPU_PREBUILT" && pwd) || exit 1
+  echo "prebuilt: $build ($(cat "$build/BUNDLE" 2>/dev/null || echo "no BUNDLE note"))"
+else
+  echo "== unpacking build dependencies"
+  rm -rf "$deps" && mkdir -p "$deps"
+  for f in "$root"/.deps/*.deb; do dpkg -x "$f" "$deps"; done
+  export PKG_CONFIG_SYSROOT_DIR=$deps
+  export PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig
+  export CPLUS_INCLUDE_PATH=$deps/usr/include
+  export LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu
+
+  echo "== build"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps/usr" \
+    >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  core=$(grep -v "^#" "$root/tests/gpu/suite-targets.txt" | tr "\n" " ")
+  [ -n "${IVCUDA_GPU_QUICK:-}" ] || [ -n "$only" ] || core="$core ivcuda-ring-bench"
+  # (a runtime program's two builds, NAME_static and NAME_shared, are one target NAME)
+  [ -z "$only" ] || core="ivcudad ivcuda_guest drv_core ivcuda_gpu_double_kernels $(echo "$only" | sed -E 's/_(static|shared)( |$)/\2/g')"
+  cmake --build "$build" -j "$jobs" --target $core >"$out/build.log" 2>&1 ||
+    { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
+  echo "built: $core"
+fi
 
 bin=$build/tests/bin
 ptx=$build/tests/gpu_double/test_kernels.ptx
