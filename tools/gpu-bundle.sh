@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds here what tests/gpu/run_gpu_suite.sh runs (tests/gpu/suite-targets.txt) and puts it in
-# DIR with a build tree's layout - host-daemon/ivcudad, lib/, tests/bin/, tests/gpu_double/'s
+# DIR with a build tree's layout - host-daemon/ivcudad, lib/, bin/, tests/bin/, tests/gpu_double/'s
 # kernels - stripped, to carry to the GPU machine when its lease is too short to build there:
 #   tools/gpu-bundle.sh DIR                 then, there: IVCUDA_GPU_PREBUILT=DIR bash tests/gpu/run_gpu_suite.sh
 # Built as Release without libmicrohttpd (the GPU machine has none); liburing and libseccomp are
@@ -14,10 +14,11 @@ export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DIVCUDA_METRICS=OFF >"$build.configure.log" 2>&1 ||
   { tail -20 "$build.configure.log"; exit 1; }
 cmake --build "$build" -j "${IVCUDA_JOBS:-$(nproc)}" --target "${targets[@]}"
-rm -rf "$out" && mkdir -p "$out/host-daemon" "$out/lib" "$out/tests/bin" "$out/tests/gpu_double"
+rm -rf "$out" && mkdir -p "$out/host-daemon" "$out/lib" "$out/bin" "$out/tests/bin" "$out/tests/gpu_double"
 cp "$build/host-daemon/ivcudad" "$out/host-daemon/"
 cp -a "$build/lib/." "$out/lib/"
 cp "$build"/tests/bin/* "$out/tests/bin/"
+cp "$build"/bin/* "$out/bin/"
 cp "$build"/tests/gpu_double/*.ptx "$build"/tests/gpu_double/*.fatbin "$build"/tests/gpu_double/*.cubin "$out/tests/gpu_double/"
 find "$out" -type f -perm -u+x -exec strip --strip-unneeded {} + 2>/dev/null || true
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+changes') built $(date -u +%FT%TZ) on $(. /etc/os-release && echo "$PRETTY_NAME")" >"$out/BUNDLE"
