@@ -130,6 +130,22 @@ CUresult cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice dev) {
   });
 }
 
+// The widest 1D texture over linear memory of a format and channel count: the
+// host's driver knows it for its GPU.
+CUresult cuDeviceGetTexture1DLinearMaxWidth(size_t* width, CUarray_format format, unsigned channels, CUdevice dev) {
+  return guard([&] {
+    if (width == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    DEVICE_INFO(dev);
+    (void)info;
+    proto::RepValue rep{};
+    const proto::ReqTexWidth r{rt->to_worker(dev), static_cast<proto::u32>(ivcuda::guest::internal::raw_enum(format)),
+                               channels, 0};
+    const CUresult st = rt->call<Op::kTexture1DLinearMaxWidth>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *width = static_cast<size_t>(rep.value);
+    return st;
+  });
+}
+
 CUresult cuDeviceComputeCapability(int* major, int* minor, CUdevice dev) {
   return guard([&] {
     if (major == nullptr || minor == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -149,11 +149,16 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
 
 // ==================================================================== occupancy
 
-CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfunction f, const CUlaunchConfig* cfg) {
+namespace {
+
+// cuOccupancyMaxActiveClusters and cuOccupancyMaxPotentialClusterSize ask the
+// host's driver about the same launch configuration.
+template <Op op>
+CUresult cluster_question(int* out, CUfunction f, const CUlaunchConfig* cfg) {
   return guard([&] {
     NEED_RT();
     NEED_CTX();
-    if (clusters == nullptr || cfg == nullptr || (cfg->numAttrs != 0 && cfg->attrs == nullptr))
+    if (out == nullptr || cfg == nullptr || (cfg->numAttrs != 0 && cfg->attrs == nullptr))
       return CUDA_ERROR_INVALID_VALUE;
     if (!known_stream(rt, cfg->hStream)) return CUDA_ERROR_INVALID_HANDLE;
     proto::ReqOccCluster r{};
@@ -167,7 +172,7 @@ CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfunction f, const
     r.block[1] = cfg->blockDimY;
     r.block[2] = cfg->blockDimZ;
     r.shared_bytes = cfg->sharedMemBytes;
-    // Only the attributes that shape a cluster matter to this question.
+    // Only the attributes that shape a cluster matter to these questions.
     for (unsigned i = 0; i < cfg->numAttrs; ++i) {
       const CUlaunchAttribute& a = cfg->attrs[i];
       if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
@@ -179,10 +184,20 @@ CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfunction f, const
       }
     }
     proto::RepValue rep{};
-    const CUresult st = rt->call<Op::kOccupancyCluster>(r, {}, &rep);
-    if (st == CUDA_SUCCESS) *clusters = static_cast<int>(rep.value);
+    const CUresult st = rt->call<op>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) *out = static_cast<int>(rep.value);
     return st;
   });
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* clusters, CUfunction f, const CUlaunchConfig* cfg) {
+  return cluster_question<Op::kOccupancyCluster>(clusters, f, cfg);
+}
+
+CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int* size, CUfunction f, const CUlaunchConfig* cfg) {
+  return cluster_question<Op::kOccupancyClusterSize>(size, f, cfg);
 }
 
 // Without a callback the host's driver searches. With one, the callback
@@ -277,6 +292,95 @@ CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType ty
     r.oob_fill = static_cast<proto::u32>(oob);
     proto::RepTensorMap rep{};
     const CUresult st = rt->call<Op::kTensorMapEncodeTiled>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) std::memcpy(map, &rep, sizeof rep);
+    return st;
+  });
+}
+
+namespace {
+
+// cuTensorMapEncodeIm2col and its wide form: the descriptor is the host
+// driver's to write; what the guest checks is only what it copies.
+CUresult encode_im2col(CUtensorMap* map, proto::ReqTensorMapIm2col& r, const cuuint64_t* dims,
+                       const cuuint64_t* strides, const cuuint32_t* elem_strides) {
+  return guard([&] {
+    NEED_RT();
+    // Im2col descriptors have 3 to 5 dimensions (a batch, pixels, channels).
+    if (map == nullptr || r.rank < 3 || r.rank > proto::kTensorMaxRank || dims == nullptr || strides == nullptr ||
+        elem_strides == nullptr)
+      return CUDA_ERROR_INVALID_VALUE;
+    r.ctx = current_ctx();
+    std::memcpy(r.global_dim, dims, r.rank * sizeof *dims);
+    std::memcpy(r.global_strides, strides, (r.rank - 1) * sizeof *strides);
+    std::memcpy(r.element_strides, elem_strides, r.rank * sizeof *elem_strides);
+    proto::RepTensorMap rep{};
+    const CUresult st = rt->call<Op::kTensorMapEncodeIm2col>(r, {}, &rep);
+    if (st == CUDA_SUCCESS) std::memcpy(map, &rep, sizeof rep);
+    return st;
+  });
+}
+
+}  // namespace
+
+CUresult CUDAAPI cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* addr,
+                                         const cuuint64_t* dims, const cuuint64_t* strides, const int* lower,
+                                         const int* upper, cuuint32_t channels_per_pixel,
+                                         cuuint32_t pixels_per_column, const cuuint32_t* elem_strides,
+                                         CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                         CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  if (lower == nullptr || upper == nullptr || rank < 3 || rank > proto::kTensorMaxRank) return CUDA_ERROR_INVALID_VALUE;
+  proto::ReqTensorMapIm2col r{};
+  r.global_address = h(addr);
+  std::memcpy(r.lower_corner, lower, (rank - 2) * sizeof *lower);
+  std::memcpy(r.upper_corner, upper, (rank - 2) * sizeof *upper);
+  r.channels_per_pixel = channels_per_pixel;
+  r.pixels_per_column = pixels_per_column;
+  r.data_type = static_cast<proto::u32>(type);
+  r.rank = rank;
+  r.interleave = static_cast<proto::u32>(interleave);
+  r.swizzle = static_cast<proto::u32>(swizzle);
+  r.l2_promotion = static_cast<proto::u32>(l2);
+  r.oob_fill = static_cast<proto::u32>(oob);
+  return encode_im2col(map, r, dims, strides, elem_strides);
+}
+
+CUresult CUDAAPI cuTensorMapEncodeIm2colWide(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* addr,
+                                             const cuuint64_t* dims, const cuuint64_t* strides, int lower_width,
+                                             int upper_width, cuuint32_t channels_per_pixel,
+                                             cuuint32_t pixels_per_column, const cuuint32_t* elem_strides,
+                                             CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode mode,
+                                             CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                             CUtensorMapFloatOOBfill oob) {
+  proto::ReqTensorMapIm2col r{};
+  r.global_address = h(addr);
+  r.wide = 1;
+  r.lower_width = lower_width;
+  r.upper_width = upper_width;
+  r.mode = static_cast<proto::u32>(mode);
+  r.channels_per_pixel = channels_per_pixel;
+  r.pixels_per_column = pixels_per_column;
+  r.data_type = static_cast<proto::u32>(type);
+  r.rank = rank;
+  r.interleave = static_cast<proto::u32>(interleave);
+  r.swizzle = static_cast<proto::u32>(swizzle);
+  r.l2_promotion = static_cast<proto::u32>(l2);
+  r.oob_fill = static_cast<proto::u32>(oob);
+  return encode_im2col(map, r, dims, strides, elem_strides);
+}
+
+// The descriptor's address field is laid out as the driver likes: the host's
+// driver rewrites it.
+CUresult CUDAAPI cuTensorMapReplaceAddress(CUtensorMap* map, void* addr) {
+  return guard([&] {
+    NEED_RT();
+    if (map == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    proto::ReqTensorMapReplace r{};
+    r.ctx = current_ctx();
+    r.global_address = h(addr);
+    static_assert(sizeof r.words == sizeof *map);
+    std::memcpy(r.words, map, sizeof r.words);
+    proto::RepTensorMap rep{};
+    const CUresult st = rt->call<Op::kTensorMapReplaceAddress>(r, {}, &rep);
     if (st == CUDA_SUCCESS) std::memcpy(map, &rep, sizeof rep);
     return st;
   });

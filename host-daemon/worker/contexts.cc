@@ -75,6 +75,18 @@ CUresult Worker::on_Flush(Call&) { return CUDA_SUCCESS; }
 // into a round trip is a matter of timing, a reported error must not be).
 CUresult Worker::on_FlushWait(Call&) { return CUDA_SUCCESS; }
 
+// cuDeviceGetTexture1DLinearMaxWidth of a granted GPU.
+CUresult Worker::on_Texture1DLinearMaxWidth(Call& c) {
+  const auto r = c.req<ReqTexWidth>();
+  if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
+  CUarray_format format;
+  if (!wire_enum(r.format, &format)) return CUDA_ERROR_INVALID_VALUE;
+  std::size_t width = 0;
+  const CUresult st = cu_.cuDeviceGetTexture1DLinearMaxWidth(&width, format, r.channels, devices_[dev_index(r.device)]);
+  c.set_reply(RepValue{static_cast<std::int64_t>(width)});
+  return st;
+}
+
 CUresult Worker::on_DeviceInfo(Call& c) {
   const auto r = c.req<ReqDevice>();
   if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;

@@ -41,8 +41,9 @@ namespace ivcuda::host {
   X(cuStreamGetCaptureInfo) X(cuGraphCreate) X(cuGraphGetNodes) X(cuGraphInstantiate)         \
   X(cuGraphLaunch) X(cuGraphUpload) X(cuGraphExecDestroy) X(cuGraphDestroy)                   \
   X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)                  \
-  X(cuOccupancyMaxPotentialBlockSizeWithFlags) X(cuOccupancyMaxActiveClusters)                \
-  X(cuTensorMapEncodeTiled) X(cuLaunchKernelEx) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)            \
+  X(cuOccupancyMaxPotentialBlockSizeWithFlags) X(cuOccupancyMaxActiveClusters) X(cuOccupancyMaxPotentialClusterSize) \
+  X(cuTensorMapEncodeTiled) X(cuTensorMapEncodeIm2col) X(cuTensorMapEncodeIm2colWide) X(cuTensorMapReplaceAddress) \
+  X(cuDeviceGetTexture1DLinearMaxWidth) X(cuLaunchKernelEx) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)            \
   X(cuDeviceGetHostAtomicCapabilities) X(cuDeviceGetP2PAtomicCapabilities)                     \
   X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) X(cuMemcpyPeer) X(cuMemcpyPeerAsync)       \
   X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuStreamWriteValue64) X(cuStreamWaitValue64) X(cuStreamBatchMemOp) X(cuStreamGetAttribute) X(cuStreamSetAttribute) X(cuStreamCopyAttributes) X(cuCtxGetFlags) X(cuCtxSetFlags) X(cuCtxGetCacheConfig) X(cuCtxSetCacheConfig) X(cuCtxResetPersistingL2Cache) X(cuCtxRecordEvent) X(cuCtxWaitEvent) X(cuFuncIsLoaded) X(cuFuncLoad) X(cuMemGetAllocationGranularity)             \

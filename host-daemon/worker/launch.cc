@@ -132,7 +132,41 @@ CUresult Worker::on_Occupancy(Call& c) {
   return st;
 }
 
-CUresult Worker::on_OccupancyCluster(Call& c) {
+namespace {
+
+// A cluster question's launch configuration, from the guest's unpacked one
+// into `attrs` (two at most: the cluster's shape and its scheduling policy).
+bool cluster_config(const ReqOccCluster& r, CUstream s, CUlaunchAttribute (&attrs)[2], CUlaunchConfig* cfg) {
+  *cfg = CUlaunchConfig{};
+  cfg->gridDimX = r.grid[0];
+  cfg->gridDimY = r.grid[1];
+  cfg->gridDimZ = r.grid[2];
+  cfg->blockDimX = r.block[0];
+  cfg->blockDimY = r.block[1];
+  cfg->blockDimZ = r.block[2];
+  cfg->sharedMemBytes = r.shared_bytes;
+  cfg->hStream = s;
+  cfg->attrs = attrs;
+  if (r.cluster[0] != 0 || r.cluster[1] != 0 || r.cluster[2] != 0) {
+    attrs[cfg->numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[cfg->numAttrs].value.clusterDim.x = r.cluster[0];
+    attrs[cfg->numAttrs].value.clusterDim.y = r.cluster[1];
+    attrs[cfg->numAttrs].value.clusterDim.z = r.cluster[2];
+    ++cfg->numAttrs;
+  }
+  if (r.policy != 0) {
+    attrs[cfg->numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    if (!wire_enum(r.policy, &attrs[cfg->numAttrs].value.clusterSchedulingPolicyPreference)) return false;
+    ++cfg->numAttrs;
+  }
+  return true;
+}
+
+}  // namespace
+
+// cuOccupancyMaxActiveClusters (max_size false) or
+// cuOccupancyMaxPotentialClusterSize (true), asked of the function's own context.
+CUresult Worker::cluster_occupancy(Call& c, bool max_size) {
   const auto r = c.req<ReqOccCluster>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   FuncEntry* f = funcs_.find(r.function);
@@ -140,34 +174,18 @@ CUresult Worker::on_OccupancyCluster(Call& c) {
   CUstream s;
   if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
   CUlaunchAttribute attrs[2]{};
-  CUlaunchConfig cfg{};
-  cfg.gridDimX = r.grid[0];
-  cfg.gridDimY = r.grid[1];
-  cfg.gridDimZ = r.grid[2];
-  cfg.blockDimX = r.block[0];
-  cfg.blockDimY = r.block[1];
-  cfg.blockDimZ = r.block[2];
-  cfg.sharedMemBytes = r.shared_bytes;
-  cfg.hStream = s;
-  cfg.attrs = attrs;
-  if (r.cluster[0] != 0 || r.cluster[1] != 0 || r.cluster[2] != 0) {
-    attrs[cfg.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[cfg.numAttrs].value.clusterDim.x = r.cluster[0];
-    attrs[cfg.numAttrs].value.clusterDim.y = r.cluster[1];
-    attrs[cfg.numAttrs].value.clusterDim.z = r.cluster[2];
-    ++cfg.numAttrs;
-  }
-  if (r.policy != 0) {
-    attrs[cfg.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-    if (!wire_enum(r.policy, &attrs[cfg.numAttrs].value.clusterSchedulingPolicyPreference))
-      return CUDA_ERROR_INVALID_VALUE;
-    ++cfg.numAttrs;
-  }
+  CUlaunchConfig cfg;
+  if (!cluster_config(r, s, attrs, &cfg)) return CUDA_ERROR_INVALID_VALUE;
   int n = 0;
-  const CUresult st = cu_.cuOccupancyMaxActiveClusters(&n, f->real, &cfg);
+  const CUresult st = max_size ? cu_.cuOccupancyMaxPotentialClusterSize(&n, f->real, &cfg)
+                               : cu_.cuOccupancyMaxActiveClusters(&n, f->real, &cfg);
   c.set_reply(RepValue{n});
   return st;
 }
+
+CUresult Worker::on_OccupancyCluster(Call& c) { return cluster_occupancy(c, false); }
+
+CUresult Worker::on_OccupancyClusterSize(Call& c) { return cluster_occupancy(c, true); }
 
 CUresult Worker::on_TensorMapEncodeTiled(Call& c) {
   const auto r = c.req<ReqTensorMap>();
@@ -191,6 +209,58 @@ CUresult Worker::on_TensorMapEncodeTiled(Call& c) {
   if (st != CUDA_SUCCESS) return st;
   RepTensorMap rep{};
   static_assert(sizeof map == sizeof rep);
+  std::memcpy(&rep, &map, sizeof rep);
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+// cuTensorMapEncodeIm2col and its wide form. As for a tiled descriptor, the
+// driver validates the layout; the arrays' bounds are ours, and only the
+// rank's worth of each is given to it.
+CUresult Worker::on_TensorMapEncodeIm2col(Call& c) {
+  const auto r = c.req<ReqTensorMapIm2col>();
+  if (r.ctx != 0)
+    if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  if (r.rank < 3 || r.rank > kTensorMaxRank || r.wide > 1) return CUDA_ERROR_INVALID_VALUE;
+  CUtensorMapDataType type;
+  CUtensorMapInterleave interleave;
+  CUtensorMapSwizzle swizzle;
+  CUtensorMapL2promotion l2;
+  CUtensorMapFloatOOBfill fill;
+  CUtensorMapIm2ColWideMode mode;
+  if (!wire_enum(r.data_type, &type) || !wire_enum(r.interleave, &interleave) || !wire_enum(r.swizzle, &swizzle) ||
+      !wire_enum(r.l2_promotion, &l2) || !wire_enum(r.oob_fill, &fill) || !wire_enum(r.mode, &mode))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUtensorMap map{};
+  void* addr = reinterpret_cast<void*>(r.global_address);
+  const CUresult st =
+      r.wide != 0 ? cu_.cuTensorMapEncodeIm2colWide(&map, type, r.rank, addr, r.global_dim, r.global_strides,
+                                                     r.lower_width, r.upper_width, r.channels_per_pixel,
+                                                     r.pixels_per_column, r.element_strides, interleave, mode,
+                                                     swizzle, l2, fill)
+                  : cu_.cuTensorMapEncodeIm2col(&map, type, r.rank, addr, r.global_dim, r.global_strides,
+                                                r.lower_corner, r.upper_corner, r.channels_per_pixel,
+                                                r.pixels_per_column, r.element_strides, interleave, swizzle, l2, fill);
+  if (st != CUDA_SUCCESS) return st;
+  RepTensorMap rep{};
+  static_assert(sizeof map == sizeof rep);
+  std::memcpy(&rep, &map, sizeof rep);
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+// The guest's descriptor is plain data the driver rewrites; whatever it holds
+// describes memory only to the GPU, in the guest's own context.
+CUresult Worker::on_TensorMapReplaceAddress(Call& c) {
+  const auto r = c.req<ReqTensorMapReplace>();
+  if (r.ctx != 0)
+    if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
+  CUtensorMap map{};
+  static_assert(sizeof map == sizeof r.words);
+  std::memcpy(&map, r.words, sizeof map);
+  const CUresult st = cu_.cuTensorMapReplaceAddress(&map, reinterpret_cast<void*>(r.global_address));
+  if (st != CUDA_SUCCESS) return st;
+  RepTensorMap rep{};
   std::memcpy(&rep, &map, sizeof rep);
   c.set_reply(rep);
   return CUDA_SUCCESS;

@@ -171,7 +171,11 @@ enum class HandleKind : u8 {
   X(MemcpyDtoHInline, ReqCopy, RepCopyInline, 1)                        \
   X(FlushWait, ReqCtx, RepNone, 1)                                      \
   X(Link, ReqLink, RepLink, 1)                                          \
-  X(Green, ReqGreen, RepGreen, 1)
+  X(Green, ReqGreen, RepGreen, 1)                                        \
+  X(OccupancyClusterSize, ReqOccCluster, RepValue, 1)                    \
+  X(TensorMapEncodeIm2col, ReqTensorMapIm2col, RepTensorMap, 1)          \
+  X(TensorMapReplaceAddress, ReqTensorMapReplace, RepTensorMap, 1)       \
+  X(Texture1DLinearMaxWidth, ReqTexWidth, RepValue, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -552,6 +556,43 @@ struct ReqTensorMap {
 };
 struct RepTensorMap {
   u64 words[16];  // the 128-byte CUtensorMap
+};
+// cuTensorMapEncodeIm2col, and cuTensorMapEncodeIm2colWide (wide = 1: the
+// corners are widths, and `mode` is its CUtensorMapIm2ColWideMode).
+struct ReqTensorMapIm2col {
+  u64 ctx;
+  u64 global_address;
+  u64 global_dim[kTensorMaxRank];
+  u64 global_strides[kTensorMaxRank - 1];
+  u32 element_strides[kTensorMaxRank];
+  i32 lower_corner[kTensorMaxRank - 2];  // the pixel box's, rank - 2 of them (not wide)
+  i32 upper_corner[kTensorMaxRank - 2];
+  i32 lower_width;                       // wide: pixelBoxLowerCornerWidth
+  i32 upper_width;                       // wide: pixelBoxUpperCornerWidth
+  u32 channels_per_pixel;
+  u32 pixels_per_column;
+  u32 data_type;
+  u32 rank;
+  u32 interleave;
+  u32 swizzle;
+  u32 l2_promotion;
+  u32 oob_fill;
+  u32 wide;
+  u32 mode;
+  u32 reserved;
+};
+// cuTensorMapReplaceAddress: the guest's descriptor and the new address.
+struct ReqTensorMapReplace {
+  u64 ctx;
+  u64 global_address;
+  u64 words[16];
+};
+// cuDeviceGetTexture1DLinearMaxWidth.
+struct ReqTexWidth {
+  i32 device;
+  u32 format;  // CUarray_format
+  u32 channels;
+  u32 reserved;
 };
 
 // ModuleEnumerate replies with the count in RepValue, then per function a
@@ -1341,6 +1382,9 @@ static_assert(sizeof(ReqMemImport) == 24);
 static_assert(sizeof(ReqLaunch) == 56);
 static_assert(sizeof(ReqTensorMap) == 152);
 static_assert(sizeof(RepTensorMap) == 128);
+static_assert(sizeof(ReqTensorMapIm2col) == 184);
+static_assert(sizeof(ReqTensorMapReplace) == 144);
+static_assert(sizeof(ReqTexWidth) == 16);
 static_assert(sizeof(ReqOccCluster) == 72);
 static_assert(sizeof(ArrayDesc) == 40);
 static_assert(sizeof(ReqArrayCreate) == 56);

@@ -604,6 +604,40 @@ def module_seeds():
     s.call("TensorMapEncodeTiled", ok=False, **dict(tm, data_type=1 << 20))
     s.call("TensorMapEncodeTiled", ok=False, **dict(tm, global_strides=[60]))
     yield s
+    s = start("OccupancyClusterSize")
+    fn = s.function(s.ctx, s.module(s.ctx))
+    s.call("OccupancyClusterSize", ctx=s.ctx, function=fn, grid=[16, 1, 1], block=[128, 1, 1])
+    s.call("OccupancyClusterSize", ctx=s.ctx, function=fn, grid=[2, 1, 1], block=[32, 1, 1],
+           cluster=[2, 1, 1], policy=C["CU_CLUSTER_SCHEDULING_POLICY_SPREAD"])
+    s.call("OccupancyClusterSize", ok=False, ctx=s.ctx, function=fn, grid=[1, 1, 1], block=[0, 1, 1])
+    s.call("OccupancyClusterSize", ok=False, ctx=s.ctx, function=fn, grid=[1, 1, 1], block=[1, 1, 1], policy=99)
+    yield s
+    s = start("TensorMapEncodeIm2col")
+    buf = s.alloc(s.ctx)
+    col = dict(ctx=s.ctx, global_address=buf, global_dim=[16, 8, 8, 1], global_strides=[64, 512, 4096],
+               element_strides=[1, 1, 1, 1], lower_corner=[-1, -1], upper_corner=[-1, -1], channels_per_pixel=16,
+               pixels_per_column=32, data_type=C["CU_TENSOR_MAP_DATA_TYPE_FLOAT32"], rank=4)
+    s.call("TensorMapEncodeIm2col", **col)
+    s.call("TensorMapEncodeIm2col", **dict(col, ctx=0, rank=3, global_dim=[16, 8, 1], global_strides=[64, 512]))
+    s.call("TensorMapEncodeIm2col", ok=False, **dict(col, rank=2))
+    s.call("TensorMapEncodeIm2col", ok=False, **dict(col, channels_per_pixel=0))
+    s.call("TensorMapEncodeIm2col", ok=False, **dict(col, wide=1, mode=C["CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128"]))
+    s.call("TensorMapEncodeIm2col", ok=False, **dict(col, wide=2))
+    s.call("TensorMapEncodeIm2col", ok=False, **dict(col, mode=77))
+    yield s
+    s = start("TensorMapReplaceAddress")
+    buf = s.alloc(s.ctx)
+    s.call("TensorMapReplaceAddress", ctx=s.ctx, global_address=buf, words=[buf, 0x200000000])
+    s.call("TensorMapReplaceAddress", ctx=0, global_address=buf + 256, words=[buf, 0x200000000])
+    s.call("TensorMapReplaceAddress", ok=False, ctx=s.ctx, global_address=buf + 3, words=[buf])
+    yield s
+    s = start("Texture1DLinearMaxWidth")
+    s.call("Texture1DLinearMaxWidth", device=0, format=C["CU_AD_FORMAT_FLOAT"], channels=4)
+    s.call("Texture1DLinearMaxWidth", device=0, format=C["CU_AD_FORMAT_UNSIGNED_INT8"], channels=1)
+    s.call("Texture1DLinearMaxWidth", ok=False, device=0, format=C["CU_AD_FORMAT_FLOAT"], channels=3)
+    s.call("Texture1DLinearMaxWidth", ok=False, device=0, format=999, channels=1)
+    s.call("Texture1DLinearMaxWidth", ok=False, device=9, format=C["CU_AD_FORMAT_FLOAT"], channels=1)
+    yield s
 
 
 def _func_get_attribute(s):

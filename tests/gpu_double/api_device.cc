@@ -402,6 +402,25 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevi
   });
 }
 
+// A 1D texture over linear memory: at most 2^28 elements, and 2^32 bytes.
+CUresult CUDAAPI cuDeviceGetTexture1DLinearMaxWidth(size_t* maxWidthInElements, CUarray_format format,
+                                                    unsigned numChannels, CUdevice dev) {
+  return guarded([&](State& s) -> CUresult {
+    if (maxWidthInElements == nullptr || (numChannels != 1 && numChannels != 2 && numChannels != 4))
+      return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+    std::size_t bytes = 0;
+    switch (format) {
+      case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: bytes = 1; break;
+      case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: bytes = 2; break;
+      case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: bytes = 4; break;
+      default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    *maxWidthInElements = std::min<std::size_t>(std::size_t{1} << 28, (std::size_t{1} << 32) / (bytes * numChannels));
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult CUDAAPI cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
   return guarded([&](State& s) -> CUresult {
     if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;

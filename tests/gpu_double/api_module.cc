@@ -843,6 +843,24 @@ CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions, unsigned int 
   });
 }
 
+// The largest cluster a launch of the function could have: 8 blocks, 16 with the
+// non-portable attribute (an H100/H200's limits), never more blocks than the grid holds.
+CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int* clusterSize, CUfunction func, const CUlaunchConfig* config) {
+  return guarded([&](State& s) -> CUresult {
+    if (clusterSize == nullptr || config == nullptr || (config->numAttrs != 0 && config->attrs == nullptr))
+      return CUDA_ERROR_INVALID_VALUE;
+    FunctionRef r;
+    if (const CUresult e = lookup_function(s, func, &r); e != CUDA_SUCCESS) return e;
+    if (const CUresult e = check_stream(s, config->hStream); e != CUDA_SUCCESS) return e;
+    const std::uint64_t threads = std::uint64_t{config->blockDimX} * config->blockDimY * config->blockDimZ;
+    if (threads == 0 || threads > kMaxThreadsPerBlock) return CUDA_ERROR_INVALID_VALUE;
+    const bool non_portable = r.fn->settable[CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED] != 0;
+    const std::uint64_t blocks = std::uint64_t{config->gridDimX} * config->gridDimY * config->gridDimZ;
+    *clusterSize = static_cast<int>(std::min<std::uint64_t>(non_portable ? 16 : 8, std::max<std::uint64_t>(blocks, 1)));
+    return CUDA_SUCCESS;
+  });
+}
+
 // ---- tensor maps -----------------------------------------------------------------------------
 
 // Checks what the driver documents for a tiled descriptor and writes a deterministic
@@ -881,5 +899,82 @@ CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUtensorMapDataT
     if (i + 1 < tensorRank && 13 + i < 16) w[13 + i] = globalStrides[i];
   }
   *tensorMap = m;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// What a tiled and an im2col descriptor share: the data type, the enums and the
+// global shape, as cuda.h states their bounds.
+bool tensor_common_ok(CUtensorMapDataType type, cuuint32_t rank, void* addr, const cuuint64_t* dims,
+                      const cuuint64_t* strides, const cuuint32_t* elem, CUtensorMapInterleave interleave,
+                      CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill fill) {
+  if (rank == 0 || rank > 5 || dims == nullptr || elem == nullptr || (rank > 1 && strides == nullptr) ||
+      reinterpret_cast<std::uintptr_t>(addr) % 16 != 0 ||
+      static_cast<unsigned>(type) > CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B ||
+      static_cast<unsigned>(interleave) > CU_TENSOR_MAP_INTERLEAVE_32B ||
+      static_cast<unsigned>(swizzle) > CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B ||
+      static_cast<unsigned>(l2) > CU_TENSOR_MAP_L2_PROMOTION_L2_256B ||
+      static_cast<unsigned>(fill) > CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)
+    return false;
+  for (cuuint32_t i = 0; i < rank; ++i) {
+    if (dims[i] == 0 || dims[i] > (cuuint64_t{1} << 32) || elem[i] == 0 || elem[i] > 8) return false;
+    if (i + 1 < rank && (strides[i] % 16 != 0 || strides[i] >= (cuuint64_t{1} << 40))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// An im2col descriptor (rank 3 to 5, a pixel box of rank - 2 corners in [-2^15, 2^15),
+// up to 256 channels a pixel and 1024 pixels a column), written deterministically as the
+// tiled one is. The wide form needs compute capability 10.0: the double's GPU is 9.0.
+CUresult CUDAAPI cuTensorMapEncodeIm2col(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
+                                         cuuint32_t tensorRank, void* globalAddress, const cuuint64_t* globalDim,
+                                         const cuuint64_t* globalStrides, const int* pixelBoxLowerCorner,
+                                         const int* pixelBoxUpperCorner, cuuint32_t channelsPerPixel,
+                                         cuuint32_t pixelsPerColumn, const cuuint32_t* elementStrides,
+                                         CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                         CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill) {
+  if (tensorMap == nullptr || tensorRank < 3 || pixelBoxLowerCorner == nullptr || pixelBoxUpperCorner == nullptr ||
+      channelsPerPixel == 0 || channelsPerPixel > 256 || pixelsPerColumn == 0 || pixelsPerColumn > 1024 ||
+      !tensor_common_ok(tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides,
+                        interleave, swizzle, l2Promotion, oobFill))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t i = 0; i + 2 < tensorRank; ++i)
+    if (pixelBoxLowerCorner[i] < -(1 << 15) || pixelBoxLowerCorner[i] >= (1 << 15) ||
+        pixelBoxUpperCorner[i] < -(1 << 15) || pixelBoxUpperCorner[i] >= (1 << 15))
+      return CUDA_ERROR_INVALID_VALUE;
+  CUtensorMap m{};
+  cuuint64_t* w = m.opaque;
+  w[0] = reinterpret_cast<std::uintptr_t>(globalAddress);
+  w[1] = (cuuint64_t{tensorRank} << 32) | (cuuint64_t{1} << 31) | static_cast<unsigned>(tensorDataType);
+  w[2] = (cuuint64_t{channelsPerPixel} << 48) | (cuuint64_t{pixelsPerColumn} << 32) |
+         (cuuint64_t{static_cast<unsigned>(interleave)} << 24) | (cuuint64_t{static_cast<unsigned>(swizzle)} << 16) |
+         (cuuint64_t{static_cast<unsigned>(l2Promotion)} << 8) | static_cast<unsigned>(oobFill);
+  for (cuuint32_t i = 0; i < tensorRank; ++i) {
+    w[3 + i] = globalDim[i];
+    w[8 + i] = elementStrides[i];
+    if (i + 1 < tensorRank && 13 + i < 16) w[13 + i] = globalStrides[i];
+  }
+  for (cuuint32_t i = 0; i + 2 < tensorRank; ++i)
+    w[8 + i] |= (cuuint64_t{static_cast<std::uint16_t>(pixelBoxLowerCorner[i])} << 48) |
+                (cuuint64_t{static_cast<std::uint16_t>(pixelBoxUpperCorner[i])} << 32);
+  *tensorMap = m;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuTensorMapEncodeIm2colWide(CUtensorMap* tensorMap, CUtensorMapDataType, cuuint32_t, void*,
+                                             const cuuint64_t*, const cuuint64_t*, int, int, cuuint32_t, cuuint32_t,
+                                             const cuuint32_t*, CUtensorMapInterleave, CUtensorMapIm2ColWideMode,
+                                             CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  return tensorMap == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// The address is the descriptor's first word (as the double writes descriptors).
+CUresult CUDAAPI cuTensorMapReplaceAddress(CUtensorMap* tensorMap, void* globalAddress) {
+  if (tensorMap == nullptr || reinterpret_cast<std::uintptr_t>(globalAddress) % 16 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  tensorMap->opaque[0] = reinterpret_cast<std::uintptr_t>(globalAddress);
   return CUDA_SUCCESS;
 }

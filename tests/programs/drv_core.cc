@@ -1,5 +1,7 @@
 // Devices, contexts, memory and copies through the Driver API, with every
 // byte verified after each round trip.
+#include <cudaProfiler.h>
+
 #include <thread>
 
 #include "check.h"
@@ -108,6 +110,10 @@ void contexts() {
   OK(cuCtxWaitEvent(prim, ce));
   OK(cuEventSynchronize(ce));
   std::printf("cuCtxRecordEvent on a null context: %s\n", check::name(cuCtxRecordEvent(nullptr, ce)));
+  // Profiler control with no profiling tool attached (cudaProfilerStart in a program run
+  // without one): the driver answers success and does nothing.
+  std::printf("cuProfilerStart, cuProfilerStop without a tool: %s, %s\n", check::name(cuProfilerStart()),
+              check::name(cuProfilerStop()));
   OK(cuEventDestroy(ce));
 
   CUcontext mine = nullptr;

@@ -335,7 +335,54 @@ void occupancy(const Kernels& k, CUdeviceptr dmem) {
              cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, reinterpret_cast<void*>(dmem), dims,
                                     strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                     CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  std::printf("occupancy: block-size searches, clusters, tensor map\n");
+  int cluster_size = 0;
+  OK(cuOccupancyMaxPotentialClusterSize(&cluster_size, k.add, &cfg));
+  std::printf("largest cluster for 16 x 128 threads: %d\n", cluster_size);
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuOccupancyMaxPotentialClusterSize(nullptr, k.add, &cfg));
+
+  // The same tensor at another address: the descriptor with its address replaced is the
+  // one encoded there.
+  CUtensorMap moved = map, direct{};
+  OK(cuTensorMapReplaceAddress(&moved, reinterpret_cast<void*>(dmem + 256)));
+  OK(cuTensorMapEncodeTiled(&direct, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, reinterpret_cast<void*>(dmem + 256), dims,
+                            strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  std::printf("a replaced address gives the descriptor encoded there: %s\n",
+              std::memcmp(&moved, &direct, sizeof moved) == 0 ? "yes" : "no");
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuTensorMapReplaceAddress(nullptr, reinterpret_cast<void*>(dmem)));
+
+  // An NHWC tensor of 1 x 8 x 8 x 16 floats as im2col: 16 channels a pixel, 32 pixels a column.
+  const cuuint64_t nhwc[4] = {16, 8, 8, 1};
+  const cuuint64_t nhwc_strides[3] = {16 * 4, 16 * 4 * 8, 16 * 4 * 8 * 8};
+  const int lower[2] = {-1, -1}, upper[2] = {-1, -1};
+  const cuuint32_t ones[4] = {1, 1, 1, 1};
+  CUtensorMap col{};
+  OK(cuTensorMapEncodeIm2col(&col, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, reinterpret_cast<void*>(dmem), nhwc,
+                             nhwc_strides, lower, upper, 16, 32, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  EXPECT(std::any_of(std::begin(col.opaque), std::end(col.opaque), [](cuuint64_t w) { return w != 0; }));
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE,
+             cuTensorMapEncodeIm2col(&col, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, reinterpret_cast<void*>(dmem), nhwc,
+                                     nhwc_strides, lower, upper, 0, 32, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                     CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  // The wide form is for compute capability 10.0 and up: what this GPU answers is printed.
+  std::printf("im2col wide: %s\n",
+              check::name(cuTensorMapEncodeIm2colWide(
+                  &col, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, reinterpret_cast<void*>(dmem), nhwc, nhwc_strides, -1, -1,
+                  16, 32, ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_IM2COL_WIDE_MODE_W,
+                  CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)));
+
+  // The widest 1D texture over linear memory, by format and channels.
+  CUdevice dev = 0;
+  OK(cuCtxGetDevice(&dev));
+  std::size_t w1 = 0, w4 = 0;
+  OK(cuDeviceGetTexture1DLinearMaxWidth(&w1, CU_AD_FORMAT_UNSIGNED_INT8, 1, dev));
+  OK(cuDeviceGetTexture1DLinearMaxWidth(&w4, CU_AD_FORMAT_FLOAT, 4, dev));
+  std::printf("1D linear texture widths: u8 x1 %zu, float x4 %zu\n", w1, w4);
+  EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuDeviceGetTexture1DLinearMaxWidth(nullptr, CU_AD_FORMAT_FLOAT, 1, dev));
+  std::printf("occupancy: block-size searches, clusters, tensor maps\n");
 }
 
 }  // namespace
