@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Starts and stops ivcudad for the test scripts; source it. The daemon is the
-# script's own build's: $build/host-daemon/ivcudad.
+# script's own build's, $build/host-daemon/ivcudad, or $ivcudad_bin where the
+# script sets it (the packaged one).
 #   start_ivcudad [--append] [--wait PATH]... [--wait-log PATTERN] [--may-stop] LOG ARGS...
 #       runs ivcudad ARGS... in the background, stdout and stderr to LOG (emptied
 #       first; --append keeps what earlier daemons wrote, for scripts that mark the
@@ -25,7 +26,7 @@ ivcudad_pids=()
 start_ivcudad() {
   local append="" may_stop="" pattern="" log s ready pid rc daemon
   local sockets=()
-  daemon=${build:?start_ivcudad: the script sets build, its build directory}/host-daemon/ivcudad
+  daemon=${ivcudad_bin:-${build:?start_ivcudad: the script sets build, its build directory}/host-daemon/ivcudad}
   while :; do
     case "${1:-}" in
       --append) append=1; shift ;;

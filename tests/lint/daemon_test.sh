@@ -3,7 +3,8 @@
 # start_ivcudad is ready only once every socket it was given exists (--socket, --guest-socket,
 # --wait) and the log line it waits for is there, never on an earlier daemon's socket; a daemon
 # that exits before it is ready fails the start with its status and its log's end (--may-stop:
-# quietly); stop_ivcudad ends every daemon started, and again does nothing.
+# quietly); stop_ivcudad ends every daemon started, and again does nothing; ivcudad_bin names
+# another daemon than the build's.
 #   daemon_test.sh   (from anywhere)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,7 +46,7 @@ time.sleep(600)
 FAKE
 chmod +x "$build/host-daemon/ivcudad"
 log=$work/log
-expect_cases 8
+expect_cases 9
 
 FAKE_DELAY=0.3 start_ivcudad "$log" --socket "$work/a.sock" --guest-socket "$work/b.sock=0:mem-limit=1G" --x 1
 rc=$?
@@ -91,6 +92,16 @@ rc=$?
 ok=$?
 [ $ok -eq 0 ] || { echo "start_ivcudad returned $rc and said:"; cat "$work/out"; }
 verdict "a daemon that exits first fails the start, with its status and its log's end" $ok
+
+# A packaged daemon (ivcudad_bin) instead of the build's, which is not there.
+mkdir -p "$work/pkg"
+printf '#!/bin/sh\necho packaged\nexec "%s" "$@"\n' "$build/host-daemon/ivcudad" >"$work/pkg/ivcudad"
+chmod +x "$work/pkg/ivcudad"
+ivcudad_bin=$work/pkg/ivcudad build=$work/nowhere start_ivcudad "$log" --socket "$work/g.sock"
+rc=$?
+[ $rc -eq 0 ] && grep -q packaged "$log"
+verdict "ivcudad_bin: that daemon, not the build's" $?
+stop_ivcudad
 
 FAKE_EXIT=2 start_ivcudad --may-stop "$log" --socket "$work/e.sock" >"$work/out" 2>&1
 rc=$?
