@@ -9,14 +9,14 @@ set -euo pipefail
 build=$(cd "$1" && pwd)
 double=$2
 nvml=$3
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 work=$(mktemp -d /tmp/ivcuda-bench.XXXXXX)
 export IVCUDA_DOUBLE_LEDGER=$work/ledger
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$work"' EXIT
+trap 'stop_ivcudad; rm -rf "$work"' EXIT
 mkdir "$work/native" && ln -s "$(readlink -f "$double")" "$work/native/libcuda.so.1"
-"$build/host-daemon/ivcudad" --socket "$work/s" --shm-size 256M --channels 8 --staging-size 4M \
-  --driver "$double" >"$work/log" 2>&1 &
-daemon=$!
-for _ in $(seq 100); do [ -S "$work/s" ] && break; sleep 0.05; done
+start_ivcudad "$work/log" --socket "$work/s" --shm-size 256M --channels 8 --staging-size 4M --driver "$double" ||
+  { echo "FAIL: ivcudad did not start"; exit 1; }
 LD_LIBRARY_PATH=$work/native "$build/bench/ivcuda-bench" --quick --ptx "$build/tests/gpu_double/test_kernels.ptx" \
   --native-lib "$work/native" --ivcuda-lib "$build/lib" --socket "$work/s" --daemon-log "$work/log" --json "$work/bench.json" \
   --png "$work/bench.png" --startup-gap-ms 200 | tee "$work/out"

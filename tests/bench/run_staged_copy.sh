@@ -13,9 +13,10 @@ if [ $# -eq 0 ]; then echo "FAIL: no configuration given"; exit 1; fi
 prog=$build/tests/bench/staged_copy_test
 ptx=$build/tests/gpu_double/test_kernels.ptx
 work=$(mktemp -d /tmp/ivcuda-staged.XXXXXX)
-daemon=
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 cleanup() {
-  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -52,19 +53,19 @@ for config in "$@"; do
   [ "$config" != "$staging" ] && delay=${config#*,}
   threads=
   [ $staging = 8M ] && threads=3
-  rm -f "$work/s"
-  IVCUDA_GPU_DOUBLE_EVENT_DELAY_US=$delay "$build/host-daemon/ivcudad" --socket "$work/s" --shm-size 256M \
-    --channels 4 --staging-size $staging --driver "$driver" >"$work/log" 2>&1 &
-  daemon=$!
-  for _ in $(seq 100); do [ -S "$work/s" ] && break; sleep 0.05; done
   what="staging $staging${threads:+, $threads copy threads}${delay:+, events done ${delay} us after their record}"
+  if ! IVCUDA_GPU_DOUBLE_EVENT_DELAY_US=$delay start_ivcudad "$work/log" --socket "$work/s" --shm-size 256M \
+      --channels 4 --staging-size $staging --driver "$driver"; then
+    echo "FAIL ivcuda, $what"; failed=1
+    continue
+  fi
   if IVCUDA_COPY_THREADS=$threads IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 200 "$prog" \
       --ptx "$ptx" --errors --ordering >"$work/out" 2>&1; then
     echo "PASS ivcuda, $what: $(tail -1 "$work/out")"
   else
     cat "$work/out"; echo "--- ivcudad log"; tail -20 "$work/log"; echo "FAIL ivcuda, $what"; failed=1
   fi
-  kill "$daemon"; wait "$daemon" 2>/dev/null; daemon=
+  stop_ivcudad
 done
 # Every configuration named ran (a typo is not a pass).
 [ "$ran" -eq $# ] || { echo "FAIL: $ran of $# configurations ran"; failed=1; }

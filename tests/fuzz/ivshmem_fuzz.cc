@@ -34,6 +34,7 @@
 #include "host-daemon/daemon/fd_broker.h"
 #include "ring/ivshmem.h"
 #include "ring/sys.h"
+#include "tests/fuzz/fuzz_input.h"
 
 using namespace ivcuda;
 
@@ -41,24 +42,7 @@ namespace {
 
 constexpr std::size_t kMaxMessages = 200;  // descriptors in flight stay well under any limit
 
-class Input {
- public:
-  Input(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
-  bool done() const { return pos_ >= n_; }
-  template <class T>
-  T take() {
-    T v{};
-    const std::size_t k = std::min(sizeof v, n_ - pos_);
-    std::memcpy(&v, d_ + pos_, k);
-    pos_ += k;
-    return v;
-  }
-
- private:
-  const std::uint8_t* d_;
-  std::size_t n_;
-  std::size_t pos_ = 0;
-};
+using fuzz::Input;
 
 // Sends bytes with up to two descriptors; the descriptors are the kernel's
 // to pass on (and the receiver's to close) once sent.

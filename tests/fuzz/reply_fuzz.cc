@@ -29,35 +29,13 @@
 #include "guest/reply.h"
 #include "ring/layout.h"
 #include "ring/spsc_ring.h"
+#include "tests/fuzz/fuzz_input.h"
 
 using namespace ivcuda;
 
 namespace {
 
-class Input {
- public:
-  Input(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
-  bool done() const { return pos_ >= n_; }
-  template <class T>
-  T take() {
-    T v{};
-    const std::size_t k = std::min(sizeof v, n_ - pos_);
-    std::memcpy(&v, d_ + pos_, k);
-    pos_ += k;
-    return v;
-  }
-  std::size_t rest(void* out, std::size_t max) {
-    const std::size_t k = std::min(max, n_ - pos_);
-    std::memcpy(out, d_ + pos_, k);
-    pos_ += k;
-    return k;
-  }
-
- private:
-  const std::uint8_t* d_;
-  std::size_t n_;
-  std::size_t pos_ = 0;
-};
+using fuzz::Input;
 
 // One ring: its control block and exactly `cells` cells of data.
 struct OwnRing {
@@ -77,7 +55,7 @@ void replies(Input& in) {
   std::uint32_t seq = in.take<std::uint32_t>();
   const std::size_t rep_size = in.take<std::uint16_t>() % 2048;
   const bool with_extra = (in.take<std::uint8_t>() & 1) != 0;
-  in.rest(r.data.get(), std::size_t{r.cells} * abi::kCellBytes);
+  in.copy(r.data.get(), std::size_t{r.cells} * abi::kCellBytes);
   ring::Consumer cpl(r.view());  // the guest's consumer starts from the head it finds
   r.ctl->tail = tail;
   std::vector<std::byte> rep(rep_size);
@@ -101,7 +79,7 @@ void superblock(Input& in) {
   const std::uint64_t mapped = in.take<std::uint32_t>() % (kBuf + 1);
   auto bar = std::make_unique<std::byte[]>(kBuf);
   std::memset(bar.get(), 0, kBuf);
-  in.rest(bar.get(), kBuf);
+  in.copy(bar.get(), kBuf);
   auto l = ring::read_layout(bar.get(), mapped);
   if (!l) return;
   // What the guest goes on to touch must be inside the mapping.

@@ -59,6 +59,7 @@
 #include "ring/layout.h"
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"
+#include "tests/fuzz/fuzz_input.h"
 
 using namespace ivcuda;
 
@@ -195,30 +196,7 @@ void check_nothing_left(const Env& e) {
   }
 }
 
-class Input {
- public:
-  Input(const std::uint8_t* d, std::size_t n) : d_(d), n_(n) {}
-  bool done() const { return pos_ >= n_; }
-  template <class T>
-  T take() {  // zero-extended when the input ends early
-    T v{};
-    const std::size_t k = std::min(sizeof v, n_ - pos_);
-    std::memcpy(&v, d_ + pos_, k);
-    pos_ += k;
-    return v;
-  }
-  std::span<const std::uint8_t> bytes(std::size_t want) {
-    const std::size_t k = std::min(want, n_ - pos_);
-    std::span<const std::uint8_t> s(d_ + pos_, k);
-    pos_ += k;
-    return s;
-  }
-
- private:
-  const std::uint8_t* d_;
-  std::size_t n_;
-  std::size_t pos_ = 0;
-};
+using fuzz::Input;
 
 // The guest's ends of one channel.
 struct GuestChannel {

@@ -18,23 +18,21 @@ bin=$build/tests/bin
 work=$(mktemp -d /tmp/ivcuda-kill.XXXXXX)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-daemon=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 1
 cleanup() {
-  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+  stop_ivcudad
   cp "$log" "${OUT:-$work}/kill-loop-ivcudad.log" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 export IVCUDA_DOUBLE_LEDGER=$work/ledger  # read only by the test double
 
-IVCUDA_LOG_LEVEL= "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 64M --staging-size 2M --channels 8 \
-  --max-guests 256 --max-guests-per-uid 256 --driver "$driver" >"$log" 2>&1 &
-daemon=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
-[ -S "$sock" ] || { cat "$log"; echo "FAIL kill loop: ivcudad did not start"; exit 1; }
+IVCUDA_LOG_LEVEL= start_ivcudad "$log" --socket "$sock" --shm-size 64M --staging-size 2M --channels 8 \
+  --max-guests 256 --max-guests-per-uid 256 --driver "$driver" || { echo "FAIL kill loop: ivcudad did not start"; exit 1; }
 
 through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib "$@"; }
 used_mib() {  # device memory in use on GPU 0, MiB
@@ -77,7 +75,7 @@ while [ $killed -lt "$n" ]; do
   killed=$((killed + ${#pids[@]}))
   if [ $((killed % (par * 16))) -eq 0 ]; then
     u=$(used_mib); [ "$u" -gt "$peak" ] && peak=$u
-    kill -0 "$daemon" 2>/dev/null || { tail -20 "$log"; echo "FAIL kill loop: ivcudad died after $killed kills"; exit 1; }
+    kill -0 "$ivcudad_pid" 2>/dev/null || { tail -20 "$log"; echo "FAIL kill loop: ivcudad died after $killed kills"; exit 1; }
   fi
 done
 loop_s=$((SECONDS - start))
@@ -88,7 +86,7 @@ for _ in $(seq 200); do
   [ "$final" -le $((base + 64)) ] && break
   sleep 0.1
 done
-alive=1; kill -0 "$daemon" 2>/dev/null || alive=0
+alive=1; kill -0 "$ivcudad_pid" 2>/dev/null || alive=0
 mark=$(log_mark "$log")
 after=$(through timeout 120 "${tagged[@]}" "$work/after.pid" "$bin/drv_core" 2>&1 | tail -1)
 served_by "$log" "$(cat "$work/after.pid" 2>/dev/null || echo 0)" "$mark" || after="$after (NOT served by ivcudad)"

@@ -18,15 +18,12 @@ root=$(pwd)
 out=${OUT:-$root/out}/share
 mkdir -p "$out"
 . "$root/tests/lib/verdicts.sh"
+. "$root/tests/lib/daemon.sh"
 py=${PYTHON:-python3}
 probe=$root/tests/gpu/share_probe.py
 sock=/tmp/ivcuda-share.sock
-rm -f "$sock"
-"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 1G --mem-limit 4G --warm-workers 1 --driver "$driver" \
-  >"$out/ivcudad.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+trap stop_ivcudad EXIT
+start_ivcudad "$out/ivcudad.log" --socket "$sock" --shm-size 1G --mem-limit 4G --warm-workers 1 --driver "$driver" || exit 1
 expect_cases 5
 gib=$((1 << 30))
 used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1; }

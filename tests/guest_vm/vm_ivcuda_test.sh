@@ -30,6 +30,8 @@ set -euo pipefail
 mode=$1 image=$2 build=$3 driver=$4 nvml=${5:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 guest=$(cd "$here/../../tools/guest" && pwd)
+# shellcheck source=../lib/daemon.sh
+. "$here/../lib/daemon.sh"
 
 if ! missing=$("$guest/build-guest-image.sh" --check); then
 	echo "SKIP: the VM tests need:"
@@ -115,41 +117,28 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add "$kernels/test_kernels.fatbin:/opt/ivcuda/test_kernels.fatbin"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ivcuda-vm.XXXXXX")
-daemon=
 cleanup() {
-	if [[ -n $daemon ]]; then kill "$daemon" 2>/dev/null || true; wait "$daemon" 2>/dev/null || true; fi
+	stop_ivcudad
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 
 vectors=4
 sock=$tmp/ivcudad.sock
-plain=()
+plain=() ready=()
 device=(--socket "$sock" --vectors $vectors)
 if [[ $mode == plain ]]; then
 	dir=/dev/shm
 	[[ -d $dir && -w $dir ]] || dir=$tmp
 	shm=$dir/ivcuda-plain-$$
 	plain=(--plain-file "$shm")
+	ready=(--wait-log "ivshmem-plain guest")  # the daemon formats the memory file, then says so
 	device=(--shm-file "$shm" --shm-size $((256 << 20)))
 	trap 'cleanup; rm -f "$shm"' EXIT
 fi
-IVCUDA_DOUBLE_LEDGER=$tmp/ledger "$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
-	--staging-size 4M --mem-limit 2G --context-reserve 0 --driver "$driver" --control-socket "$tmp/control.sock" "${plain[@]}" "${nvml_daemon[@]}" \
-	>"$tmp/ivcudad.log" 2>&1 &
-daemon=$!
-for _ in $(seq 100); do
-	[[ -S $sock ]] && break
-	sleep 0.05
-done
-[[ -S $sock ]] || { cat "$tmp/ivcudad.log"; echo "FAIL: ivcudad did not start"; exit 1; }
-if [[ $mode == plain ]]; then  # the daemon formats the memory file, then says so
-	for _ in $(seq 100); do
-		grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" && break
-		sleep 0.05
-	done
-	grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" || { cat "$tmp/ivcudad.log"; echo "FAIL: no ivshmem-plain worker"; exit 1; }
-fi
+IVCUDA_DOUBLE_LEDGER=$tmp/ledger start_ivcudad "${ready[@]}" "$tmp/ivcudad.log" --socket "$sock" --vectors $vectors \
+	--shm-size 256M --channels 8 --staging-size 4M --mem-limit 2G --context-reserve 0 --driver "$driver" \
+	--control-socket "$tmp/control.sock" "${plain[@]}" "${nvml_daemon[@]}" || { echo "FAIL: ivcudad did not start"; exit 1; }
 
 # The operator's side of a VM: once the guest's last program holds its
 # 77 MiB, ivcudactl shows the VM and evicts it; that program then sees every
@@ -216,6 +205,6 @@ tail -n 8 "$tmp/ivcudad.log"
 # The host side of the SIGKILL: the kernel's exit notice, then the reclaim.
 grep -E "exited; reclaimed its worker" "$tmp/ivcudad.log" || { echo "FAIL: no reclaim in the daemon's log"; exit 1; }
 # The daemon outlives the VM and serves on.
-kill -0 "$daemon" || { echo "FAIL: ivcudad died"; exit 1; }
+kill -0 "$ivcudad_pid" || { echo "FAIL: ivcudad died"; exit 1; }
 [[ $rc -eq 0 ]] || { echo "FAIL: the guest programs failed (exit $rc)"; exit 1; }
 echo "PASS: driver-API programs in a QEMU guest through ivshmem-$mode"

@@ -15,6 +15,8 @@ set -euo pipefail
 image=$1 build=$2 driver=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 guest=$(cd "$here/../../tools/guest" && pwd)
+# shellcheck source=../lib/daemon.sh
+. "$here/../lib/daemon.sh"
 
 if ! missing=$("$guest/build-guest-image.sh" --check); then
 	echo "SKIP: the VM tests need:"
@@ -31,22 +33,15 @@ LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
 	--add-bin "$prog:/usr/bin/drv_pidns"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ivcuda-vm-pidns.XXXXXX")
-daemon=
 cleanup() {
-	if [[ -n $daemon ]]; then kill "$daemon" 2>/dev/null || true; wait "$daemon" 2>/dev/null || true; fi
+	stop_ivcudad
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 
 sock=$tmp/ivcudad.sock
-"$build/host-daemon/ivcudad" --socket "$sock" --vectors 4 --shm-size 256M --channels 8 --staging-size 4M \
-	--driver "$driver" --control-socket none --warm-workers 0 >"$tmp/ivcudad.log" 2>&1 &
-daemon=$!
-for _ in $(seq 100); do
-	[[ -S $sock ]] && break
-	sleep 0.05
-done
-[[ -S $sock ]] || { cat "$tmp/ivcudad.log"; echo "FAIL: ivcudad did not start"; exit 1; }
+start_ivcudad "$tmp/ivcudad.log" --socket "$sock" --vectors 4 --shm-size 256M --channels 8 --staging-size 4M \
+	--driver "$driver" --control-socket none --warm-workers 0 || { echo "FAIL: ivcudad did not start"; exit 1; }
 
 rc=0
 "$guest/run-in-guest.sh" --image "$image" --socket "$sock" --vectors 4 --timeout 120 \
@@ -59,7 +54,7 @@ rc=0
 	 wait \$held; st=\$?; cat /tmp/held; exit \$st" || rc=$?
 echo "--- ivcudad log (the VM's processes and their workers)"
 grep -E "is served by worker|reclaimed its worker|died of signal" "$tmp/ivcudad.log" || true
-kill -0 "$daemon" || { echo "FAIL: ivcudad died"; exit 1; }
+kill -0 "$ivcudad_pid" || { echo "FAIL: ivcudad died"; exit 1; }
 # Process 1 of two namespaces: two workers, and the first one's reclaimed.
 served=$(grep -cE "process 1 \(pid namespace [1-9][0-9]*\) is served by worker" "$tmp/ivcudad.log" || true)
 [[ $served -ge 2 ]] || { echo "FAIL: the two processes 1 were not served by a worker each ($served)"; exit 1; }

@@ -28,6 +28,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 guest=$repo/tools/guest
 examples=$repo/packaging/libvirt
+# shellcheck source=../lib/daemon.sh
+. "$here/../lib/daemon.sh"
 
 fail() { echo "FAIL: $*"; exit 1; }
 skip() { echo "SKIP: $*"; exit 77; }
@@ -77,7 +79,7 @@ lv=$tmp/libvirt  # the session daemon's world, owned by $user
 name=ivcuda-libvirt-test-$mode
 shm_name=ivcuda-libvirt-test-$$
 shm_file=
-daemon='' libvirtd_pid=''
+libvirtd_pid=''
 
 # virsh and libvirtd as $user, seeing only the private folders. No autostart:
 # a virsh that found no daemon must not spawn one that nobody stops.
@@ -98,7 +100,7 @@ cleanup() {
 		kill "$libvirtd_pid" 2>/dev/null
 		wait "$libvirtd_pid" 2>/dev/null
 	fi
-	if [[ -n $daemon ]]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
+	stop_ivcudad
 	[[ -n $shm_file ]] && rm -f "$shm_file"
 	rm -rf "$tmp"
 }
@@ -123,30 +125,20 @@ mkdir -m 0755 "$tmp/ivcuda"
 sock=$tmp/ivcuda/ivcudad.sock
 vectors=4
 shm_mib=256
-plain=()
+# Listening, then the group and mode set: ready at the log line that follows both, or, with a
+# plain file, at its worker's line, which comes after that.
+plain=() ready=(--wait-log "listening on")
 if [[ $mode == plain ]]; then
 	[[ -d /dev/shm && -w /dev/shm ]] || skip "libvirt puts ivshmem-plain memory in /dev/shm, which is not writable here"
 	shm_file=/dev/shm/$shm_name
 	plain=(--plain-file "$shm_file")
+	ready=(--wait-log "ivshmem-plain guest")
 fi
-"$build/host-daemon/ivcudad" --socket "$sock" --vectors $vectors --shm-size ${shm_mib}M --channels 8 \
-	--staging-size 4M --driver "$driver" --socket-group "$group" --socket-mode 0660 "${plain[@]}" \
-	>"$tmp/ivcudad.log" 2>&1 &
-daemon=$!
-# Listening, then the group and mode set: wait for the log line that follows both.
-for _ in $(seq 100); do
-	grep -q "listening on" "$tmp/ivcudad.log" && break
-	kill -0 "$daemon" 2>/dev/null || break
-	sleep 0.05
-done
-grep -q "listening on" "$tmp/ivcudad.log" || { show_logs; fail "ivcudad did not start"; }
+start_ivcudad "${ready[@]}" "$tmp/ivcudad.log" --socket "$sock" --vectors $vectors --shm-size ${shm_mib}M --channels 8 \
+	--staging-size 4M --driver "$driver" --socket-group "$group" --socket-mode 0660 "${plain[@]}" ||
+	{ show_logs; fail "ivcudad did not start"; }
 [[ $(stat -c '%G %a' "$sock") == "$group 660" ]] || fail "the socket is $(stat -c '%G %a' "$sock"), not $group 660"
 if [[ $mode == plain ]]; then
-	for _ in $(seq 100); do
-		grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" && break
-		sleep 0.05
-	done
-	grep -q "ivshmem-plain guest" "$tmp/ivcudad.log" || { show_logs; fail "ivcudad serves no ivshmem-plain file"; }
 	# ivcudad made the file 0600 for itself; QEMU opens it read-write as its
 	# user. Give it the socket's group, as docs/libvirt.md says.
 	chgrp "$group" "$shm_file"
@@ -258,5 +250,5 @@ status=$(grep -a -o 'IVCUDA_GUEST_EXIT=[0-9]*' "$lv/console.log" | tail -n 1 || 
 for p in drv_core drv_kernels; do
 	grep -aq "^$p: [0-9]* checks, 0 failed" "$lv/console.log" || fail "no passing $p line on the console"
 done
-kill -0 "$daemon" 2>/dev/null || fail "ivcudad died"
+kill -0 "$ivcudad_pid" 2>/dev/null || fail "ivcudad died"
 echo "PASS: driver-API programs in a libvirt domain through ivshmem-$mode (${elapsed}s from virsh start)"

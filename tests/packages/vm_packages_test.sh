@@ -38,6 +38,8 @@ build=$1 work=$2 driver=$3 version=$4 have_ctl=$5
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 guest=$repo/tools/guest
+# shellcheck source=../lib/daemon.sh
+. "$here/../lib/daemon.sh"
 fail() { echo "FAIL: $*"; exit 1; }
 
 missing=
@@ -62,9 +64,8 @@ for f in "$bin/drv_core" "$bin/rt_basic_static" "$driver"; do
 done
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ivcuda-pkg.XXXXXX")
-daemon=
 cleanup() {
-	if [[ -n $daemon ]]; then kill "$daemon" 2>/dev/null || true; wait "$daemon" 2>/dev/null || true; fi
+	stop_ivcudad
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -246,22 +247,16 @@ LD_LIBRARY_PATH=$out/guest$libdir "$guest/build-guest-image.sh" "$work/image" "$
 # --- 4. ivcudad as ivcuda-host installed it ----------------------------------------
 vectors=4
 sock=$tmp/ivcudad.sock
-ivcudad=$host_out/ivcudad
+ivcudad_bin=$host_out/ivcudad  # start_ivcudad's daemon: the packaged one
 ivcudactl=$host_out/ivcudactl
 # The control socket (ivcudactl's) goes here too, not to /run/ivcuda.
 control=()
-help=$("$ivcudad" --help 2>&1) || true
+help=$("$ivcudad_bin" --help 2>&1) || true
 if [[ $help == *--control-socket* ]]; then
 	control=(--control-socket "$tmp/control.sock")
 fi
-"$ivcudad" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
-	--staging-size 4M --driver "$driver" "${control[@]}" >"$tmp/ivcudad.log" 2>&1 &
-daemon=$!
-for _ in $(seq 100); do
-	[[ -S $sock ]] && break
-	sleep 0.05
-done
-[[ -S $sock ]] || { cat "$tmp/ivcudad.log"; fail "the packaged ivcudad did not start"; }
+start_ivcudad "$tmp/ivcudad.log" --socket "$sock" --vectors $vectors --shm-size 256M --channels 8 \
+	--staging-size 4M --driver "$driver" "${control[@]}" || fail "the packaged ivcudad did not start"
 if [[ $have_ctl == 1 && ${#control[@]} -gt 0 ]]; then
 	"$ivcudactl" --socket "$tmp/control.sock" status >"$tmp/status.txt" 2>&1 ||
 		{ cat "$tmp/status.txt"; fail "the packaged ivcudactl cannot ask the packaged ivcudad for its status"; }
@@ -294,6 +289,6 @@ rc=0
 	rt_basic_static" || rc=$?
 echo "--- ivcudad (ivcuda-host) log, last lines"
 tail -n 5 "$tmp/ivcudad.log"
-kill -0 "$daemon" || fail "the packaged ivcudad died"
+kill -0 "$ivcudad_pid" || fail "the packaged ivcudad died"
 [[ $rc -eq 0 ]] || fail "the guest failed (exit $rc)"
 echo "PASS: ivcuda-host, ivcuda-guest and ivcuda-uio-dkms $version: CUDA programs in a QEMU guest found libcuda.so.1 through ld.so.cache"

@@ -18,15 +18,17 @@ sock=$work/a.sock
 sock_b=$work/b.sock
 csock=$work/control.sock
 log=$work/ivcudad.log
-daemon_pid= holder= holder_b=
+holder= holder_b=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 10
 
 cleanup() {
   [ -n "$holder" ] && kill "$holder" 2>/dev/null
   [ -n "$holder_b" ] && kill "$holder_b" 2>/dev/null
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -46,9 +48,8 @@ metrics-listen = "127.0.0.1:0"
 CONF
 }
 write_config 1G
-"$build/host-daemon/ivcudad" --config "$work/ivcudad.toml" --driver "$driver" >"$log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && [ -S "$sock_b" ] && [ -S "$csock" ] && break; sleep 0.05; done
+start_ivcudad --wait "$sock" --wait "$sock_b" --wait "$csock" "$log" --config "$work/ivcudad.toml" --driver "$driver" ||
+  exit 1
 # The metrics line comes after the sockets exist: wait for it too.
 port=
 for _ in $(seq 100); do

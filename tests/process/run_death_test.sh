@@ -18,12 +18,13 @@ ptx=$build/tests/gpu_double/test_kernels.ptx
 work=$(mktemp -d /tmp/ivcuda-death.XXXXXX)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-daemon_pid=
 guest=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/processes.sh
 . "$(dirname "$0")/../lib/processes.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 # NAME|drv_isolation --hold options: what the guest leaves queued. Without the
 # rule the worker would live on for the queue's length: 10 s, 4 s, 5 s, and
 # as long as the copy loop (until the hang-up is seen between two copies).
@@ -37,18 +38,16 @@ cases=(
 expect_cases $((${#cases[@]} + 1))
 cleanup() {
   [ -n "$guest" ] && kill -9 "$guest" 2>/dev/null
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
 export IVCUDA_DOUBLE_LEDGER=$work/ledger  # the double's device memory, across its processes
 
-"$build/host-daemon/ivcudad" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
-  --channels 4 --warm-workers 0 --driver "$driver" >"$log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+start_ivcudad "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
+  --channels 4 --warm-workers 0 --driver "$driver" || exit 1
 through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib "$@"; }
-children() { cat "/proc/$daemon_pid/task/$daemon_pid/children" 2>/dev/null; }
+children() { cat "/proc/$ivcudad_pid/task/$ivcudad_pid/children" 2>/dev/null; }
 # ended PID: all its threads have exited (the driver has let go).
 ended() { process_ended "$1"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }

@@ -10,21 +10,21 @@ build=$(cd "$1" && pwd)
 double=$2
 prog=$build/tests/bin/drv_devices
 work=$(mktemp -d /tmp/ivcuda-gpus.XXXXXX)
-daemon=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 19
 export IVCUDA_GPU_DOUBLE_DEVICES=4
-cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null; rm -rf "$work"; }
+cleanup() { stop_ivcudad; rm -rf "$work"; }
 trap cleanup EXIT
 
-start() {  # ivcudad arguments
-  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
-  rm -f "$work/s"
-  "$build/host-daemon/ivcudad" --socket "$work/s" --shm-size 256M --channels 4 --staging-size 4M \
-    --driver "$double" "$@" >>"$work/log" 2>&1 &
-  daemon=$!
-  for _ in $(seq 100); do [ -S "$work/s" ] && return; sleep 0.05; done
+start() {  # [start_ivcudad's options] ivcudad arguments
+  local waits=()
+  [ "${1:-}" = --wait ] && { waits=("$1" "$2"); shift 2; }
+  stop_ivcudad
+  start_ivcudad "${waits[@]}" --append "$work/log" --socket "$work/s" --shm-size 256M --channels 4 --staging-size 4M \
+    --driver "$double" "$@" || exit 1
 }
 guest() { IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 60 "$prog" "$@" 2>&1; }
 line() { grep "^device $1 " | cut -d' ' -f3-; }   # "UUID BUS NAME" of ordinal $1
@@ -80,8 +80,7 @@ cat >"$work/ivcudad.toml" <<CONF
 gpus = "0"
 guest-socket = ["$work/s2=2", "$work/s3=3,1"]
 CONF
-start --config "$work/ivcudad.toml"
-for _ in $(seq 100); do [ -S "$work/s3" ] && break; sleep 0.05; done
+start --wait "$work/s3" --config "$work/ivcudad.toml"
 guest >"$work/g0.out" &
 g0=$!
 IVCUDA_SOCKET=$work/s2 LD_LIBRARY_PATH=$build/lib timeout 60 "$prog" >"$work/g2.out" 2>&1 &
@@ -100,6 +99,6 @@ judge "a malformed --guest-socket is refused with a message" \
 start --gpus 9
 guest >"$work/none.out"
 judge "--gpus naming a GPU the host lacks: the guest gets no device, the daemon serves on" \
-  bash -c "grep -q 'cuInit: CUDA_ERROR' '$work/none.out' && kill -0 $daemon"
+  bash -c "grep -q 'cuInit: CUDA_ERROR' '$work/none.out' && kill -0 $ivcudad_pid"
 
 finish

@@ -17,11 +17,12 @@ ptx=$build/tests/gpu_double/test_kernels.ptx
 work=$(mktemp -d /tmp/ivcuda-huge.XXXXXX)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 6
-cleanup() { [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null; rm -rf "$work"; }
+cleanup() { stop_ivcudad; rm -rf "$work"; }
 trap cleanup EXIT
 
 # 128 MiB per guest: the guest and the warm worker's next guest, 128 pages in all.
@@ -34,11 +35,9 @@ echo "huge pages free: ${free:-none} of ${size_kb:-?} kB; expecting: $expect"
 
 quota_mib=96  # the third guest checks its quota on this memory, and ends
 # drv_quota counts what the guest allocates: no context charge (hostile_worker_test has that).
-"$build/host-daemon/ivcudad" --socket "$sock" --shm-size 128M --staging-size 2M --channels 4 \
+start_ivcudad "$log" --socket "$sock" --shm-size 128M --staging-size 2M --channels 4 \
   --driver "$driver" --nvml none --control-socket none --huge-pages on --mem-limit "${quota_mib}M" \
-  --context-reserve 0 >"$log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  --context-reserve 0 || exit 1
 # guest NAME OUTFILE PROGRAM ARGS...: one case, judged by the program's own exit status and by
 # ivcudad's log showing that very process served (a guest that found another libcuda.so.1 would
 # pass without touching the pool).

@@ -17,11 +17,12 @@ ptx=$build/tests/gpu_double/test_kernels.ptx
 work=$(mktemp -d /tmp/ivcuda-idle.XXXXXX)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 4
-cleanup() { [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null; rm -rf "$work"; }
+cleanup() { stop_ivcudad; rm -rf "$work"; }
 trap cleanup EXIT
 
 rounds=200
@@ -30,10 +31,8 @@ if [[ $driver == *gpu-double* ]]; then
   double_flag=--double
   rounds=40  # 20 ms a kernel
 fi
-IVCUDA_GPU_DOUBLE_KERNEL_US=20000 "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 128M \
-  --staging-size 2M --channels 4 --driver "$driver" --nvml none --control-socket none >"$log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+IVCUDA_GPU_DOUBLE_KERNEL_US=20000 start_ivcudad "$log" --socket "$sock" --shm-size 128M \
+  --staging-size 2M --channels 4 --driver "$driver" --nvml none --control-socket none || exit 1
 
 # guest NAME OUTFILE ENV... -- PROGRAM ARGS...: one case, judged by the program's own exit status
 # and by ivcudad's log showing that very process served.

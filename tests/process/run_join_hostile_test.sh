@@ -11,30 +11,30 @@ driver=$2
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/ivcuda-join-hostile.XXXXXX)
 size=$((256 << 20)) vectors=4
-server= daemon= crowd=
+server= crowd=
 cleanup() {
   [ -n "$crowd" ] && kill "$crowd" 2>/dev/null && wait "$crowd" 2>/dev/null
-  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+  stop_ivcudad
   [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 # shellcheck source=../lib/verdicts.sh
 . "$here/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$here/../lib/daemon.sh"
 expect_cases 5
 # Waits up to 10 s for PATTERN to appear at least N times in the daemon's log.
 wait_log() { for _ in $(seq 200); do [ "$(grep -c -- "$1" "$work/log")" -ge "$2" ] && return 0; sleep 0.05; done; return 1; }
-alive() { kill -0 "$daemon" 2>/dev/null; }
-fds() { ls "/proc/$daemon/fd" | wc -l; }
+alive() { kill -0 "$ivcudad_pid" 2>/dev/null; }
+fds() { ls "/proc/$ivcudad_pid/fd" | wc -l; }
 peer() { python3 "$here/hostile_peer.py" "$work/server.sock" "$@"; }
 
 python3 "$here/std_ivshmem_server.py" "$work/server.sock" $size $vectors &
 server=$!
 for _ in $(seq 100); do [ -S "$work/server.sock" ] && break; sleep 0.05; done
-"$build/host-daemon/ivcudad" --join "$work/server.sock" --vectors $vectors --channels 8 --staging-size 4M \
-  --driver "$driver" >"$work/log" 2>&1 &
-daemon=$!
-wait_log "waiting for a guest" 1
+start_ivcudad --wait-log "waiting for a guest" "$work/log" --join "$work/server.sock" --vectors $vectors --channels 8 \
+  --staging-size 4M --driver "$driver" || exit 1
 base_fds=$(fds)
 
 # 1. A peer truncates the memory to one page and leaves.

@@ -15,12 +15,13 @@ driver=$2
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$build/tests/bin
 work=$(mktemp -d /tmp/ivcuda-mps.XXXXXX)
-daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$here/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$here/../lib/daemon.sh"
 expect_cases 6
 cleanup() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -33,16 +34,9 @@ mpslog=$work/mpslog/control.log
 start_daemon() {  # LOG ARGS... (the drivers' MPS variables go to LOG.mps)
   local log=$1
   shift
-  IVCUDA_GPU_DOUBLE_MPS_LOG=$log.mps "$build/host-daemon/ivcudad" --socket "$work/a.sock" --driver "$driver" --shm-size 128M --staging-size 4M \
-    --channels 8 --control-socket none --gpus 0 --mps --mps-pipe-dir "$work/mps" --mps-log-dir "$work/mpslog" \
-    "$@" >"$log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 100); do [ -S "$work/a.sock" ] && break; sleep 0.05; done
-}
-stop_daemon() {
-  kill "$daemon_pid" 2>/dev/null
-  wait "$daemon_pid" 2>/dev/null
-  daemon_pid=
+  IVCUDA_GPU_DOUBLE_MPS_LOG=$log.mps start_ivcudad "$log" --socket "$work/a.sock" --driver "$driver" --shm-size 128M \
+    --staging-size 4M --channels 8 --control-socket none --gpus 0 --mps --mps-pipe-dir "$work/mps" \
+    --mps-log-dir "$work/mpslog" "$@" || exit 1
 }
 run_guest() {  # SOCKET
   IVCUDA_SOCKET=$1 LD_LIBRARY_PATH=$build/lib timeout 60 "$bin/drv_core" >"$work/out" 2>&1 || { cat "$work/out"; return 1; }
@@ -67,7 +61,7 @@ verdict "a worker's driver starts as an MPS client: --compute-share 50, memory c
 run_guest "$work/b.sock" &&
   driver_saw "$work/d1.log.mps" "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_LOG_DIRECTORY=$work/mpslog CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4608M CUDA_MPS_PIPE_DIRECTORY=$work/mps"
 verdict "a --guest-socket's compute=25 and mem-limit reach its workers' drivers" $?
-stop_daemon
+stop_ivcudad
 grep -q "^command quit" "$mpslog"
 verdict "a daemon that started MPS stops it" $?
 
@@ -75,7 +69,7 @@ verdict "a daemon that started MPS stops it" $?
 : >"$mpslog"
 start_daemon "$work/d2.log"
 run_guest "$work/a.sock"
-stop_daemon
+stop_ivcudad
 grep -q "MPS: joined the control daemon" "$work/d2.log" && ! grep -q "^start\|^command quit" "$mpslog" &&
   driver_saw "$work/d2.log.mps" "CUDA_MPS_LOG_DIRECTORY=$work/mpslog CUDA_MPS_PIPE_DIRECTORY=$work/mps" &&
   ! grep -q "ACTIVE_THREAD\|PINNED" "$work/d2.log.mps"

@@ -17,17 +17,18 @@ smi=$build/bin/ivcuda-smi
 work=$(mktemp -d /tmp/ivcuda-nvml.XXXXXX)
 sock=$work/a.sock
 log=$work/ivcudad.log
-daemon_pid=
 holder=
 keep=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 9
 
 cleanup() {
   [ -n "$keep" ] && kill "$keep" 2>/dev/null
   [ -n "$holder" ] && kill "$holder" 2>/dev/null
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -36,17 +37,9 @@ trap cleanup EXIT
 # worker holds one (the arena's), and NVML counts it, as on a GPU.
 ctx_mib=24
 start_daemon() {  # EXTRA ARGS...
-  rm -f "$sock"
-  IVCUDA_GPU_DOUBLE_CONTEXT_MIB=$ctx_mib IVCUDA_DOUBLE_LEDGER=$work/ledger "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 256M \
-    --staging-size 4M --channels 8 --driver "$driver" --nvml "$nvml" --control-socket "$work/control.sock" \
-    "$@" >>"$log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-}
-stop_daemon() {
-  kill "$daemon_pid" 2>/dev/null
-  wait "$daemon_pid" 2>/dev/null
-  daemon_pid=
+  IVCUDA_GPU_DOUBLE_CONTEXT_MIB=$ctx_mib IVCUDA_DOUBLE_LEDGER=$work/ledger start_ivcudad --append "$log" --socket "$sock" \
+    --shm-size 256M --staging-size 4M --channels 8 --driver "$driver" --nvml "$nvml" --control-socket "$work/control.sock" \
+    "$@" || exit 1
 }
 guest() {  # PROGRAM ARGS... (output in $work/out)
   IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$@" >"$work/out" 2>&1
@@ -132,7 +125,7 @@ rc=$?
 [ $rc -eq 2 ] && grep -q 'Field "colour" is not a valid field to query' "$work/out"
 show $?
 verdict "ivcuda-smi: an unknown field is refused (exit 2)" $?
-stop_daemon
+stop_ivcudad
 
 # A quota is the tenant's memory.total (the worker answers so), as cuMemGetInfo says it.
 start_daemon --mem-limit 1G
@@ -141,7 +134,7 @@ rc=$?
 [ $rc -eq 0 ] && grep -qx 1024 "$work/out"
 show $?
 verdict "ivcuda-smi: memory.total is the guest's quota (--mem-limit 1G: 1024 MiB)" $?
-stop_daemon
+stop_ivcudad
 
 # Over a libcuda.so.1 that is not ivcuda's (the toolkit's stub), NVML does not start.
 stub=$(ls /usr/local/cuda/lib64/stubs/libcuda.so /usr/local/cuda/targets/*/lib/stubs/libcuda.so 2>/dev/null | head -1)

@@ -12,6 +12,8 @@ build=$(cd "$1" && pwd)
 driver=$2
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 # The cases, in the order they run below.
 cases=("a symbolic link" "a file another user made" "a file ivcudad did not make"
   "a directory others may write" "a directory another user owns" "a fresh file"
@@ -19,10 +21,9 @@ cases=("a symbolic link" "a file another user made" "a file ivcudad did not make
 expect_cases ${#cases[@]}
 work=$(mktemp -d /tmp/ivcuda-plain.XXXXXX)
 chmod 755 "$work"
-daemon_pid=
 shm_file=/dev/shm/ivcuda-plain-test-$$
 cleanup() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
   rm -f "$shm_file"
 }
@@ -45,27 +46,19 @@ theirs=$work/theirs && mkdir "$theirs" && chown nobody "$theirs" && chmod 0755 "
 safe=$work/safe && mkdir "$safe" && chmod 0755 "$safe"
 
 # serve LOG FILE [OPTIONS]: starts ivcudad on one plain file. 0 while it
-# serves (its pid in $daemon_pid), 1 when it stopped instead.
+# serves, 1 when it stopped instead (a refusal: what most cases want).
 serve() {
   local log=$1 file=$2
   shift 2
-  rm -f "$work/d.sock"
-  "$build/host-daemon/ivcudad" --socket "$work/d.sock" --control-socket none --shm-size 64M --channels 4 \
-    --staging-size 1M --warm-workers 0 --driver "$driver" --plain-file "$file" "$@" >"$log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 200); do
-    grep -q "ivshmem-plain guest .* worker pid" "$log" && return 0
-    kill -0 "$daemon_pid" 2>/dev/null || { wait "$daemon_pid" 2>/dev/null; daemon_pid=; return 1; }
-    sleep 0.05
-  done
-  echo "ivcudad neither served nor stopped:"; cat "$log"
-  return 0
+  start_ivcudad --may-stop --wait-log "ivshmem-plain guest .* worker pid" "$log" --socket "$work/d.sock" \
+    --control-socket none --shm-size 64M --channels 4 --staging-size 1M --warm-workers 0 --driver "$driver" \
+    --plain-file "$file" "$@"
+  [ $? -ne 1 ]  # 2, neither served nor stopped in time (said, with the log), is no refusal
 }
-stop() { [ -n "$daemon_pid" ] && kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null; daemon_pid=; }
 # refused NAME LOG FILE WHY: the daemon did not serve FILE and said WHY.
 refused() {
   local ok=0
-  if serve "$2" "$3"; then ok=1; echo "it served $3"; stop; fi
+  if serve "$2" "$3"; then ok=1; echo "it served $3"; stop_ivcudad; fi
   grep -q "refused: $4" "$2" || { ok=1; echo "no 'refused: $4' in the log:"; cat "$2"; }
   return $ok
 }
@@ -118,16 +111,16 @@ fresh() {
 fresh "$safe/vm1" fresh
 verdict "--plain-file: a fresh file is made exclusively, root's, --socket-group and 0660, and served" $?
 inode=$(stat -c %i "$safe/vm1")
-stop
+stop_ivcudad
 
 fresh "$sticky/vm2" sticky
 verdict "--plain-file: a fresh file in a sticky world-writable directory (what /dev/shm is) is served" $?
-stop
+stop_ivcudad
 
 if [ -d /dev/shm ] && [ -w /dev/shm ]; then
   fresh "$shm_file" shm
   verdict "--plain-file: /dev/shm/NAME (libvirt's path) is made and served" $?
-  stop
+  stop_ivcudad
 else
   not_run "--plain-file: /dev/shm/NAME (libvirt's path) is made and served" "no writable /dev/shm here"
 fi
@@ -137,7 +130,7 @@ ok=0
 serve "$work/again.log" "$safe/vm1" --socket-group "$group" || { ok=1; cat "$work/again.log"; }
 grep -q "ivshmem-plain file $safe/vm1: an ivcudad's earlier file, served again" "$work/again.log" || ok=1
 [ "$(stat -c %i "$safe/vm1")" = "$inode" ] || { ok=1; echo "a new file was made"; }
-stop
+stop_ivcudad
 verdict "--plain-file: a restarted daemon serves the file it made again" $ok
 
 finish

@@ -14,27 +14,23 @@ fatbin=$build/tests/gpu_double/test_kernels.fatbin
 work=$(mktemp -d /tmp/ivcuda-proc.XXXXXX)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 
 cleanup() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 start_daemon() {
-  rm -f "$sock"
-  rm -f "$work/other.sock"
   # A second socket is a second tenant (drv_vmm_share and drv_pool_share --child-socket).
   # The double's processes (one per worker) share one "GPU" through a ledger,
   # so that drv_isolation sees another process's memory come and go.
-  IVCUDA_DOUBLE_LEDGER=$work/ledger "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 512M --staging-size 4M --channels 16 \
-      --guest-socket "$work/other.sock=0" --driver "$driver" >>"$log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.05; done
-  echo "ivcudad did not start:"; cat "$log"; exit 1
+  IVCUDA_DOUBLE_LEDGER=$work/ledger start_ivcudad --append "$log" --socket "$sock" --shm-size 512M --staging-size 4M \
+    --channels 16 --guest-socket "$work/other.sock=0" --driver "$driver" || exit 1
 }
 
 # Runs a program with ivcuda's libcuda.so.1 on the library path; its process
@@ -238,7 +234,7 @@ case "$driver" in
   *gpu-double*) libs_flow=--flow-only ;;
 esac
 if [ -n "$libs_flow" ]; then
-  kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   IVCUDA_DOUBLE_UNKNOWN_KERNELS=skip start_daemon
 fi
 for p in "${libs[@]}"; do
@@ -261,7 +257,7 @@ else
   not_run "NVRTC compiles a program again from the guest's compile cache" "not built"
 fi
 if [ -n "$libs_flow" ]; then
-  kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   start_daemon
 fi
 
@@ -298,7 +294,7 @@ for _ in $(seq 100); do
   [ "$(reclaims)" -gt "$before" ] && { reclaimed=0; break; }; sleep 0.05
 done
 [ $reclaimed -eq 0 ] || { ok=1; echo "its worker did not end"; }
-kill -0 "$daemon_pid" 2>/dev/null || ok=1
+kill -0 "$ivcudad_pid" 2>/dev/null || ok=1
 through_ivcuda "$bin/drv_core" >"$work/out" 2>&1 || ok=1
 verdict "guest killed mid-call: worker reclaimed, daemon serves on" $ok
 
@@ -334,7 +330,7 @@ verdict "no daemon: cuInit returns CUDA_ERROR_NO_DEVICE" $rc
 # a restarted daemon serves new guests.
 through_ivcuda "$bin/drv_errors" --spin-forever --expect-daemon-loss >"$work/out" 2>&1 & victim=$!
 for _ in $(seq 200); do grep -q '^ready' "$work/out" && break; sleep 0.05; done
-kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null; daemon_pid=
+stop_ivcudad
 wait $victim; rc=$?
 [ $rc -ne 0 ] && cat "$work/out"
 start_daemon

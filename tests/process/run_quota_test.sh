@@ -14,15 +14,16 @@ work=$(mktemp -d /tmp/ivcuda-quota.XXXXXX)
 sock=$work/a.sock
 sock_b=$work/b.sock
 log=$work/ivcudad.log
-daemon_pid=
 holder=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 6
 
 cleanup() {
   [ -n "$holder" ] && kill "$holder" 2>/dev/null
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -38,9 +39,7 @@ context-reserve = "0"  # drv_quota counts what the guest allocates; contexts' ch
 object-limits = "streams=1000,events=50000"
 guest-socket = ["$sock_b=0:mem-limit=128M"]
 CONF
-"$build/host-daemon/ivcudad" --config "$work/ivcudad.toml" --driver "$driver" >"$log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && [ -S "$sock_b" ] && break; sleep 0.05; done
+start_ivcudad --wait "$sock" --wait "$sock_b" "$log" --config "$work/ivcudad.toml" --driver "$driver" || exit 1
 run_guest() {  # SOCKET PROGRAM ARGS...
   local s=$1
   shift
@@ -68,9 +67,7 @@ holder=
 
 grep -q "listening on $sock_b for guests granted GPU(s) 0, device memory: 128 MiB per guest" "$log"
 verdict "the daemon's log names each socket's quota" $?
-kill "$daemon_pid" 2>/dev/null
-wait "$daemon_pid" 2>/dev/null
-daemon_pid=
+stop_ivcudad
 
 # Malformed settings: the daemon refuses to start, naming the problem.
 bad() {  # SPEC PATTERN

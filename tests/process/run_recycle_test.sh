@@ -31,26 +31,25 @@ work=$(mktemp -d /tmp/ivcuda-recycle.XXXXXX)
 chmod 755 "$work"  # another user's guest connects too (case 4)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-daemon_pid=
 guest=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/processes.sh
 . "$(dirname "$0")/../lib/processes.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 8
 cleanup() {
   [ -n "$guest" ] && kill -9 "$guest" 2>/dev/null
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   [ -n "${IVCUDA_KEEP_WORK:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 export IVCUDA_DOUBLE_LEDGER=$work/ledger  # the double's device memory, across its processes
 export IVCUDA_GPU_DOUBLE_CONTEXT_MIB=16
 
-"$build/host-daemon/ivcudad" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
-  --channels 4 --warm-workers 1 --warm-burst 2 --driver "$driver" --nvml "$nvml" >"$log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+start_ivcudad "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
+  --channels 4 --warm-workers 1 --warm-burst 2 --driver "$driver" --nvml "$nvml" || exit 1
 chmod 777 "$sock"
 through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$@"; }
 # the worker that served the last guest handed over after MARK (vm_supervisor.cc logs it).

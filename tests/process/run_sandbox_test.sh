@@ -19,27 +19,18 @@ fatbin=$build/tests/gpu_double/test_kernels.fatbin
 work=$(mktemp -d /tmp/ivcuda-sandbox.XXXXXX)
 sock=$work/ivcudad.sock
 log=$work/ivcudad.log
-daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 12
 
-stop_daemon() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
-  daemon_pid=
-}
-cleanup() { stop_daemon; rm -rf "$work"; }
+cleanup() { stop_ivcudad; rm -rf "$work"; }
 trap cleanup EXIT
 
 start_daemon() {  # extra ivcudad options; the environment passes through
-  stop_daemon
-  rm -f "$sock"
-  : >"$log"
-  "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 256M --staging-size 4M --channels 8 \
-      --driver "$driver" "$@" >>"$log" 2>&1 &
-  daemon_pid=$!
-  for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.05; done
-  echo "ivcudad did not start:"; cat "$log"; exit 1
+  stop_ivcudad
+  start_ivcudad "$log" --socket "$sock" --shm-size 256M --staging-size 4M --channels 8 --driver "$driver" "$@" || exit 1
 }
 run_guest() {  # PROGRAM ARGS...: through ivcuda, output in $work/out
   IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$@" >"$work/out" 2>&1
@@ -179,7 +170,7 @@ else
   run_guest "$bin/drv_core" || ok=1
   verdict "--user nobody: the worker runs as nobody (uid $want), no capability, bounding set empty, and serves" $ok
 fi
-stop_daemon
+stop_ivcudad
 timeout 10 "$build/host-daemon/ivcudad" --socket "$sock" --driver "$driver" --user no-such-user-here >"$log" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--user no-such-user-here: no such user" "$log" && [ ! -S "$sock" ]

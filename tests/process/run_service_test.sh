@@ -11,16 +11,17 @@ build=$(cd "$1" && pwd)
 driver=$2
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/ivcuda-service.XXXXXX)
-daemon_pid=
 listener=
 cleanup() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   [ -n "$listener" ] && kill "$listener" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 # shellcheck source=../lib/verdicts.sh
 . "$here/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$here/../lib/daemon.sh"
 expect_cases 4
 group=$(id -gn nobody 2>/dev/null || echo nogroup)
 
@@ -51,9 +52,8 @@ worker_user=nobody
 sed -e "s|/run/ivcuda/|$work/|g" -e "s|socket-group = \"ivcuda\"|socket-group = \"$group\"|" \
   -e "s|^user = \"ivcuda-worker\"|user = \"$worker_user\"|" \
   "$here/../../packaging/ivcudad.toml" >"$work/ivcudad.toml"
-IVCUDA_GPU_DOUBLE_DEVICES=2 NOTIFY_SOCKET=$work/notify "$build/host-daemon/ivcudad" --config "$work/ivcudad.toml" --driver "$driver" \
-  --shm-size 256M --channels 8 --staging-size 4M >"$work/log" 2>&1 &
-daemon_pid=$!
+IVCUDA_GPU_DOUBLE_DEVICES=2 NOTIFY_SOCKET=$work/notify start_ivcudad --wait "$work/vm1.sock" --wait "$work/vm2.sock" \
+  "$work/log" --config "$work/ivcudad.toml" --driver "$driver" --shm-size 256M --channels 8 --staging-size 4M || exit 1
 for _ in $(seq 200); do grep -q "READY=1" "$work/notes" && break; sleep 0.05; done
 grep -q "READY=1 STATUS=serving on 2 socket(s) | sockets present: True" "$work/notes" || { cat "$work/notes" "$work/log"; false; }
 verdict "READY=1 reaches the notification socket once both sockets exist" $?
@@ -68,9 +68,7 @@ IVCUDA_SOCKET=$work/vm2.sock LD_LIBRARY_PATH=$build/lib timeout 60 "$build/tests
   { tail -5 "$work/out"; false; }
 verdict "a guest is served through the example configuration's second socket" $?
 
-kill "$daemon_pid"
-wait "$daemon_pid" 2>/dev/null
-daemon_pid=
+stop_ivcudad
 wait "$listener" 2>/dev/null
 listener=
 grep -q "STOPPING=1" "$work/notes" || { cat "$work/notes"; false; }

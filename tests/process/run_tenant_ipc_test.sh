@@ -12,11 +12,12 @@ build=$(cd "$1" && pwd)
 driver=$2
 prog=$build/tests/bin/drv_ipc
 work=$(mktemp -d /tmp/ivcuda-tenants.XXXXXX)
-daemons=()
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 cleanup() {
-  for d in "${daemons[@]}"; do kill "$d" 2>/dev/null && wait "$d" 2>/dev/null; done
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -24,14 +25,9 @@ expect_cases 5
 
 start() {  # socket path, log, further ivcudad arguments
   local sock=$1 log=$2; shift 2
-  "$build/host-daemon/ivcudad" --socket "$sock" --shm-size 256M --staging-size 4M --channels 8 \
-    --driver "$driver" "$@" >>"$log" 2>&1 &
-  daemons+=($!)
-  for _ in $(seq 100); do [ -S "$sock" ] && return 0; sleep 0.05; done
-  echo "ivcudad did not start:"; cat "$log"; exit 1
+  start_ivcudad "$log" --socket "$sock" --shm-size 256M --staging-size 4M --channels 8 --driver "$driver" "$@" || exit 1
 }
 start "$work/a.sock" "$work/a.log" --guest-socket "$work/b.sock=0"
-for _ in $(seq 100); do [ -S "$work/b.sock" ] && break; sleep 0.05; done
 start "$work/c.sock" "$work/c.log"
 
 run() {  # name, parent's socket, then drv_ipc arguments

@@ -15,20 +15,19 @@ work=$(mktemp -d /tmp/ivcuda-warm.XXXXXX)
 sock=$work/ivcudad.sock
 csock=$work/control.sock
 log=$work/ivcudad.log
-daemon_pid=
 # shellcheck source=../lib/verdicts.sh
 . "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
 expect_cases 4
 cleanup() {
-  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  stop_ivcudad
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-"$build/host-daemon/ivcudad" --socket "$sock" --control-socket "$csock" --shm-size 64M --staging-size 2M \
-  --channels 4 --warm-workers 1 --warm-burst 2 --driver "$driver" >"$log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 200); do [ -S "$sock" ] && [ -S "$csock" ] && break; sleep 0.05; done
+start_ivcudad --wait "$csock" "$log" --socket "$sock" --control-socket "$csock" --shm-size 64M --staging-size 2M \
+  --channels 4 --warm-workers 1 --warm-burst 2 --driver "$driver" || exit 1
 # pool: the socket's warm entries, ready or starting.
 pool() {
   "$ctl" --socket "$csock" status --json 2>/dev/null |
