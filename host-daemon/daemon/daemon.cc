@@ -43,6 +43,7 @@ int Daemon::run() {
   pools_.resize(listeners_.size());
   warm_backoff_.assign(listeners_.size(), {clk::time_point{}, std::chrono::seconds(1)});
   arrivals_.resize(listeners_.size());
+  returned_.assign(listeners_.size(), clk::time_point{});
   huge_short_.assign(listeners_.size(), false);
   budget_ = WorkerBudget::create(o_.max_guests + static_cast<std::uint32_t>(o_.plain_files.size()) + 1);
   if (!budget_) {

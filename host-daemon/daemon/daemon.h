@@ -176,6 +176,7 @@ class Daemon {
   std::vector<std::pair<clk::time_point, std::chrono::seconds>> warm_backoff_;
   std::set<pid_t> warm_let_go_;                 // entries told to go, not reaped yet
   std::vector<std::deque<clk::time_point>> arrivals_;  // guests' arrivals per socket
+  std::vector<clk::time_point> returned_;       // per socket: a worker last came back recycled
   bool warm_stale_ = false;                     // a reload changed what they were started with
 };
 

@@ -8,10 +8,10 @@
 namespace ivcuda::host {
 
 PoolTarget pool_target(std::deque<std::chrono::steady_clock::time_point>& arrivals,
-                       std::chrono::steady_clock::time_point now, std::size_t warm, std::size_t burst,
-                       std::size_t recycled, std::size_t serving) {
+                       std::chrono::steady_clock::time_point last_return, std::chrono::steady_clock::time_point now,
+                       std::size_t warm, std::size_t burst, std::size_t recycled, std::size_t serving) {
   PoolTarget t;
-  t.idle = arrivals.empty() || now - arrivals.back() >= kBurstIdle;
+  t.idle = (arrivals.empty() || now - arrivals.back() >= kBurstIdle) && now - last_return >= kBurstIdle;
   while (!arrivals.empty() && now - arrivals.front() > kArrivalWindow && (arrivals.size() > 1 || t.idle))
     arrivals.pop_front();
   // Arrivals in the window beyond the first: a guest alone adds nothing.

@@ -16,7 +16,8 @@
 namespace ivcuda::host {
 
 // Arrivals closer than this count as one burst; a socket this long without
-// one is idle, and its extra and recycled entries go.
+// a guest - none arriving, none coming back recycled - is idle, and its extra
+// and recycled entries go.
 inline constexpr auto kArrivalWindow = std::chrono::seconds(2);
 inline constexpr auto kBurstIdle = std::chrono::seconds(30);
 
@@ -34,13 +35,15 @@ struct PoolTarget {
 
 // A socket's target. `arrivals` are its guests' arrival times, oldest first;
 // those older than the window are dropped (the latest is kept until the
-// socket is idle). `warm` is its --warm-workers, `burst` --warm-burst;
+// socket is idle). `last_return` is when a worker last came back recycled: a
+// guest that ran longer than kBurstIdle leaves its socket busy, not idle, and
+// its worker is kept for the user's next program. `warm` is its --warm-workers, `burst` --warm-burst;
 // `recycled` entries, and `serving` workers that may come back recycled,
 // stand in for the extra ones: each worker made from nothing competes with
 // them for the driver, which makes contexts one at a time.
 PoolTarget pool_target(std::deque<std::chrono::steady_clock::time_point>& arrivals,
-                       std::chrono::steady_clock::time_point now, std::size_t warm, std::size_t burst,
-                       std::size_t recycled, std::size_t serving);
+                       std::chrono::steady_clock::time_point last_return, std::chrono::steady_clock::time_point now,
+                       std::size_t warm, std::size_t burst, std::size_t recycled, std::size_t serving);
 
 // The entry a guest of `uid` takes, or nullopt: never one recycled for
 // another user (rule recycle-same-tenant); of the others a ready one first,

@@ -96,7 +96,8 @@ void Daemon::let_go_warm(Warm& e) {
 // than a worker starts (0.3-0.5 s from nothing on an H200, more when many
 // start at once) one more per guest beyond the first of the last 2 s, up to
 // --warm-burst more, so that a loop of short programs or a job array finds
-// workers made (issue 30). The extra ones go after 30 s without a guest.
+// workers made (issue 30). The extra ones go after 30 s without a guest
+// (warm_policy.h: none arriving, none coming back).
 void Daemon::fill_pools() {
   const auto now = clk::now();
   for (std::size_t li = 0; li < listeners_.size(); ++li) {
@@ -109,7 +110,7 @@ void Daemon::fill_pools() {
     const std::size_t serving = static_cast<std::size_t>(std::count_if(workers_.begin(), workers_.end(), [&](const auto& w) {
       return w.second.listener == li && w.second.handoff.valid();
     }));
-    const PoolTarget target = pool_target(arrivals_[li], now, warm, o_.warm_burst, recycled, serving);
+    const PoolTarget target = pool_target(arrivals_[li], returned_[li], now, warm, o_.warm_burst, recycled, serving);
     auto& [until, wait] = warm_backoff_[li];
     while (pool.size() - recycled < target.fresh && now >= until) {
       if (start_warm(li)) continue;
@@ -211,6 +212,7 @@ void Daemon::recycle_served(pid_t pid) {
              listeners_[li].path.c_str());
   workers_.erase(it);
   pools_[li].push_back(std::move(e));
+  returned_[li] = clk::now();
 }
 
 // A warm entry's process that ended: false when pid is none.

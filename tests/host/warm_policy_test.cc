@@ -19,41 +19,41 @@ using std::chrono::milliseconds;
 TEST_CASE("a socket keeps its warm workers, and one more per guest beyond the first in a burst", "[host][warm]") {
   const auto now = clk::now();
   std::deque<clk::time_point> none;
-  auto t = pool_target(none, now, 1, 4, 0, 0);
+  auto t = pool_target(none, {}, now, 1, 4, 0, 0);
   CHECK(t.fresh == 1);
   CHECK(t.idle);
   std::deque<clk::time_point> one{now - milliseconds(100)};
-  t = pool_target(one, now, 1, 4, 0, 0);
+  t = pool_target(one, {}, now, 1, 4, 0, 0);
   CHECK(t.fresh == 1);  // a guest alone adds nothing
   CHECK_FALSE(t.idle);
   std::deque<clk::time_point> three{now - milliseconds(300), now - milliseconds(200), now - milliseconds(100)};
-  CHECK(pool_target(three, now, 1, 4, 0, 0).fresh == 3);
+  CHECK(pool_target(three, {}, now, 1, 4, 0, 0).fresh == 3);
   std::deque<clk::time_point> many;
   for (int i = 0; i < 20; ++i) many.push_back(now - milliseconds(50 * (20 - i)));
-  CHECK(pool_target(many, now, 1, 4, 0, 0).fresh == 5);  // --warm-burst bounds the extra ones
+  CHECK(pool_target(many, {}, now, 1, 4, 0, 0).fresh == 5);  // --warm-burst bounds the extra ones
   std::deque<clk::time_point> off{now - milliseconds(100), now - milliseconds(50)};
-  CHECK(pool_target(off, now, 0, 4, 0, 0).fresh == 0);  // --warm-workers 0: none at all
+  CHECK(pool_target(off, {}, now, 0, 4, 0, 0).fresh == 0);  // --warm-workers 0: none at all
 }
 
 TEST_CASE("recycled entries and serving workers stand in for the extra ones", "[host][warm]") {
   const auto now = clk::now();
   std::deque<clk::time_point> three{now - milliseconds(300), now - milliseconds(200), now - milliseconds(100)};
-  CHECK(pool_target(three, now, 1, 4, 1, 0).fresh == 2);
+  CHECK(pool_target(three, {}, now, 1, 4, 1, 0).fresh == 2);
   three = {now - milliseconds(300), now - milliseconds(200), now - milliseconds(100)};
-  CHECK(pool_target(three, now, 1, 4, 1, 1).fresh == 1);
+  CHECK(pool_target(three, {}, now, 1, 4, 1, 1).fresh == 1);
   three = {now - milliseconds(300), now - milliseconds(200), now - milliseconds(100)};
-  CHECK(pool_target(three, now, 1, 4, 5, 5).fresh == 1);  // never below --warm-workers
+  CHECK(pool_target(three, {}, now, 1, 4, 5, 5).fresh == 1);  // never below --warm-workers
 }
 
 TEST_CASE("old arrivals leave the window, the latest stays until the socket is idle", "[host][warm]") {
   const auto now = clk::now();
   std::deque<clk::time_point> seen{now - kArrivalWindow - milliseconds(500), now - kArrivalWindow - milliseconds(100)};
-  auto t = pool_target(seen, now, 1, 4, 0, 0);
+  auto t = pool_target(seen, {}, now, 1, 4, 0, 0);
   CHECK(seen.size() == 1);
   CHECK(t.fresh == 1);
   CHECK_FALSE(t.idle);
   std::deque<clk::time_point> quiet{now - kBurstIdle - milliseconds(1)};
-  t = pool_target(quiet, now, 1, 4, 0, 0);
+  t = pool_target(quiet, {}, now, 1, 4, 0, 0);
   CHECK(t.idle);
   CHECK(quiet.empty());
 }
@@ -79,4 +79,16 @@ TEST_CASE("a full pool makes room with its newest extra fresh entry, else its ol
   CHECK(make_room({fresh_ready, fresh_starting, fresh_ready}, 1) == 1u);  // a starting one first
   CHECK(make_room({fresh_ready, recycled, recycled}, 1) == 1u);            // the socket keeps its warm one
   CHECK_FALSE(make_room({fresh_ready}, 1).has_value());
+}
+
+TEST_CASE("a worker that came back from a long guest keeps its socket busy", "[host][warm]") {
+  const auto now = clk::now();
+  // One guest arrived 40 s ago and ran until now: its worker just came back recycled.
+  std::deque<clk::time_point> long_ago{now - std::chrono::seconds(40)};
+  auto t = pool_target(long_ago, now - milliseconds(10), now, 1, 4, 1, 0);
+  CHECK_FALSE(t.idle);
+  // 30 s after it came back, with no guest since, the socket is idle.
+  std::deque<clk::time_point> later{now - std::chrono::seconds(70)};
+  t = pool_target(later, now - kBurstIdle - milliseconds(1), now, 1, 4, 1, 0);
+  CHECK(t.idle);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ivcudad's pool of warm workers grows while guests arrive fast and shrinks
-# when they stop (--warm-burst; host-daemon/daemon/main.cc fill_pools, issue 30):
+# when they stop (--warm-burst; host-daemon/daemon/warm_pool.cc fill_pools, issue 30):
 # with --warm-workers 1 --warm-burst 2, a loop of short programs makes the
 # socket keep more than one worker started ahead, never more than 1 + 2, and
 # 30 s without a guest brings it back to one. Read from ivcudactl status
