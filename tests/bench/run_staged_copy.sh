@@ -59,7 +59,7 @@ for config in "$@"; do
     echo "FAIL ivcuda, $what"; failed=1
     continue
   fi
-  if IVCUDA_COPY_THREADS=$threads IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 200 "$prog" \
+  if IVCUDA_COPY_THREADS=$threads IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 280 "$prog" \
       --ptx "$ptx" --errors --ordering >"$work/out" 2>&1; then
     echo "PASS ivcuda, $what: $(tail -1 "$work/out")"
   else
