@@ -3,7 +3,7 @@
 # DIR with a build tree's layout - host-daemon/ivcudad, lib/, bin/, tests/bin/, tests/gpu_double/'s
 # kernels - stripped, to carry to the GPU machine when its lease is too short to build there:
 #   tools/gpu-bundle.sh DIR                 then, there: IVCUDA_GPU_PREBUILT=DIR bash tests/gpu/run_gpu_suite.sh
-# Built as Release without libmicrohttpd (the GPU machine has none); liburing and libseccomp are
+# Built as the GPU suite builds (RelWithDebInfo, then stripped) without libmicrohttpd (the GPU machine has none); liburing and libseccomp are
 # linked statically, as always. Programs built on Debian 12 run on the GPU machine's newer glibc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ out=${1:?usage: tools/gpu-bundle.sh DIR}
 build=build/gpu-bundle
 mapfile -t targets < <(grep -v '^#' tests/gpu/suite-targets.txt)
 export PATH=/usr/local/cuda/bin:$PATH
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DIVCUDA_METRICS=OFF >"$build.configure.log" 2>&1 ||
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIVCUDA_METRICS=OFF >"$build.configure.log" 2>&1 ||
   { tail -20 "$build.configure.log"; exit 1; }
 cmake --build "$build" -j "${IVCUDA_JOBS:-$(nproc)}" --target "${targets[@]}"
 rm -rf "$out" && mkdir -p "$out/host-daemon" "$out/lib" "$out/bin" "$out/tests/bin" "$out/tests/gpu_double"
