@@ -8,8 +8,11 @@ usage: gen_api_coverage.py LIBCUDA API_TABLE OUT [--check]
 LIBCUDA is the built guest library; API_TABLE the generated cuda_api_table.inc. A strong
 definition (nm type T) is an implementation, a weak one (W) the stub. With --check, OUT is
 compared with what would be written, and a difference fails (the document went stale).
+Every stub's reason comes from tools/api_unsupported.tsv (beside this script): a stub that
+no row names, or a row that names no stub, fails either way.
 """
 import collections
+import os
 import re
 import subprocess
 import sys
@@ -39,6 +42,26 @@ FAMILIES = [
 ]
 
 
+REASONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api_unsupported.tsv")
+
+
+def reasons():
+    rows = []
+    for line in open(REASONS, encoding="utf-8"):
+        if line.strip() and not line.startswith("#"):
+            pattern, why = line.rstrip("\n").split("\t", 1)
+            rows.append((re.compile(pattern), why))
+    return rows
+
+
+def reason_of(sym, rows, used):
+    for i, (pattern, why) in enumerate(rows):
+        if pattern.search(sym):
+            used.add(i)
+            return why
+    return None
+
+
 def exports(lib):
     out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
     kinds = {}
@@ -59,6 +82,7 @@ def table(path):
 
 
 def render(rows, kinds):
+    why_rows, used, errors = reasons(), set(), []
     fam = collections.OrderedDict((name, []) for name, _ in FAMILIES)
     for sym in rows:
         for name, pattern in FAMILIES:
@@ -73,7 +97,8 @@ def render(rows, kinds):
         "is stale: regenerate with `cmake --build build/default --target api_coverage_doc`).",
         "**implemented** = forwarded to the host or answered in the guest; **not supported** = the",
         "generated stub, which answers `CUDA_ERROR_NOT_SUPPORTED`, logs its name once and is counted",
-        "by `IVCUDA_LOG_UNSUPPORTED`. Every ABI generation of a name is its own export.",
+        "by `IVCUDA_LOG_UNSUPPORTED`. Every ABI generation of a name is its own export. Why each",
+        "stub is one is `tools/api_unsupported.tsv`'s (the generator refuses a stub without a reason).",
         "",
         f"**{done} of {len(rows)} exports implemented, {len(rows) - done} not supported.**",
         "",
@@ -92,7 +117,24 @@ def render(rows, kinds):
         stub = [s for s in syms if kinds.get(s) != "T"]
         lines.append("Implemented: " + (", ".join(f"`{s}`" for s in impl) if impl else "none") + ".")
         lines.append("")
-        lines.append("Not supported: " + (", ".join(f"`{s}`" for s in stub) if stub else "none") + ".")
+        if not stub:
+            lines.append("Not supported: none.")
+            continue
+        lines.append("Not supported:")
+        by_reason = collections.OrderedDict()
+        for s in stub:
+            why = reason_of(s, why_rows, used)
+            if why is None:
+                errors.append(f"{s}: a stub with no reason in {REASONS}")
+            by_reason.setdefault(why or "(no reason given)", []).append(s)
+        lines.append("")
+        for why, names in by_reason.items():
+            lines.append(f"- {why}: " + ", ".join(f"`{s}`" for s in names) + ".")
+    for i, (pattern, _) in enumerate(why_rows):
+        if i not in used:
+            errors.append(f"{REASONS}: the row {pattern.pattern} names no stub (implemented now? remove it)")
+    if errors:
+        sys.exit("gen_api_coverage: " + "\n".join(errors))
     return "\n".join(lines) + "\n"
 
 
