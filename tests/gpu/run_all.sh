@@ -79,6 +79,13 @@ build_gpu() {
     { tail -20 "$work/build-$1.log"; return 1; }
 }
 
+# IVCUDA_GPU_PREBUILT=DIR: a bundle tools/gpu-bundle.sh built elsewhere stands for build/gpu, and
+# no part builds (for a lease too short to build in; run_gpu_suite.sh says so too).
+if [ -n "${IVCUDA_GPU_PREBUILT:-}" ]; then
+  [ -e "$root/build/gpu" ] || ln -s "$(cd "$IVCUDA_GPU_PREBUILT" && pwd)" "$root/build/gpu"
+  build_gpu() { echo "(prebuilt bundle: $(cat "$root/build/gpu/BUNDLE" 2>/dev/null); nothing built for $*)"; }
+fi
+
 for p in $parts; do
   case $p in
   suite)
