@@ -187,6 +187,34 @@ CUresult Worker::on_OccupancyCluster(Call& c) { return cluster_occupancy(c, fals
 
 CUresult Worker::on_OccupancyClusterSize(Call& c) { return cluster_occupancy(c, true); }
 
+namespace {
+
+// What every tensor map descriptor names, each enum through its range.
+struct TensorEnums {
+  CUtensorMapDataType type;
+  CUtensorMapInterleave interleave;
+  CUtensorMapSwizzle swizzle;
+  CUtensorMapL2promotion l2;
+  CUtensorMapFloatOOBfill fill;
+};
+template <class Req>
+bool tensor_enums(const Req& r, TensorEnums* e) {
+  return wire_enum(r.data_type, &e->type) && wire_enum(r.interleave, &e->interleave) &&
+         wire_enum(r.swizzle, &e->swizzle) && wire_enum(r.l2_promotion, &e->l2) && wire_enum(r.oob_fill, &e->fill);
+}
+
+// The descriptor the driver wrote, back to the guest.
+template <class Call>
+CUresult reply_map(Call& c, const CUtensorMap& map) {
+  RepTensorMap rep{};
+  static_assert(sizeof map == sizeof rep);
+  std::memcpy(&rep, &map, sizeof rep);
+  c.set_reply(rep);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 CUresult Worker::on_TensorMapEncodeTiled(Call& c) {
   const auto r = c.req<ReqTensorMap>();
   if (r.ctx != 0)
@@ -194,24 +222,13 @@ CUresult Worker::on_TensorMapEncodeTiled(Call& c) {
   // The descriptor is plain data the guest gets back: the driver validates
   // the layout; only the array bounds are ours to check.
   if (r.rank == 0 || r.rank > kTensorMaxRank) return CUDA_ERROR_INVALID_VALUE;
-  CUtensorMapDataType type;
-  CUtensorMapInterleave interleave;
-  CUtensorMapSwizzle swizzle;
-  CUtensorMapL2promotion l2;
-  CUtensorMapFloatOOBfill fill;
-  if (!wire_enum(r.data_type, &type) || !wire_enum(r.interleave, &interleave) || !wire_enum(r.swizzle, &swizzle) ||
-      !wire_enum(r.l2_promotion, &l2) || !wire_enum(r.oob_fill, &fill))
-    return CUDA_ERROR_INVALID_VALUE;
+  TensorEnums e;
+  if (!tensor_enums(r, &e)) return CUDA_ERROR_INVALID_VALUE;
   CUtensorMap map{};
-  const CUresult st = cu_.cuTensorMapEncodeTiled(&map, type, r.rank, reinterpret_cast<void*>(r.global_address),
+  const CUresult st = cu_.cuTensorMapEncodeTiled(&map, e.type, r.rank, reinterpret_cast<void*>(r.global_address),
                                                  r.global_dim, r.global_strides, r.box_dim, r.element_strides,
-                                                 interleave, swizzle, l2, fill);
-  if (st != CUDA_SUCCESS) return st;
-  RepTensorMap rep{};
-  static_assert(sizeof map == sizeof rep);
-  std::memcpy(&rep, &map, sizeof rep);
-  c.set_reply(rep);
-  return CUDA_SUCCESS;
+                                                 e.interleave, e.swizzle, e.l2, e.fill);
+  return st != CUDA_SUCCESS ? st : reply_map(c, map);
 }
 
 // cuTensorMapEncodeIm2col and its wide form. As for a tiled descriptor, the
@@ -222,31 +239,21 @@ CUresult Worker::on_TensorMapEncodeIm2col(Call& c) {
   if (r.ctx != 0)
     if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   if (r.rank < 3 || r.rank > kTensorMaxRank || r.wide > 1) return CUDA_ERROR_INVALID_VALUE;
-  CUtensorMapDataType type;
-  CUtensorMapInterleave interleave;
-  CUtensorMapSwizzle swizzle;
-  CUtensorMapL2promotion l2;
-  CUtensorMapFloatOOBfill fill;
+  TensorEnums e;
   CUtensorMapIm2ColWideMode mode;
-  if (!wire_enum(r.data_type, &type) || !wire_enum(r.interleave, &interleave) || !wire_enum(r.swizzle, &swizzle) ||
-      !wire_enum(r.l2_promotion, &l2) || !wire_enum(r.oob_fill, &fill) || !wire_enum(r.mode, &mode))
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!tensor_enums(r, &e) || !wire_enum(r.mode, &mode)) return CUDA_ERROR_INVALID_VALUE;
   CUtensorMap map{};
   void* addr = reinterpret_cast<void*>(r.global_address);
   const CUresult st =
-      r.wide != 0 ? cu_.cuTensorMapEncodeIm2colWide(&map, type, r.rank, addr, r.global_dim, r.global_strides,
+      r.wide != 0 ? cu_.cuTensorMapEncodeIm2colWide(&map, e.type, r.rank, addr, r.global_dim, r.global_strides,
                                                      r.lower_width, r.upper_width, r.channels_per_pixel,
-                                                     r.pixels_per_column, r.element_strides, interleave, mode,
-                                                     swizzle, l2, fill)
-                  : cu_.cuTensorMapEncodeIm2col(&map, type, r.rank, addr, r.global_dim, r.global_strides,
+                                                     r.pixels_per_column, r.element_strides, e.interleave, mode,
+                                                     e.swizzle, e.l2, e.fill)
+                  : cu_.cuTensorMapEncodeIm2col(&map, e.type, r.rank, addr, r.global_dim, r.global_strides,
                                                 r.lower_corner, r.upper_corner, r.channels_per_pixel,
-                                                r.pixels_per_column, r.element_strides, interleave, swizzle, l2, fill);
-  if (st != CUDA_SUCCESS) return st;
-  RepTensorMap rep{};
-  static_assert(sizeof map == sizeof rep);
-  std::memcpy(&rep, &map, sizeof rep);
-  c.set_reply(rep);
-  return CUDA_SUCCESS;
+                                                r.pixels_per_column, r.element_strides, e.interleave, e.swizzle,
+                                                e.l2, e.fill);
+  return st != CUDA_SUCCESS ? st : reply_map(c, map);
 }
 
 // The guest's descriptor is plain data the driver rewrites; whatever it holds
@@ -259,11 +266,7 @@ CUresult Worker::on_TensorMapReplaceAddress(Call& c) {
   static_assert(sizeof map == sizeof r.words);
   std::memcpy(&map, r.words, sizeof map);
   const CUresult st = cu_.cuTensorMapReplaceAddress(&map, reinterpret_cast<void*>(r.global_address));
-  if (st != CUDA_SUCCESS) return st;
-  RepTensorMap rep{};
-  std::memcpy(&rep, &map, sizeof rep);
-  c.set_reply(rep);
-  return CUDA_SUCCESS;
+  return st != CUDA_SUCCESS ? st : reply_map(c, map);
 }
 
 }  // namespace ivcuda::host
