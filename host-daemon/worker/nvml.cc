@@ -170,9 +170,494 @@ nvmlReturn_t growing_list(std::vector<T>* all, Call call) {
   return st;
 }
 
-}  // namespace
+// NVML's `f`, or FUNCTION_NOT_FOUND where the host's library lacks it (as
+// NVML's own loaders answer).
+template <class F, class... Args>
+nvmlReturn_t call(F* f, Args... args) {
+  return f == nullptr ? NVML_ERROR_FUNCTION_NOT_FOUND : f(args...);
+}
 
-#define IVCUDA_NVML_CALL(f, ...) (a.f == nullptr ? NVML_ERROR_FUNCTION_NOT_FOUND : a.f(__VA_ARGS__))
+// The granted GPUs as the worker's driver and NVML know them, by guest index.
+struct Gpus {
+  const DriverApi& cu;
+  const std::vector<CUdevice>& devices;
+  std::vector<nvmlDevice_t>& handles;               // null until first asked
+  const std::vector<std::array<unsigned, 3>>& pci;  // domain, bus, device
+};
+
+// Whose processes NVML's lists may show the guest, and its memory quota.
+struct Tenant {
+  VmShared* vm;             // a VM's workers; null in process mode
+  std::uint32_t hello_pid;  // process mode: the guest process's pid
+  const MemQuota& quota;
+};
+
+// One query being answered: the guest's request, the host's NVML, the granted
+// GPU the request names, and where the answer goes (val[] of the reply, and
+// the body: never more than `cap` bytes).
+struct Query {
+  const proto::ReqNvml& r;
+  NvmlFn fn;
+  std::uint32_t cap;
+  const NvmlApi& a;
+  Gpus& gpus;
+  const Tenant& tenant;
+  proto::RepNvml* rep;
+  std::vector<std::byte>* out;
+  std::size_t gpu = 0;  // device queries: the guest index and NVML's handle
+  nvmlDevice_t h = nullptr;
+};
+
+// What a family answers to a query of another family's: no nvmlReturn_t.
+constexpr int kOtherFamily = -1;
+
+// A string answer: NUL included, at most `cap` bytes.
+int put_string(const Query& q, nvmlReturn_t st, const char* str) {
+  if (st != NVML_SUCCESS) return st;
+  const std::size_t n = ::strnlen(str, 255) + 1;
+  if (n > q.cap) {
+    q.rep->val[0] = n;
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  q.out->resize(n);
+  std::memcpy(q.out->data(), str, n - 1);
+  (*q.out)[n - 1] = std::byte{0};
+  return NVML_SUCCESS;
+}
+
+// NVML's string getter `f`, of the system or of the device, into a buffer
+// NVML cannot leave unterminated: its last byte is never offered.
+template <class F>
+int system_text(const Query& q, F* f) {
+  char buf[256] = {};
+  return put_string(q, call(f, buf, static_cast<unsigned>(sizeof buf - 1)), buf);
+}
+template <class F>
+int device_text(const Query& q, F* f) {
+  char buf[256] = {};
+  return put_string(q, call(f, q.h, buf, static_cast<unsigned>(sizeof buf - 1)), buf);
+}
+
+// The value NVML's getter `f` gives of the device into val[0], also when it
+// fails (then what the getter left, or 0); `in` are the arguments between the
+// device and the value.
+template <class T, class F, class... In>
+int value(const Query& q, F* f, In... in) {
+  T v{};
+  const nvmlReturn_t st = call(f, q.h, in..., &v);
+  q.rep->val[0] = static_cast<std::uint64_t>(v);
+  return st;
+}
+
+// As value(), for a getter of two values (val[0], val[1]).
+template <class T, class F>
+int values(const Query& q, F* f) {
+  T first{}, second{};
+  const nvmlReturn_t st = call(f, q.h, &first, &second);
+  q.rep->val[0] = static_cast<std::uint64_t>(first);
+  q.rep->val[1] = static_cast<std::uint64_t>(second);
+  return st;
+}
+
+// As value(), for a getter of one enum argument E, which the guest gives in
+// arg0: refused outside NVML's enum (its enumerators below `count`).
+template <class E, class T, class F>
+int value_of(const Query& q, std::uint64_t count, F* f) {
+  E e{};
+  if (!nvml_enum(q.r.arg0, count, &e)) return NVML_ERROR_INVALID_ARGUMENT;
+  return value<T>(q, f, e);
+}
+
+// NVML's handle of granted GPU `i`, found by the PCI address the worker's
+// driver gives it (so that NVML and CUDA mean the same GPU).
+int gpu_handle(const NvmlApi& a, Gpus& g, std::size_t i, nvmlDevice_t* out) {
+  if (g.handles[i] == nullptr) {
+    char bus[64] = {};
+    if (g.cu.cuDeviceGetPCIBusId(bus, sizeof bus - 1, g.devices[i]) != CUDA_SUCCESS) return NVML_ERROR_UNKNOWN;
+    nvmlDevice_t found = nullptr;
+    const nvmlReturn_t st = a.nvmlDeviceGetHandleByPciBusId_v2(bus, &found);
+    if (st != NVML_SUCCESS) return st;
+    g.handles[i] = found;
+  }
+  *out = g.handles[i];
+  return NVML_SUCCESS;
+}
+
+int system_query(const Query& q) {
+  switch (q.fn) {
+    case NvmlFn::kInit: return NVML_SUCCESS;
+    case NvmlFn::kSystemDriverVersion: return system_text(q, q.a.nvmlSystemGetDriverVersion);
+    case NvmlFn::kSystemNvmlVersion: return system_text(q, q.a.nvmlSystemGetNVMLVersion);
+    case NvmlFn::kSystemCudaDriverVersion: {
+      int v = 0;
+      const nvmlReturn_t st = call(q.a.nvmlSystemGetCudaDriverVersion_v2, &v);
+      q.rep->val[0] = static_cast<std::uint64_t>(v);
+      return st;
+    }
+    case NvmlFn::kDeviceCount: q.rep->val[0] = q.gpus.devices.size(); return NVML_SUCCESS;
+    default: return NVML_ERROR_INVALID_ARGUMENT;  // not a system query
+  }
+}
+
+// What a GPU is and how it is set (guest/nvml/device.cc).
+int device_query(const Query& q) {
+  const NvmlApi& a = q.a;
+  switch (q.fn) {
+    case NvmlFn::kDeviceName: return device_text(q, a.nvmlDeviceGetName);
+    case NvmlFn::kDeviceUuid: {
+      CUuuid u{};
+      if (q.gpus.cu.cuDeviceGetUuid(&u, q.gpus.devices[q.gpu]) != CUDA_SUCCESS) return NVML_ERROR_UNKNOWN;
+      return put_string(q, NVML_SUCCESS, uuid_string(u).c_str());
+    }
+    case NvmlFn::kDeviceSerial: return device_text(q, a.nvmlDeviceGetSerial);
+    case NvmlFn::kDeviceBoardPartNumber: return device_text(q, a.nvmlDeviceGetBoardPartNumber);
+    case NvmlFn::kDeviceVbiosVersion: return device_text(q, a.nvmlDeviceGetVbiosVersion);
+    case NvmlFn::kDeviceInforomImageVersion: return device_text(q, a.nvmlDeviceGetInforomImageVersion);
+    case NvmlFn::kDeviceMinorNumber: return value<unsigned>(q, a.nvmlDeviceGetMinorNumber);
+    case NvmlFn::kDeviceArchitecture: return value<nvmlDeviceArchitecture_t>(q, a.nvmlDeviceGetArchitecture);
+    case NvmlFn::kDeviceCudaComputeCapability: return values<int>(q, a.nvmlDeviceGetCudaComputeCapability);
+    case NvmlFn::kDeviceBrand: return value<nvmlBrandType_t>(q, a.nvmlDeviceGetBrand);
+    case NvmlFn::kDeviceBoardId: return value<unsigned>(q, a.nvmlDeviceGetBoardId);
+    case NvmlFn::kDeviceMultiGpuBoard: return value<unsigned>(q, a.nvmlDeviceGetMultiGpuBoard);
+    case NvmlFn::kDeviceEccMode: return values<nvmlEnableState_t>(q, a.nvmlDeviceGetEccMode);
+    case NvmlFn::kDeviceComputeMode: return value<nvmlComputeMode_t>(q, a.nvmlDeviceGetComputeMode);
+    case NvmlFn::kDeviceMigMode: return values<unsigned>(q, a.nvmlDeviceGetMigMode);
+    case NvmlFn::kDevicePersistenceMode: return value<nvmlEnableState_t>(q, a.nvmlDeviceGetPersistenceMode);
+    case NvmlFn::kDeviceDisplayMode: return value<nvmlEnableState_t>(q, a.nvmlDeviceGetDisplayMode);
+    case NvmlFn::kDeviceDisplayActive: return value<nvmlEnableState_t>(q, a.nvmlDeviceGetDisplayActive);
+    case NvmlFn::kDeviceTotalEccErrors: {
+      nvmlMemoryErrorType_t et{};
+      nvmlEccCounterType_t ct{};
+      if (!nvml_enum(q.r.arg0, NVML_MEMORY_ERROR_TYPE_COUNT, &et) ||
+          !nvml_enum(q.r.arg1, NVML_ECC_COUNTER_TYPE_COUNT, &ct))
+        return NVML_ERROR_INVALID_ARGUMENT;
+      return value<unsigned long long>(q, a.nvmlDeviceGetTotalEccErrors, et, ct);
+    }
+    default: return kOtherFamily;
+  }
+}
+
+// Where a GPU sits on PCI and how its link runs (guest/nvml/pci.cc).
+int pci_query(const Query& q) {
+  const NvmlApi& a = q.a;
+  switch (q.fn) {
+    case NvmlFn::kDevicePciInfo: {
+      nvmlPciInfo_t p{};
+      const nvmlReturn_t st = call(a.nvmlDeviceGetPciInfo_v3, q.h, &p);
+      if (st != NVML_SUCCESS) return st;
+      if (q.cap < sizeof(NvmlPci)) {
+        q.rep->val[0] = sizeof(NvmlPci);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+      }
+      NvmlPci w{};
+      static_assert(sizeof w.bus_id_legacy <= sizeof p.busIdLegacy && sizeof w.bus_id <= sizeof p.busId);
+      std::memcpy(w.bus_id_legacy, p.busIdLegacy, sizeof w.bus_id_legacy - 1);
+      std::memcpy(w.bus_id, p.busId, sizeof w.bus_id - 1);
+      w.domain = p.domain;
+      w.bus = p.bus;
+      w.device = p.device;
+      w.pci_device_id = p.pciDeviceId;
+      w.pci_subsystem_id = p.pciSubSystemId;
+      q.out->resize(sizeof w);
+      std::memcpy(q.out->data(), &w, sizeof w);
+      return NVML_SUCCESS;
+    }
+    case NvmlFn::kDeviceCurrPcieLinkGeneration: return value<unsigned>(q, a.nvmlDeviceGetCurrPcieLinkGeneration);
+    case NvmlFn::kDeviceCurrPcieLinkWidth: return value<unsigned>(q, a.nvmlDeviceGetCurrPcieLinkWidth);
+    case NvmlFn::kDeviceMaxPcieLinkGeneration: return value<unsigned>(q, a.nvmlDeviceGetMaxPcieLinkGeneration);
+    case NvmlFn::kDeviceMaxPcieLinkWidth: return value<unsigned>(q, a.nvmlDeviceGetMaxPcieLinkWidth);
+    case NvmlFn::kDevicePcieThroughput:
+      return value_of<nvmlPcieUtilCounter_t, unsigned>(q, NVML_PCIE_UTIL_COUNT, a.nvmlDeviceGetPcieThroughput);
+    default: return kOtherFamily;
+  }
+}
+
+// Two fields a query, in arg0 and arg1 (field id | scope id << 32; field id 0: none).
+int field_values(const Query& q) {
+  if (q.a.nvmlDeviceGetFieldValues == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  nvmlFieldValue_t v[2] = {};
+  int count = 0;
+  for (const std::uint64_t arg : {q.r.arg0, q.r.arg1}) {
+    const auto id = static_cast<unsigned>(arg);
+    if (id == 0) break;
+    v[count].fieldId = id;
+    v[count].scopeId = static_cast<unsigned>(arg >> 32);
+    ++count;
+  }
+  if (count == 0 || q.cap < count * sizeof(nvmlFieldValue_t)) return NVML_ERROR_INVALID_ARGUMENT;
+  const nvmlReturn_t st = q.a.nvmlDeviceGetFieldValues(q.h, count, v);
+  if (st != NVML_SUCCESS) return st;
+  q.rep->val[0] = static_cast<std::uint64_t>(count);
+  q.out->resize(count * sizeof(nvmlFieldValue_t));
+  std::memcpy(q.out->data(), v, q.out->size());
+  return NVML_SUCCESS;
+}
+
+// How busy a GPU is and what it takes: utilisation, temperatures, power,
+// clocks, fans, field values (guest/nvml/performance.cc).
+int performance_query(const Query& q) {
+  const NvmlApi& a = q.a;
+  switch (q.fn) {
+    case NvmlFn::kDeviceUtilizationRates: {
+      nvmlUtilization_t u{};
+      const nvmlReturn_t st = call(a.nvmlDeviceGetUtilizationRates, q.h, &u);
+      q.rep->val[0] = u.gpu;
+      q.rep->val[1] = u.memory;
+      return st;
+    }
+    case NvmlFn::kDeviceEncoderUtilization: return values<unsigned>(q, a.nvmlDeviceGetEncoderUtilization);
+    case NvmlFn::kDeviceDecoderUtilization: return values<unsigned>(q, a.nvmlDeviceGetDecoderUtilization);
+    case NvmlFn::kDeviceTemperature:
+      return value_of<nvmlTemperatureSensors_t, unsigned>(q, NVML_TEMPERATURE_COUNT, a.nvmlDeviceGetTemperature);
+    case NvmlFn::kDeviceTemperatureThreshold:
+      return value_of<nvmlTemperatureThresholds_t, unsigned>(q, NVML_TEMPERATURE_THRESHOLD_COUNT,
+                                                             a.nvmlDeviceGetTemperatureThreshold);
+    case NvmlFn::kDevicePowerUsage: return value<unsigned>(q, a.nvmlDeviceGetPowerUsage);
+    case NvmlFn::kDevicePowerManagementLimit: return value<unsigned>(q, a.nvmlDeviceGetPowerManagementLimit);
+    case NvmlFn::kDevicePowerManagementDefaultLimit:
+      return value<unsigned>(q, a.nvmlDeviceGetPowerManagementDefaultLimit);
+    case NvmlFn::kDevicePowerManagementLimitConstraints:
+      return values<unsigned>(q, a.nvmlDeviceGetPowerManagementLimitConstraints);
+    case NvmlFn::kDeviceEnforcedPowerLimit: return value<unsigned>(q, a.nvmlDeviceGetEnforcedPowerLimit);
+    case NvmlFn::kDeviceTotalEnergyConsumption:
+      return value<unsigned long long>(q, a.nvmlDeviceGetTotalEnergyConsumption);
+    case NvmlFn::kDeviceClockInfo: return value_of<nvmlClockType_t, unsigned>(q, NVML_CLOCK_COUNT, a.nvmlDeviceGetClockInfo);
+    case NvmlFn::kDeviceMaxClockInfo:
+      return value_of<nvmlClockType_t, unsigned>(q, NVML_CLOCK_COUNT, a.nvmlDeviceGetMaxClockInfo);
+    case NvmlFn::kDeviceApplicationsClock:
+      return value_of<nvmlClockType_t, unsigned>(q, NVML_CLOCK_COUNT, a.nvmlDeviceGetApplicationsClock);
+    case NvmlFn::kDeviceDefaultApplicationsClock:
+      return value_of<nvmlClockType_t, unsigned>(q, NVML_CLOCK_COUNT, a.nvmlDeviceGetDefaultApplicationsClock);
+    case NvmlFn::kDeviceClock: {
+      nvmlClockType_t t{};
+      nvmlClockId_t id{};
+      if (!nvml_enum(q.r.arg0, NVML_CLOCK_COUNT, &t) || !nvml_enum(q.r.arg1, NVML_CLOCK_ID_COUNT, &id))
+        return NVML_ERROR_INVALID_ARGUMENT;
+      return value<unsigned>(q, a.nvmlDeviceGetClock, t, id);
+    }
+    case NvmlFn::kDevicePerformanceState: {
+      nvmlPstates_t v{};
+      const nvmlReturn_t st = call(a.nvmlDeviceGetPerformanceState, q.h, &v);
+      q.rep->val[0] = static_cast<std::uint64_t>(static_cast<std::uint32_t>(v));  // NVML_PSTATE_UNKNOWN is 32
+      return st;
+    }
+    case NvmlFn::kDeviceFanSpeed: return value<unsigned>(q, a.nvmlDeviceGetFanSpeed);
+    case NvmlFn::kDeviceFanSpeedV2:
+      if (q.r.arg0 > 0xffffffffu) return NVML_ERROR_INVALID_ARGUMENT;
+      return value<unsigned>(q, a.nvmlDeviceGetFanSpeed_v2, static_cast<unsigned>(q.r.arg0));
+    case NvmlFn::kDeviceNumFans: return value<unsigned>(q, a.nvmlDeviceGetNumFans);
+    case NvmlFn::kDeviceClocksEventReasons:
+      return value<unsigned long long>(q, a.nvmlDeviceGetCurrentClocksEventReasons);
+    case NvmlFn::kDeviceFieldValues: return field_values(q);
+    default: return kOtherFamily;
+  }
+}
+
+// Which links lead where (guest/nvml/topology.cc): only to the granted GPUs.
+int topology_query(const Query& q) {
+  const NvmlApi& a = q.a;
+  // Another granted GPU, named by its guest index in arg0.
+  auto other = [&](nvmlDevice_t* o) -> int {
+    if (q.r.arg0 >= q.gpus.devices.size()) return NVML_ERROR_INVALID_ARGUMENT;
+    return gpu_handle(a, q.gpus, static_cast<std::size_t>(q.r.arg0), o);
+  };
+  nvmlDevice_t o = nullptr;
+  switch (q.fn) {
+    case NvmlFn::kDeviceNvLinkState: {
+      // Links past nvml.h's count go to NVML too: it answers for them as natively.
+      if (q.r.arg0 > 0xFFFFFFFFu) return NVML_ERROR_INVALID_ARGUMENT;
+      const auto link = static_cast<unsigned>(q.r.arg0);
+      nvmlEnableState_t v{};
+      const nvmlReturn_t st = call(a.nvmlDeviceGetNvLinkState, q.h, link, &v);
+      if (st != NVML_SUCCESS) return st;
+      // A link leads to a switch (every GPU behind it is reached the same
+      // way) or to one GPU: a GPU the guest was not granted, or one NVML
+      // cannot name, reads as a disabled link.
+      if (v == NVML_FEATURE_ENABLED) {
+        nvmlIntNvLinkDeviceType_t type = NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+        if (call(a.nvmlDeviceGetNvLinkRemoteDeviceType, q.h, link, &type) != NVML_SUCCESS ||
+            type != NVML_NVLINK_DEVICE_TYPE_SWITCH) {
+          nvmlPciInfo_t p{};
+          const auto& pci = q.gpus.pci;
+          const bool granted = call(a.nvmlDeviceGetNvLinkRemotePciInfo_v2, q.h, link, &p) == NVML_SUCCESS &&
+                               std::find(pci.begin(), pci.end(), std::array<unsigned, 3>{p.domain, p.bus, p.device}) !=
+                                   pci.end();
+          if (!granted) v = NVML_FEATURE_DISABLED;
+        }
+      }
+      q.rep->val[0] = static_cast<std::uint64_t>(v);
+      return NVML_SUCCESS;
+    }
+    case NvmlFn::kDeviceTopologyCommonAncestor:
+      if (const int st = other(&o); st != NVML_SUCCESS) return st;
+      return value<nvmlGpuTopologyLevel_t>(q, a.nvmlDeviceGetTopologyCommonAncestor, o);
+    case NvmlFn::kDeviceP2PStatus: {
+      nvmlGpuP2PCapsIndex_t idx{};
+      if (!nvml_enum(q.r.arg1, NVML_P2P_CAPS_INDEX_UNKNOWN, &idx)) return NVML_ERROR_INVALID_ARGUMENT;
+      if (const int st = other(&o); st != NVML_SUCCESS) return st;
+      return value<nvmlGpuP2PStatus_t>(q, a.nvmlDeviceGetP2PStatus, o, idx);
+    }
+    default: return kOtherFamily;
+  }
+}
+
+// The tenant's own processes among NVML's: worker pid -> its guest process.
+struct Own {
+  std::uint32_t guest_pid;
+  bool listed;
+};
+// This worker (process mode), or every worker of the VM's (spares serve no
+// guest process yet: not listed).
+std::map<std::uint32_t, Own> own_workers(const Tenant& t) {
+  std::map<std::uint32_t, Own> mine;
+  if (t.vm != nullptr) {  // this worker's own slot among them
+    for (std::uint32_t i = 0; i < VmShared::kMaxSlots; ++i) {
+      const std::int32_t w = t.vm->slot(i).worker_pid.load();
+      const std::int32_t g = t.vm->slot(i).guest_pid.load();
+      if (w > 0) mine[static_cast<std::uint32_t>(w)] = {static_cast<std::uint32_t>(std::max(g, 0)), g > 0};
+    }
+  } else {
+    mine[static_cast<std::uint32_t>(::getpid())] = {t.hello_pid, true};
+  }
+  return mine;
+}
+
+// The guest's own processes on this GPU, from NVML's list for it (`source`:
+// the compute or the MPS list), and the memory all its workers hold.
+using ProcessList = decltype(NvmlApi::nvmlDeviceGetComputeRunningProcesses_v3);
+int own_processes(const Query& q, ProcessList source, std::vector<NvmlProcess>* listed, std::uint64_t* used) {
+  std::map<std::uint32_t, Own> mine = own_workers(q.tenant);
+  if (source == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  std::vector<nvmlProcessInfo_t> all;
+  if (const nvmlReturn_t st = growing_list(&all, [&](nvmlProcessInfo_t* e, unsigned* n) { return source(q.h, n, e); });
+      st != NVML_SUCCESS)
+    return st;
+  *used = 0;
+  for (const auto& p : all) {
+    auto it = mine.find(p.pid);
+    if (it == mine.end()) {
+      // Another tenant's worker, a warm worker waiting for its guest, or a
+      // native process: each holds a context, so the host lists it.
+      if (IVCUDA_RULE("nvml-own-processes")) continue;
+      it = mine.emplace(p.pid, Own{p.pid, true}).first;  // the mutant: theirs passes for the guest's
+    }
+    if (p.usedGpuMemory != kNotAvailable) *used += p.usedGpuMemory;
+    if (it->second.listed)
+      listed->push_back({it->second.guest_pid, 0, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId});
+  }
+  return NVML_SUCCESS;
+}
+
+// A list answer: val[0] entries, when the guest's capacity (arg0, in entries)
+// and `cap` hold them all.
+template <class T>
+int put_list(const Query& q, const std::vector<T>& list) {
+  const std::uint64_t room = std::min<std::uint64_t>(q.r.arg0, q.cap / sizeof(T));
+  q.rep->val[0] = list.size();
+  if (list.size() > room) return NVML_ERROR_INSUFFICIENT_SIZE;
+  q.out->resize(list.size() * sizeof(T));
+  if (!list.empty()) std::memcpy(q.out->data(), list.data(), q.out->size());
+  return NVML_SUCCESS;
+}
+
+// The guest's processes' utilisation samples since arg1 (a time stamp), by
+// their guest pids; none of another tenant's.
+int own_samples(const Query& q) {
+  if (q.a.nvmlDeviceGetProcessUtilization == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  const std::map<std::uint32_t, Own> mine = own_workers(q.tenant);
+  std::vector<nvmlProcessUtilizationSample_t> all;
+  if (const nvmlReturn_t st = growing_list(&all, [&](nvmlProcessUtilizationSample_t* e, unsigned* n) {
+        return q.a.nvmlDeviceGetProcessUtilization(q.h, e, n, q.r.arg1);
+      });
+      st != NVML_SUCCESS)
+    return st;
+  std::vector<nvmlProcessUtilizationSample_t> own;
+  for (auto sample : all) {
+    const auto it = mine.find(sample.pid);
+    if ((it == mine.end() || !it->second.listed) && IVCUDA_RULE("nvml-own-samples")) continue;
+    if (it == mine.end()) {  // the mutant: another tenant's sample passes for the guest's
+      own.push_back(sample);
+      continue;
+    }
+    sample.pid = it->second.guest_pid;
+    own.push_back(sample);
+  }
+  if (own.empty()) return NVML_ERROR_NOT_FOUND;  // as NVML answers without samples
+  return put_list(q, own);
+}
+
+// The guest's processes and their samples (guest/nvml/processes.cc).
+int process_query(const Query& q) {
+  switch (q.fn) {
+    case NvmlFn::kDeviceComputeRunningProcesses:
+    case NvmlFn::kDeviceGraphicsRunningProcesses:
+    case NvmlFn::kDeviceMPSComputeRunningProcesses: {
+      std::vector<NvmlProcess> list;
+      std::uint64_t used = 0;
+      // The guest has no graphics contexts: an empty list, from NVML all the same
+      // (an NVML that fails answers that). MPS clients: the guest's among NVML's.
+      const ProcessList source = q.fn == NvmlFn::kDeviceMPSComputeRunningProcesses
+                                     ? q.a.nvmlDeviceGetMPSComputeRunningProcesses_v3
+                                     : q.a.nvmlDeviceGetComputeRunningProcesses_v3;
+      if (const int st = own_processes(q, source, &list, &used); st != NVML_SUCCESS) return st;
+      if (q.fn == NvmlFn::kDeviceGraphicsRunningProcesses) list.clear();
+      return put_list(q, list);
+    }
+    case NvmlFn::kDeviceProcessUtilization: return own_samples(q);
+    default: return kOtherFamily;
+  }
+}
+
+// The tenant's view of a GPU's memory (guest/nvml/memory.cc).
+int memory_query(const Query& q) {
+  const NvmlApi& a = q.a;
+  switch (q.fn) {
+    case NvmlFn::kDeviceMemoryInfo: {
+      // Its quota as the total (never more than the GPU's, as
+      // cuDeviceTotalMem answers it), what its workers hold as used.
+      std::uint64_t total = 0;
+      if (a.nvmlDeviceGetMemoryInfo_v2 != nullptr) {
+        nvmlMemory_v2_t m{};
+        m.version = nvmlMemory_v2;
+        const nvmlReturn_t st = a.nvmlDeviceGetMemoryInfo_v2(q.h, &m);
+        if (st != NVML_SUCCESS) return st;
+        total = m.total;
+      } else {
+        nvmlMemory_t m{};
+        const nvmlReturn_t st = call(a.nvmlDeviceGetMemoryInfo, q.h, &m);
+        if (st != NVML_SUCCESS) return st;
+        total = m.total;
+      }
+      if (q.tenant.quota.limit() != 0) total = std::min<std::uint64_t>(total, q.tenant.quota.limit());
+      std::vector<NvmlProcess> ignored;
+      std::uint64_t used = 0;
+      if (const int st = own_processes(q, a.nvmlDeviceGetComputeRunningProcesses_v3, &ignored, &used);
+          st != NVML_SUCCESS)
+        return st;
+      q.rep->val[0] = total;
+      q.rep->val[1] = total > used ? total - used : 0;
+      q.rep->val[2] = used;
+      q.rep->val[3] = 0;
+      return NVML_SUCCESS;
+    }
+    case NvmlFn::kDeviceBar1MemoryInfo: {
+      nvmlBAR1Memory_t m{};
+      const nvmlReturn_t st = call(a.nvmlDeviceGetBAR1MemoryInfo, q.h, &m);
+      q.rep->val[0] = m.bar1Total;
+      q.rep->val[1] = m.bar1Free;
+      q.rep->val[2] = m.bar1Used;
+      return st;
+    }
+    default: return kOtherFamily;
+  }
+}
+
+// The device queries by family, as guest/nvml/ has them: each answers its
+// own and kOtherFamily to the rest.
+using Family = int (*)(const Query&);
+constexpr Family kFamilies[] = {device_query, memory_query, pci_query, performance_query, process_query, topology_query};
+
+}  // namespace
 
 int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNvml* rep,
                         std::vector<std::byte>* out) {
@@ -189,504 +674,19 @@ int Worker::nvml_answer(const proto::ReqNvml& r, std::uint32_t cap, proto::RepNv
 
   NvmlState& s = nvml_state();
   if (s.status != NVML_SUCCESS) return s.status;
-  const NvmlApi& a = s.api;
+  Gpus gpus{cu_, devices_, s.handles, s.pci};
+  const Tenant tenant{cfg_.vm, hello_pid_, quota_};
+  Query q{.r = r, .fn = fn, .cap = cap, .a = s.api, .gpus = gpus, .tenant = tenant, .rep = rep, .out = out};
+  if (passthrough == 1) return nvml_passthrough(s.api, r.fn, nullptr, r.arg0, r.arg1, cap, &rep->val[0], out);
+  if (system) return system_query(q);
 
-  // A string answer: NUL included, at most `cap` bytes.
-  auto put_string = [&](nvmlReturn_t st, const char* str) -> int {
-    if (st != NVML_SUCCESS) return st;
-    const std::size_t n = ::strnlen(str, 255) + 1;
-    if (n > cap) {
-      rep->val[0] = n;
-      return NVML_ERROR_INSUFFICIENT_SIZE;
-    }
-    out->resize(n);
-    std::memcpy(out->data(), str, n - 1);
-    (*out)[n - 1] = std::byte{0};
-    return NVML_SUCCESS;
-  };
-  char buf[256] = {};
-  constexpr unsigned kBuf = sizeof buf - 1;  // always NUL-terminated
-
-  if (passthrough == 1) return nvml_passthrough(a, r.fn, nullptr, r.arg0, r.arg1, cap, &rep->val[0], out);
-
-  switch (fn) {
-    case NvmlFn::kInit: return NVML_SUCCESS;
-    case NvmlFn::kSystemDriverVersion: return put_string(IVCUDA_NVML_CALL(nvmlSystemGetDriverVersion, buf, kBuf), buf);
-    case NvmlFn::kSystemNvmlVersion: return put_string(IVCUDA_NVML_CALL(nvmlSystemGetNVMLVersion, buf, kBuf), buf);
-    case NvmlFn::kSystemCudaDriverVersion: {
-      int v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlSystemGetCudaDriverVersion_v2, &v);
-      rep->val[0] = static_cast<std::uint64_t>(v);
-      return st;
-    }
-    case NvmlFn::kDeviceCount: rep->val[0] = devices_.size(); return NVML_SUCCESS;
-    default: break;
-  }
-
-  // A device query: the granted GPU's handle, found by the PCI address the
-  // worker's driver gives it (so that NVML and CUDA mean the same GPU).
-  auto handle_for = [&](std::size_t i, nvmlDevice_t* out_h) -> int {
-    if (s.handles[i] == nullptr) {
-      char bus[64] = {};
-      if (cu_.cuDeviceGetPCIBusId(bus, sizeof bus - 1, devices_[i]) != CUDA_SUCCESS) return NVML_ERROR_UNKNOWN;
-      nvmlDevice_t found = nullptr;
-      const nvmlReturn_t st = a.nvmlDeviceGetHandleByPciBusId_v2(bus, &found);
-      if (st != NVML_SUCCESS) return st;
-      s.handles[i] = found;
-    }
-    *out_h = s.handles[i];
-    return NVML_SUCCESS;
-  };
-  const std::size_t gi = dev_index(r.device);
-  nvmlDevice_t h = nullptr;
-  if (const int st = handle_for(gi, &h); st != NVML_SUCCESS) return st;
-  if (passthrough == 0) return nvml_passthrough(a, r.fn, h, r.arg0, r.arg1, cap, &rep->val[0], out);
-  // Another granted GPU, named by its guest index in arg0 (topology, P2P).
-  auto other = [&](nvmlDevice_t* o) -> int {
-    if (r.arg0 >= devices_.size()) return NVML_ERROR_INVALID_ARGUMENT;
-    return handle_for(static_cast<std::size_t>(r.arg0), o);
-  };
-  // The guest's own processes on this GPU, from NVML's list for it: this
-  // worker's (process mode), or every worker of the VM's (spares, which
-  // serve no guest process yet, count in memory but are not listed).
-  struct Own {
-    std::uint32_t guest_pid;
-    bool listed;
-  };
-  // worker pid -> its guest process: this worker (process mode), or every
-  // worker of the VM's (spares serve no guest process yet: not listed).
-  auto own_workers = [&] {
-    std::map<std::uint32_t, Own> mine;
-    if (cfg_.vm != nullptr) {  // this worker's own slot among them
-      for (std::uint32_t i = 0; i < VmShared::kMaxSlots; ++i) {
-        const std::int32_t w = cfg_.vm->slot(i).worker_pid.load();
-        const std::int32_t g = cfg_.vm->slot(i).guest_pid.load();
-        if (w > 0) mine[static_cast<std::uint32_t>(w)] = {static_cast<std::uint32_t>(std::max(g, 0)), g > 0};
-      }
-    } else {
-      mine[static_cast<std::uint32_t>(::getpid())] = {hello_pid_, true};
-    }
-    return mine;
-  };
-  // The guest's own processes on this GPU, from NVML's list for it (`source`:
-  // the compute or the MPS list).
-  using ProcessList = decltype(a.nvmlDeviceGetComputeRunningProcesses_v3);
-  auto own_processes = [&](std::vector<NvmlProcess>* listed, std::uint64_t* used,
-                           ProcessList source) -> int {
-    std::map<std::uint32_t, Own> mine = own_workers();
-    if (source == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
-    std::vector<nvmlProcessInfo_t> all;
-    if (const nvmlReturn_t st = growing_list(&all, [&](nvmlProcessInfo_t* e, unsigned* n) { return source(h, n, e); });
-        st != NVML_SUCCESS)
-      return st;
-    *used = 0;
-    for (const auto& p : all) {
-      auto it = mine.find(p.pid);
-      if (it == mine.end()) {
-        // Another tenant's worker, a warm worker waiting for its guest, or a
-        // native process: each holds a context, so the host lists it.
-        if (IVCUDA_RULE("nvml-own-processes")) continue;
-        it = mine.emplace(p.pid, Own{p.pid, true}).first;  // the mutant: theirs passes for the guest's
-      }
-      if (p.usedGpuMemory != kNotAvailable) *used += p.usedGpuMemory;
-      if (it->second.listed)
-        listed->push_back({it->second.guest_pid, 0, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId});
-    }
-    return NVML_SUCCESS;
-  };
-
-  switch (fn) {
-    case NvmlFn::kDeviceName: return put_string(IVCUDA_NVML_CALL(nvmlDeviceGetName, h, buf, kBuf), buf);
-    case NvmlFn::kDeviceUuid: {
-      CUuuid u{};
-      if (cu_.cuDeviceGetUuid(&u, devices_[gi]) != CUDA_SUCCESS) return NVML_ERROR_UNKNOWN;
-      return put_string(NVML_SUCCESS, uuid_string(u).c_str());
-    }
-    case NvmlFn::kDeviceSerial: return put_string(IVCUDA_NVML_CALL(nvmlDeviceGetSerial, h, buf, kBuf), buf);
-    case NvmlFn::kDeviceBoardPartNumber:
-      return put_string(IVCUDA_NVML_CALL(nvmlDeviceGetBoardPartNumber, h, buf, kBuf), buf);
-    case NvmlFn::kDeviceVbiosVersion: return put_string(IVCUDA_NVML_CALL(nvmlDeviceGetVbiosVersion, h, buf, kBuf), buf);
-    case NvmlFn::kDeviceInforomImageVersion:
-      return put_string(IVCUDA_NVML_CALL(nvmlDeviceGetInforomImageVersion, h, buf, kBuf), buf);
-    case NvmlFn::kDevicePciInfo: {
-      nvmlPciInfo_t p{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetPciInfo_v3, h, &p);
-      if (st != NVML_SUCCESS) return st;
-      if (cap < sizeof(NvmlPci)) {
-        rep->val[0] = sizeof(NvmlPci);
-        return NVML_ERROR_INSUFFICIENT_SIZE;
-      }
-      NvmlPci w{};
-      static_assert(sizeof w.bus_id_legacy <= sizeof p.busIdLegacy && sizeof w.bus_id <= sizeof p.busId);
-      std::memcpy(w.bus_id_legacy, p.busIdLegacy, sizeof w.bus_id_legacy - 1);
-      std::memcpy(w.bus_id, p.busId, sizeof w.bus_id - 1);
-      w.domain = p.domain;
-      w.bus = p.bus;
-      w.device = p.device;
-      w.pci_device_id = p.pciDeviceId;
-      w.pci_subsystem_id = p.pciSubSystemId;
-      out->resize(sizeof w);
-      std::memcpy(out->data(), &w, sizeof w);
-      return NVML_SUCCESS;
-    }
-    case NvmlFn::kDeviceMinorNumber: {
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetMinorNumber, h, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceArchitecture: {
-      nvmlDeviceArchitecture_t v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetArchitecture, h, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceCudaComputeCapability: {
-      int major = 0, minor = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetCudaComputeCapability, h, &major, &minor);
-      rep->val[0] = static_cast<std::uint64_t>(major);
-      rep->val[1] = static_cast<std::uint64_t>(minor);
-      return st;
-    }
-    case NvmlFn::kDeviceBrand: {
-      nvmlBrandType_t v{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetBrand, h, &v);
-      rep->val[0] = static_cast<std::uint64_t>(v);
-      return st;
-    }
-    case NvmlFn::kDeviceBoardId: {
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetBoardId, h, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceMultiGpuBoard: {
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetMultiGpuBoard, h, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceMemoryInfo: {
-      // The tenant's view: its quota as the total (never more than the
-      // GPU's, as cuDeviceTotalMem answers it), what its workers hold as used.
-      std::uint64_t total = 0;
-      if (a.nvmlDeviceGetMemoryInfo_v2 != nullptr) {
-        nvmlMemory_v2_t m{};
-        m.version = nvmlMemory_v2;
-        const nvmlReturn_t st = a.nvmlDeviceGetMemoryInfo_v2(h, &m);
-        if (st != NVML_SUCCESS) return st;
-        total = m.total;
-      } else {
-        nvmlMemory_t m{};
-        const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetMemoryInfo, h, &m);
-        if (st != NVML_SUCCESS) return st;
-        total = m.total;
-      }
-      if (quota_.limit() != 0) total = std::min<std::uint64_t>(total, quota_.limit());
-      std::vector<NvmlProcess> ignored;
-      std::uint64_t used = 0;
-      if (const int st = own_processes(&ignored, &used, a.nvmlDeviceGetComputeRunningProcesses_v3); st != NVML_SUCCESS) return st;
-      rep->val[0] = total;
-      rep->val[1] = total > used ? total - used : 0;
-      rep->val[2] = used;
-      rep->val[3] = 0;
-      return NVML_SUCCESS;
-    }
-    case NvmlFn::kDeviceBar1MemoryInfo: {
-      nvmlBAR1Memory_t m{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetBAR1MemoryInfo, h, &m);
-      rep->val[0] = m.bar1Total;
-      rep->val[1] = m.bar1Free;
-      rep->val[2] = m.bar1Used;
-      return st;
-    }
-    case NvmlFn::kDeviceUtilizationRates: {
-      nvmlUtilization_t u{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetUtilizationRates, h, &u);
-      rep->val[0] = u.gpu;
-      rep->val[1] = u.memory;
-      return st;
-    }
-    case NvmlFn::kDeviceEncoderUtilization:
-    case NvmlFn::kDeviceDecoderUtilization: {
-      unsigned util = 0, period = 0;
-      const nvmlReturn_t st = fn == NvmlFn::kDeviceEncoderUtilization
-                                  ? IVCUDA_NVML_CALL(nvmlDeviceGetEncoderUtilization, h, &util, &period)
-                                  : IVCUDA_NVML_CALL(nvmlDeviceGetDecoderUtilization, h, &util, &period);
-      rep->val[0] = util;
-      rep->val[1] = period;
-      return st;
-    }
-    case NvmlFn::kDeviceTemperature: {
-      nvmlTemperatureSensors_t sensor{};
-      if (!nvml_enum(r.arg0, NVML_TEMPERATURE_COUNT, &sensor)) return NVML_ERROR_INVALID_ARGUMENT;
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetTemperature, h, sensor, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceTemperatureThreshold: {
-      nvmlTemperatureThresholds_t t{};
-      if (!nvml_enum(r.arg0, NVML_TEMPERATURE_THRESHOLD_COUNT, &t)) return NVML_ERROR_INVALID_ARGUMENT;
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetTemperatureThreshold, h, t, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDevicePowerUsage:
-    case NvmlFn::kDevicePowerManagementLimit:
-    case NvmlFn::kDevicePowerManagementDefaultLimit:
-    case NvmlFn::kDeviceEnforcedPowerLimit:
-    case NvmlFn::kDeviceNumFans:
-    case NvmlFn::kDeviceFanSpeed:
-    case NvmlFn::kDeviceCurrPcieLinkGeneration:
-    case NvmlFn::kDeviceCurrPcieLinkWidth:
-    case NvmlFn::kDeviceMaxPcieLinkGeneration:
-    case NvmlFn::kDeviceMaxPcieLinkWidth: {
-      unsigned v = 0;
-      nvmlReturn_t st = NVML_ERROR_UNKNOWN;
-      switch (fn) {
-        case NvmlFn::kDevicePowerUsage: st = IVCUDA_NVML_CALL(nvmlDeviceGetPowerUsage, h, &v); break;
-        case NvmlFn::kDevicePowerManagementLimit: st = IVCUDA_NVML_CALL(nvmlDeviceGetPowerManagementLimit, h, &v); break;
-        case NvmlFn::kDevicePowerManagementDefaultLimit:
-          st = IVCUDA_NVML_CALL(nvmlDeviceGetPowerManagementDefaultLimit, h, &v);
-          break;
-        case NvmlFn::kDeviceEnforcedPowerLimit: st = IVCUDA_NVML_CALL(nvmlDeviceGetEnforcedPowerLimit, h, &v); break;
-        case NvmlFn::kDeviceNumFans: st = IVCUDA_NVML_CALL(nvmlDeviceGetNumFans, h, &v); break;
-        case NvmlFn::kDeviceFanSpeed: st = IVCUDA_NVML_CALL(nvmlDeviceGetFanSpeed, h, &v); break;
-        case NvmlFn::kDeviceCurrPcieLinkGeneration:
-          st = IVCUDA_NVML_CALL(nvmlDeviceGetCurrPcieLinkGeneration, h, &v);
-          break;
-        case NvmlFn::kDeviceCurrPcieLinkWidth: st = IVCUDA_NVML_CALL(nvmlDeviceGetCurrPcieLinkWidth, h, &v); break;
-        case NvmlFn::kDeviceMaxPcieLinkGeneration:
-          st = IVCUDA_NVML_CALL(nvmlDeviceGetMaxPcieLinkGeneration, h, &v);
-          break;
-        default: st = IVCUDA_NVML_CALL(nvmlDeviceGetMaxPcieLinkWidth, h, &v); break;
-      }
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDevicePowerManagementLimitConstraints: {
-      unsigned lo = 0, hi = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetPowerManagementLimitConstraints, h, &lo, &hi);
-      rep->val[0] = lo;
-      rep->val[1] = hi;
-      return st;
-    }
-    case NvmlFn::kDeviceTotalEnergyConsumption: {
-      unsigned long long v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetTotalEnergyConsumption, h, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceClockInfo:
-    case NvmlFn::kDeviceMaxClockInfo:
-    case NvmlFn::kDeviceApplicationsClock:
-    case NvmlFn::kDeviceDefaultApplicationsClock: {
-      nvmlClockType_t t{};
-      if (!nvml_enum(r.arg0, NVML_CLOCK_COUNT, &t)) return NVML_ERROR_INVALID_ARGUMENT;
-      unsigned v = 0;
-      nvmlReturn_t st = NVML_ERROR_UNKNOWN;
-      switch (fn) {
-        case NvmlFn::kDeviceClockInfo: st = IVCUDA_NVML_CALL(nvmlDeviceGetClockInfo, h, t, &v); break;
-        case NvmlFn::kDeviceMaxClockInfo: st = IVCUDA_NVML_CALL(nvmlDeviceGetMaxClockInfo, h, t, &v); break;
-        case NvmlFn::kDeviceApplicationsClock: st = IVCUDA_NVML_CALL(nvmlDeviceGetApplicationsClock, h, t, &v); break;
-        default: st = IVCUDA_NVML_CALL(nvmlDeviceGetDefaultApplicationsClock, h, t, &v); break;
-      }
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceClock: {
-      nvmlClockType_t t{};
-      nvmlClockId_t id{};
-      if (!nvml_enum(r.arg0, NVML_CLOCK_COUNT, &t) || !nvml_enum(r.arg1, NVML_CLOCK_ID_COUNT, &id))
-        return NVML_ERROR_INVALID_ARGUMENT;
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetClock, h, t, id, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDevicePerformanceState: {
-      nvmlPstates_t v{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetPerformanceState, h, &v);
-      rep->val[0] = static_cast<std::uint64_t>(static_cast<std::uint32_t>(v));  // NVML_PSTATE_UNKNOWN is 32
-      return st;
-    }
-    case NvmlFn::kDeviceFanSpeedV2: {
-      if (r.arg0 > 0xffffffffu) return NVML_ERROR_INVALID_ARGUMENT;
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetFanSpeed_v2, h, static_cast<unsigned>(r.arg0), &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceEccMode: {
-      nvmlEnableState_t cur{}, pend{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetEccMode, h, &cur, &pend);
-      rep->val[0] = static_cast<std::uint64_t>(cur);
-      rep->val[1] = static_cast<std::uint64_t>(pend);
-      return st;
-    }
-    case NvmlFn::kDeviceComputeMode: {
-      nvmlComputeMode_t v{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetComputeMode, h, &v);
-      rep->val[0] = static_cast<std::uint64_t>(v);
-      return st;
-    }
-    case NvmlFn::kDeviceMigMode: {
-      unsigned cur = 0, pend = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetMigMode, h, &cur, &pend);
-      rep->val[0] = cur;
-      rep->val[1] = pend;
-      return st;
-    }
-    case NvmlFn::kDevicePersistenceMode:
-    case NvmlFn::kDeviceDisplayMode:
-    case NvmlFn::kDeviceDisplayActive: {
-      nvmlEnableState_t v{};
-      const nvmlReturn_t st = fn == NvmlFn::kDevicePersistenceMode ? IVCUDA_NVML_CALL(nvmlDeviceGetPersistenceMode, h, &v)
-                              : fn == NvmlFn::kDeviceDisplayMode   ? IVCUDA_NVML_CALL(nvmlDeviceGetDisplayMode, h, &v)
-                                                                   : IVCUDA_NVML_CALL(nvmlDeviceGetDisplayActive, h, &v);
-      rep->val[0] = static_cast<std::uint64_t>(v);
-      return st;
-    }
-    case NvmlFn::kDevicePcieThroughput: {
-      nvmlPcieUtilCounter_t t{};
-      if (!nvml_enum(r.arg0, NVML_PCIE_UTIL_COUNT, &t)) return NVML_ERROR_INVALID_ARGUMENT;
-      unsigned v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetPcieThroughput, h, t, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceClocksEventReasons: {
-      unsigned long long v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetCurrentClocksEventReasons, h, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    case NvmlFn::kDeviceComputeRunningProcesses:
-    case NvmlFn::kDeviceGraphicsRunningProcesses:
-    case NvmlFn::kDeviceMPSComputeRunningProcesses: {
-      std::vector<NvmlProcess> list;
-      std::uint64_t used = 0;
-      // The guest has no graphics contexts: an empty list, from NVML all the same
-      // (an NVML that fails answers that). MPS clients: the guest's among NVML's.
-      const ProcessList source = fn == NvmlFn::kDeviceMPSComputeRunningProcesses
-                                     ? a.nvmlDeviceGetMPSComputeRunningProcesses_v3
-                                     : a.nvmlDeviceGetComputeRunningProcesses_v3;
-      if (const int st = own_processes(&list, &used, source); st != NVML_SUCCESS) return st;
-      if (fn == NvmlFn::kDeviceGraphicsRunningProcesses) list.clear();
-      const std::uint64_t room = std::min<std::uint64_t>(r.arg0, cap / sizeof(NvmlProcess));
-      rep->val[0] = list.size();
-      if (list.size() > room) return NVML_ERROR_INSUFFICIENT_SIZE;
-      out->resize(list.size() * sizeof(NvmlProcess));
-      if (!list.empty()) std::memcpy(out->data(), list.data(), out->size());
-      return NVML_SUCCESS;
-    }
-    case NvmlFn::kDeviceProcessUtilization: {  // arg0: capacity, arg1: last seen time stamp
-      if (a.nvmlDeviceGetProcessUtilization == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
-      const std::map<std::uint32_t, Own> mine = own_workers();
-      std::vector<nvmlProcessUtilizationSample_t> all;
-      if (const nvmlReturn_t st = growing_list(&all, [&](nvmlProcessUtilizationSample_t* e, unsigned* n) {
-            return a.nvmlDeviceGetProcessUtilization(h, e, n, r.arg1);
-          });
-          st != NVML_SUCCESS)
-        return st;
-      // The guest's processes' samples, by their guest pids; none of another tenant's.
-      std::vector<nvmlProcessUtilizationSample_t> own;
-      for (auto sample : all) {
-        const auto it = mine.find(sample.pid);
-        if ((it == mine.end() || !it->second.listed) && IVCUDA_RULE("nvml-own-samples")) continue;
-        if (it == mine.end()) {  // the mutant: another tenant's sample passes for the guest's
-          own.push_back(sample);
-          continue;
-        }
-        sample.pid = it->second.guest_pid;
-        own.push_back(sample);
-      }
-      if (own.empty()) return NVML_ERROR_NOT_FOUND;  // as NVML answers without samples
-      const std::uint64_t room = std::min<std::uint64_t>(r.arg0, cap / sizeof(nvmlProcessUtilizationSample_t));
-      rep->val[0] = own.size();
-      if (own.size() > room) return NVML_ERROR_INSUFFICIENT_SIZE;
-      out->resize(own.size() * sizeof(nvmlProcessUtilizationSample_t));
-      std::memcpy(out->data(), own.data(), out->size());
-      return NVML_SUCCESS;
-    }
-    case NvmlFn::kDeviceFieldValues: {  // arg0, arg1: (field id, scope id) pairs; field id 0: none
-      if (a.nvmlDeviceGetFieldValues == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
-      nvmlFieldValue_t v[2] = {};
-      int count = 0;
-      for (const std::uint64_t arg : {r.arg0, r.arg1}) {
-        const auto id = static_cast<unsigned>(arg);
-        if (id == 0) break;
-        v[count].fieldId = id;
-        v[count].scopeId = static_cast<unsigned>(arg >> 32);
-        ++count;
-      }
-      if (count == 0 || cap < count * sizeof(nvmlFieldValue_t)) return NVML_ERROR_INVALID_ARGUMENT;
-      const nvmlReturn_t st = a.nvmlDeviceGetFieldValues(h, count, v);
-      if (st != NVML_SUCCESS) return st;
-      rep->val[0] = static_cast<std::uint64_t>(count);
-      out->resize(count * sizeof(nvmlFieldValue_t));
-      std::memcpy(out->data(), v, out->size());
-      return NVML_SUCCESS;
-    }
-    case NvmlFn::kDeviceNvLinkState: {
-      // Links past nvml.h's count go to NVML too: it answers for them as natively.
-      if (r.arg0 > 0xFFFFFFFFu) return NVML_ERROR_INVALID_ARGUMENT;
-      const auto link = static_cast<unsigned>(r.arg0);
-      nvmlEnableState_t v{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetNvLinkState, h, link, &v);
-      if (st != NVML_SUCCESS) return st;
-      // A link leads to a switch (every GPU behind it is reached the same
-      // way) or to one GPU: a GPU the guest was not granted, or one NVML
-      // cannot name, reads as a disabled link.
-      if (v == NVML_FEATURE_ENABLED) {
-        nvmlIntNvLinkDeviceType_t type = NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
-        if (IVCUDA_NVML_CALL(nvmlDeviceGetNvLinkRemoteDeviceType, h, link, &type) != NVML_SUCCESS ||
-            type != NVML_NVLINK_DEVICE_TYPE_SWITCH) {
-          nvmlPciInfo_t p{};
-          const bool granted = IVCUDA_NVML_CALL(nvmlDeviceGetNvLinkRemotePciInfo_v2, h, link, &p) == NVML_SUCCESS &&
-                               std::find(s.pci.begin(), s.pci.end(), std::array<unsigned, 3>{p.domain, p.bus, p.device}) !=
-                                   s.pci.end();
-          if (!granted) v = NVML_FEATURE_DISABLED;
-        }
-      }
-      rep->val[0] = static_cast<std::uint64_t>(v);
-      return NVML_SUCCESS;
-    }
-    case NvmlFn::kDeviceTopologyCommonAncestor: {
-      nvmlDevice_t o = nullptr;
-      if (const int st = other(&o); st != NVML_SUCCESS) return st;
-      nvmlGpuTopologyLevel_t v{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetTopologyCommonAncestor, h, o, &v);
-      rep->val[0] = static_cast<std::uint64_t>(v);
-      return st;
-    }
-    case NvmlFn::kDeviceP2PStatus: {
-      nvmlGpuP2PCapsIndex_t idx{};
-      if (!nvml_enum(r.arg1, NVML_P2P_CAPS_INDEX_UNKNOWN, &idx)) return NVML_ERROR_INVALID_ARGUMENT;
-      nvmlDevice_t o = nullptr;
-      if (const int st = other(&o); st != NVML_SUCCESS) return st;
-      nvmlGpuP2PStatus_t v{};
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetP2PStatus, h, o, idx, &v);
-      rep->val[0] = static_cast<std::uint64_t>(v);
-      return st;
-    }
-    case NvmlFn::kDeviceTotalEccErrors: {
-      nvmlMemoryErrorType_t et{};
-      nvmlEccCounterType_t ct{};
-      if (!nvml_enum(r.arg0, NVML_MEMORY_ERROR_TYPE_COUNT, &et) || !nvml_enum(r.arg1, NVML_ECC_COUNTER_TYPE_COUNT, &ct))
-        return NVML_ERROR_INVALID_ARGUMENT;
-      unsigned long long v = 0;
-      const nvmlReturn_t st = IVCUDA_NVML_CALL(nvmlDeviceGetTotalEccErrors, h, et, ct, &v);
-      rep->val[0] = v;
-      return st;
-    }
-    default: return NVML_ERROR_INVALID_ARGUMENT;  // the system queries were answered above
-  }
+  q.gpu = dev_index(r.device);
+  if (const int st = gpu_handle(s.api, gpus, q.gpu, &q.h); st != NVML_SUCCESS) return st;
+  if (passthrough == 0) return nvml_passthrough(s.api, r.fn, q.h, r.arg0, r.arg1, cap, &rep->val[0], out);
+  for (const Family family : kFamilies)
+    if (const int st = family(q); st != kOtherFamily) return st;
+  return NVML_ERROR_INVALID_ARGUMENT;  // none: every NvmlFn has its family
 }
-
-#undef IVCUDA_NVML_CALL
 
 CUresult Worker::on_Nvml(Call& c) {
   const auto r = c.req<proto::ReqNvml>();
