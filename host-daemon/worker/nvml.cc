@@ -572,15 +572,21 @@ int own_samples(const Query& q) {
       st != NVML_SUCCESS)
     return st;
   std::vector<nvmlProcessUtilizationSample_t> own;
-  for (auto sample : all) {
+  for (const auto& sample : all) {
     const auto it = mine.find(sample.pid);
     if ((it == mine.end() || !it->second.listed) && IVCUDA_RULE("nvml-own-samples")) continue;
-    if (it == mine.end()) {  // the mutant: another tenant's sample passes for the guest's
-      own.push_back(sample);
-      continue;
-    }
-    sample.pid = it->second.guest_pid;
-    own.push_back(sample);
+    // Field by field into a zeroed sample: the host's NVML leaves what it
+    // likes in the 4 bytes of padding after the pid (the upper halves of host
+    // addresses were seen there), and none of it is the guest's to read.
+    nvmlProcessUtilizationSample_t out{};
+    out.pid = it == mine.end() ? sample.pid  // the mutant: another tenant's sample passes for the guest's
+                               : it->second.guest_pid;
+    out.timeStamp = sample.timeStamp;
+    out.smUtil = sample.smUtil;
+    out.memUtil = sample.memUtil;
+    out.encUtil = sample.encUtil;
+    out.decUtil = sample.decUtil;
+    own.push_back(out);
   }
   if (own.empty()) return NVML_ERROR_NOT_FOUND;  // as NVML answers without samples
   return put_list(q, own);

@@ -432,7 +432,8 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, uns
   *count = 0;
   return NVML_SUCCESS;
 }
-// One sample for each process of the compute list, at a fixed time stamp, SM busy 5 %.
+// One sample for each process of the compute list, at a fixed time stamp, SM busy 5 %,
+// with stray bytes in the padding as the real NVML leaves there.
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* samples,
                                              unsigned* count, unsigned long long last_seen) {
   DEVICE_OR_RETURN(device, i, count == nullptr)
@@ -444,7 +445,13 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
     *count = n;
     return NVML_ERROR_INSUFFICIENT_SIZE;
   }
-  for (unsigned k = 0; k < n; ++k) samples[k] = {procs[k].pid, kStamp, 5, 1, 0, 0};
+  for (unsigned k = 0; k < n; ++k) {
+    samples[k] = {procs[k].pid, kStamp, 5, 1, 0, 0};
+    // What the H200's NVML leaves in the padding after the pid: a host address's upper half.
+    static_assert(offsetof(nvmlProcessUtilizationSample_t, timeStamp) == 8);
+    const unsigned stray = 0x5578;
+    std::memcpy(reinterpret_cast<char*>(&samples[k]) + 4, &stray, sizeof stray);
+  }
   *count = n;
   return NVML_SUCCESS;
 }

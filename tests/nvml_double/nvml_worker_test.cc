@@ -417,6 +417,10 @@ TEST_CASE("field values travel two at a time, and utilisation samples are the gu
   nvmlProcessUtilizationSample_t s{};
   std::memcpy(&s, r.out.data(), sizeof s);
   CHECK(s.pid == 4444);
+  // The host NVML's padding bytes after the pid (host memory) are not the guest's.
+  unsigned padding = ~0u;
+  std::memcpy(&padding, r.out.data() + sizeof s.pid, sizeof padding);
+  CHECK(padding == 0);
   CHECK(g.nvml(NvmlFn::kDeviceProcessUtilization, 0, 0, 0, 0).ret == NVML_ERROR_INSUFFICIENT_SIZE);
   // MPS clients: none here, and none of another tenant's.
   r = g.nvml(NvmlFn::kDeviceMPSComputeRunningProcesses, 0, 8, 0, 8 * sizeof(nvml_wire::NvmlProcess));
