@@ -579,6 +579,7 @@ int own_samples(const Query& q) {
     // likes in the 4 bytes of padding after the pid (the upper halves of host
     // addresses were seen there), and none of it is the guest's to read.
     nvmlProcessUtilizationSample_t out{};
+    if (!IVCUDA_RULE("nvml-sample-padding")) out = sample;  // the mutant: the host's bytes pass
     out.pid = it == mine.end() ? sample.pid  // the mutant: another tenant's sample passes for the guest's
                                : it->second.guest_pid;
     out.timeStamp = sample.timeStamp;
