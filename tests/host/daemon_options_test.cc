@@ -91,7 +91,7 @@ TEST_CASE("a --guest-socket entry: GPUs, quota, share, warm workers, huge pages"
   CHECK_THAT(err, Catch::Contains("unknown setting"));
 }
 
-TEST_CASE("--gpus: all, a list, or a clear refusal", "[host][options]") {
+TEST_CASE("the GPU list (--gpus): all, a list, or a clear refusal", "[host][options]") {
   std::string err;
   CHECK(parse_gpus("all", &err).empty());
   CHECK(parse_gpus("1,3", &err) == std::vector<int>{1, 3});
