@@ -1,7 +1,6 @@
-// Stream capture, graphs (built by capture or node by node, edited,
-// instantiated, launched) and module enumeration. (Stream-ordered memory and
-// pools are guest/pools.cc; launches, occupancy and tensor maps
-// guest/launch.cc.)
+// Stream capture and graphs (built by capture or node by node, edited,
+// instantiated, launched). (Stream-ordered memory and pools are
+// guest/pools.cc; launches, occupancy and tensor maps guest/launch.cc.)
 //
 // Graphs, executable graphs, graph nodes and user objects are host
 // handles: the host's driver does the work (docs/design.md, "Graphs"). Capture
@@ -22,7 +21,6 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -238,27 +236,6 @@ CUresult graph_post(CUgraphExec exec, CUstream s) {
       if (CUresult st = ivcuda::guest::managed::before_launch(rt, h(s)); st != CUDA_SUCCESS) return st;
     return rt->post<op>(proto::ReqGraphLaunch{ctx, h(exec), h(s)});
   });
-}
-
-// Names of a module's kernels, as the host's driver enumerates them.
-CUresult module_function_names(CUmodule mod, std::vector<std::string>* names) {
-  NEED_RT();
-  if (mod == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  proto::RepValue rep{};
-  std::vector<std::byte> extra;
-  const CUresult st = rt->call<Op::kModuleEnumerate>(proto::ReqHandle{current_ctx(), h(mod)}, {}, &rep, &extra);
-  if (st != CUDA_SUCCESS) return st;
-  std::size_t at = 0;
-  for (std::int64_t i = 0; i < rep.value; ++i) {
-    std::uint32_t len = 0;
-    if (extra.size() - at < sizeof len) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(&len, extra.data() + at, sizeof len);
-    at += sizeof len;
-    if (len == 0 || extra.size() - at < len) return CUDA_ERROR_UNKNOWN;
-    names->emplace_back(reinterpret_cast<const char*>(extra.data() + at), len);
-    at += len;
-  }
-  return CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -1570,46 +1547,6 @@ CUresult CUDAAPI cuGraphNodeGetEnabled(CUgraphExec exec, CUgraphNode node, unsig
     const CUresult st = query(proto::kQueryGetEnabled, h(exec), h(node), &v);
     if (st == CUDA_SUCCESS) *enabled = static_cast<unsigned>(v);
     return st;
-  });
-}
-
-// ==================================================================== module enumeration
-
-CUresult CUDAAPI cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) {
-  return guard([&] {
-    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::vector<std::string> names;
-    const CUresult st = module_function_names(mod, &names);
-    if (st == CUDA_SUCCESS) *count = static_cast<unsigned>(names.size());
-    return st;
-  });
-}
-
-CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* fns, unsigned int n, CUmodule mod) {
-  return guard([&] {
-    if (fns == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::vector<std::string> names;
-    CUresult st = module_function_names(mod, &names);
-    if (st != CUDA_SUCCESS) return st;
-    if (n > names.size()) return CUDA_ERROR_INVALID_VALUE;
-    for (unsigned i = 0; i < n; ++i)
-      if ((st = cuModuleGetFunction(&fns[i], mod, names[i].c_str())) != CUDA_SUCCESS) return st;
-    return CUDA_SUCCESS;
-  });
-}
-
-CUresult ivcuda::guest::for_each_module_function(CUmodule mod, void (*cb)(void*, CUfunction), void* user) noexcept {
-  return guard([&] {
-    if (cb == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::vector<std::string> names;
-    CUresult st = module_function_names(mod, &names);
-    if (st != CUDA_SUCCESS) return st;
-    for (const auto& name : names) {
-      CUfunction f = nullptr;
-      if ((st = cuModuleGetFunction(&f, mod, name.c_str())) != CUDA_SUCCESS) return st;
-      cb(user, f);
-    }
-    return CUDA_SUCCESS;
   });
 }
 

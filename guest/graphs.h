@@ -31,7 +31,7 @@ proto::MemOp memop_to_wire(const CUstreamBatchMemOpParams& p) noexcept;
 // not end): before that, capture queries are answered without a round trip.
 bool any_capture() noexcept;
 
-// Calls cb(user, f) for every kernel of `mod` (cuFFT's export-table hook).
+// Calls cb(user, f) for every kernel of `mod` (cuFFT's export-table hook; modules.cc).
 CUresult for_each_module_function(CUmodule mod, void (*cb)(void* user, CUfunction f), void* user) noexcept;
 
 // A graph host node's pair of arena words (hostfunc.cc): *off is its BAR
