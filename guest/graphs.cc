@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "guest/internal.h"
 #include "guest/managed.h"
 #include "guest/runtime.h"
+#include "ivcuda/graph_codec.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::guard;
@@ -36,6 +38,7 @@ using ivcuda::guest::Runtime;
 using ivcuda::guest::internal::h;
 using ivcuda::guest::internal::ptsz;
 using ivcuda::guest::internal::known_stream;
+namespace codec = ivcuda::codec;
 namespace proto = ivcuda::proto;
 using proto::Op;
 
@@ -405,63 +408,40 @@ namespace {
 
 CUgraphNode node_of(std::uint64_t v) { return reinterpret_cast<CUgraphNode>(v); }
 
-// What CUDA_KERNEL_NODE_PARAMS v1, v2 and v3 share, and the CUkernel of v2/v3.
-struct KernelNode {
-  CUfunction func;
-  unsigned grid[3];
-  unsigned block[3];
-  unsigned shmem;
-  void** params;
-  void** extra;
-};
-
-template <class P>
-KernelNode kernel_node(const P& p, CUfunction f) {
-  return KernelNode{f, {p.gridDimX, p.gridDimY, p.gridDimZ}, {p.blockDimX, p.blockDimY, p.blockDimZ},
-                    p.sharedMemBytes, p.kernelParams, p.extra};
-}
-
-CUresult pack_kernel(Runtime* rt, const KernelNode& k, proto::GraphNodeParams* out, std::vector<std::byte>* packed) {
-  const CUfunction f = ivcuda::guest::kernel_function(k.func);
+// A kernel's function and arguments, packed by the layout the guest learned
+// when it looked the function up, as for a launch.
+CUresult pack_kernel_args(Runtime* rt, CUfunction func, void** params, void** extra, proto::GraphNodeParams* out,
+                          std::vector<std::byte>* packed) {
+  const CUfunction f = ivcuda::guest::kernel_function(func);
   if (f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lk(rt->books_mu);
   auto it = rt->funcs.find(h(f));
   if (it == rt->funcs.end()) return CUDA_ERROR_INVALID_HANDLE;
   const auto& info = it->second;
   packed->assign(info.param_bytes, std::byte{0});
-  if (const CUresult st = ivcuda::guest::pack_kernel_params(info, k.params, k.extra, packed->data());
-      st != CUDA_SUCCESS)
+  if (const CUresult st = ivcuda::guest::pack_kernel_params(info, params, extra, packed->data()); st != CUDA_SUCCESS)
     return st;
-  out->type = CU_GRAPH_NODE_TYPE_KERNEL;
   out->handle = h(f);
-  std::memcpy(out->grid, k.grid, sizeof out->grid);
-  std::memcpy(out->block, k.block, sizeof out->block);
-  out->shared_bytes = k.shmem;
   out->param_bytes = info.param_bytes;
   return CUDA_SUCCESS;
 }
 
-void pack_memset(const CUDA_MEMSET_NODE_PARAMS& m, proto::GraphNodeParams* out) {
-  out->type = CU_GRAPH_NODE_TYPE_MEMSET;
-  out->dst = m.dst;
-  out->pitch = m.pitch;
-  out->value = m.value;
-  out->elem_size = m.elementSize;
-  out->width = m.width;
-  out->height = m.height;
+// CUDA_KERNEL_NODE_PARAMS v1, v2 or v3, naming function f.
+template <class K>
+CUresult pack_kernel(Runtime* rt, const K& k, CUfunction f, proto::GraphNodeParams* out,
+                     std::vector<std::byte>* packed) {
+  if (CUresult st = pack_kernel_args(rt, f, k.kernelParams, k.extra, out, packed); st != CUDA_SUCCESS) return st;
+  codec::kernel_to_wire(k, out);
+  return CUDA_SUCCESS;
 }
 
-// One end of a copy: device memory as it is, page-locked memory as its arena
-// offset. Pageable memory and arrays cannot be reached from the host.
-CUresult pack_copy_end(Runtime* rt, CUmemorytype type, CUdeviceptr dev, const void* host, std::size_t x, std::size_t y,
-                       std::size_t z, std::size_t pitch, std::size_t height, const CUDA_MEMCPY3D& m,
+// One end of a copy (its geometry already on the wire): device memory as it
+// is, page-locked memory as its arena offset. Pageable memory and arrays
+// cannot be reached from the host.
+CUresult pack_copy_end(Runtime* rt, CUmemorytype type, CUdeviceptr dev, const void* host, const CUDA_MEMCPY3D& m,
                        proto::CopyEnd* e) {
-  e->x_bytes = x;
-  e->y = y;
-  e->z = z;
-  e->pitch = pitch;
-  e->height = height;
-  const std::uint64_t extent = (z + m.Depth - 1) * pitch * height + (y + m.Height - 1) * pitch + x + m.WidthInBytes;
+  const std::uint64_t extent = (e->z + m.Depth - 1) * e->pitch * e->height + (e->y + m.Height - 1) * e->pitch +
+                               e->x_bytes + m.WidthInBytes;
   if (type == CU_MEMORYTYPE_UNIFIED) {
     host = reinterpret_cast<const void*>(dev);
     type = rt->pinned_offset(host, extent) ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
@@ -487,46 +467,23 @@ CUresult pack_copy_end(Runtime* rt, CUmemorytype type, CUdeviceptr dev, const vo
 CUresult pack_copy(Runtime* rt, const CUDA_MEMCPY3D& m, proto::GraphNodeParams* out) {
   out->type = CU_GRAPH_NODE_TYPE_MEMCPY;
   if (m.WidthInBytes == 0 || m.Height == 0 || m.Depth == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult st = pack_copy_end(rt, m.srcMemoryType, m.srcDevice, m.srcHost, m.srcXInBytes, m.srcY, m.srcZ,
-                                  m.srcPitch, m.srcHeight, m, &out->src);
-      st != CUDA_SUCCESS)
-    return st;
-  if (CUresult st = pack_copy_end(rt, m.dstMemoryType, m.dstDevice, m.dstHost, m.dstXInBytes, m.dstY, m.dstZ,
-                                  m.dstPitch, m.dstHeight, m, &out->dst_copy);
-      st != CUDA_SUCCESS)
-    return st;
-  out->width_bytes = m.WidthInBytes;
-  out->copy_height = m.Height;
-  out->depth = m.Depth;
-  return CUDA_SUCCESS;
+  return codec::copy_to_wire(m, out, [&](CUmemorytype type, CUdeviceptr dev, const void* host, proto::CopyEnd* e) {
+    return pack_copy_end(rt, type, dev, host, m, e);
+  });
 }
 
+// The worker answers page-locked ends as arena offsets: pointers of this process again.
 CUDA_MEMCPY3D unpack_copy(Runtime* rt, const proto::GraphNodeParams& p) {
-  CUDA_MEMCPY3D m{};
-  const auto end = [&](const proto::CopyEnd& e, CUmemorytype* type, CUdeviceptr* dev, void** host) {
+  const auto end = [&](const proto::CopyEnd& e, CUmemorytype* type, CUdeviceptr* dev, const void** host) {
     *type = static_cast<CUmemorytype>(e.type);
     if (e.type == CU_MEMORYTYPE_HOST)
       *host = rt->pinned_base() + e.addr;
     else
       *dev = e.addr;
+    return CUDA_SUCCESS;
   };
-  void* src_host = nullptr;
-  end(p.src, &m.srcMemoryType, &m.srcDevice, &src_host);
-  m.srcHost = src_host;
-  end(p.dst_copy, &m.dstMemoryType, &m.dstDevice, &m.dstHost);
-  m.srcXInBytes = p.src.x_bytes;
-  m.srcY = p.src.y;
-  m.srcZ = p.src.z;
-  m.srcPitch = p.src.pitch;
-  m.srcHeight = p.src.height;
-  m.dstXInBytes = p.dst_copy.x_bytes;
-  m.dstY = p.dst_copy.y;
-  m.dstZ = p.dst_copy.z;
-  m.dstPitch = p.dst_copy.pitch;
-  m.dstHeight = p.dst_copy.height;
-  m.WidthInBytes = p.width_bytes;
-  m.Height = p.copy_height;
-  m.Depth = p.depth;
+  CUDA_MEMCPY3D m;
+  (void)codec::copy_from_wire(p, &m, end);
   return m;
 }
 
@@ -586,28 +543,17 @@ int app_ordinal(Runtime* rt, int worker) {
 CUresult add_mem_alloc(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n,
                        CUDA_MEM_ALLOC_NODE_PARAMS* a) {
   NEED_RT();
-  if (a == nullptr || (a->accessDescCount != 0 && a->accessDescs == nullptr) || a->accessDescCount > 64)
+  if (a == nullptr || (a->accessDescCount != 0 && a->accessDescs == nullptr) ||
+      a->accessDescCount > proto::kMaxDevices)
     return CUDA_ERROR_INVALID_VALUE;
   proto::GraphNodeParams p{};
   p.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
   p.width = a->bytesize;
-  proto::MemAllocNode m{};
-  m.prop.type = static_cast<proto::u32>(a->poolProps.allocType);
-  m.prop.handle_types = static_cast<proto::u32>(a->poolProps.handleTypes);
-  m.prop.usage = a->poolProps.usage;
-  if (CUresult st = location_to_wire(rt, a->poolProps.location, &m.prop.loc_type, &m.prop.loc_id); st != CUDA_SUCCESS)
-    return st;
-  m.max_size = a->poolProps.maxSize;
-  m.access_count = static_cast<proto::u32>(a->accessDescCount);
-  std::vector<std::byte> tail(sizeof m + m.access_count * sizeof(proto::MemAccess));
-  std::memcpy(tail.data(), &m, sizeof m);
-  for (size_t i = 0; i < a->accessDescCount; ++i) {
-    proto::MemAccess x{};
-    x.flags = static_cast<proto::u32>(a->accessDescs[i].flags);
-    if (CUresult st = location_to_wire(rt, a->accessDescs[i].location, &x.loc_type, &x.loc_id); st != CUDA_SUCCESS)
-      return st;
-    std::memcpy(tail.data() + sizeof m + i * sizeof x, &x, sizeof x);
-  }
+  const auto loc = [&](const CUmemLocation& l, proto::u32* type, proto::i32* id) {
+    return location_to_wire(rt, l, type, id);
+  };
+  std::vector<std::byte> tail;
+  if (CUresult st = codec::mem_alloc_to_wire(*a, loc, &tail); st != CUDA_SUCCESS) return st;
   std::uint64_t dptr = 0;
   const CUresult st = add_node(out, graph, deps, n, p, tail, &dptr);
   if (st != CUDA_SUCCESS) return st;
@@ -768,13 +714,7 @@ CUresult kernel_get(CUgraphNode node, P* out) {
     for (size_t i = 0; i < slots.size(); ++i) argv[i] = buf.data() + slots[i].offset;
     *out = P{};
     out->func = reinterpret_cast<CUfunction>(p.handle);
-    out->gridDimX = p.grid[0];
-    out->gridDimY = p.grid[1];
-    out->gridDimZ = p.grid[2];
-    out->blockDimX = p.block[0];
-    out->blockDimY = p.block[1];
-    out->blockDimZ = p.block[2];
-    out->sharedMemBytes = p.shared_bytes;
+    codec::kernel_from_wire(p, out);
     out->kernelParams = argv.empty() ? nullptr : argv.data();
     out->extra = nullptr;
     return CUDA_SUCCESS;
@@ -794,7 +734,7 @@ CUresult kernel_set(CUgraphExec exec, CUgraphNode node, const P* in, CUfunction 
     if (in == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    if (CUresult st = pack_kernel(rt, kernel_node(*in, f), &p, &packed); st != CUDA_SUCCESS) return st;
+    if (CUresult st = pack_kernel(rt, *in, f, &p, &packed); st != CUDA_SUCCESS) return st;
     return set_params(exec, node, p, packed);
   });
 }
@@ -806,7 +746,7 @@ CUresult kernel_add(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, si
     if (in == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    if (CUresult st = pack_kernel(rt, kernel_node(*in, f), &p, &packed); st != CUDA_SUCCESS) return st;
+    if (CUresult st = pack_kernel(rt, *in, f, &p, &packed); st != CUDA_SUCCESS) return st;
     return add_node(out, graph, deps, n, p, packed);
   });
 }
@@ -829,18 +769,10 @@ CUresult pack_generic(Runtime* rt, const CUgraphNodeParams& g, proto::GraphNodeP
                       std::vector<std::byte>* packed) {
   switch (g.type) {
     case CU_GRAPH_NODE_TYPE_KERNEL:
-      return pack_kernel(rt, kernel_node(g.kernel, kernel_of(g.kernel)), p, packed);
-    case CU_GRAPH_NODE_TYPE_MEMSET: {
-      CUDA_MEMSET_NODE_PARAMS m{};
-      m.dst = g.memset.dst;
-      m.pitch = g.memset.pitch;
-      m.value = g.memset.value;
-      m.elementSize = g.memset.elementSize;
-      m.width = g.memset.width;
-      m.height = g.memset.height;
-      pack_memset(m, p);
+      return pack_kernel(rt, g.kernel, kernel_of(g.kernel), p, packed);
+    case CU_GRAPH_NODE_TYPE_MEMSET:
+      codec::memset_to_wire(g.memset, p);
       return CUDA_SUCCESS;
-    }
     case CU_GRAPH_NODE_TYPE_MEMCPY:
       if (g.memcpy.flags != 0 || g.memcpy.reserved != 0) return CUDA_ERROR_INVALID_VALUE;
       return pack_copy(rt, g.memcpy.copyParams, p);
@@ -943,7 +875,7 @@ CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph graph, const CUg
   return guard([&] {
     if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
-    pack_memset(*m, &p);
+    codec::memset_to_wire(*m, &p);
     return add_node(out, graph, deps, n, p, {});
   });
 }
@@ -955,13 +887,7 @@ CUresult CUDAAPI cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_P
     const CUresult st = get_params(node, &p, &packed);
     if (st != CUDA_SUCCESS) return st;
     if (p.type != CU_GRAPH_NODE_TYPE_MEMSET) return CUDA_ERROR_INVALID_VALUE;
-    *m = CUDA_MEMSET_NODE_PARAMS{};
-    m->dst = p.dst;
-    m->pitch = p.pitch;
-    m->value = p.value;
-    m->elementSize = p.elem_size;
-    m->width = p.width;
-    m->height = p.height;
+    *m = codec::memset_from_wire(p);
     return CUDA_SUCCESS;
   });
 }
@@ -969,7 +895,7 @@ CUresult CUDAAPI cuGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_
   return guard([&] {
     if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
-    pack_memset(*m, &p);
+    codec::memset_to_wire(*m, &p);
     return set_params(nullptr, node, p, {});
   });
 }
@@ -978,7 +904,7 @@ CUresult CUDAAPI cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode no
   return guard([&] {
     if (m == nullptr || exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
-    pack_memset(*m, &p);
+    codec::memset_to_wire(*m, &p);
     return set_params(exec, node, p, {});
   });
 }
@@ -1256,29 +1182,20 @@ CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_N
     proto::MemAllocNode m;
     std::memcpy(&m, packed.data(), sizeof m);
     if (packed.size() < sizeof m + m.access_count * sizeof(proto::MemAccess)) return CUDA_ERROR_UNKNOWN;
-    *a = CUDA_MEM_ALLOC_NODE_PARAMS{};
-    a->poolProps.allocType = static_cast<CUmemAllocationType>(m.prop.type);
-    a->poolProps.handleTypes = static_cast<CUmemAllocationHandleType>(m.prop.handle_types);
-    a->poolProps.location.type = static_cast<CUmemLocationType>(m.prop.loc_type);
-    a->poolProps.location.id =
-        m.prop.loc_type == CU_MEM_LOCATION_TYPE_DEVICE ? app_ordinal(rt, m.prop.loc_id) : m.prop.loc_id;
-    a->poolProps.maxSize = m.max_size;
-    a->poolProps.usage = m.prop.usage;
-    a->bytesize = p.width;
-    a->dptr = p.dst;
+    // Locations come back in the application's device numbering.
+    const auto loc = [&](std::uint32_t type, std::int32_t id, CUmemLocation* l) {
+      l->type = static_cast<CUmemLocationType>(type);
+      l->id = type == CU_MEM_LOCATION_TYPE_DEVICE ? app_ordinal(rt, id) : id;
+      return CUDA_SUCCESS;
+    };
     AllocDescCache& cache = alloc_desc_cache();
     std::lock_guard lk(cache.mu);
     auto& descs = cache.by_node[h(node)];
     descs.assign(m.access_count, CUmemAccessDesc{});
-    for (std::uint32_t i = 0; i < m.access_count; ++i) {
-      proto::MemAccess x;
-      std::memcpy(&x, packed.data() + sizeof m + i * sizeof x, sizeof x);
-      descs[i].flags = static_cast<CUmemAccess_flags>(x.flags);
-      descs[i].location.type = static_cast<CUmemLocationType>(x.loc_type);
-      descs[i].location.id = x.loc_type == CU_MEM_LOCATION_TYPE_DEVICE ? app_ordinal(rt, x.loc_id) : x.loc_id;
-    }
-    a->accessDescs = descs.empty() ? nullptr : descs.data();
-    a->accessDescCount = descs.size();
+    const auto access = std::span(packed).subspan(sizeof m);
+    (void)codec::mem_alloc_from_wire(m, access, codec::trusted_enum, loc, a, descs.data());
+    a->bytesize = p.width;
+    a->dptr = p.dst;
     return CUDA_SUCCESS;
   });
 }

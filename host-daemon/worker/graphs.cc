@@ -25,6 +25,7 @@
 
 #include "host-daemon/shared/log.h"
 #include "host-daemon/worker/worker_internal.h"
+#include "ivcuda/graph_codec.h"
 #include "ring/validate.h"
 
 namespace ivcuda::host {
@@ -530,18 +531,11 @@ CUresult Worker::to_driver_memset(const GraphNodeParams& p, CUDA_MEMSET_NODE_PAR
       return CUDA_ERROR_INVALID_VALUE;
   }
   if (IVCUDA_RULE("graph-node-params") && extent != 0 && !owns_device(p.dst, extent)) return CUDA_ERROR_INVALID_VALUE;
-  *out = CUDA_MEMSET_NODE_PARAMS{};
-  out->dst = p.dst;
-  out->pitch = p.pitch;
-  out->value = p.value;
-  out->elementSize = p.elem_size;
-  out->width = p.width;
-  out->height = p.height;
+  *out = codec::memset_from_wire(p);
   return CUDA_SUCCESS;
 }
 
 CUresult Worker::to_driver_copy(const GraphNodeParams& p, CUDA_MEMCPY3D* out) {
-  *out = CUDA_MEMCPY3D{};
   const auto end = [&](const CopyEnd& e, CUmemorytype* type, CUdeviceptr* dev, const void** host) {
     std::uint64_t extent = 0;
     if (!copy_extent(e, p.width_bytes, p.copy_height, p.depth, &extent)) return CUDA_ERROR_INVALID_VALUE;
@@ -561,26 +555,7 @@ CUresult Worker::to_driver_copy(const GraphNodeParams& p, CUDA_MEMCPY3D* out) {
     }
     return CUDA_ERROR_INVALID_VALUE;
   };
-  const void* src_host = nullptr;
-  const void* dst_host = nullptr;
-  if (CUresult st = end(p.src, &out->srcMemoryType, &out->srcDevice, &src_host); st != CUDA_SUCCESS) return st;
-  if (CUresult st = end(p.dst_copy, &out->dstMemoryType, &out->dstDevice, &dst_host); st != CUDA_SUCCESS) return st;
-  out->srcHost = src_host;
-  out->dstHost = const_cast<void*>(dst_host);
-  out->srcXInBytes = p.src.x_bytes;
-  out->srcY = p.src.y;
-  out->srcZ = p.src.z;
-  out->srcPitch = p.src.pitch;
-  out->srcHeight = p.src.height;
-  out->dstXInBytes = p.dst_copy.x_bytes;
-  out->dstY = p.dst_copy.y;
-  out->dstZ = p.dst_copy.z;
-  out->dstPitch = p.dst_copy.pitch;
-  out->dstHeight = p.dst_copy.height;
-  out->WidthInBytes = p.width_bytes;
-  out->Height = p.copy_height;
-  out->Depth = p.depth;
-  return CUDA_SUCCESS;
+  return codec::copy_from_wire(p, out, end);
 }
 
 namespace {
@@ -600,13 +575,7 @@ CUresult kernel_args(const Func* f, const GraphNodeParams& p, std::span<const st
   for (std::size_t i = 0; i < f->params.size(); ++i)
     k->argv[i] = const_cast<std::byte*>(packed.data()) + f->params[i].offset;
   k->params.func = f->real;
-  k->params.gridDimX = p.grid[0];
-  k->params.gridDimY = p.grid[1];
-  k->params.gridDimZ = p.grid[2];
-  k->params.blockDimX = p.block[0];
-  k->params.blockDimY = p.block[1];
-  k->params.blockDimZ = p.block[2];
-  k->params.sharedMemBytes = p.shared_bytes;
+  codec::kernel_from_wire(p, &k->params);
   k->params.kernelParams = k->argv.empty() ? nullptr : k->argv.data();
   return CUDA_SUCCESS;
 }
@@ -717,24 +686,14 @@ CUresult Worker::add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> 
   std::memcpy(&m, tail.data(), sizeof m);
   if (m.access_count > kMaxDevices || tail.size() != sizeof m + m.access_count * sizeof(MemAccess))
     return CUDA_ERROR_INVALID_VALUE;
-  CUDA_MEM_ALLOC_NODE_PARAMS a{};
-  CUmemAllocationProp prop;
-  if (CUresult st = to_driver_prop(m.prop, &prop); st != CUDA_SUCCESS) return st;
-  a.poolProps.allocType = prop.type;
-  a.poolProps.handleTypes = prop.requestedHandleTypes;
-  a.poolProps.location = prop.location;
-  a.poolProps.maxSize = m.max_size;
-  a.poolProps.usage = m.prop.usage;
+  CUDA_MEM_ALLOC_NODE_PARAMS a;
   CUmemAccessDesc desc[kMaxDevices];
-  for (std::uint32_t i = 0; i < m.access_count; ++i) {
-    MemAccess x;
-    std::memcpy(&x, tail.data() + sizeof m + i * sizeof x, sizeof x);
-    desc[i] = CUmemAccessDesc{};
-    if (!wire_enum(x.flags, &desc[i].flags)) return CUDA_ERROR_INVALID_VALUE;
-    if (CUresult st = to_driver_location(x.loc_type, x.loc_id, &desc[i].location); st != CUDA_SUCCESS) return st;
-  }
-  a.accessDescs = m.access_count != 0 ? desc : nullptr;
-  a.accessDescCount = m.access_count;
+  const auto location = [&](std::uint32_t type, std::int32_t id, CUmemLocation* l) {
+    return to_driver_location(type, id, l);
+  };
+  if (CUresult st = codec::mem_alloc_from_wire(m, tail.subspan(sizeof m), checked_enum, location, &a, desc);
+      st != CUDA_SUCCESS)
+    return st;
   a.bytesize = p.width;
   // Graph memory counts while its allocation node lives (the driver
   // allocates it at launches, and may keep it between them): the caller puts
@@ -839,13 +798,7 @@ CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
       });
       if (fe == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
       p.handle = fh;
-      p.grid[0] = k.gridDimX;
-      p.grid[1] = k.gridDimY;
-      p.grid[2] = k.gridDimZ;
-      p.block[0] = k.blockDimX;
-      p.block[1] = k.blockDimY;
-      p.block[2] = k.blockDimZ;
-      p.shared_bytes = k.sharedMemBytes;
+      codec::kernel_to_wire(k, &p);
       p.param_bytes = fe->param_bytes;
       packed.resize(fe->param_bytes);
       if (k.kernelParams != nullptr) {
@@ -859,12 +812,7 @@ CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
     case CU_GRAPH_NODE_TYPE_MEMSET: {
       CUDA_MEMSET_NODE_PARAMS m{};
       if (CUresult st = cu_.cuGraphMemsetNodeGetParams(n.real, &m); st != CUDA_SUCCESS) return st;
-      p.dst = m.dst;
-      p.pitch = m.pitch;
-      p.value = m.value;
-      p.elem_size = m.elementSize;
-      p.width = m.width;
-      p.height = m.height;
+      codec::memset_to_wire(m, &p);
       break;
     }
     case CU_GRAPH_NODE_TYPE_MEMCPY: {
@@ -882,26 +830,11 @@ CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
           e->type = CU_MEMORYTYPE_DEVICE;
           e->addr = t == CU_MEMORYTYPE_DEVICE ? dev : reinterpret_cast<std::uint64_t>(host);
         } else {
-          return false;
+          return CUDA_ERROR_NOT_SUPPORTED;
         }
-        return true;
+        return CUDA_SUCCESS;
       };
-      if (!end(m.srcMemoryType, m.srcDevice, m.srcHost, &p.src) ||
-          !end(m.dstMemoryType, m.dstDevice, m.dstHost, &p.dst_copy))
-        return CUDA_ERROR_NOT_SUPPORTED;
-      p.src.x_bytes = m.srcXInBytes;
-      p.src.y = m.srcY;
-      p.src.z = m.srcZ;
-      p.src.pitch = m.srcPitch;
-      p.src.height = m.srcHeight;
-      p.dst_copy.x_bytes = m.dstXInBytes;
-      p.dst_copy.y = m.dstY;
-      p.dst_copy.z = m.dstZ;
-      p.dst_copy.pitch = m.dstPitch;
-      p.dst_copy.height = m.dstHeight;
-      p.width_bytes = m.WidthInBytes;
-      p.copy_height = m.Height;
-      p.depth = m.Depth;
+      if (CUresult st = codec::copy_to_wire(m, &p, end); st != CUDA_SUCCESS) return st;
       break;
     }
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
@@ -926,7 +859,6 @@ CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
       if (CUresult st = cu_.cuGraphMemAllocNodeGetParams(n.real, &a); st != CUDA_SUCCESS) return st;
       p.dst = a.dptr;
       p.width = a.bytesize;
-      MemAllocNode m{};
       // Locations back in the guest's device numbering.
       const auto guest_id = [&](const CUmemLocation& l) {
         if (l.type != CU_MEM_LOCATION_TYPE_DEVICE) return l.id;
@@ -934,22 +866,12 @@ CUresult Worker::get_node_params(NodeEntry& n, Call& c) {
           if (static_cast<int>(devices_[i]) == l.id) return static_cast<int>(i);
         return -1;
       };
-      m.prop.type = a.poolProps.allocType;
-      m.prop.handle_types = a.poolProps.handleTypes;
-      m.prop.loc_type = a.poolProps.location.type;
-      m.prop.loc_id = guest_id(a.poolProps.location);
-      m.prop.usage = a.poolProps.usage;
-      m.max_size = a.poolProps.maxSize;
-      m.access_count = static_cast<std::uint32_t>(std::min<size_t>(a.accessDescCount, kMaxDevices));
-      packed.resize(sizeof m + m.access_count * sizeof(MemAccess));
-      std::memcpy(packed.data(), &m, sizeof m);
-      for (std::uint32_t i = 0; i < m.access_count; ++i) {
-        MemAccess x{};
-        x.loc_type = a.accessDescs[i].location.type;
-        x.loc_id = guest_id(a.accessDescs[i].location);
-        x.flags = a.accessDescs[i].flags;
-        std::memcpy(packed.data() + sizeof m + i * sizeof x, &x, sizeof x);
-      }
+      const auto location = [&](const CUmemLocation& l, std::uint32_t* loc_type, std::int32_t* id) {
+        *loc_type = l.type;
+        *id = guest_id(l);
+        return CUDA_SUCCESS;
+      };
+      (void)codec::mem_alloc_to_wire(a, location, &packed);
       break;
     }
     case CU_GRAPH_NODE_TYPE_HOST: {

@@ -34,6 +34,8 @@ bool wire_enum(std::uint64_t v, E* out) {
   *out = static_cast<E>(v);
   return true;
 }
+// wire_enum as the codecs take it (ivcuda/graph_codec.h, array_codec.h).
+inline constexpr auto checked_enum = [](std::uint64_t v, auto* out) { return wire_enum(v, out); };
 
 struct Worker::Channel {
   std::uint32_t index = 0;
