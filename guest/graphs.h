@@ -1,4 +1,8 @@
-// Internal entry points of graphs.cc that other guest files use.
+// Entry points the graph files (graph_build.cc, graph_edit.cc, graph_exec.cc)
+// share with the rest of the guest: the launch packing they reuse
+// (launch.cc), host-node pairs (hostfunc.cc), whether a capture may be under
+// way (graph_exec.cc), and module enumeration (modules.cc). What only the
+// graph files share is guest/graph_internal.h.
 #pragma once
 
 #include <cuda.h>
