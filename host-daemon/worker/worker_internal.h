@@ -14,7 +14,7 @@
 namespace ivcuda::host {
 
 // Host nodes and user objects of a guest that went away stop waiting for it
-// (graphs.cc), so that destroying its contexts does not wait for ever.
+// (graph_build.cc), so that destroying its contexts does not wait for ever.
 void abandon_host_nodes() noexcept;
 // A recycled worker's next guest (its contexts were reset: no host node of
 // the last guest's is left): host nodes wait for their guest again.
