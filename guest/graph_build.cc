@@ -26,22 +26,7 @@
 #include "guest/internal.h"
 #include "guest/runtime.h"
 
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::graphs::kernel_of;
-using ivcuda::guest::graphs::kMaxDeps;
-using ivcuda::guest::graphs::node_of;
-using ivcuda::guest::graphs::pack_copy;
-using ivcuda::guest::graphs::pack_generic;
-using ivcuda::guest::graphs::pack_host;
-using ivcuda::guest::graphs::pack_kernel;
-using ivcuda::guest::graphs::params_tail;
-using ivcuda::guest::graphs::query;
-using ivcuda::guest::internal::h;
-namespace codec = ivcuda::codec;
-namespace proto = ivcuda::proto;
-using proto::Op;
+using namespace ivcuda::guest::graphs;  // graph_internal.h: the names the graph files share
 
 namespace {
 
@@ -138,7 +123,7 @@ CUresult pack_generic(Runtime* rt, const CUgraphNodeParams& g, proto::GraphNodeP
                       std::vector<std::byte>* packed) {
   switch (g.type) {
     case CU_GRAPH_NODE_TYPE_KERNEL:
-      return pack_kernel(rt, g.kernel, kernel_of(g.kernel), p, packed);
+      return pack_kernel(rt, &g.kernel, kernel_of(g.kernel), p, packed);
     case CU_GRAPH_NODE_TYPE_MEMSET:
       codec::memset_to_wire(g.memset, p);
       return CUDA_SUCCESS;
@@ -320,10 +305,9 @@ template <class P>
 CUresult kernel_add(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n, const P* in, CUfunction f) {
   return guard([&] {
     NEED_RT();
-    if (in == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    if (CUresult st = pack_kernel(rt, *in, f, &p, &packed); st != CUDA_SUCCESS) return st;
+    if (CUresult st = pack_kernel(rt, in, f, &p, &packed); st != CUDA_SUCCESS) return st;
     return add_node(out, graph, deps, n, p, packed);
   });
 }
@@ -442,13 +426,7 @@ CUresult CUDAAPI cuGraphAddMemFreeNode(CUgraphNode* out, CUgraph graph, const CU
 
 CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext,
                                                  unsigned int default_value, unsigned int flags) {
-  return guard([&] {
-    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::int64_t v = 0;
-    const CUresult st = query(proto::kQueryCondHandle, h(graph), 0, &v, default_value, flags);
-    if (st == CUDA_SUCCESS) *out = static_cast<CUgraphConditionalHandle>(v);
-    return st;
-  });
+  return guard([&] { return ask(proto::kQueryCondHandle, h(graph), 0, out, default_value, flags); });
 }
 
 CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t n,
@@ -545,13 +523,7 @@ CUresult CUDAAPI cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode* 
 }
 
 CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) {
-  return guard([&] {
-    if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::int64_t v = 0;
-    const CUresult st = query(proto::kQueryType, h(node), 0, &v);
-    if (st == CUDA_SUCCESS) *type = static_cast<CUgraphNodeType>(v);
-    return st;
-  });
+  return guard([&] { return ask(proto::kQueryType, h(node), 0, type); });
 }
 
 CUresult CUDAAPI cuGraphDestroyNode(CUgraphNode node) {
@@ -563,33 +535,15 @@ CUresult CUDAAPI cuGraphDestroyNode(CUgraphNode node) {
 }
 
 CUresult CUDAAPI cuGraphClone(CUgraph* clone, CUgraph graph) {
-  return guard([&] {
-    if (clone == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::int64_t v = 0;
-    const CUresult st = query(proto::kQueryClone, h(graph), 0, &v);
-    if (st == CUDA_SUCCESS) *clone = reinterpret_cast<CUgraph>(v);
-    return st;
-  });
+  return guard([&] { return ask(proto::kQueryClone, h(graph), 0, clone); });
 }
 
 CUresult CUDAAPI cuGraphNodeFindInClone(CUgraphNode* found, CUgraphNode original, CUgraph clone) {
-  return guard([&] {
-    if (found == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::int64_t v = 0;
-    const CUresult st = query(proto::kQueryFindInClone, h(original), h(clone), &v);
-    if (st == CUDA_SUCCESS) *found = node_of(static_cast<std::uint64_t>(v));
-    return st;
-  });
+  return guard([&] { return ask(proto::kQueryFindInClone, h(original), h(clone), found); });
 }
 
 CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* child) {
-  return guard([&] {
-    if (child == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::int64_t v = 0;
-    const CUresult st = query(proto::kQueryChildGraph, h(node), 0, &v);
-    if (st == CUDA_SUCCESS) *child = reinterpret_cast<CUgraph>(v);
-    return st;
-  });
+  return guard([&] { return ask(proto::kQueryChildGraph, h(node), 0, child); });
 }
 
 // The host's driver writes the DOT text (with the host's names for nodes and

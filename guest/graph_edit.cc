@@ -19,21 +19,7 @@
 #include "guest/internal.h"
 #include "guest/runtime.h"
 
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::graphs::kernel_of;
-using ivcuda::guest::graphs::node_of;
-using ivcuda::guest::graphs::pack_copy;
-using ivcuda::guest::graphs::pack_generic;
-using ivcuda::guest::graphs::pack_host;
-using ivcuda::guest::graphs::pack_kernel;
-using ivcuda::guest::graphs::params_tail;
-using ivcuda::guest::graphs::query;
-using ivcuda::guest::internal::h;
-namespace codec = ivcuda::codec;
-namespace proto = ivcuda::proto;
-using proto::Op;
+using namespace ivcuda::guest::graphs;  // graph_internal.h: the names the graph files share
 
 namespace {
 
@@ -90,6 +76,13 @@ CUresult get_params(CUgraphNode node, proto::GraphNodeParams* p, std::vector<std
   return rt->call<Op::kGraphNodeParams>(r, {}, p, packed);
 }
 
+// The parameters of a node that must be of type `type`.
+CUresult get_typed(CUgraphNode node, CUgraphNodeType type, proto::GraphNodeParams* p,
+                   std::vector<std::byte>* packed) {
+  if (CUresult st = get_params(node, p, packed); st != CUDA_SUCCESS) return st;
+  return p->type == static_cast<proto::u32>(type) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 // Kernel parameters handed out by cuGraphKernelNodeGetParams point here: they
 // stay valid until the node's parameters are asked for again.
 struct KernelArgsCache {
@@ -108,9 +101,7 @@ CUresult kernel_get(CUgraphNode node, P* out) {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    CUresult st = get_params(node, &p, &packed);
-    if (st != CUDA_SUCCESS) return st;
-    if (p.type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult st = get_typed(node, CU_GRAPH_NODE_TYPE_KERNEL, &p, &packed); st != CUDA_SUCCESS) return st;
     std::vector<proto::ParamSlot> slots;
     {
       std::lock_guard lk(rt->books_mu);
@@ -137,10 +128,9 @@ template <class P>
 CUresult kernel_set(CUgraphExec exec, CUgraphNode node, const P* in, CUfunction f) {
   return guard([&] {
     NEED_RT();
-    if (in == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    if (CUresult st = pack_kernel(rt, *in, f, &p, &packed); st != CUDA_SUCCESS) return st;
+    if (CUresult st = pack_kernel(rt, in, f, &p, &packed); st != CUDA_SUCCESS) return st;
     return set_params(exec, node, p, packed);
   });
 }
@@ -150,9 +140,7 @@ CUresult event_get(CUgraphNode node, CUevent* ev, CUgraphNodeType want) {
     if (ev == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    const CUresult st = get_params(node, &p, &packed);
-    if (st != CUDA_SUCCESS) return st;
-    if (p.type != static_cast<proto::u32>(want)) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult st = get_typed(node, want, &p, &packed); st != CUDA_SUCCESS) return st;
     *ev = reinterpret_cast<CUevent>(p.handle);
     return CUDA_SUCCESS;
   });
@@ -164,6 +152,50 @@ CUresult event_set(CUgraphExec exec, CUgraphNode node, CUevent ev, CUgraphNodeTy
     p.type = static_cast<proto::u32>(type);
     p.handle = h(ev);
     return set_params(exec, node, p, {});
+  });
+}
+
+// Where a set goes: the node itself, or an executable graph's copy of it
+// (whose exec must be given). Each kind's set checks its arguments in the
+// order its two calls did.
+enum class Target { kNode, kExec };
+
+CUresult memset_set(Target to, CUgraphExec exec, CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* m) {
+  return guard([&] {
+    if (m == nullptr || (to == Target::kExec && exec == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    codec::memset_to_wire(*m, &p);
+    return set_params(exec, node, p, {});
+  });
+}
+
+CUresult copy_set(Target to, CUgraphExec exec, CUgraphNode node, const CUDA_MEMCPY3D* m) {
+  return guard([&] {
+    NEED_RT();
+    if (m == nullptr || (to == Target::kExec && exec == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    if (CUresult st = pack_copy(rt, *m, &p); st != CUDA_SUCCESS) return st;
+    return set_params(exec, node, p, {});
+  });
+}
+
+CUresult host_set(Target to, CUgraphExec exec, CUgraphNode node, const CUDA_HOST_NODE_PARAMS* hp) {
+  return guard([&] {
+    if (hp == nullptr || (to == Target::kExec && exec == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    if (CUresult st = pack_host(hp->fn, hp->userData, &p); st != CUDA_SUCCESS) return st;
+    return set_params(exec, node, p, {});
+  });
+}
+
+CUresult generic_set(Target to, CUgraphExec exec, CUgraphNode node, const CUgraphNodeParams* g) {
+  return guard([&] {
+    NEED_RT();
+    if (g == nullptr || (to == Target::kExec && exec == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    proto::GraphNodeParams p{};
+    std::vector<std::byte> packed;
+    if (CUresult st = pack_generic(rt, *g, &p, &packed); st != CUDA_SUCCESS) return st;
+    return set_params(exec, node, p, packed);
   });
 }
 }  // namespace
@@ -202,29 +234,17 @@ CUresult CUDAAPI cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_P
     if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    const CUresult st = get_params(node, &p, &packed);
-    if (st != CUDA_SUCCESS) return st;
-    if (p.type != CU_GRAPH_NODE_TYPE_MEMSET) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult st = get_typed(node, CU_GRAPH_NODE_TYPE_MEMSET, &p, &packed); st != CUDA_SUCCESS) return st;
     *m = codec::memset_from_wire(p);
     return CUDA_SUCCESS;
   });
 }
 CUresult CUDAAPI cuGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* m) {
-  return guard([&] {
-    if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    codec::memset_to_wire(*m, &p);
-    return set_params(nullptr, node, p, {});
-  });
+  return memset_set(Target::kNode, nullptr, node, m);
 }
 CUresult CUDAAPI cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* m,
                                                 CUcontext) {
-  return guard([&] {
-    if (m == nullptr || exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    codec::memset_to_wire(*m, &p);
-    return set_params(exec, node, p, {});
-  });
+  return memset_set(Target::kExec, exec, node, m);
 }
 
 CUresult CUDAAPI cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* m) {
@@ -233,31 +253,17 @@ CUresult CUDAAPI cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* m) 
     if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    const CUresult st = get_params(node, &p, &packed);
-    if (st != CUDA_SUCCESS) return st;
-    if (p.type != CU_GRAPH_NODE_TYPE_MEMCPY) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult st = get_typed(node, CU_GRAPH_NODE_TYPE_MEMCPY, &p, &packed); st != CUDA_SUCCESS) return st;
     *m = unpack_copy(rt, p);
     return CUDA_SUCCESS;
   });
 }
 CUresult CUDAAPI cuGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D* m) {
-  return guard([&] {
-    NEED_RT();
-    if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    if (CUresult st = pack_copy(rt, *m, &p); st != CUDA_SUCCESS) return st;
-    return set_params(nullptr, node, p, {});
-  });
+  return copy_set(Target::kNode, nullptr, node, m);
 }
 CUresult CUDAAPI cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_MEMCPY3D* m,
                                                 CUcontext) {
-  return guard([&] {
-    NEED_RT();
-    if (m == nullptr || exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    if (CUresult st = pack_copy(rt, *m, &p); st != CUDA_SUCCESS) return st;
-    return set_params(exec, node, p, {});
-  });
+  return copy_set(Target::kExec, exec, node, m);
 }
 
 CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* hp) {
@@ -265,29 +271,17 @@ CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAM
     if (hp == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    const CUresult st = get_params(node, &p, &packed);
-    if (st != CUDA_SUCCESS) return st;
-    if (p.type != CU_GRAPH_NODE_TYPE_HOST) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult st = get_typed(node, CU_GRAPH_NODE_TYPE_HOST, &p, &packed); st != CUDA_SUCCESS) return st;
     *hp = CUDA_HOST_NODE_PARAMS{};
     if (!ivcuda::guest::host_node_of(p.dst, &hp->fn, &hp->userData)) return CUDA_ERROR_UNKNOWN;
     return CUDA_SUCCESS;
   });
 }
 CUresult CUDAAPI cuGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* hp) {
-  return guard([&] {
-    if (hp == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    if (CUresult st = pack_host(hp->fn, hp->userData, &p); st != CUDA_SUCCESS) return st;
-    return set_params(nullptr, node, p, {});
-  });
+  return host_set(Target::kNode, nullptr, node, hp);
 }
 CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_HOST_NODE_PARAMS* hp) {
-  return guard([&] {
-    if (hp == nullptr || exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    if (CUresult st = pack_host(hp->fn, hp->userData, &p); st != CUDA_SUCCESS) return st;
-    return set_params(exec, node, p, {});
-  });
+  return host_set(Target::kExec, exec, node, hp);
 }
 
 CUresult CUDAAPI cuGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent* ev) {
@@ -326,9 +320,7 @@ CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* dptr
     if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    const CUresult st = get_params(node, &p, &packed);
-    if (st != CUDA_SUCCESS) return st;
-    if (p.type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult st = get_typed(node, CU_GRAPH_NODE_TYPE_MEM_FREE, &p, &packed); st != CUDA_SUCCESS) return st;
     *dptr = p.dst;
     return CUDA_SUCCESS;
   });
@@ -339,10 +331,8 @@ CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_N
     if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::GraphNodeParams p{};
     std::vector<std::byte> packed;
-    const CUresult st = get_params(node, &p, &packed);
-    if (st != CUDA_SUCCESS) return st;
-    if (p.type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || packed.size() < sizeof(proto::MemAllocNode))
-      return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult st = get_typed(node, CU_GRAPH_NODE_TYPE_MEM_ALLOC, &p, &packed); st != CUDA_SUCCESS) return st;
+    if (packed.size() < sizeof(proto::MemAllocNode)) return CUDA_ERROR_INVALID_VALUE;
     proto::MemAllocNode m;
     std::memcpy(&m, packed.data(), sizeof m);
     if (packed.size() < sizeof m + m.access_count * sizeof(proto::MemAccess)) return CUDA_ERROR_UNKNOWN;
@@ -365,24 +355,10 @@ CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_N
 }
 
 CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams* g) {
-  return guard([&] {
-    NEED_RT();
-    if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    std::vector<std::byte> packed;
-    if (CUresult st = pack_generic(rt, *g, &p, &packed); st != CUDA_SUCCESS) return st;
-    return set_params(nullptr, node, p, packed);
-  });
+  return generic_set(Target::kNode, nullptr, node, g);
 }
 CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams* g) {
-  return guard([&] {
-    NEED_RT();
-    if (g == nullptr || exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    proto::GraphNodeParams p{};
-    std::vector<std::byte> packed;
-    if (CUresult st = pack_generic(rt, *g, &p, &packed); st != CUDA_SUCCESS) return st;
-    return set_params(exec, node, p, packed);
-  });
+  return generic_set(Target::kExec, exec, node, g);
 }
 
 // Kernel node attributes made of plain values travel as 16 bytes of the
@@ -453,11 +429,5 @@ CUresult CUDAAPI cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsig
   return guard([&] { return query(proto::kQuerySetEnabled, h(exec), h(node), nullptr, enabled != 0 ? 1 : 0); });
 }
 CUresult CUDAAPI cuGraphNodeGetEnabled(CUgraphExec exec, CUgraphNode node, unsigned int* enabled) {
-  return guard([&] {
-    if (enabled == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::int64_t v = 0;
-    const CUresult st = query(proto::kQueryGetEnabled, h(exec), h(node), &v);
-    if (st == CUDA_SUCCESS) *enabled = static_cast<unsigned>(v);
-    return st;
-  });
+  return guard([&] { return ask(proto::kQueryGetEnabled, h(exec), h(node), enabled); });
 }

@@ -28,16 +28,9 @@
 #include "guest/managed.h"
 #include "guest/runtime.h"
 
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::graphs::kMaxDeps;
-using ivcuda::guest::graphs::query;
-using ivcuda::guest::internal::h;
+using namespace ivcuda::guest::graphs;  // graph_internal.h: the names the graph files share
 using ivcuda::guest::internal::known_stream;
 using ivcuda::guest::internal::ptsz;
-namespace proto = ivcuda::proto;
-using proto::Op;
 
 namespace {
 
@@ -56,21 +49,27 @@ Captures& captures() {
   return *c;
 }
 
+bool valid_mode(CUstreamCaptureMode mode) {
+  return mode == CU_STREAM_CAPTURE_MODE_GLOBAL || mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
+         mode == CU_STREAM_CAPTURE_MODE_RELAXED;
+}
+
+// The host began a capture on s: it counts until it ends.
+void capture_begun(CUstream s) {
+  Captures& c = captures();
+  std::lock_guard lk(c.mu);
+  ++c.streams[h(s)];
+  c.open.store(c.streams.size(), std::memory_order_release);
+}
+
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
   return guard([&] {
     NEED_RT();
     NEED_CTX();
-    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-      return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_mode(mode)) return CUDA_ERROR_INVALID_VALUE;
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
     const CUresult st = rt->call<Op::kStreamBeginCapture>(proto::ReqCapture{ctx, h(s), static_cast<proto::u32>(mode), 0});
-    if (st == CUDA_SUCCESS) {
-      Captures& c = captures();
-      std::lock_guard lk(c.mu);
-      ++c.streams[h(s)];
-      c.open.store(c.streams.size(), std::memory_order_release);
-    }
+    if (st == CUDA_SUCCESS) capture_begun(s);
     return st;
   });
 }
@@ -174,9 +173,7 @@ CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const CUgraphNode* de
   return guard([&] {
     NEED_RT();
     NEED_CTX();
-    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-      return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_mode(mode)) return CUDA_ERROR_INVALID_VALUE;
     if ((n != 0 && deps == nullptr) || n > kMaxDeps) return CUDA_ERROR_INVALID_VALUE;
     if (!known_stream(rt, s)) return CUDA_ERROR_INVALID_HANDLE;
     proto::ReqCaptureToGraph r{};
@@ -186,12 +183,7 @@ CUresult begin_capture_to_graph(CUstream s, CUgraph graph, const CUgraphNode* de
     r.mode = static_cast<proto::u32>(mode);
     r.count = static_cast<proto::u32>(n);
     const CUresult st = rt->call<Op::kCaptureToGraph>(r, capture_tail(deps, data, n));
-    if (st == CUDA_SUCCESS) {
-      Captures& c = captures();
-      std::lock_guard lk(c.mu);
-      ++c.streams[h(s)];
-      c.open.store(c.streams.size(), std::memory_order_release);
-    }
+    if (st == CUDA_SUCCESS) capture_begun(s);
     return st;
   });
 }
@@ -307,9 +299,7 @@ CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2_ptsz(CUstream s, CUgraphNo
 CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const CUstreamCaptureMode m = *mode;
-  if (m != CU_STREAM_CAPTURE_MODE_GLOBAL && m != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      m != CU_STREAM_CAPTURE_MODE_RELAXED)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_mode(m)) return CUDA_ERROR_INVALID_VALUE;
   *mode = ivcuda::guest::thread_capture_mode();
   ivcuda::guest::thread_capture_mode() = m;
   return CUDA_SUCCESS;
@@ -371,13 +361,7 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
 }
 
 CUresult CUDAAPI cuGraphExecGetFlags(CUgraphExec exec, cuuint64_t* flags) {
-  return guard([&] {
-    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::int64_t v = 0;
-    const CUresult st = query(proto::kQueryExecFlags, h(exec), 0, &v);
-    if (st == CUDA_SUCCESS) *flags = static_cast<cuuint64_t>(v);
-    return st;
-  });
+  return guard([&] { return ask(proto::kQueryExecFlags, h(exec), 0, flags); });
 }
 
 // User objects: the host's driver counts the references (the guest's and

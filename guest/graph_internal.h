@@ -13,13 +13,24 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "guest/internal.h"
 #include "guest/runtime.h"
 #include "ivcuda/graph_codec.h"
 #include "ivcuda/proto.h"
 
 namespace ivcuda::guest::graphs {
+
+// What each graph file takes in with `using namespace ivcuda::guest::graphs`.
+using ivcuda::guest::current_ctx;
+using ivcuda::guest::guard;
+using ivcuda::guest::Runtime;
+using ivcuda::guest::internal::h;
+namespace codec = ivcuda::codec;
+namespace proto = ivcuda::proto;
+using proto::Op;
 
 // The most dependencies or edges one request carries (the worker's limit too).
 inline constexpr std::size_t kMaxDeps = std::size_t{1} << 16;
@@ -31,18 +42,35 @@ inline CUgraphNode node_of(std::uint64_t v) { return reinterpret_cast<CUgraphNod
 CUresult query(std::uint32_t kind, std::uint64_t handle, std::uint64_t other, std::int64_t* value,
                std::uint64_t capacity = 0, std::uint32_t flags = 0, std::vector<std::byte>* extra = nullptr);
 
+// A question whose answer is one value, a handle or a number, written to *out
+// (which the caller must give) when the host answers CUDA_SUCCESS.
+template <class T>
+CUresult ask(std::uint32_t kind, std::uint64_t handle, std::uint64_t other, T* out, std::uint64_t capacity = 0,
+             std::uint32_t flags = 0) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::int64_t v = 0;
+  const CUresult st = query(kind, handle, other, &v, capacity, flags);
+  if (st != CUDA_SUCCESS) return st;
+  if constexpr (std::is_pointer_v<T>)
+    *out = reinterpret_cast<T>(v);
+  else
+    *out = static_cast<T>(v);
+  return CUDA_SUCCESS;
+}
+
 // ---- how a node's parameters travel (graph_build.cc): what an add and a set both send
 
 // A kernel's function and arguments, packed by the layout the guest learned
 // when it looked the function up, as for a launch.
 CUresult pack_kernel_args(Runtime* rt, CUfunction func, void** params, void** extra, proto::GraphNodeParams* out,
                           std::vector<std::byte>* packed);
-// CUDA_KERNEL_NODE_PARAMS v1, v2 or v3, naming function f.
+// CUDA_KERNEL_NODE_PARAMS v1, v2 or v3 (the caller's, maybe null), naming function f.
 template <class K>
-CUresult pack_kernel(Runtime* rt, const K& k, CUfunction f, proto::GraphNodeParams* out,
+CUresult pack_kernel(Runtime* rt, const K* k, CUfunction f, proto::GraphNodeParams* out,
                      std::vector<std::byte>* packed) {
-  if (CUresult st = pack_kernel_args(rt, f, k.kernelParams, k.extra, out, packed); st != CUDA_SUCCESS) return st;
-  codec::kernel_to_wire(k, out);
+  if (k == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = pack_kernel_args(rt, f, k->kernelParams, k->extra, out, packed); st != CUDA_SUCCESS) return st;
+  codec::kernel_to_wire(*k, out);
   return CUDA_SUCCESS;
 }
 // v2 and v3 name the kernel either as a function or as a CUkernel.

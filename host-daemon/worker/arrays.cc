@@ -195,7 +195,7 @@ CUresult Worker::on_ArrayQuery(Call& c) {
     } else {
       CUDA_ARRAY_SPARSE_PROPERTIES p{};
       st = cu_.cuMipmappedArrayGetSparseProperties(&p, m->real);
-      codec::sparse_to_wire(p, &rep);
+      rep = codec::sparse_to_wire(p);
     }
     c.set_reply(rep);
     return st;
@@ -221,7 +221,7 @@ CUresult Worker::on_ArrayQuery(Call& c) {
   } else if (r.kind == kArrayQuerySparse) {
     CUDA_ARRAY_SPARSE_PROPERTIES p{};
     st = cu_.cuArrayGetSparseProperties(&p, a->real);
-    codec::sparse_to_wire(p, &rep);
+    rep = codec::sparse_to_wire(p);
   } else {
     return CUDA_ERROR_INVALID_VALUE;
   }

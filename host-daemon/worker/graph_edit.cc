@@ -265,10 +265,10 @@ CUresult Worker::on_GraphKernelAttr(Call& c) {
 // ------------------------------------------------------------------ on_GraphQuery's answers (graph_build.cc)
 
 CUresult Worker::on_GraphQuery_exec_update(Call& c, const ReqGraphQuery& r) {
-  ExecEntry* e = execs_.find(r.handle);
   GraphEntry* g = graphs_.find(r.other);
-  if (e == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  ExecEntry* e = nullptr;
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = exec_in_ctx(r.handle, &e); st != CUDA_SUCCESS) return st;
   CUgraphExecUpdateResultInfo info{};
   const CUresult st = cu_.cuGraphExecUpdate(e->real, g->real, &info);
   c.set_reply(RepValue{static_cast<std::int64_t>(info.result)});
@@ -284,10 +284,10 @@ CUresult Worker::on_GraphQuery_exec_update(Call& c, const ReqGraphQuery& r) {
 }
 
 CUresult Worker::on_GraphQuery_enabled(Call& c, const ReqGraphQuery& r) {
-  ExecEntry* e = execs_.find(r.handle);
   NodeEntry* n = nodes_.find(r.other);
-  if (e == nullptr || n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  ExecEntry* e = nullptr;
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = exec_in_ctx(r.handle, &e); st != CUDA_SUCCESS) return st;
   if (r.kind == kQuerySetEnabled) {
     if (r.capacity > 1) return CUDA_ERROR_INVALID_VALUE;
     return cu_.cuGraphNodeSetEnabled(e->real, n->real, static_cast<unsigned>(r.capacity));

@@ -49,13 +49,19 @@ CUresult Worker::refuse_in_capture(CUstream s) {
 
 // ------------------------------------------------------------------ capture
 
+// What starting a capture names: the context made current, the mode, the stream.
+CUresult Worker::capture_start(std::uint64_t ctx, std::uint32_t wire_mode, std::uint64_t stream,
+                               CUstreamCaptureMode* mode, CUstream* s) {
+  if (CUresult st = use_ctx(ctx); st != CUDA_SUCCESS) return st;
+  if (wire_mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(wire_mode, mode)) return CUDA_ERROR_INVALID_VALUE;
+  return resolve_stream(ctx, stream, s);
+}
+
 CUresult Worker::on_StreamBeginCapture(Call& c) {
   const auto r = c.req<ReqCapture>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   CUstreamCaptureMode mode;
-  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(r.mode, &mode)) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  if (CUresult st = capture_start(r.ctx, r.mode, r.stream, &mode, &s); st != CUDA_SUCCESS) return st;
   const CUresult st = cu_.cuStreamBeginCapture(s, mode);
   if (st == CUDA_SUCCESS) captures_[s] = CaptureEntry{c.ch.index, mode};
   return st;
@@ -166,11 +172,9 @@ CUresult Worker::capture_nodes(std::span<const std::byte> tail, std::uint32_t co
 
 CUresult Worker::on_CaptureToGraph(Call& c) {
   const auto r = c.req<ReqCaptureToGraph>();
-  if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   CUstreamCaptureMode mode;
-  if (r.mode > CU_STREAM_CAPTURE_MODE_RELAXED || !wire_enum(r.mode, &mode)) return CUDA_ERROR_INVALID_VALUE;
   CUstream s;
-  if (CUresult st = resolve_stream(r.ctx, r.stream, &s); st != CUDA_SUCCESS) return st;
+  if (CUresult st = capture_start(r.ctx, r.mode, r.stream, &mode, &s); st != CUDA_SUCCESS) return st;
   GraphEntry* g = graphs_.find(r.graph);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::vector<CUgraphNode> deps;
@@ -197,6 +201,15 @@ CUresult Worker::on_CaptureUpdateDeps(Call& c) {
 }
 
 // ------------------------------------------------------------------ executable graphs
+
+// An executable graph of this guest's, its context made current.
+CUresult Worker::exec_in_ctx(std::uint64_t h, ExecEntry** out) {
+  ExecEntry* e = execs_.find(h);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  *out = e;
+  return CUDA_SUCCESS;
+}
 
 CUresult Worker::on_GraphInstantiate(Call& c) {
   const auto r = c.req<ReqGraphCreate>();
@@ -229,9 +242,8 @@ CUresult Worker::on_GraphUpload(Call& c) { return exec_on_stream(c, cu_.cuGraphU
 
 CUresult Worker::on_GraphExecDestroy(Call& c) {
   const auto h = c.req<ReqHandle>().handle;
-  ExecEntry* e = execs_.find(h);
-  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  ExecEntry* e = nullptr;
+  if (CUresult st = exec_in_ctx(h, &e); st != CUDA_SUCCESS) return st;
   const CUresult st = cu_.cuGraphExecDestroy(e->real);
   execs_.erase(h);
   return st;
@@ -301,9 +313,8 @@ CUresult Worker::on_UserObject(Call& c) {
 // ------------------------------------------------------------------ on_GraphQuery's answers (graph_build.cc)
 
 CUresult Worker::on_GraphQuery_exec_flags(Call& c, const ReqGraphQuery& r) {
-  ExecEntry* e = execs_.find(r.handle);
-  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult st = use_ctx(e->ctx); st != CUDA_SUCCESS) return st;
+  ExecEntry* e = nullptr;
+  if (CUresult st = exec_in_ctx(r.handle, &e); st != CUDA_SUCCESS) return st;
   cuuint64_t flags = 0;
   const CUresult st = cu_.cuGraphExecGetFlags(e->real, &flags);
   c.set_reply(RepValue{static_cast<std::int64_t>(flags)});

@@ -359,6 +359,9 @@ class Worker final : public GuestWorker {
   void drop_graph(std::uint64_t graph);
   void drop_node(std::uint64_t node);
   CUresult node_in_ctx(std::uint64_t h, NodeEntry** out);
+  CUresult exec_in_ctx(std::uint64_t h, ExecEntry** out);
+  CUresult capture_start(std::uint64_t ctx, std::uint32_t wire_mode, std::uint64_t stream, CUstreamCaptureMode* mode,
+                         CUstream* s);
   CUresult add_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
                     std::span<const std::byte> packed, CUgraphNode* out);
   CUresult set_node_params(NodeEntry& n, CUgraphExec exec, const proto::GraphNodeParams& p,

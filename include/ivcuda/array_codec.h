@@ -22,14 +22,9 @@ namespace ivcuda::codec {
 // ------------------------------------------------------------------ array descriptors
 
 inline proto::ArrayDesc array_desc_to_wire(const CUDA_ARRAY3D_DESCRIPTOR& d) {
-  proto::ArrayDesc w{};
-  w.width = d.Width;
-  w.height = d.Height;
-  w.depth = d.Depth;
-  w.format = static_cast<proto::u32>(d.Format);
-  w.channels = d.NumChannels;
-  w.flags = d.Flags;
-  return w;
+  return proto::ArrayDesc{.width = d.Width, .height = d.Height, .depth = d.Depth,
+                          .format = static_cast<proto::u32>(d.Format), .channels = d.NumChannels, .flags = d.Flags,
+                          .reserved = 0};
 }
 
 // A 2D descriptor is a 3D one without depth or flags.
@@ -44,12 +39,8 @@ inline proto::ArrayDesc array_desc_to_wire(const CUDA_ARRAY_DESCRIPTOR& d) {
 
 template <class AsEnum>
 bool array_desc_from_wire(const proto::ArrayDesc& w, CUDA_ARRAY3D_DESCRIPTOR* d, AsEnum&& as_enum) {
-  *d = CUDA_ARRAY3D_DESCRIPTOR{};
-  d->Width = w.width;
-  d->Height = w.height;
-  d->Depth = w.depth;
-  d->NumChannels = w.channels;
-  d->Flags = w.flags;
+  *d = CUDA_ARRAY3D_DESCRIPTOR{.Width = w.width, .Height = w.height, .Depth = w.depth, .Format = {},
+                               .NumChannels = w.channels, .Flags = w.flags};
   return as_enum(w.format, &d->Format);
 }
 
@@ -65,24 +56,19 @@ bool array_desc_from_wire(const proto::ArrayDesc& w, CUDA_ARRAY_DESCRIPTOR* d, A
   return ok;
 }
 
-inline void sparse_to_wire(const CUDA_ARRAY_SPARSE_PROPERTIES& p, proto::RepArrayQuery* w) {
-  w->tile_width = p.tileExtent.width;
-  w->tile_height = p.tileExtent.height;
-  w->tile_depth = p.tileExtent.depth;
-  w->miptail_first_level = p.miptailFirstLevel;
-  w->miptail_size = p.miptailSize;
-  w->sparse_flags = p.flags;
+// A sparse-properties query's reply (its descriptor and sizes zero).
+inline proto::RepArrayQuery sparse_to_wire(const CUDA_ARRAY_SPARSE_PROPERTIES& p) {
+  return proto::RepArrayQuery{.desc = {}, .size = 0, .alignment = 0, .tile_width = p.tileExtent.width,
+                              .tile_height = p.tileExtent.height, .tile_depth = p.tileExtent.depth,
+                              .miptail_first_level = p.miptailFirstLevel, .miptail_size = p.miptailSize,
+                              .sparse_flags = p.flags, .reserved = 0};
 }
 
 inline CUDA_ARRAY_SPARSE_PROPERTIES sparse_from_wire(const proto::RepArrayQuery& w) {
-  CUDA_ARRAY_SPARSE_PROPERTIES p{};
-  p.tileExtent.width = w.tile_width;
-  p.tileExtent.height = w.tile_height;
-  p.tileExtent.depth = w.tile_depth;
-  p.miptailFirstLevel = w.miptail_first_level;
-  p.miptailSize = w.miptail_size;
-  p.flags = w.sparse_flags;
-  return p;
+  return CUDA_ARRAY_SPARSE_PROPERTIES{
+      .tileExtent = {.width = w.tile_width, .height = w.tile_height, .depth = w.tile_depth},
+      .miptailFirstLevel = w.miptail_first_level, .miptailSize = w.miptail_size, .flags = w.sparse_flags,
+      .reserved = {}};
 }
 
 // ------------------------------------------------------------------ texture and surface objects
@@ -178,28 +164,16 @@ bool texture_desc_from_wire(const proto::TexDesc& w, CUDA_TEXTURE_DESC* t, AsEnu
 }
 
 inline proto::ViewDesc view_desc_to_wire(const CUDA_RESOURCE_VIEW_DESC& v) {
-  proto::ViewDesc w{};
-  w.format = static_cast<proto::u32>(v.format);
-  w.width = v.width;
-  w.height = v.height;
-  w.depth = v.depth;
-  w.first_level = v.firstMipmapLevel;
-  w.last_level = v.lastMipmapLevel;
-  w.first_layer = v.firstLayer;
-  w.last_layer = v.lastLayer;
-  return w;
+  return proto::ViewDesc{.format = static_cast<proto::u32>(v.format), .reserved = 0, .width = v.width,
+                         .height = v.height, .depth = v.depth, .first_level = v.firstMipmapLevel,
+                         .last_level = v.lastMipmapLevel, .first_layer = v.firstLayer, .last_layer = v.lastLayer};
 }
 
 template <class AsEnum>
 bool view_desc_from_wire(const proto::ViewDesc& w, CUDA_RESOURCE_VIEW_DESC* v, AsEnum&& as_enum) {
-  *v = CUDA_RESOURCE_VIEW_DESC{};
-  v->width = w.width;
-  v->height = w.height;
-  v->depth = w.depth;
-  v->firstMipmapLevel = w.first_level;
-  v->lastMipmapLevel = w.last_level;
-  v->firstLayer = w.first_layer;
-  v->lastLayer = w.last_layer;
+  *v = CUDA_RESOURCE_VIEW_DESC{.format = {}, .width = w.width, .height = w.height, .depth = w.depth,
+                               .firstMipmapLevel = w.first_level, .lastMipmapLevel = w.last_level,
+                               .firstLayer = w.first_layer, .lastLayer = w.last_layer, .reserved = {}};
   return as_enum(w.format, &v->format);
 }
 

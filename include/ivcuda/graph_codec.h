@@ -77,14 +77,8 @@ void memset_to_wire(const M& m, proto::GraphNodeParams* p) {
 }
 
 inline CUDA_MEMSET_NODE_PARAMS memset_from_wire(const proto::GraphNodeParams& p) {
-  CUDA_MEMSET_NODE_PARAMS m{};
-  m.dst = p.dst;
-  m.pitch = p.pitch;
-  m.value = p.value;
-  m.elementSize = p.elem_size;
-  m.width = p.width;
-  m.height = p.height;
-  return m;
+  return CUDA_MEMSET_NODE_PARAMS{.dst = p.dst, .pitch = p.pitch, .value = p.value, .elementSize = p.elem_size,
+                                 .width = p.width, .height = p.height};
 }
 
 // ------------------------------------------------------------------ memcpy nodes
@@ -95,18 +89,10 @@ inline CUDA_MEMSET_NODE_PARAMS memset_from_wire(const proto::GraphNodeParams& p)
 template <class End>
 CUresult copy_to_wire(const CUDA_MEMCPY3D& m, proto::GraphNodeParams* p, End&& end) {
   p->type = CU_GRAPH_NODE_TYPE_MEMCPY;
-  p->src = proto::CopyEnd{};
-  p->src.x_bytes = m.srcXInBytes;
-  p->src.y = m.srcY;
-  p->src.z = m.srcZ;
-  p->src.pitch = m.srcPitch;
-  p->src.height = m.srcHeight;
-  p->dst_copy = proto::CopyEnd{};
-  p->dst_copy.x_bytes = m.dstXInBytes;
-  p->dst_copy.y = m.dstY;
-  p->dst_copy.z = m.dstZ;
-  p->dst_copy.pitch = m.dstPitch;
-  p->dst_copy.height = m.dstHeight;
+  p->src = proto::CopyEnd{.type = 0, .reserved = 0, .addr = 0, .x_bytes = m.srcXInBytes, .y = m.srcY, .z = m.srcZ,
+                          .pitch = m.srcPitch, .height = m.srcHeight};
+  p->dst_copy = proto::CopyEnd{.type = 0, .reserved = 0, .addr = 0, .x_bytes = m.dstXInBytes, .y = m.dstY,
+                               .z = m.dstZ, .pitch = m.dstPitch, .height = m.dstHeight};
   p->width_bytes = m.WidthInBytes;
   p->copy_height = m.Height;
   p->depth = m.Depth;
