@@ -25,6 +25,7 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
+#include "ivcuda/array_codec.h"
 
 using ivcuda::guest::current_ctx;
 using ivcuda::guest::guard;
@@ -34,6 +35,7 @@ using ivcuda::guest::internal::h;
 using ivcuda::guest::internal::known_stream;
 using ivcuda::guest::internal::ptsz;
 using ivcuda::guest::internal::runtime;
+namespace codec = ivcuda::codec;
 namespace proto = ivcuda::proto;
 
 namespace {
@@ -220,22 +222,11 @@ CUresult copy_1d(CUmemorytype st, CUmemorytype dt, const void* src_host, CUdevic
   return copy_3d(c, s, async);
 }
 
-proto::ArrayDesc wire_desc(const CUDA_ARRAY3D_DESCRIPTOR& d) {
-  proto::ArrayDesc w{};
-  w.width = d.Width;
-  w.height = d.Height;
-  w.depth = d.Depth;
-  w.format = static_cast<std::uint32_t>(d.Format);
-  w.channels = d.NumChannels;
-  w.flags = d.Flags;
-  return w;
-}
-
-CUresult create(std::uint64_t* out, const CUDA_ARRAY3D_DESCRIPTOR& d, std::uint32_t kind, std::uint32_t levels) {
+CUresult create(std::uint64_t* out, const proto::ArrayDesc& d, std::uint32_t kind, std::uint32_t levels) {
   NEED_RT_CTX();
   proto::ReqArrayCreate r{};
   r.ctx = ctx;
-  r.desc = wire_desc(d);
+  r.desc = d;
   r.kind = kind;
   r.levels = levels;
   proto::RepHandle rep{};
@@ -285,14 +276,7 @@ CUresult sparse_properties(CUDA_ARRAY_SPARSE_PROPERTIES* out, std::uint64_t hand
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   proto::RepArrayQuery rep{};
   const CUresult st = query(handle, kind, 0, &rep);
-  if (st != CUDA_SUCCESS) return st;
-  *out = CUDA_ARRAY_SPARSE_PROPERTIES{};
-  out->tileExtent.width = rep.tile_width;
-  out->tileExtent.height = rep.tile_height;
-  out->tileExtent.depth = rep.tile_depth;
-  out->miptailFirstLevel = rep.miptail_first_level;
-  out->miptailSize = rep.miptail_size;
-  out->flags = rep.sparse_flags;
+  if (st == CUDA_SUCCESS) *out = codec::sparse_from_wire(rep);
   return st;
 }
 
@@ -367,64 +351,22 @@ CUresult map_arrays(CUarrayMapInfo* list, unsigned count, CUstream s) {
 }
 
 // ---- texture and surface objects
+// An array's or mipmapped array's handle is the host's already.
 CUresult res_to_wire(const CUDA_RESOURCE_DESC& d, proto::ResDesc* w) {
-  *w = proto::ResDesc{};
-  w->type = static_cast<std::uint32_t>(d.resType);
-  w->flags = d.flags;
-  switch (d.resType) {
-    case CU_RESOURCE_TYPE_ARRAY:
-      w->handle = h(d.res.array.hArray);
-      return CUDA_SUCCESS;
-    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-      w->handle = h(d.res.mipmap.hMipmappedArray);
-      return CUDA_SUCCESS;
-    case CU_RESOURCE_TYPE_LINEAR:
-      w->dptr = d.res.linear.devPtr;
-      w->format = static_cast<std::uint32_t>(d.res.linear.format);
-      w->channels = d.res.linear.numChannels;
-      w->size_bytes = d.res.linear.sizeInBytes;
-      return CUDA_SUCCESS;
-    case CU_RESOURCE_TYPE_PITCH2D:
-      w->dptr = d.res.pitch2D.devPtr;
-      w->format = static_cast<std::uint32_t>(d.res.pitch2D.format);
-      w->channels = d.res.pitch2D.numChannels;
-      w->width = d.res.pitch2D.width;
-      w->height = d.res.pitch2D.height;
-      w->pitch = d.res.pitch2D.pitchInBytes;
-      return CUDA_SUCCESS;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
-  }
+  std::uint64_t handle = 0;
+  if (d.resType == CU_RESOURCE_TYPE_ARRAY) handle = h(d.res.array.hArray);
+  if (d.resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) handle = h(d.res.mipmap.hMipmappedArray);
+  return codec::resource_to_wire(d, handle, w) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 void res_from_wire(const proto::ResDesc& w, CUDA_RESOURCE_DESC* d) {
-  *d = CUDA_RESOURCE_DESC{};
-  d->resType = static_cast<CUresourcetype>(w.type);
-  d->flags = w.flags;
-  switch (d->resType) {
-    case CU_RESOURCE_TYPE_ARRAY:
-      d->res.array.hArray = reinterpret_cast<CUarray>(w.handle);
-      break;
-    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-      d->res.mipmap.hMipmappedArray = reinterpret_cast<CUmipmappedArray>(w.handle);
-      break;
-    case CU_RESOURCE_TYPE_LINEAR:
-      d->res.linear.devPtr = w.dptr;
-      d->res.linear.format = static_cast<CUarray_format>(w.format);
-      d->res.linear.numChannels = w.channels;
-      d->res.linear.sizeInBytes = w.size_bytes;
-      break;
-    case CU_RESOURCE_TYPE_PITCH2D:
-      d->res.pitch2D.devPtr = w.dptr;
-      d->res.pitch2D.format = static_cast<CUarray_format>(w.format);
-      d->res.pitch2D.numChannels = w.channels;
-      d->res.pitch2D.width = w.width;
-      d->res.pitch2D.height = w.height;
-      d->res.pitch2D.pitchInBytes = w.pitch;
-      break;
-    default:
-      break;
-  }
+  (void)codec::resource_from_wire(w, d, codec::trusted_enum, [](const proto::ResDesc& r, CUDA_RESOURCE_DESC* out) {
+    if (out->resType == CU_RESOURCE_TYPE_ARRAY)
+      out->res.array.hArray = reinterpret_cast<CUarray>(r.handle);
+    else
+      out->res.mipmap.hMipmappedArray = reinterpret_cast<CUmipmappedArray>(r.handle);
+    return CUDA_SUCCESS;
+  });
 }
 
 CUresult obj_create(std::uint64_t* out, const CUDA_RESOURCE_DESC* res, const CUDA_TEXTURE_DESC* tex,
@@ -435,27 +377,10 @@ CUresult obj_create(std::uint64_t* out, const CUDA_RESOURCE_DESC* res, const CUD
   r.ctx = ctx;
   if (CUresult st = res_to_wire(*res, &r.res); st != CUDA_SUCCESS) return st;
   r.flags = surface ? proto::kTexSurface : 0;
-  if (tex != nullptr && !surface) {
-    for (int i = 0; i < 3; ++i) r.tex.address[i] = static_cast<std::uint32_t>(tex->addressMode[i]);
-    r.tex.filter = static_cast<std::uint32_t>(tex->filterMode);
-    r.tex.flags = tex->flags;
-    r.tex.max_anisotropy = tex->maxAnisotropy;
-    r.tex.mipmap_filter = static_cast<std::uint32_t>(tex->mipmapFilterMode);
-    r.tex.mipmap_bias = tex->mipmapLevelBias;
-    r.tex.min_mipmap_clamp = tex->minMipmapLevelClamp;
-    r.tex.max_mipmap_clamp = tex->maxMipmapLevelClamp;
-    for (int i = 0; i < 4; ++i) r.tex.border[i] = tex->borderColor[i];
-  }
+  if (tex != nullptr && !surface) r.tex = codec::texture_desc_to_wire(*tex);
   if (view != nullptr && !surface) {
     r.flags |= proto::kTexHasView;
-    r.view.format = static_cast<std::uint32_t>(view->format);
-    r.view.width = view->width;
-    r.view.height = view->height;
-    r.view.depth = view->depth;
-    r.view.first_level = view->firstMipmapLevel;
-    r.view.last_level = view->lastMipmapLevel;
-    r.view.first_layer = view->firstLayer;
-    r.view.last_layer = view->lastLayer;
+    r.view = codec::view_desc_to_wire(*view);
   }
   proto::RepHandle rep{};
   const CUresult st = rt->call<Op::kTexCreate>(r, {}, &rep);
@@ -507,13 +432,8 @@ CUresult copy_2d_array(const CUDA_MEMCPY2D& c, CUstream s, bool async) {
 CUresult cuArrayCreate(CUarray* out, const CUDA_ARRAY_DESCRIPTOR* d) {
   return guard([&] {
     if (out == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_ARRAY3D_DESCRIPTOR d3{};
-    d3.Width = d->Width;
-    d3.Height = d->Height;
-    d3.Format = d->Format;
-    d3.NumChannels = d->NumChannels;
     std::uint64_t hdl = 0;
-    const CUresult st = create(&hdl, d3, proto::kArrayCreate2D, 0);
+    const CUresult st = create(&hdl, codec::array_desc_to_wire(*d), proto::kArrayCreate2D, 0);
     if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUarray>(hdl);
     return st;
   });
@@ -523,7 +443,7 @@ CUresult cuArray3DCreate(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR* d) {
   return guard([&] {
     if (out == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::uint64_t hdl = 0;
-    const CUresult st = create(&hdl, *d, proto::kArrayCreate3D, 0);
+    const CUresult st = create(&hdl, codec::array_desc_to_wire(*d), proto::kArrayCreate3D, 0);
     if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUarray>(hdl);
     return st;
   });
@@ -538,12 +458,7 @@ CUresult cuArrayGetDescriptor(CUDA_ARRAY_DESCRIPTOR* out, CUarray a) {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepArrayQuery rep{};
     const CUresult st = query(h(a), proto::kArrayQuery2D, 0, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    *out = CUDA_ARRAY_DESCRIPTOR{};
-    out->Width = rep.desc.width;
-    out->Height = rep.desc.height;
-    out->Format = static_cast<CUarray_format>(rep.desc.format);
-    out->NumChannels = rep.desc.channels;
+    if (st == CUDA_SUCCESS) (void)codec::array_desc_from_wire(rep.desc, out, codec::trusted_enum);
     return st;
   });
 }
@@ -553,14 +468,7 @@ CUresult cuArray3DGetDescriptor(CUDA_ARRAY3D_DESCRIPTOR* out, CUarray a) {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepArrayQuery rep{};
     const CUresult st = query(h(a), proto::kArrayQuery3D, 0, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    *out = CUDA_ARRAY3D_DESCRIPTOR{};
-    out->Width = rep.desc.width;
-    out->Height = rep.desc.height;
-    out->Depth = rep.desc.depth;
-    out->Format = static_cast<CUarray_format>(rep.desc.format);
-    out->NumChannels = rep.desc.channels;
-    out->Flags = rep.desc.flags;
+    if (st == CUDA_SUCCESS) (void)codec::array_desc_from_wire(rep.desc, out, codec::trusted_enum);
     return st;
   });
 }
@@ -577,7 +485,7 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray* out, const CUDA_ARRAY3D_DESCRI
   return guard([&] {
     if (out == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::uint64_t hdl = 0;
-    const CUresult st = create(&hdl, *d, proto::kArrayCreateMipmap, levels);
+    const CUresult st = create(&hdl, codec::array_desc_to_wire(*d), proto::kArrayCreateMipmap, levels);
     if (st == CUDA_SUCCESS) *out = reinterpret_cast<CUmipmappedArray>(hdl);
     return st;
   });
@@ -703,17 +611,7 @@ CUresult cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC* out, CUtexObject t) {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepTexInfo rep{};
     const CUresult st = obj_call(Op::kTexQuery, t, false, proto::kTexQueryTexture, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    *out = CUDA_TEXTURE_DESC{};
-    for (int i = 0; i < 3; ++i) out->addressMode[i] = static_cast<CUaddress_mode>(rep.tex.address[i]);
-    out->filterMode = static_cast<CUfilter_mode>(rep.tex.filter);
-    out->flags = rep.tex.flags;
-    out->maxAnisotropy = rep.tex.max_anisotropy;
-    out->mipmapFilterMode = static_cast<CUfilter_mode>(rep.tex.mipmap_filter);
-    out->mipmapLevelBias = rep.tex.mipmap_bias;
-    out->minMipmapLevelClamp = rep.tex.min_mipmap_clamp;
-    out->maxMipmapLevelClamp = rep.tex.max_mipmap_clamp;
-    for (int i = 0; i < 4; ++i) out->borderColor[i] = rep.tex.border[i];
+    if (st == CUDA_SUCCESS) (void)codec::texture_desc_from_wire(rep.tex, out, codec::trusted_enum);
     return st;
   });
 }
@@ -723,16 +621,7 @@ CUresult cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC* out, CUtexObjec
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     proto::RepTexInfo rep{};
     const CUresult st = obj_call(Op::kTexQuery, t, false, proto::kTexQueryView, &rep);
-    if (st != CUDA_SUCCESS) return st;
-    *out = CUDA_RESOURCE_VIEW_DESC{};
-    out->format = static_cast<CUresourceViewFormat>(rep.view.format);
-    out->width = rep.view.width;
-    out->height = rep.view.height;
-    out->depth = rep.view.depth;
-    out->firstMipmapLevel = rep.view.first_level;
-    out->lastMipmapLevel = rep.view.last_level;
-    out->firstLayer = rep.view.first_layer;
-    out->lastLayer = rep.view.last_layer;
+    if (st == CUDA_SUCCESS) (void)codec::view_desc_from_wire(rep.view, out, codec::trusted_enum);
     return st;
   });
 }

@@ -1,4 +1,8 @@
-// Internal entry points of graphs.cc that other guest files use.
+// Entry points the graph files (graph_build.cc, graph_edit.cc, graph_exec.cc)
+// share with the rest of the guest: the launch packing they reuse
+// (launch.cc), host-node pairs (hostfunc.cc), whether a capture may be under
+// way (graph_exec.cc), and module enumeration (modules.cc). What only the
+// graph files share is guest/graph_internal.h.
 #pragma once
 
 #include <cuda.h>
@@ -31,7 +35,7 @@ proto::MemOp memop_to_wire(const CUstreamBatchMemOpParams& p) noexcept;
 // not end): before that, capture queries are answered without a round trip.
 bool any_capture() noexcept;
 
-// Calls cb(user, f) for every kernel of `mod` (cuFFT's export-table hook).
+// Calls cb(user, f) for every kernel of `mod` (cuFFT's export-table hook; modules.cc).
 CUresult for_each_module_function(CUmodule mod, void (*cb)(void* user, CUfunction f), void* user) noexcept;
 
 // A graph host node's pair of arena words (hostfunc.cc): *off is its BAR

@@ -73,7 +73,7 @@ struct Pending {
 
 // Process-wide. Allocated once and never destroyed: the detached dispatcher
 // may still be sleeping on `cv` while static destructors run at exit.
-// A graph host node's pair (graphs.cc): the host's driver runs the node as a
+// A graph host node's pair (graph_build.cc): the host's driver runs the node as a
 // callback of the worker that adds one to `reached` and waits until `done`
 // catches up, once per execution of the node, so the pair is watched for as
 // long as the process lives: every step of `reached` runs the function once.
@@ -141,7 +141,8 @@ void run_one(const Pending& p) {
     bool ran = false;
     for (std::size_t i = 0; i < d->watchers.size() && !ran; ++i) {
       Watcher& w = d->watchers[i];
-      // Pairs with the worker's fetch_add on `reached` (graphs.cc, host_node_call).
+      // Pairs with the worker's fetch_add on `reached` (host-daemon/worker/graph_build.cc,
+      // host_node_call).
       const std::uint32_t v = ivcuda::ring::load_acquire(*word(rt, w.off));
       if (v == w.handled) continue;
       const Watcher run = w;

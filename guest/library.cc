@@ -1,6 +1,7 @@
 // Context-independent loading (cuLibrary*, cuKernel*) and the launch,
 // occupancy and limit queries the CUDA runtime and libraries make, on top of
-// the forwarded module and launch calls (capture and graphs: graphs.cc).
+// the forwarded module and launch calls (capture and graphs: graph_build.cc,
+// graph_edit.cc, graph_exec.cc).
 //
 // A library is a guest object: its image (the caller's, when it promises to
 // keep it, else a copy) and the module it became in each context. It is
@@ -526,7 +527,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, 
   });
 }
 
-// Stream capture and its queries: graphs.cc.
+// Stream capture and its queries: graph_exec.cc.
 
 // Ids: the handles are unique for the life of the process on the host, so
 // they serve as ids (CUDA only promises uniqueness).

@@ -27,8 +27,8 @@ using proto::Op;
 
 namespace ivcuda::guest {
 
-// The wire form of one CUstreamBatchMemOpParams (graphs.cc's batch memory
-// operation nodes use it too). The union's tag says which member counts.
+// The wire form of one CUstreamBatchMemOpParams. The union's tag says which
+// member counts.
 proto::MemOp memop_to_wire(const CUstreamBatchMemOpParams& p) noexcept {
   proto::MemOp m{};
   m.operation = static_cast<std::uint32_t>(p.operation);

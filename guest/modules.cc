@@ -1,6 +1,7 @@
 // Modules and their functions and globals (cuModuleLoad*, cuModuleGet*,
-// cuFunc*). Images travel through the arena; the host checks them before its
-// driver sees them (host-daemon/worker/modules.cc). Libraries are guest/library.cc.
+// cuModuleEnumerateFunctions, cuFunc*). Images travel through the arena; the
+// host checks them before its driver sees them (host-daemon/worker/modules.cc).
+// Libraries are guest/library.cc.
 #include <cuda.h>
 #include <elf.h>
 
@@ -238,6 +239,69 @@ CUresult cuModuleGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUmodule mod, const
     if (fresh) (void)rt->reserve_device_range(rep.base, rep.size);
     if (dptr != nullptr) *dptr = rep.base;
     if (bytes != nullptr) *bytes = rep.size;
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- enumeration: the host's driver names a module's kernels, each is then
+// looked up as cuModuleGetFunction looks one up.
+namespace {
+// Names of a module's kernels, as the host's driver enumerates them.
+CUresult module_function_names(CUmodule mod, std::vector<std::string>* names) {
+  NEED_RT();
+  if (mod == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  proto::RepValue rep{};
+  std::vector<std::byte> extra;
+  const CUresult st = rt->call<Op::kModuleEnumerate>(proto::ReqHandle{current_ctx(), h(mod)}, {}, &rep, &extra);
+  if (st != CUDA_SUCCESS) return st;
+  std::size_t at = 0;
+  for (std::int64_t i = 0; i < rep.value; ++i) {
+    std::uint32_t len = 0;
+    if (extra.size() - at < sizeof len) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(&len, extra.data() + at, sizeof len);
+    at += sizeof len;
+    if (len == 0 || extra.size() - at < len) return CUDA_ERROR_UNKNOWN;
+    names->emplace_back(reinterpret_cast<const char*>(extra.data() + at), len);
+    at += len;
+  }
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) {
+  return guard([&] {
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::string> names;
+    const CUresult st = module_function_names(mod, &names);
+    if (st == CUDA_SUCCESS) *count = static_cast<unsigned>(names.size());
+    return st;
+  });
+}
+
+CUresult cuModuleEnumerateFunctions(CUfunction* fns, unsigned int n, CUmodule mod) {
+  return guard([&] {
+    if (fns == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::string> names;
+    CUresult st = module_function_names(mod, &names);
+    if (st != CUDA_SUCCESS) return st;
+    if (n > names.size()) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; ++i)
+      if ((st = cuModuleGetFunction(&fns[i], mod, names[i].c_str())) != CUDA_SUCCESS) return st;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult ivcuda::guest::for_each_module_function(CUmodule mod, void (*cb)(void*, CUfunction), void* user) noexcept {
+  return guard([&] {
+    if (cb == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::string> names;
+    CUresult st = module_function_names(mod, &names);
+    if (st != CUDA_SUCCESS) return st;
+    for (const auto& name : names) {
+      CUfunction f = nullptr;
+      if ((st = cuModuleGetFunction(&f, mod, name.c_str())) != CUDA_SUCCESS) return st;
+      cb(user, f);
+    }
     return CUDA_SUCCESS;
   });
 }

@@ -21,6 +21,7 @@
 
 #include "host-daemon/shared/log.h"
 #include "host-daemon/worker/worker_internal.h"
+#include "ivcuda/array_codec.h"
 #include "ring/validate.h"
 
 namespace ivcuda::host {
@@ -56,29 +57,9 @@ std::uint64_t element_bytes(unsigned format, unsigned channels) {
   }
 }
 
-ArrayDesc to_wire(const CUDA_ARRAY3D_DESCRIPTOR& d) {
-  ArrayDesc w{};
-  w.width = d.Width;
-  w.height = d.Height;
-  w.depth = d.Depth;
-  w.format = static_cast<u32>(d.Format);
-  w.channels = d.NumChannels;
-  w.flags = d.Flags;
-  return w;
-}
-
 // `len` items from `at` lie inside `count` (0 counts as 1: a 1D array has one row).
 bool fits(std::uint64_t at, std::uint64_t len, std::uint64_t count) {
   return ring::range_ok(at, len, count == 0 ? 1 : count);
-}
-
-void sparse_to_wire(const CUDA_ARRAY_SPARSE_PROPERTIES& p, RepArrayQuery* rep) {
-  rep->tile_width = p.tileExtent.width;
-  rep->tile_height = p.tileExtent.height;
-  rep->tile_depth = p.tileExtent.depth;
-  rep->miptail_first_level = p.miptailFirstLevel;
-  rep->miptail_size = p.miptailSize;
-  rep->sparse_flags = p.flags;
 }
 
 }  // namespace
@@ -118,13 +99,8 @@ CUresult Worker::on_ArrayCreate(Call& c) {
   const auto r = c.req<ReqArrayCreate>();
   CtxEntry* ctx = nullptr;
   if (CUresult st = use_ctx(r.ctx, &ctx); st != CUDA_SUCCESS) return st;
-  CUDA_ARRAY3D_DESCRIPTOR d{};
-  d.Width = r.desc.width;
-  d.Height = r.desc.height;
-  d.Depth = r.desc.depth;
-  if (!wire_enum(r.desc.format, &d.Format)) return CUDA_ERROR_INVALID_VALUE;
-  d.NumChannels = r.desc.channels;
-  d.Flags = r.desc.flags;
+  CUDA_ARRAY3D_DESCRIPTOR d;
+  if (!codec::array_desc_from_wire(r.desc, &d, checked_enum)) return CUDA_ERROR_INVALID_VALUE;
   if (full(arrays_, cfg_.limits.arrays, "array") || full(mipmaps_, cfg_.limits.arrays, "mipmapped array"))
     return CUDA_ERROR_OUT_OF_MEMORY;
   // A 2D array has no depth, whatever the request says.
@@ -219,7 +195,7 @@ CUresult Worker::on_ArrayQuery(Call& c) {
     } else {
       CUDA_ARRAY_SPARSE_PROPERTIES p{};
       st = cu_.cuMipmappedArrayGetSparseProperties(&p, m->real);
-      sparse_to_wire(p, &rep);
+      rep = codec::sparse_to_wire(p);
     }
     c.set_reply(rep);
     return st;
@@ -231,14 +207,11 @@ CUresult Worker::on_ArrayQuery(Call& c) {
   if (r.kind == kArrayQuery2D) {
     CUDA_ARRAY_DESCRIPTOR d{};
     st = cu_.cuArrayGetDescriptor(&d, a->real);
-    rep.desc.width = d.Width;
-    rep.desc.height = d.Height;
-    rep.desc.format = static_cast<u32>(d.Format);
-    rep.desc.channels = d.NumChannels;
+    rep.desc = codec::array_desc_to_wire(d);
   } else if (r.kind == kArrayQuery3D) {
     CUDA_ARRAY3D_DESCRIPTOR d{};
     st = cu_.cuArray3DGetDescriptor(&d, a->real);
-    rep.desc = to_wire(d);
+    rep.desc = codec::array_desc_to_wire(d);
   } else if (r.kind == kArrayQueryMemReq) {
     if (!valid_device(r.device)) return CUDA_ERROR_INVALID_DEVICE;
     CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
@@ -248,7 +221,7 @@ CUresult Worker::on_ArrayQuery(Call& c) {
   } else if (r.kind == kArrayQuerySparse) {
     CUDA_ARRAY_SPARSE_PROPERTIES p{};
     st = cu_.cuArrayGetSparseProperties(&p, a->real);
-    sparse_to_wire(p, &rep);
+    rep = codec::sparse_to_wire(p);
   } else {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -661,50 +634,31 @@ CUresult Worker::on_MemMapArrays(Call& c) {
 // A guest's resource descriptor in the driver's terms: its handles resolved,
 // its device memory checked to be the guest's over the whole extent.
 CUresult Worker::resource_from_wire(const ResDesc& w, CUDA_RESOURCE_DESC* out, std::uint64_t* handle) {
-  *out = CUDA_RESOURCE_DESC{};
-  if (!wire_enum(w.type, &out->resType)) return CUDA_ERROR_INVALID_VALUE;
-  out->flags = w.flags;
   *handle = 0;
-  switch (w.type) {
-    case CU_RESOURCE_TYPE_ARRAY: {
-      ArrayEntry* a = arrays_.find(w.handle);
-      if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-      out->res.array.hArray = a->real;
-      *handle = w.handle;
-      return CUDA_SUCCESS;
-    }
-    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
-      MipmapEntry* m = mipmaps_.find(w.handle);
-      if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-      out->res.mipmap.hMipmappedArray = m->real;
-      *handle = w.handle;
-      return CUDA_SUCCESS;
-    }
-    case CU_RESOURCE_TYPE_LINEAR:
-      if (w.size_bytes == 0 || !owns_device(w.dptr, w.size_bytes)) return CUDA_ERROR_INVALID_VALUE;
-      out->res.linear.devPtr = w.dptr;
-      if (!wire_enum(w.format, &out->res.linear.format)) return CUDA_ERROR_INVALID_VALUE;
-      out->res.linear.numChannels = w.channels;
-      out->res.linear.sizeInBytes = w.size_bytes;
-      return CUDA_SUCCESS;
-    case CU_RESOURCE_TYPE_PITCH2D: {
-      const std::uint64_t elem = element_bytes(w.format, w.channels);
-      std::uint64_t row, extent;
-      if (elem == 0 || w.height == 0 || __builtin_mul_overflow(w.width, elem, &row) || row > w.pitch ||
-          __builtin_mul_overflow(w.pitch, w.height - 1, &extent) || __builtin_add_overflow(extent, row, &extent) ||
-          !owns_device(w.dptr, extent))
-        return CUDA_ERROR_INVALID_VALUE;
-      out->res.pitch2D.devPtr = w.dptr;
-      if (!wire_enum(w.format, &out->res.pitch2D.format)) return CUDA_ERROR_INVALID_VALUE;
-      out->res.pitch2D.numChannels = w.channels;
-      out->res.pitch2D.width = w.width;
-      out->res.pitch2D.height = w.height;
-      out->res.pitch2D.pitchInBytes = w.pitch;
-      return CUDA_SUCCESS;
-    }
-    default:
+  if (w.type == CU_RESOURCE_TYPE_LINEAR && (w.size_bytes == 0 || !owns_device(w.dptr, w.size_bytes)))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (w.type == CU_RESOURCE_TYPE_PITCH2D) {
+    const std::uint64_t elem = element_bytes(w.format, w.channels);
+    std::uint64_t row, extent;
+    if (elem == 0 || w.height == 0 || __builtin_mul_overflow(w.width, elem, &row) || row > w.pitch ||
+        __builtin_mul_overflow(w.pitch, w.height - 1, &extent) || __builtin_add_overflow(extent, row, &extent) ||
+        !owns_device(w.dptr, extent))
       return CUDA_ERROR_INVALID_VALUE;
   }
+  const auto array = [&](const ResDesc& r, CUDA_RESOURCE_DESC* d) {
+    if (r.type == CU_RESOURCE_TYPE_ARRAY) {
+      ArrayEntry* a = arrays_.find(r.handle);
+      if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      d->res.array.hArray = a->real;
+    } else {
+      MipmapEntry* m = mipmaps_.find(r.handle);
+      if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      d->res.mipmap.hMipmappedArray = m->real;
+    }
+    *handle = r.handle;
+    return CUDA_SUCCESS;
+  };
+  return codec::resource_from_wire(w, out, checked_enum, array);
 }
 
 CUresult Worker::on_TexCreate(Call& c) {
@@ -721,26 +675,10 @@ CUresult Worker::on_TexCreate(Call& c) {
     st = cu_.cuSurfObjectCreate(&s, &res);
     obj = s;
   } else {
-    CUDA_TEXTURE_DESC t{};
-    for (int i = 0; i < 3; ++i)
-      if (!wire_enum(r.tex.address[i], &t.addressMode[i])) return CUDA_ERROR_INVALID_VALUE;
-    if (!wire_enum(r.tex.filter, &t.filterMode) || !wire_enum(r.tex.mipmap_filter, &t.mipmapFilterMode))
+    CUDA_TEXTURE_DESC t;
+    CUDA_RESOURCE_VIEW_DESC v;
+    if (!codec::texture_desc_from_wire(r.tex, &t, checked_enum) || !codec::view_desc_from_wire(r.view, &v, checked_enum))
       return CUDA_ERROR_INVALID_VALUE;
-    t.flags = r.tex.flags;
-    t.maxAnisotropy = r.tex.max_anisotropy;
-    t.mipmapLevelBias = r.tex.mipmap_bias;
-    t.minMipmapLevelClamp = r.tex.min_mipmap_clamp;
-    t.maxMipmapLevelClamp = r.tex.max_mipmap_clamp;
-    for (int i = 0; i < 4; ++i) t.borderColor[i] = r.tex.border[i];
-    CUDA_RESOURCE_VIEW_DESC v{};
-    if (!wire_enum(r.view.format, &v.format)) return CUDA_ERROR_INVALID_VALUE;
-    v.width = r.view.width;
-    v.height = r.view.height;
-    v.depth = r.view.depth;
-    v.firstMipmapLevel = r.view.first_level;
-    v.lastMipmapLevel = r.view.last_level;
-    v.firstLayer = r.view.first_layer;
-    v.lastLayer = r.view.last_layer;
     CUtexObject t_obj = 0;
     st = cu_.cuTexObjectCreate(&t_obj, &res, &t, (r.flags & kTexHasView) != 0 ? &v : nullptr);
     obj = t_obj;
@@ -775,53 +713,16 @@ CUresult Worker::on_TexQuery(Call& c) {
   if (r.query == kTexQueryResource) {
     CUDA_RESOURCE_DESC res{};
     st = surface ? cu_.cuSurfObjectGetResourceDesc(&res, r.object) : cu_.cuTexObjectGetResourceDesc(&res, r.object);
-    rep.res.type = res.resType;
-    rep.res.flags = res.flags;
-    switch (res.resType) {
-      case CU_RESOURCE_TYPE_ARRAY:
-      case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-        rep.res.handle = it->second.resource;  // never the driver's handle
-        break;
-      case CU_RESOURCE_TYPE_LINEAR:
-        rep.res.dptr = res.res.linear.devPtr;
-        rep.res.format = res.res.linear.format;
-        rep.res.channels = res.res.linear.numChannels;
-        rep.res.size_bytes = res.res.linear.sizeInBytes;
-        break;
-      case CU_RESOURCE_TYPE_PITCH2D:
-        rep.res.dptr = res.res.pitch2D.devPtr;
-        rep.res.format = res.res.pitch2D.format;
-        rep.res.channels = res.res.pitch2D.numChannels;
-        rep.res.width = res.res.pitch2D.width;
-        rep.res.height = res.res.pitch2D.height;
-        rep.res.pitch = res.res.pitch2D.pitchInBytes;
-        break;
-      default:
-        break;
-    }
+    // An array as the guest's handle, never the driver's.
+    (void)codec::resource_to_wire(res, it->second.resource, &rep.res);
   } else if (r.query == kTexQueryTexture && !surface) {
     CUDA_TEXTURE_DESC t{};
     st = cu_.cuTexObjectGetTextureDesc(&t, r.object);
-    for (int i = 0; i < 3; ++i) rep.tex.address[i] = t.addressMode[i];
-    rep.tex.filter = t.filterMode;
-    rep.tex.flags = t.flags;
-    rep.tex.max_anisotropy = t.maxAnisotropy;
-    rep.tex.mipmap_filter = t.mipmapFilterMode;
-    rep.tex.mipmap_bias = t.mipmapLevelBias;
-    rep.tex.min_mipmap_clamp = t.minMipmapLevelClamp;
-    rep.tex.max_mipmap_clamp = t.maxMipmapLevelClamp;
-    for (int i = 0; i < 4; ++i) rep.tex.border[i] = t.borderColor[i];
+    rep.tex = codec::texture_desc_to_wire(t);
   } else if (r.query == kTexQueryView && !surface) {
     CUDA_RESOURCE_VIEW_DESC v{};
     st = cu_.cuTexObjectGetResourceViewDesc(&v, r.object);
-    rep.view.format = v.format;
-    rep.view.width = v.width;
-    rep.view.height = v.height;
-    rep.view.depth = v.depth;
-    rep.view.first_level = v.firstMipmapLevel;
-    rep.view.last_level = v.lastMipmapLevel;
-    rep.view.first_layer = v.firstLayer;
-    rep.view.last_layer = v.lastLayer;
+    rep.view = codec::view_desc_to_wire(v);
   }
   c.set_reply(rep);
   return st;

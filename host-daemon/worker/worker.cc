@@ -318,7 +318,7 @@ void Worker::drain_console() {
 void Worker::cleanup() noexcept {
   if (cu_.handle == nullptr) return;
   abandon_copies();      // memory.cc: before the contexts their events belong to
-  abandon_host_nodes();  // graphs.cc: a host node waiting for the gone guest gives up
+  abandon_host_nodes();  // graph_build.cc: a host node waiting for the gone guest gives up
   destroy_created_pools();
   release_vmm();
   destroy_links();

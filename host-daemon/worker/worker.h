@@ -189,7 +189,7 @@ class Worker final : public GuestWorker {
     std::uint64_t owner_node = 0;
   };
   // A graph host node's meeting point with the guest: a pair of words in its
-  // arena (graphs.cc, host_node_call). Owned by the worker: every graph,
+  // arena (graph_build.cc, host_node_call). Owned by the worker: every graph,
   // clone and executable graph made from the node points at it.
   struct HostNodeSlot {
     std::uint32_t* reached = nullptr;
@@ -355,19 +355,40 @@ class Worker final : public GuestWorker {
   CUresult launch_with(const proto::ReqLaunch& r, std::span<const std::byte> params,
                        std::span<const CUlaunchAttribute> attrs, bool cooperative);
   CUresult refuse_in_capture(CUstream s);
-  // Graph building (graphs.cc).
+  // Graphs (graph_build.cc, graph_edit.cc, graph_exec.cc).
   std::uint64_t node_handle(CUgraphNode real, std::uint64_t graph);
   void drop_graph(std::uint64_t graph);
   void drop_node(std::uint64_t node);
   CUresult node_in_ctx(std::uint64_t h, NodeEntry** out);
+  CUresult exec_in_ctx(std::uint64_t h, ExecEntry** out);
+  CUresult capture_start(std::uint64_t ctx, std::uint32_t wire_mode, std::uint64_t stream, CUstreamCaptureMode* mode,
+                         CUstream* s);
   CUresult add_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,
                     std::span<const std::byte> packed, CUgraphNode* out);
   CUresult set_node_params(NodeEntry& n, CUgraphExec exec, const proto::GraphNodeParams& p,
                            std::span<const std::byte> packed);
   CUresult get_node_params(NodeEntry& n, Call& c);
+  CUresult kernel_node_to_wire(CUgraphNode node, proto::GraphNodeParams* p, std::vector<std::byte>* packed);
+  CUresult copy_node_to_wire(CUgraphNode node, proto::GraphNodeParams* p);
+  CUresult event_node_to_wire(CUgraphNode node, proto::GraphNodeParams* p);
+  CUresult alloc_node_to_wire(CUgraphNode node, proto::GraphNodeParams* p, std::vector<std::byte>* packed);
+  CUresult host_node_to_wire(CUgraphNode node, proto::GraphNodeParams* p);
   CUresult to_driver_copy(const proto::GraphNodeParams& p, CUDA_MEMCPY3D* out);
   CUresult to_driver_memset(const proto::GraphNodeParams& p, CUDA_MEMSET_NODE_PARAMS* out);
-  CUresult graph_list(Call& c, const proto::ReqGraphQuery& r);
+  // on_GraphQuery's answers, one per kind of question (tests/fuzz/coverage.py
+  // counts an on_<Op>_<part> as the handler on_<Op>).
+  CUresult on_GraphQuery_list(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_type(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_destroy_node(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_clone(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_find_in_clone(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_child_graph(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_cond_handle(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_dot(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_exec_flags(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_graph_mem(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_exec_update(Call& c, const proto::ReqGraphQuery& r);
+  CUresult on_GraphQuery_enabled(Call& c, const proto::ReqGraphQuery& r);
   CUresult capture_nodes(std::span<const std::byte> tail, std::uint32_t count, std::vector<CUgraphNode>* nodes,
                          std::vector<CUgraphEdgeData>* data);
   CUresult add_mem_alloc_node(GraphEntry& g, std::span<const CUgraphNode> deps, const proto::GraphNodeParams& p,

@@ -3,9 +3,10 @@
 // of a context's objects. The handlers themselves live in one file per API
 // family, named as on the guest side: contexts.cc, memory.cc, modules.cc,
 // launch.cc, streams.cc, events.cc, pools.cc, vmm.cc, ipc.cc, arrays.cc,
-// graphs.cc, peer.cc, hostfunc.cc. Each works on a private copy of the
-// request (Call), validates every handle, address, offset and length against
-// what this guest owns, and only then calls the driver.
+// graph_build.cc, graph_edit.cc, graph_exec.cc, peer.cc, hostfunc.cc. Each
+// works on a private copy of the request (Call), validates every handle,
+// address, offset and length against what this guest owns, and only then
+// calls the driver.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -241,7 +242,7 @@ void Worker::drop_ctx_objects(std::uint64_t ctx) {
   graphs_.for_each([&](std::uint64_t h, GraphEntry& g) {
     if (g.ctx == ctx) dead.push_back(h);
   });
-  for (auto h : dead) drop_graph(h);  // graphs.cc: their nodes too
+  for (auto h : dead) drop_graph(h);  // graph_build.cc: their nodes too
   dead.clear();
   execs_.for_each([&](std::uint64_t h, ExecEntry& e) {
     if (e.ctx == ctx) dead.push_back(h);

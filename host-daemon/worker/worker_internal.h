@@ -14,7 +14,7 @@
 namespace ivcuda::host {
 
 // Host nodes and user objects of a guest that went away stop waiting for it
-// (graphs.cc), so that destroying its contexts does not wait for ever.
+// (graph_build.cc), so that destroying its contexts does not wait for ever.
 void abandon_host_nodes() noexcept;
 // A recycled worker's next guest (its contexts were reset: no host node of
 // the last guest's is left): host nodes wait for their guest again.
@@ -34,6 +34,8 @@ bool wire_enum(std::uint64_t v, E* out) {
   *out = static_cast<E>(v);
   return true;
 }
+// wire_enum as the codecs take it (ivcuda/graph_codec.h, array_codec.h).
+inline constexpr auto checked_enum = [](std::uint64_t v, auto* out) { return wire_enum(v, out); };
 
 struct Worker::Channel {
   std::uint32_t index = 0;

@@ -915,7 +915,8 @@ struct ReqMemImport {
 };
 
 // ---- CUDA arrays, texture and surface objects (guest/arrays.cc,
-// host-daemon/worker/arrays.cc). Arrays and mipmapped arrays are host handles
+// host-daemon/worker/arrays.cc; the descriptors' conversions are
+// ivcuda/array_codec.h). Arrays and mipmapped arrays are host handles
 // (HandleKind::kArray / kMipmappedArray); texture and surface objects are the
 // driver's own 64-bit values (kernels take them by value), which the host
 // accepts back only if this guest created them.
@@ -1167,8 +1168,9 @@ struct ReqPoolPtrFree {
   u32 async;
 };
 
-// ---- graph building (guest/graphs.cc, host-daemon/worker/graphs.cc). Nodes are host
-// handles (HandleKind::kGraphNode), each belonging to one graph of this guest.
+// ---- graph building (guest/graph_*.cc, host-daemon/worker/graph_*.cc; the
+// parameters' conversions are ivcuda/graph_codec.h). Nodes are host handles
+// (HandleKind::kGraphNode), each belonging to one graph of this guest.
 // One end of a memcpy node: device memory (CU_MEMORYTYPE_DEVICE, addr is a
 // device address) or page-locked memory (CU_MEMORYTYPE_HOST, addr is a BAR
 // offset in the arena). Arrays and pageable memory never travel.

@@ -10,9 +10,11 @@ LOG is worker_fuzz's output of a run with -print_coverage=1 and IVCUDA_FUZZ_OPST
 covered of those instrumented, per function; ASan's and UBSan's report paths are edges too, so
 no handler gets near 100 %) and the harness's OPSTAT lines (replies per op, and how many said
 CUDA_SUCCESS). A handler is Worker::on_<Op> of include/ivcuda/proto.h's op table, with the
-lambdas and template instances defined inside it; helpers that several handlers share count for
-none of them. A handler is "entered" if on_<Op> ran at all and "past its first check" if it
-covered more than the two edges of its entry and its first early return (or all of its edges).
+lambdas and template instances defined inside it and its parts: the functions named
+Worker::on_<Op>_<part> it hands its request to (on_GraphQuery's answers, one per kind of
+question). Helpers that several handlers share count for none of them. A handler is "entered"
+if on_<Op> ran at all and "past its first check" if it covered more than the two edges of its
+entry and its first early return (or all of its edges).
 
 The floor (exit 1 below it): every handler entered; each handler at least the edges --floor
 FILE names for it (worker_floor.tsv: --write-floor writes --margin, 80 %, of what LOG reached,
@@ -44,14 +46,15 @@ def read(log):
             m = FUNC.match(line)
             if m:
                 hits, cov, edges, name = int(m.group(2)), int(m.group(3)), int(m.group(4)), m.group(5)
-                h = re.search(r"Worker::on_(\w+)\(", name)
+                # Op names are CamelCase: an underscore after one starts a part's name.
+                h = re.search(r"Worker::on_([A-Za-z0-9]+)(_\w+)?\(", name)
                 if h is None or h.group(1) not in handlers:
                     continue
                 d = handlers[h.group(1)]
                 d["covered"] += cov
                 d["edges"] += edges
-                # The handler itself, not a lambda or instance inside it.
-                if re.search(r"Worker::on_\w+\([^()]*\)$", name):
+                # The handler itself, not a part, nor a lambda or instance inside one.
+                if h.group(2) is None and re.search(r"Worker::on_\w+\([^()]*\)$", name):
                     d["seen"] = True
                     d["entered"] |= hits > 0
                 continue
