@@ -48,8 +48,11 @@ trap cleanup EXIT
 export IVCUDA_DOUBLE_LEDGER=$work/ledger  # the double's device memory, across its processes
 export IVCUDA_GPU_DOUBLE_CONTEXT_MIB=16
 
+# --warm-burst 4: room in the pool (5 entries) for both users' recycled workers and the extra fresh
+# ones a loaded machine starts; with 3, uid 65534's returning worker could take the place of the
+# one recycled longest ago - this user's - and case 4 saw a fresh worker (the pool's rule, not a leak).
 start_ivcudad "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
-  --channels 4 --warm-workers 1 --warm-burst 2 --driver "$driver" --nvml "$nvml" || exit 1
+  --channels 4 --warm-workers 1 --warm-burst 4 --driver "$driver" --nvml "$nvml" || exit 1
 chmod 777 "$sock"
 through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$@"; }
 # the worker that served the last guest handed over after MARK (vm_supervisor.cc logs it).
