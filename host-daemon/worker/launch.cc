@@ -166,7 +166,7 @@ bool cluster_config(const ReqOccCluster& r, CUstream s, CUlaunchAttribute (&attr
 
 // cuOccupancyMaxActiveClusters (max_size false) or
 // cuOccupancyMaxPotentialClusterSize (true), asked of the function's own context.
-CUresult Worker::cluster_occupancy(Call& c, bool max_size) {
+CUresult Worker::on_OccupancyCluster_ask(Call& c, bool max_size) {
   const auto r = c.req<ReqOccCluster>();
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   FuncEntry* f = funcs_.find(r.function);
@@ -183,9 +183,9 @@ CUresult Worker::cluster_occupancy(Call& c, bool max_size) {
   return st;
 }
 
-CUresult Worker::on_OccupancyCluster(Call& c) { return cluster_occupancy(c, false); }
+CUresult Worker::on_OccupancyCluster(Call& c) { return on_OccupancyCluster_ask(c, false); }
 
-CUresult Worker::on_OccupancyClusterSize(Call& c) { return cluster_occupancy(c, true); }
+CUresult Worker::on_OccupancyClusterSize(Call& c) { return on_OccupancyCluster_ask(c, true); }
 
 namespace {
 

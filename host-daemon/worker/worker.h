@@ -321,7 +321,8 @@ class Worker final : public GuestWorker {
   template <class Table, class Destroy>
   CUresult destroy_in_ctx(Table& table, std::uint64_t handle, Destroy&& destroy);
   CUresult launch(Call& c, bool cooperative);
-  CUresult cluster_occupancy(Call& c, bool max_size);  // launch.cc
+  // launch.cc: both cluster questions (the fuzz coverage counts it as on_OccupancyCluster's part).
+  CUresult on_OccupancyCluster_ask(Call& c, bool max_size);
   // Both directions of a copy between the arena and the device.
   CUresult arena_copy(Call& c, bool to_device);
   // Pageable copies the guest posted (memory.cc): a staged chunk's DMA and
