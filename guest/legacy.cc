@@ -174,3 +174,41 @@ CUresult CUDAAPI cuLinkAddFile(CUlinkState s, CUjitInputType type, const char* p
   return cuLinkAddFile_v2(s, type, path, n, opts, vals);
 }
 
+
+// ---- as the driver answers them. The first generation of the stream memory
+// operations (CUDA 8.0 to 11.6) answers CUDA_ERROR_NOT_SUPPORTED unless the
+// driver was loaded with its module option, which no usual install sets:
+// measured with real arguments (drv_memops on the H200) and zero ones
+// (drv_absent on the H100). cuda.h declares only the _v2 forms.
+extern "C" {
+CUresult CUDAAPI cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamWaitValue32_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamWaitValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamWaitValue64_ptsz(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamWriteValue32_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamWriteValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamWriteValue64_ptsz(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamBatchMemOp(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuStreamBatchMemOp_ptsz(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+}  // extern "C"

@@ -4,9 +4,11 @@
 // cannot reach; so in the guest these do what the driver does when no tool is
 // attached: nothing, with CUDA_SUCCESS for a thread that has a current
 // context (cudaProfilerStart in a program that is run without a profiler, as
-// PyTorch's and many benchmarks' code does). cuProfilerInitialize keeps the
-// generated stub: since CUDA 12.0 the driver answers it CUDA_ERROR_NOT_SUPPORTED.
+// PyTorch's and many benchmarks' code does). cuProfilerInitialize answers
+// CUDA_ERROR_NOT_SUPPORTED, as the driver has since CUDA 12.0 (measured on the
+// H100 too).
 #include <cuda.h>
+#include <cudaProfiler.h>
 
 #include "guest/guard.h"
 #include "guest/internal.h"
@@ -32,5 +34,6 @@ extern "C" {
 
 CUresult CUDAAPI cuProfilerStart(void) { return no_tool_attached(); }
 CUresult CUDAAPI cuProfilerStop(void) { return no_tool_attached(); }
+CUresult CUDAAPI cuProfilerInitialize(const char*, const char*, CUoutput_mode) { return CUDA_ERROR_NOT_SUPPORTED; }
 
 }  // extern "C"

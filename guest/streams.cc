@@ -91,6 +91,8 @@ CUresult cuStreamGetCtx(CUstream s, CUcontext* pctx) {
 CUresult cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) {
   return guard([&] {
     NEED_RT();
+    // Asked for nothing: the driver refuses it (drv_green on the H100).
+    if (pctx == nullptr && pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
     CUcontext c = nullptr;
     if (const CUresult st = cuStreamGetCtx(s, &c); st != CUDA_SUCCESS) return st;
     const std::uint64_t green = ivcuda::guest::internal::green_of_ctx(rt, h(c));

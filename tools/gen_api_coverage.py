@@ -43,6 +43,18 @@ FAMILIES = [
 
 
 REASONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "api_unsupported.tsv")
+# What the real driver answered to each stub's name with every argument zero (drv_absent).
+NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "absent-native-h100.txt")
+
+
+def native_answers():
+    answers = {}
+    if os.path.exists(NATIVE):
+        for line in open(NATIVE, encoding="utf-8"):
+            if line.strip() and not line.startswith("#"):
+                name, answer = line.split(None, 1)
+                answers[name] = answer.strip().replace("CUDA_ERROR_", "").replace("CUDA_", "")
+    return answers
 
 
 def reasons():
@@ -83,6 +95,7 @@ def table(path):
 
 def render(rows, kinds):
     why_rows, used, errors = reasons(), set(), []
+    native = native_answers()
     fam = collections.OrderedDict((name, []) for name, _ in FAMILIES)
     for sym in rows:
         for name, pattern in FAMILIES:
@@ -98,7 +111,10 @@ def render(rows, kinds):
         "**implemented** = forwarded to the host or answered in the guest; **not supported** = the",
         "generated stub, which answers `CUDA_ERROR_NOT_SUPPORTED`, logs its name once and is counted",
         "by `IVCUDA_LOG_UNSUPPORTED`. Every ABI generation of a name is its own export. Why each",
-        "stub is one is `tools/api_unsupported.tsv`'s (the generator refuses a stub without a reason).",
+        "stub is one is `tools/api_unsupported.tsv`'s (the generator refuses a stub without a reason);",
+        "after each name, what the real driver answers to it with every argument zero, where the feature",
+        "is absent (H100, driver 580, CUDA 13.0: docs/absent-native-h100.txt, measured by",
+        "tests/programs/drv_absent.cc; \"crash\": the driver itself faulted).",
         "",
         f"**{done} of {len(rows)} exports implemented, {len(rows) - done} not supported.**",
         "",
@@ -129,7 +145,8 @@ def render(rows, kinds):
             by_reason.setdefault(why or "(no reason given)", []).append(s)
         lines.append("")
         for why, names in by_reason.items():
-            lines.append(f"- {why}: " + ", ".join(f"`{s}`" for s in names) + ".")
+            lines.append(f"- {why}: " + ", ".join(f"`{s}`" + (f" ({native[s]})" if s in native else "")
+                                                  for s in names) + ".")
     for i, (pattern, _) in enumerate(why_rows):
         if i not in used:
             errors.append(f"{REASONS}: the row {pattern.pattern} names no stub (implemented now? remove it)")

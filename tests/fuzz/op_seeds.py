@@ -621,7 +621,8 @@ def module_seeds():
     s.call("TensorMapEncodeIm2col", **dict(col, ctx=0, rank=3, global_dim=[16, 8, 1], global_strides=[64, 512]))
     s.call("TensorMapEncodeIm2col", ok=False, **dict(col, rank=2))
     s.call("TensorMapEncodeIm2col", ok=False, **dict(col, channels_per_pixel=0))
-    s.call("TensorMapEncodeIm2col", ok=False, **dict(col, wide=1, mode=C["CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128"]))
+    s.call("TensorMapEncodeIm2col", **dict(col, wide=1, mode=C["CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128"],
+                                           lower_width=-1, upper_width=-1))
     s.call("TensorMapEncodeIm2col", ok=False, **dict(col, wide=2))
     s.call("TensorMapEncodeIm2col", ok=False, **dict(col, mode=77))
     yield s

@@ -928,7 +928,7 @@ bool tensor_common_ok(CUtensorMapDataType type, cuuint32_t rank, void* addr, con
 
 // An im2col descriptor (rank 3 to 5, a pixel box of rank - 2 corners in [-2^15, 2^15),
 // up to 256 channels a pixel and 1024 pixels a column), written deterministically as the
-// tiled one is. The wide form needs compute capability 10.0: the double's GPU is 9.0.
+// tiled one is.
 CUresult CUDAAPI cuTensorMapEncodeIm2col(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
                                          cuuint32_t tensorRank, void* globalAddress, const cuuint64_t* globalDim,
                                          const cuuint64_t* globalStrides, const int* pixelBoxLowerCorner,
@@ -964,11 +964,23 @@ CUresult CUDAAPI cuTensorMapEncodeIm2col(CUtensorMap* tensorMap, CUtensorMapData
   return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuTensorMapEncodeIm2colWide(CUtensorMap* tensorMap, CUtensorMapDataType, cuuint32_t, void*,
-                                             const cuuint64_t*, const cuuint64_t*, int, int, cuuint32_t, cuuint32_t,
-                                             const cuuint32_t*, CUtensorMapInterleave, CUtensorMapIm2ColWideMode,
-                                             CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-  return tensorMap == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED;
+// The wide form as the H100's driver answers it (cuda.h says compute capability 10.0,
+// the driver encodes one on 9.0 too): a pixel box of widths, W or W128 rows.
+CUresult CUDAAPI cuTensorMapEncodeIm2colWide(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
+                                             cuuint32_t tensorRank, void* globalAddress, const cuuint64_t* globalDim,
+                                             const cuuint64_t* globalStrides, int pixelBoxLowerCornerWidth,
+                                             int pixelBoxUpperCornerWidth, cuuint32_t channelsPerPixel,
+                                             cuuint32_t pixelsPerColumn, const cuuint32_t* elementStrides,
+                                             CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode mode,
+                                             CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
+                                             CUtensorMapFloatOOBfill oobFill) {
+  const int lower[3] = {pixelBoxLowerCornerWidth, 0, 0}, upper[3] = {pixelBoxUpperCornerWidth, 0, 0};
+  if (static_cast<unsigned>(mode) > CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult st = cuTensorMapEncodeIm2col(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
+                                              globalStrides, lower, upper, channelsPerPixel, pixelsPerColumn,
+                                              elementStrides, interleave, swizzle, l2Promotion, oobFill);
+  if (st == CUDA_SUCCESS) tensorMap->opaque[1] |= cuuint64_t{1 + static_cast<unsigned>(mode)} << 28;
+  return st;
 }
 
 // The address is the descriptor's first word (as the double writes descriptors).
