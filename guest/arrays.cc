@@ -26,17 +26,9 @@
 #include "guest/internal.h"
 #include "guest/runtime.h"
 #include "ivcuda/array_codec.h"
+#include "guest/family.h"
 
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::proto::Op;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::known_stream;
-using ivcuda::guest::internal::ptsz;
-using ivcuda::guest::internal::runtime;
 namespace codec = ivcuda::codec;
-namespace proto = ivcuda::proto;
 
 namespace {
 
@@ -45,7 +37,6 @@ namespace {
   if (const CUresult st_ = runtime(&rt); st_ != CUDA_SUCCESS) return st_; \
   const std::uint64_t ctx = current_ctx();                              \
   if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT
-
 
 bool is_device(Runtime* rt, std::uint64_t p) {
   std::lock_guard lk(rt->books_mu);

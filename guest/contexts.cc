@@ -16,16 +16,7 @@
 #include "guest/internal.h"
 #include "guest/runtime.h"
 #include "guest/export_tables.h"
-
-using ivcuda::guest::ctx_stack;
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::known_event;
-using ivcuda::guest::internal::known_stream;
-namespace proto = ivcuda::proto;
-using proto::Op;
+#include "guest/family.h"
 
 // ====================================================================== init
 

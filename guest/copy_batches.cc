@@ -13,11 +13,7 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
-
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::known_stream;
-using ivcuda::guest::internal::ptsz;
+#include "guest/family.h"
 
 namespace {
 

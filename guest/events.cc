@@ -9,16 +9,7 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
-
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::known_event;
-using ivcuda::guest::internal::known_stream;
-namespace proto = ivcuda::proto;
-using proto::Op;
-
+#include "guest/family.h"
 
 // ==================================================================== events
 

@@ -18,16 +18,9 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
+#include "guest/family.h"
 
-using ivcuda::guest::ctx_stack;
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
 using ivcuda::guest::internal::green_of_ctx;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::known_event;
-namespace proto = ivcuda::proto;
-using proto::Op;
 
 static_assert(sizeof(CUdevResource) == proto::kResourceBytes, "CUdevResource's ABI changed: see ivcuda/proto.h");
 

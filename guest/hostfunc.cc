@@ -37,11 +37,7 @@
 #include "guest/internal.h"
 #include "guest/runtime.h"
 #include "ring/spsc_ring.h"
-
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::known_stream;
-namespace proto = ivcuda::proto;
+#include "guest/family.h"
 
 namespace {
 

@@ -15,14 +15,7 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
-
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::proto::Op;
-using ivcuda::guest::internal::proc_id;
-using ivcuda::guest::internal::runtime;
-namespace proto = ivcuda::proto;
+#include "guest/family.h"
 
 namespace {
 

@@ -21,16 +21,9 @@
 #include "guest/internal.h"
 #include "guest/managed.h"
 #include "guest/runtime.h"
+#include "guest/family.h"
 
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
 using ivcuda::guest::kernel_function;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::known_stream;
-using ivcuda::guest::internal::ptsz;
-namespace proto = ivcuda::proto;
-using proto::Op;
 
 // ==================================================================== launches
 
@@ -320,6 +313,24 @@ CUresult encode_im2col(CUtensorMap* map, proto::ReqTensorMapIm2col& r, const cuu
   });
 }
 
+// What both im2col forms say alike.
+proto::ReqTensorMapIm2col im2col_request(CUtensorMapDataType type, cuuint32_t rank, void* addr,
+                                         cuuint32_t channels_per_pixel, cuuint32_t pixels_per_column,
+                                         CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                         CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  proto::ReqTensorMapIm2col r{};
+  r.global_address = h(addr);
+  r.channels_per_pixel = channels_per_pixel;
+  r.pixels_per_column = pixels_per_column;
+  r.data_type = static_cast<proto::u32>(type);
+  r.rank = rank;
+  r.interleave = static_cast<proto::u32>(interleave);
+  r.swizzle = static_cast<proto::u32>(swizzle);
+  r.l2_promotion = static_cast<proto::u32>(l2);
+  r.oob_fill = static_cast<proto::u32>(oob);
+  return r;
+}
+
 }  // namespace
 
 CUresult CUDAAPI cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* addr,
@@ -329,18 +340,10 @@ CUresult CUDAAPI cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType t
                                          CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                          CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
   if (lower == nullptr || upper == nullptr || rank < 3 || rank > proto::kTensorMaxRank) return CUDA_ERROR_INVALID_VALUE;
-  proto::ReqTensorMapIm2col r{};
-  r.global_address = h(addr);
+  proto::ReqTensorMapIm2col r = im2col_request(type, rank, addr, channels_per_pixel, pixels_per_column, interleave,
+                                                swizzle, l2, oob);
   std::memcpy(r.lower_corner, lower, (rank - 2) * sizeof *lower);
   std::memcpy(r.upper_corner, upper, (rank - 2) * sizeof *upper);
-  r.channels_per_pixel = channels_per_pixel;
-  r.pixels_per_column = pixels_per_column;
-  r.data_type = static_cast<proto::u32>(type);
-  r.rank = rank;
-  r.interleave = static_cast<proto::u32>(interleave);
-  r.swizzle = static_cast<proto::u32>(swizzle);
-  r.l2_promotion = static_cast<proto::u32>(l2);
-  r.oob_fill = static_cast<proto::u32>(oob);
   return encode_im2col(map, r, dims, strides, elem_strides);
 }
 
@@ -351,20 +354,12 @@ CUresult CUDAAPI cuTensorMapEncodeIm2colWide(CUtensorMap* map, CUtensorMapDataTy
                                              CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode mode,
                                              CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
                                              CUtensorMapFloatOOBfill oob) {
-  proto::ReqTensorMapIm2col r{};
-  r.global_address = h(addr);
+  proto::ReqTensorMapIm2col r = im2col_request(type, rank, addr, channels_per_pixel, pixels_per_column, interleave,
+                                                swizzle, l2, oob);
   r.wide = 1;
   r.lower_width = lower_width;
   r.upper_width = upper_width;
   r.mode = static_cast<proto::u32>(mode);
-  r.channels_per_pixel = channels_per_pixel;
-  r.pixels_per_column = pixels_per_column;
-  r.data_type = static_cast<proto::u32>(type);
-  r.rank = rank;
-  r.interleave = static_cast<proto::u32>(interleave);
-  r.swizzle = static_cast<proto::u32>(swizzle);
-  r.l2_promotion = static_cast<proto::u32>(l2);
-  r.oob_fill = static_cast<proto::u32>(oob);
   return encode_im2col(map, r, dims, strides, elem_strides);
 }
 

@@ -180,35 +180,22 @@ CUresult CUDAAPI cuLinkAddFile(CUlinkState s, CUjitInputType type, const char* p
 // driver was loaded with its module option, which no usual install sets:
 // measured with real arguments (drv_memops on the H200) and zero ones
 // (drv_absent on the H100). cuda.h declares only the _v2 forms.
-extern "C" {
-CUresult CUDAAPI cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+#define IVCUDA_REFUSED_MEMOP(name, value_type)                                             \
+  extern "C" CUresult CUDAAPI name(CUstream, CUdeviceptr, value_type, unsigned int) {     \
+    return CUDA_ERROR_NOT_SUPPORTED;                                                       \
+  }
+IVCUDA_REFUSED_MEMOP(cuStreamWaitValue32, cuuint32_t)
+IVCUDA_REFUSED_MEMOP(cuStreamWaitValue32_ptsz, cuuint32_t)
+IVCUDA_REFUSED_MEMOP(cuStreamWaitValue64, cuuint64_t)
+IVCUDA_REFUSED_MEMOP(cuStreamWaitValue64_ptsz, cuuint64_t)
+IVCUDA_REFUSED_MEMOP(cuStreamWriteValue32, cuuint32_t)
+IVCUDA_REFUSED_MEMOP(cuStreamWriteValue32_ptsz, cuuint32_t)
+IVCUDA_REFUSED_MEMOP(cuStreamWriteValue64, cuuint64_t)
+IVCUDA_REFUSED_MEMOP(cuStreamWriteValue64_ptsz, cuuint64_t)
+#undef IVCUDA_REFUSED_MEMOP
+extern "C" CUresult CUDAAPI cuStreamBatchMemOp(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
-CUresult CUDAAPI cuStreamWaitValue32_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
+extern "C" CUresult CUDAAPI cuStreamBatchMemOp_ptsz(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
-CUresult CUDAAPI cuStreamWaitValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-CUresult CUDAAPI cuStreamWaitValue64_ptsz(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-CUresult CUDAAPI cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-CUresult CUDAAPI cuStreamWriteValue32_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-CUresult CUDAAPI cuStreamWriteValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-CUresult CUDAAPI cuStreamWriteValue64_ptsz(CUstream, CUdeviceptr, cuuint64_t, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-CUresult CUDAAPI cuStreamBatchMemOp(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-CUresult CUDAAPI cuStreamBatchMemOp_ptsz(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) {
-  return CUDA_ERROR_NOT_SUPPORTED;
-}
-}  // extern "C"

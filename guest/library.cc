@@ -35,13 +35,9 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
-
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
+#include "guest/family.h"
 
 namespace {
-
 
 }  // namespace
 

@@ -23,12 +23,7 @@
 #include "guest/internal.h"
 #include "guest/runtime.h"
 #include "ivcuda/link_options.h"
-
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-namespace proto = ivcuda::proto;
-using proto::Op;
+#include "guest/family.h"
 
 namespace {
 

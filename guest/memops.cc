@@ -16,14 +16,7 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
-
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::known_stream;
-using ivcuda::guest::internal::ptsz;
-namespace proto = ivcuda::proto;
-using proto::Op;
+#include "guest/family.h"
 
 namespace ivcuda::guest {
 

@@ -33,18 +33,10 @@
 #include "guest/internal.h"
 #include "guest/managed.h"
 #include "guest/runtime.h"
+#include "guest/family.h"
 
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::ctx_stack;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
 using ivcuda::guest::internal::is_device;
 using ivcuda::guest::internal::in_device_alloc;
-using ivcuda::guest::internal::known_event;
-using ivcuda::guest::internal::known_stream;
-namespace proto = ivcuda::proto;
-using proto::Op;
 
 namespace {
 
@@ -677,7 +669,6 @@ CUresult copy_2d(const CUDA_MEMCPY2D* p, CUstream s, bool async, bool unaligned)
   }
   return CUDA_SUCCESS;
 }
-
 
 }  // namespace
 

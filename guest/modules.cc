@@ -20,15 +20,7 @@
 #include "guest/runtime.h"
 #include "guest/export_tables.h"
 #include "guest/graphs.h"
-
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::known_event;
-using ivcuda::guest::internal::known_stream;
-namespace proto = ivcuda::proto;
-using proto::Op;
+#include "guest/family.h"
 
 namespace {
 

@@ -9,15 +9,9 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
-
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::proto::Op;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::runtime;
+#include "guest/family.h"
 
 namespace {
-
 
 CUresult peer_query(int* value, std::uint32_t attrib, CUdevice dev, CUdevice peer) {
   return guard([&] {

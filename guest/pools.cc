@@ -28,19 +28,9 @@
 #include "guest/guard.h"
 #include "guest/internal.h"
 #include "guest/runtime.h"
-
-using ivcuda::guest::current_ctx;
-using ivcuda::guest::guard;
-using ivcuda::guest::Runtime;
-using ivcuda::guest::internal::h;
-using ivcuda::guest::internal::ptsz;
-using ivcuda::guest::internal::known_stream;
-using ivcuda::guest::internal::proc_id;
-namespace proto = ivcuda::proto;
-using proto::Op;
+#include "guest/family.h"
 
 namespace {
-
 
 // A location on the wire: device ordinals become the worker's. One this
 // process cannot see travels as -1, which the host turns into an ordinal
@@ -216,7 +206,6 @@ CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
   r.kind = proto::kPoolTrim;
   return pool_op(r, nullptr);
 }
-
 
 // ==================================================================== explicit pools
 

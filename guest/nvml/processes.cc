@@ -62,18 +62,22 @@ nvmlReturn_t processes(NvmlFn fn, nvmlDevice_t device, unsigned* count, Info* in
 
 extern "C" {
 
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
-                                                        nvmlProcessInfo_t* infos) {
-  return processes(NvmlFn::kDeviceMPSComputeRunningProcesses, device, infoCount, infos);
-}
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
-                                                        nvmlProcessInfo_v2_t* infos) {
-  return processes(NvmlFn::kDeviceMPSComputeRunningProcesses, device, infoCount, infos);
-}
-nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
-                                                     nvmlProcessInfo_v1_t* infos) {
-  return processes(NvmlFn::kDeviceMPSComputeRunningProcesses, device, infoCount, infos);
-}
+// The process lists in their three ABI generations (v1, v2 and the current one,
+// whose entries differ in size): each is processes() of its list and layout.
+#define IVCUDA_PROCESS_LIST(name, info, fn)                                            \
+  nvmlReturn_t name(nvmlDevice_t device, unsigned int* infoCount, info* infos) {       \
+    return processes(NvmlFn::fn, device, infoCount, infos);                           \
+  }
+IVCUDA_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, kDeviceMPSComputeRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, kDeviceMPSComputeRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, kDeviceMPSComputeRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, kDeviceComputeRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, kDeviceComputeRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, kDeviceComputeRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, kDeviceGraphicsRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t, kDeviceGraphicsRunningProcesses)
+IVCUDA_PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, kDeviceGraphicsRunningProcesses)
+#undef IVCUDA_PROCESS_LIST
 
 // Utilisation samples of the guest's own processes (by their guest pids).
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
@@ -125,31 +129,6 @@ nvmlReturn_t nvmlDeviceGetFBCSessions(nvmlDevice_t device, unsigned int* session
 nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int* count, unsigned int* pids) {
   (void)pids;
   return none(device, count);
-}
-
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
-                                                     nvmlProcessInfo_t* infos) {
-  return processes(NvmlFn::kDeviceComputeRunningProcesses, device, infoCount, infos);
-}
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
-                                                     nvmlProcessInfo_v2_t* infos) {
-  return processes(NvmlFn::kDeviceComputeRunningProcesses, device, infoCount, infos);
-}
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
-                                                  nvmlProcessInfo_v1_t* infos) {
-  return processes(NvmlFn::kDeviceComputeRunningProcesses, device, infoCount, infos);
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
-                                                      nvmlProcessInfo_t* infos) {
-  return processes(NvmlFn::kDeviceGraphicsRunningProcesses, device, infoCount, infos);
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
-                                                      nvmlProcessInfo_v2_t* infos) {
-  return processes(NvmlFn::kDeviceGraphicsRunningProcesses, device, infoCount, infos);
-}
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
-                                                   nvmlProcessInfo_v1_t* infos) {
-  return processes(NvmlFn::kDeviceGraphicsRunningProcesses, device, infoCount, infos);
 }
 
 }  // extern "C"
