@@ -12,8 +12,8 @@ declaration's return type, name and parameter list off its statement. What each 
 Both also end in a library's linker version script and write their outputs into the build tree
 only when changed, the same way, so that is here too.
 
-gen_enum_ranges.py reads cuda.h and nvml.h as well, but as text without the preprocessor: it
-wants the enum bodies these statements drop, and it takes no --cc. It does not use this module.
+gen_enum_ranges.py reads cuda.h and nvml.h through preprocess() as well, and the enum bodies
+that file_scope_statements() drops from the header's own lines.
 
 Python 3.11 standard library only.
 """

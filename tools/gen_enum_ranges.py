@@ -5,17 +5,28 @@ NVML's pass-through queries (host-daemon/worker/nvml_passthrough.cc): a number a
 guest sends may become an enum only inside the enum's range, the values of the
 smallest bit-field that holds all its enumerators (C++ [dcl.enum]); a cast
 outside it is undefined behaviour. Enums with a negative enumerator are left
-out (the worker takes none from the wire)."""
+out (the worker takes none from the wire).
+
+The header is read as the compiler sees it (cheader.preprocess, --cc): an
+enumerator the header keeps for the driver's own build (CU_DEV_RESOURCE_TYPE_MAX
+under __CUDA_API_VERSION_INTERNAL) is not one of the enum's as the worker is
+compiled, and counting it widened CUdevResourceType's range to 0..3 where it is
+0..1 (found by tests/fuzz). Only the header's own text is read, not what it
+includes."""
 import argparse
 import ast
 import os
 import re
 import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cheader  # noqa: E402
 
 
 def value_of(expr, known):
     """An enumerator's initialiser: a number, an earlier enumerator, or a
-    simple expression of them (shifts, ors)."""
+    simple expression of them (shifts, ors); macros are already expanded."""
     expr = re.sub(r"(?<=[0-9a-fA-F])[uUlL]+\b", "", " ".join(expr.split()))
     tree = ast.parse(expr, mode="eval")
     for node in ast.walk(tree):
@@ -26,13 +37,21 @@ def value_of(expr, known):
     return eval(compile(tree, "<enum>", "eval"), {"__builtins__": {}}, dict(known))
 
 
+def own_text(preprocessed, header):
+    """The lines of `preprocessed` (with its line markers) that come from
+    `header` itself."""
+    mine, kept = True, []
+    for line in preprocessed.split("\n"):
+        m = re.match(r'#\s*\d+\s+"([^"]*)"', line)
+        if m:
+            mine = os.path.realpath(m.group(1)) == os.path.realpath(header)
+        elif mine and not line.startswith("#"):
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def enums(text):
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r"//[^\n]*", "", text)
-    known = {}  # enumerators so far and numeric object-like macros
-    for m in re.finditer(r"^\s*#\s*define\s+(\w+)\s+(0x[0-9a-fA-F]+|[0-9]+)[uUlL]*\s*$", text, re.M):
-        known[m.group(1)] = int(m.group(2), 0)
-    text = "\n".join(l for l in text.split("\n") if not l.lstrip().startswith("#"))
+    known = {}  # enumerators so far
     for m in re.finditer(r"typedef\s+enum\s+\w*\s*\{(.*?)\}\s*(\w+)\s*;", text, re.S):
         body, name = m.group(1), m.group(2)
         cur, values = -1, []
@@ -51,6 +70,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cuda-h", help="cuda.h (the default header)")
     ap.add_argument("--header", help="another C header, e.g. nvml.h")
+    ap.add_argument("--cc", required=True, help="the C compiler whose preprocessor reads the header")
     ap.add_argument("--min-enums", type=int, default=100, help="fewer found is an error")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -59,7 +79,12 @@ def main():
         sys.exit("gen_enum_ranges: --cuda-h or --header")
     include = os.path.basename(a.cuda_h)
     rows = []
-    for name, values in enums(open(a.cuda_h, encoding="utf-8").read()):
+    header = Path(a.cuda_h)
+    try:
+        text = cheader.preprocess(a.cc, header, ["-I", str(header.parent)])
+    except cheader.GenError as e:
+        sys.exit("gen_enum_ranges: %s" % e)
+    for name, values in enums(own_text(text, header)):
         if not values or min(values) < 0:
             continue
         top = max(values)
