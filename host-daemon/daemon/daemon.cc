@@ -60,8 +60,7 @@ int Daemon::run() {
     reap();
     if (g_reload != 0) {
       g_reload = 0;
-      const nlohmann::json r = reload();
-      if (!r.value("ok", false)) IVLOG_ERROR("SIGHUP: %s", r.value("error", std::string()).c_str());
+      reload_on_signal();
     }
     if (warm_stale_) drop_stale_warm();
     fill_pools();
@@ -279,8 +278,7 @@ void Daemon::serve_once() {
   const int ready = ::poll(p.fds.data(), p.fds.size(), 200);
   if (metrics_) metrics_->run();  // also times out idle scrapers
   if (ready <= 0) return;
-  if (control_ && (p.fds[p.control_at].revents & POLLIN) != 0)
-    control_->serve([this](const nlohmann::json& req) { return handle_control(req); });
+  if (control_ && (p.fds[p.control_at].revents & POLLIN) != 0) serve_control();
   for (std::size_t i = p.broker_at; i < p.served_at; ++i)
     if ((p.fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker_.serve(p.fds[i].fd);
   // A served warm entry's line: its worker ended cleanly ('C'), or the

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "host-daemon/daemon/control.h"
 #include "host-daemon/daemon/fd_broker.h"
@@ -144,10 +144,12 @@ class Daemon {
   void read_warm_line(Warm& e);
   void drop_stale_warm();
 
-  // operator.cc: what ivcudactl asks.
+  // operator.cc: what ivcudactl asks (the only part that needs all of nlohmann-json).
   DaemonStatus snapshot() const;
   nlohmann::json reload();
   nlohmann::json handle_control(const nlohmann::json& req);
+  void serve_control();     // the control socket is readable
+  void reload_on_signal();  // SIGHUP
 
   Options o_;
   int argc_;

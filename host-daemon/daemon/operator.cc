@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "host-daemon/daemon/daemon.h"
 #include "host-daemon/shared/log.h"
@@ -131,6 +132,15 @@ nlohmann::json Daemon::handle_control(const nlohmann::json& req) {
     return {{"ok", true}, {"state", "evicting"}};
   }
   return {{"ok", false}, {"error", "unknown command '" + cmd + "' (status, evict, reload)"}};
+}
+
+void Daemon::serve_control() {
+  control_->serve([this](const json& req) { return handle_control(req); });
+}
+
+void Daemon::reload_on_signal() {
+  const json r = reload();
+  if (!r.value("ok", false)) IVLOG_ERROR("SIGHUP: %s", r.value("error", std::string()).c_str());
 }
 
 }  // namespace ivcuda::host
