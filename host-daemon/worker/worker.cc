@@ -725,6 +725,7 @@ int Worker::serve_once() {
       }
     }
     quiet_->store(false, std::memory_order_relaxed);  // busy: a death now ends the process at once
+    taken_->store(taken_->load(std::memory_order_relaxed) + 1, std::memory_order_release);  // this thread alone writes it
     handle(*best, best_rec);
     best->req.consume();
     ++handled;
@@ -742,11 +743,16 @@ int Worker::serve_once() {
   return handled;
 }
 
-void Worker::sleep_until_work() {
+bool Worker::note_quiet() {
   bool parked = false;
   for (auto& chp : channels_)
     if (chp && ((!chp->dead && chp->parked.active) || !chp->copies.empty() || !chp->polls.empty())) parked = true;
   quiet_->store(!parked, std::memory_order_release);  // watch_guest_death waits only for a quiet loop
+  return !parked;
+}
+
+void Worker::sleep_until_work() {
+  const bool parked = !note_quiet();
   if (parked) {
     // Waiting on the GPU for a parked synchronise or a posted copy (a guest
     // may be waiting on staging_done, not on a reply). As the native driver does
@@ -812,7 +818,7 @@ void Worker::watch_guest_death() {
   const int fd = cfg_.conn_fd;
   const std::uint32_t guest = cfg_.guest_id;
   const bool recyclable = cfg_.recyclable;
-  std::thread([fd, guest, recyclable, death = death_, quiet = quiet_] {
+  std::thread([fd, guest, recyclable, death = death_, quiet = quiet_, taken = taken_] {
     pollfd p{fd, POLLRDHUP, 0};
     for (;;) {
       const int r = ::poll(&p, 1, -1);
@@ -823,16 +829,29 @@ void Worker::watch_guest_death() {
     }
     int live = kLive;
     if (!death->compare_exchange_strong(live, kGone)) return;  // the request loop took the end first
-    // A recyclable worker whose request loop was idle, with nothing
+    // A recyclable worker whose request loop is idle, with nothing
     // outstanding, when the guest went: the loop wakes on the same hang-up
     // and takes the end as clean within microseconds (or ends the process
-    // itself); give it up to 100 ms on a loaded machine.
-    // Anything else - work posted, a call in the driver, a busy GPU - ends
-    // the process now.
-    if (recyclable && quiet->load(std::memory_order_acquire)) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-      while (death->load(std::memory_order_acquire) == kGone && std::chrono::steady_clock::now() < until)
-        ::usleep(200);
+    // itself); give it up to 100 ms on a loaded machine. A loop still busy
+    // with a call gets a few milliseconds to finish it: a guest's last call
+    // returns before the loop has noted that it is idle again, and a program
+    // that exits at once (most short ones) hangs up inside that moment.
+    // Anything else - a call in the driver, a parked synchronise, a copy or
+    // a poll under way - ends the process now, and so does a record taken
+    // after the hang-up (the dead guest's posted work) while it waits.
+    if (recyclable) {
+      const std::uint64_t seen = taken->load(std::memory_order_acquire);
+      const auto now = [] { return std::chrono::steady_clock::now(); };
+      const auto busy_until = now() + std::chrono::milliseconds(5);
+      while (!quiet->load(std::memory_order_acquire) && taken->load(std::memory_order_acquire) == seen &&
+             death->load(std::memory_order_acquire) == kGone && now() < busy_until)
+        ::usleep(100);
+      if (quiet->load(std::memory_order_acquire)) {
+        const auto until = now() + std::chrono::milliseconds(100);
+        while (death->load(std::memory_order_acquire) == kGone && taken->load(std::memory_order_acquire) == seen &&
+               now() < until)
+          ::usleep(200);
+      }
     }
     int gone = kGone;
     if (!death->compare_exchange_strong(gone, kEnding)) return;  // recycling
@@ -938,12 +957,23 @@ int Worker::run() {
   auto* sb = ring::superblock(bar_.data());
   auto last_work = std::chrono::steady_clock::now();
   unsigned spins = 0;
+  bool noted = false;  // quiet_ says this idle stretch's state
   while (!stop_) {
     if (!evicted_ && cfg_.stats != nullptr && cfg_.stats->evict.load(std::memory_order_acquire) != 0) evict();
     const int n = serve_once();
     if (n > 0) {
       last_work = std::chrono::steady_clock::now();
+      noted = false;
       continue;
+    }
+    // The first pass that found nothing: the loop is between calls, as quiet
+    // as asleep. A guest that exits right after its last call (most short
+    // programs) hangs up while the loop still spins; its death thread must
+    // not take that for work under way (the worker would end instead of
+    // being recycled, depending on which thread ran first).
+    if (!noted) {
+      note_quiet();
+      noted = true;
     }
     // Spinning: the clock every 16 passes (it was a third of an idle pass),
     // the heartbeat and the connection every 1024.

@@ -283,6 +283,9 @@ class Worker final : public GuestWorker {
   void handle(Channel& ch, const ring::Record& rec);
   void reply(Channel& ch, const ring::Record& rec, CUresult st, std::span<const std::byte> body);
   bool poll_parked(Channel& ch);
+  // quiet_ from the channels: true when nothing is parked, copying or polling
+  // (the loop between calls); returns it.
+  bool note_quiet();
   void sleep_until_work();
   void cleanup() noexcept;
   void destroy_links() noexcept;  // link.cc
@@ -645,9 +648,13 @@ class Worker final : public GuestWorker {
   // kEnding (the thread ends the process); kRecycling (the request loop took it).
   enum : int { kLive, kGone, kEnding, kRecycling };
   std::shared_ptr<std::atomic<int>> death_ = std::make_shared<std::atomic<int>>(kLive);
-  // Set while the request loop is idle with nothing outstanding: only then
-  // does the thread wait for it.
+  // Set while the request loop is idle (from its first pass that found no
+  // record) with nothing parked, copying or polling: only then does the
+  // thread wait for it (a busy one, a few milliseconds for its call to end).
   std::shared_ptr<std::atomic<bool>> quiet_ = std::make_shared<std::atomic<bool>>(false);
+  // Records the request loop has taken up: one taken after the hang-up is the
+  // dead guest's posted work, and the thread ends the process.
+  std::shared_ptr<std::atomic<std::uint64_t>> taken_ = std::make_shared<std::atomic<std::uint64_t>>(0);
   void evict();
   // Counts a handled call on the status board (calls, copied bytes, errors).
   void account(const ring::Record& rec, CUresult st) noexcept;
