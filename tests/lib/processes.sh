@@ -14,3 +14,18 @@ process_ended() {
   done
   return 0
 }
+
+# children_of PID: the processes whose parent is PID, one a line, read from
+# every /proc/N/stat (its fourth field, after the command's closing
+# parenthesis). /proc/PID/task/PID/children names only the main thread's
+# children and, while others are forked or exit, may leave some out.
+children_of() {
+  local f s
+  for f in /proc/[0-9]*/stat; do
+    s=$(cat "$f" 2>/dev/null) || continue
+    s=${s##*) }
+    s=${s#* }
+    [ "${s%% *}" = "$1" ] && { f=${f#/proc/}; echo "${f%/stat}"; }
+  done
+  return 0
+}

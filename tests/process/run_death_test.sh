@@ -47,7 +47,7 @@ export IVCUDA_DOUBLE_LEDGER=$work/ledger  # the double's device memory, across i
 start_ivcudad "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
   --channels 4 --warm-workers 0 --driver "$driver" || exit 1
 through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib "$@"; }
-children() { cat "/proc/$ivcudad_pid/task/$ivcudad_pid/children" 2>/dev/null; }
+children() { children_of "$ivcudad_pid"; }
 # ended PID: all its threads have exited (the driver has let go).
 ended() { process_ended "$1"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
