@@ -18,8 +18,11 @@
 # machine without some tool can ask for skips: IVCUDA_ALLOW_SKIPS=1 tools/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's heading says when it began (seconds since the start), so that a
+# CI log shows where the time goes.
+step() { echo "=== [${SECONDS}s] $*"; }
 bash tools/install-deps.sh
-echo "=== lint: test code that cannot fail (tools/lint_tests.py; its own test: tests/lint)"
+step "lint: test code that cannot fail (tools/lint_tests.py; its own test: tests/lint)"
 python3 tools/lint_tests.py
 export PATH=/usr/local/cuda/bin:$PATH
 jobs=${IVCUDA_JOBS:-$(nproc)}
@@ -48,7 +51,7 @@ run_tests() {
 }
 
 for preset in default asan tsan fuzz; do
-  echo "=== configure + build: $preset"
+  step "configure + build: $preset"
   # stdout holds only status lines; a dropped test group is an error (or,
   # with IVCUDA_ALLOW_SKIPS, a warning) on stderr.
   cmake --preset "$preset" -DIVCUDA_ALLOW_SKIPS=$skips >/dev/null
@@ -61,21 +64,22 @@ for preset in default asan tsan fuzz; do
     cmake --build --preset "$preset" -j "$jobs"
   fi
 done
-echo "=== registered tests"
+step "registered tests"
 check_tests default --exclude-labels fuzz
 check_tests asan --exclude-labels vm,fuzz
 check_tests tsan --labels ring,transport
 check_tests fuzz --labels fuzz
-echo "=== tests: fuzz (each harness a fixed time)"
+step "tests: fuzz (each harness a fixed time)"
 run_tests fuzz -L "^fuzz$" -j "$jobs"
 # What worker_fuzz reached of the worker's handlers (per handler: build/fuzz/tests/fuzz/worker_fuzz.coverage.txt).
 cov=build/fuzz/tests/fuzz/worker_fuzz.coverage.txt
 [ ! -f "$cov" ] || head -n 1 "$cov"
-echo "=== tests: tsan (ring, transport)"
+step "tests: tsan (ring, transport)"
 run_tests tsan -L "^(ring|transport)$" -j "$jobs"
-echo "=== tests: asan"
+step "tests: asan"
 run_tests asan -LE "^vm$" -j "$jobs"
-echo "=== mutations: each security rule's tests with the rule removed (docs/security.md, asan build)"
+step "mutations: each security rule's tests with the rule removed (docs/security.md, asan build)"
 python3 tests/mutations/run_mutations.py build/asan -j "$jobs"
-echo "=== tests: default"
+step "tests: default"
 run_tests default -j "$jobs"
+step "done"
