@@ -3,6 +3,7 @@
 // the guests' status boards.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>

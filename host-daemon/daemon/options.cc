@@ -1,6 +1,7 @@
 // See options.h.
 #include "host-daemon/daemon/options.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdlib>
 #include <sstream>

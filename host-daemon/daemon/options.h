@@ -4,8 +4,6 @@
 // same way, and so that tests can parse them without a daemon.
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,6 +12,12 @@
 #include "host-daemon/sandbox/sandbox.h"
 #include "host-daemon/shared/tenant_share.h"
 #include "host-daemon/shared/to_worker.h"
+
+// CLI11 is large and header-only: only the files that parse (options.cc,
+// main.cc, operator.cc's reload, the options' test) include it.
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace ivcuda::host {
 

@@ -4,6 +4,7 @@
 #include "host-daemon/daemon/options.h"
 
 #include <catch2/catch.hpp>
+#include <CLI/CLI.hpp>
 
 #include <string>
 #include <vector>
