@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "guest/errors.h"
 #include "guest/guard.h"
@@ -313,16 +315,51 @@ CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t* offset, size_t* 
   });
 }
 
+namespace {
+// IVCUDA_FUNC_ATTR_ANSWERS=off sends every cuFuncGetAttribute (tests compare).
+bool fixed_func_attrs() {
+  static const bool on = [] {
+    const char* e = std::getenv("IVCUDA_FUNC_ATTR_ANSWERS");
+    return e == nullptr || std::string_view(e) != "off";
+  }();
+  return on;
+}
+}  // namespace
+
+// The attributes a loaded function keeps for its life - the first eight
+// (threads per block, static shared, constant and local sizes, registers,
+// PTX and binary versions, the L1 cache mode) - cross once per function and
+// are answered here after that: cudart's cudaFuncGetAttributes asks all of
+// them at every call, and CUB's dispatch asks on every algorithm it runs.
+// The rest may be set (cuFuncSetAttribute, cuKernelSetAttribute for every
+// context at once): they always cross.
 CUresult cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) {
   return guard([&] {
     NEED_RT();
     if (v == nullptr) return CUDA_ERROR_INVALID_VALUE;
     f = ivcuda::guest::kernel_function(f);
+    const bool fixed = a >= 0 && a < ivcuda::guest::FuncInfo::kFixedAttrs && fixed_func_attrs();
+    if (fixed) {
+      std::lock_guard lk(rt->books_mu);
+      auto it = rt->funcs.find(h(f));
+      if (it != rt->funcs.end() && (it->second.fixed_known >> a & 1u) != 0) {
+        *v = it->second.fixed_attr[static_cast<std::size_t>(a)];
+        return CUDA_SUCCESS;
+      }
+    }
     proto::ReqFuncAttr r{current_ctx(), h(f), static_cast<std::int32_t>(a), 0};
     proto::RepValue rep{};
     const CUresult st = rt->call<Op::kFuncGetAttribute>(r, {}, &rep);
-    if (st == CUDA_SUCCESS) *v = static_cast<int>(rep.value);
-    return st;
+    if (st != CUDA_SUCCESS) return st;
+    *v = static_cast<int>(rep.value);
+    if (fixed) {
+      std::lock_guard lk(rt->books_mu);
+      if (auto it = rt->funcs.find(h(f)); it != rt->funcs.end()) {
+        it->second.fixed_attr[static_cast<std::size_t>(a)] = *v;
+        it->second.fixed_known |= 1u << a;
+      }
+    }
+    return CUDA_SUCCESS;
   });
 }
 

@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -27,10 +28,15 @@
 
 namespace ivcuda::guest {
 
-// What the guest knows of a kernel: how to pack its arguments.
+// What the guest knows of a kernel: how to pack its arguments, and the
+// attributes that cannot change once it is loaded (guest/modules.cc,
+// cuFuncGetAttribute), as the driver first answered them.
 struct FuncInfo {
   std::vector<proto::ParamSlot> params;
   std::uint32_t param_bytes = 0;
+  static constexpr int kFixedAttrs = CU_FUNC_ATTRIBUTE_CACHE_MODE_CA + 1;  // 0..7
+  std::array<int, kFixedAttrs> fixed_attr{};
+  std::uint32_t fixed_known = 0;  // bit a: fixed_attr[a] holds the driver's answer
 };
 
 struct PinnedBlock {

@@ -133,10 +133,11 @@ preload_case=1
 [ -n "${IVCUDA_SANITIZE:-}" ] && preload_case=0
 # Every row of the tables; each runtime program, rt_features' list and its sections in both
 # builds; each library; and the cases written out one by one below: four call-log pairs (8),
+# three about function attributes answered in the guest,
 # drv_core preloaded (unless a sanitizer build), drv_host_polls --off, five about guests,
 # workers and the daemon, and two about NVRTC's compile cache.
 expect_cases $((${#drv_cases[@]} + ${#rt_kinds[@]} * (${#rt_programs[@]} + 1 + ${#rt_sections[@]}) + ${#libs[@]} \
-  + 8 + preload_case + 1 + 5 + 2))
+  + 8 + 3 + preload_case + 1 + 5 + 2))
 
 for entry in "${drv_cases[@]}"; do
   read -ra cmd <<<"${entry#*|}"
@@ -176,6 +177,19 @@ grep -Eq "^ivcuda: EventQuery +120 +120 +[0-9.]+ +[0-9.]+$" "$work/calls.txt" &&
 rc=$?
 [ $rc -ne 0 ] && cat "$work/calls.txt"
 verdict "  ... and the table counts 120 EventQuery round trips and 1 StreamQuery" $rc
+# drv_kernels, for each of its three modules (PTX from a file, PTX with JIT options, a fatbin),
+# asks ivc_vec_add's threads per block once and its reduction kernel's eight fixed attributes
+# five times each: 41 queries a module, of which 9 cross (guest/modules.cc); with
+# IVCUDA_FUNC_ATTR_ANSWERS=off all of them do.
+case_ivcuda "IVCUDA_CALL_STATS: drv_kernels' fixed function attributes" "$lib" \
+  "IVCUDA_CALL_STATS=$work/attr-calls.txt" -- "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin"
+on=$(awk '$2 == "FuncGetAttribute" { print $3 }' "$work/attr-calls.txt")
+case_ivcuda "  ... the same program with IVCUDA_FUNC_ATTR_ANSWERS=off" "$lib" "IVCUDA_FUNC_ATTR_ANSWERS=off" \
+  "IVCUDA_CALL_STATS=$work/attr-calls-off.txt" -- "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin"
+off=$(awk '$2 == "FuncGetAttribute" { print $3 }' "$work/attr-calls-off.txt")
+echo "cuFuncGetAttribute round trips: ${on:-?} answered in the guest's way, ${off:-?} with IVCUDA_FUNC_ATTR_ANSWERS=off"
+[ "${on:-0}" -eq 27 ] && [ "${off:-0}" -eq 123 ]
+verdict "  ... and 27 of its 123 queries crossed (the first of each function's fixed attribute), all 123 with the switch off" $?
 if [ -n "${IVCUDA_SANITIZE:-}" ]; then
   # A sanitizer runtime must be the first library loaded; preloading an
   # instrumented libcuda.so.1 ahead of it is refused by design: not a case here.

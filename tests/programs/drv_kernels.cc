@@ -56,6 +56,17 @@ void kernels(CUmodule m) {
   int threads = 0;
   OK(cuFuncGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, add));
   EXPECT(threads >= 256);
+  // The attributes a function keeps for its life, five times each (cudaFuncGetAttributes asks
+  // them at every call): the same answer every time (through ivcuda, one round trip each).
+  for (int a = CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK; a <= CU_FUNC_ATTRIBUTE_CACHE_MODE_CA; ++a) {
+    int first = -1;
+    OK(cuFuncGetAttribute(&first, static_cast<CUfunction_attribute>(a), reduce));
+    for (int i = 0; i < 4; ++i) {
+      int again = -2;
+      OK(cuFuncGetAttribute(&again, static_cast<CUfunction_attribute>(a), reduce));
+      EXPECT(again == first);
+    }
+  }
   OK(cuFuncSetAttribute(add, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
   OK(cuFuncSetCacheConfig(add, CU_FUNC_CACHE_PREFER_SHARED));  // XLA sets it on every kernel
   OK(cuFuncSetCacheConfig(add, CU_FUNC_CACHE_PREFER_NONE));
