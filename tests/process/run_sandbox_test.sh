@@ -45,7 +45,8 @@ start_spinner() {
     >"$work/spin" 2>&1 &
   guest=$!
   worker=
-  for _ in $(seq 200); do grep -q '^ready' "$work/spin" && break; sleep 0.05; done
+  # Up to 60 s: a sanitizer build's worker and guest start slowly on a loaded machine.
+  for _ in $(seq 1200); do grep -q '^ready' "$work/spin" && break; sleep 0.05; done
   worker=$(grep -o "worker pid [0-9]*" "$log" | tail -1 | awk '{print $3}')
   grep -q '^ready' "$work/spin" && [ -n "$worker" ] && [ -d "/proc/$worker" ]
 }
