@@ -32,10 +32,7 @@ namespace ivcuda::guest {
 namespace {
 
 bool enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("IVCUDA_HOST_POLLS");
-    return e == nullptr || std::string_view(e) != "off";
-  }();
+  static const bool on = switched_on("IVCUDA_HOST_POLLS");
   return on;
 }
 

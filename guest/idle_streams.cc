@@ -46,8 +46,7 @@ std::atomic<bool> g_forked{false};
 
 bool enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("IVCUDA_IDLE_ANSWERS");
-    const bool want = e == nullptr || std::string_view(e) != "off";
+    const bool want = switched_on("IVCUDA_IDLE_ANSWERS");
     if (want) ::pthread_atfork(nullptr, nullptr, [] { g_forked.store(true, std::memory_order_relaxed); });
     return want;
   }();

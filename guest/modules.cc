@@ -318,10 +318,7 @@ CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t* offset, size_t* 
 namespace {
 // IVCUDA_FUNC_ATTR_ANSWERS=off sends every cuFuncGetAttribute (tests compare).
 bool fixed_func_attrs() {
-  static const bool on = [] {
-    const char* e = std::getenv("IVCUDA_FUNC_ATTR_ANSWERS");
-    return e == nullptr || std::string_view(e) != "off";
-  }();
+  static const bool on = ivcuda::guest::switched_on("IVCUDA_FUNC_ATTR_ANSWERS");
   return on;
 }
 }  // namespace

@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <set>
 #include <span>
 #include <string>
@@ -27,6 +29,14 @@
 #include "ring/wait.h"
 
 namespace ivcuda::guest {
+
+// An IVCUDA_* switch that is on unless the environment says "off" (the
+// answers the guest gives itself: IVCUDA_HOST_POLLS, IVCUDA_IDLE_ANSWERS,
+// IVCUDA_FUNC_ATTR_ANSWERS). Each caller keeps the answer in a static.
+inline bool switched_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr || std::string_view(e) != "off";
+}
 
 // What the guest knows of a kernel: how to pack its arguments, and the
 // attributes that cannot change once it is loaded (guest/modules.cc,
