@@ -25,6 +25,7 @@
 #include <nvml.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -182,6 +183,24 @@ struct Child {
     if (pinned_max < max)
       std::fprintf(stderr, "ivcuda-bench: page-locked copies limited to %zu KiB\n", pinned_max >> 10);
     if (pinned != nullptr) std::memset(pinned, 2, pinned_max);
+    // A registered shared mapping (a memfd, as a data loader's shared memory
+    // is), page-locked with cuMemHostRegister: through ivcuda its worker
+    // registers the same pages of the file (docs/design.md).
+    const std::size_t shared_max = std::min<std::size_t>(max, 256u << 20);
+    void* shared = nullptr;
+    const int mfd = ::memfd_create("ivcuda-bench", MFD_CLOEXEC);
+    if (mfd >= 0 && ::ftruncate(mfd, static_cast<off_t>(shared_max)) == 0) {
+      shared = ::mmap(nullptr, shared_max, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+      if (shared == MAP_FAILED) shared = nullptr;
+    }
+    if (shared != nullptr) {
+      std::memset(shared, 4, shared_max);
+      if (cuMemHostRegister(shared, shared_max, 0) != CUDA_SUCCESS) {
+        std::fprintf(stderr, "ivcuda-bench: cuMemHostRegister of a memfd mapping failed; no memfd figures\n");
+        ::munmap(shared, shared_max);
+        shared = nullptr;
+      }
+    }
     for (std::size_t n : sizes) {
       const int reps = quick ? 3 : static_cast<int>(std::clamp<std::size_t>((256u << 20) / n, 3, 100));
       const std::string sz = std::to_string(n >> 10) + "KiB";
@@ -207,12 +226,27 @@ struct Child {
           CK(cuStreamSynchronize(s));
         });
       }
+      if (shared != nullptr && n >= (1u << 20) && n <= shared_max) {
+        measure("htod.memfd_registered", [&] {
+          CK(cuMemcpyHtoDAsync(d, shared, n, s));
+          CK(cuStreamSynchronize(s));
+        });
+        measure("dtoh.memfd_registered", [&] {
+          CK(cuMemcpyDtoHAsync(shared, d, n, s));
+          CK(cuStreamSynchronize(s));
+        });
+      }
       if (n >= (1u << 20)) measure("dtod", [&] {
           CK(cuMemcpyDtoDAsync(d2, d, n, s));
           CK(cuStreamSynchronize(s));
         });
     }
     if (pinned != nullptr) CK(cuMemFreeHost(pinned));
+    if (shared != nullptr) {
+      CK(cuMemHostUnregister(shared));
+      ::munmap(shared, shared_max);
+    }
+    if (mfd >= 0) ::close(mfd);
     CK(cuMemFree(d));
     CK(cuMemFree(d2));
   }

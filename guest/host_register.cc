@@ -1,14 +1,18 @@
 #include "guest/host_register.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -227,17 +231,134 @@ bool still_moved(std::uintptr_t lo, std::uintptr_t hi) {
   return covered >= hi;
 }
 
+// ------------------------------------------------------- shared mappings
+//
+// Memory of a shared mapping stays where it is. In process mode the worker
+// maps the same pages of the file behind it and page-locks them
+// (host-daemon/worker/host_register.cc): the guest sends the file over its
+// connection, the worker answers where the pages are (a BAR offset past the
+// BAR, so copies name them as they name the arena) and their device alias.
+// Where that cannot be (a VM's process, whose mappings the host cannot
+// reach; a file this process holds no descriptor or path of; a worker that
+// refuses), the registration is kept in the guest only and copies stage it.
+
+// The file behind [lo, hi) if one shared mapping of a file holds all of it:
+// an fd for it (owned: `own`, else one of the program's), the range's offset in it.
+struct Backing {
+  int fd = -1;
+  bool own = false;
+  std::uint64_t file_off = 0;
+};
+
+// An fd of the file with device `dev` and inode `ino`, open for writing if `write`.
+int reopen_checked(const char* path, bool write, dev_t dev, ino_t ino) {
+  const int fd = ::open(path, (write ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != dev || st.st_ino != ino) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::optional<Backing> backing_of(std::uintptr_t lo, std::uintptr_t hi, bool write) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  unsigned long long s = 0, e = 0, off = 0, ino = 0;
+  unsigned maj = 0, min = 0;
+  char perms[8] = {};
+  bool found = false;
+  while (std::getline(maps, line)) {
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &s, &e, perms, &off, &maj, &min, &ino) != 7)
+      continue;
+    if (s <= lo && lo < e) {
+      found = true;
+      break;
+    }
+  }
+  if (!found || e < hi || perms[3] != 's' || ino == 0 || (write && perms[1] != 'w')) return std::nullopt;
+  const dev_t dev = makedev(maj, min);
+  Backing b;
+  b.file_off = off + (lo - s);
+  // One of the program's own descriptors of the file (a memfd is often
+  // found only so), reopened for writing if it was opened read-only.
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* ent = ::readdir(d)) {
+      char* end = nullptr;
+      const long n = std::strtol(ent->d_name, &end, 10);
+      if (end == ent->d_name || *end != '\0' || n == ::dirfd(d)) continue;
+      const int fd = static_cast<int>(n);
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != dev || st.st_ino != ino) continue;
+      const int mode = ::fcntl(fd, F_GETFL);
+      if (mode >= 0 && (!write || (mode & O_ACCMODE) == O_RDWR)) {
+        b.fd = fd;
+      } else {
+        const std::string self = "/proc/self/fd/" + std::to_string(fd);
+        b.fd = reopen_checked(self.c_str(), write, dev, ino);
+        b.own = b.fd >= 0;
+      }
+      if (b.fd >= 0) break;
+    }
+    ::closedir(d);
+  }
+  // Else the mapping's path (a /dev/shm file), or the mapping itself where
+  // /proc lets this process open it.
+  if (b.fd < 0) {
+    const auto slash = line.find('/');
+    if (slash != std::string::npos && line.find(" (deleted)") == std::string::npos)
+      b.fd = reopen_checked(line.c_str() + slash, write, dev, ino);
+    if (b.fd < 0) {
+      char path[96];
+      std::snprintf(path, sizeof path, "/proc/self/map_files/%llx-%llx", s, e);
+      b.fd = reopen_checked(path, write, dev, ino);
+    }
+    b.own = b.fd >= 0;
+  }
+  if (b.fd < 0) return std::nullopt;
+  return b;
+}
+
+// The worker's BAR offset of [lo, hi) of a shared mapping, page-locked there;
+// 0 where it stays in the guest only (staged), said once.
+std::uint64_t share_with_worker(Runtime* rt, std::uintptr_t lo, std::uintptr_t hi, unsigned flags) {
+  if (rt->vm_mode()) return 0;
+  const bool write = (flags & CU_MEMHOSTREGISTER_READ_ONLY) == 0;
+  const auto b = backing_of(lo, hi, write);
+  if (!b) {
+    log_once("hostreg-shared-nofile", "cuMemHostRegister: found no descriptor or path of the file behind a shared "
+             "mapping; it is staged, with no device address (docs/design.md)");
+    return 0;
+  }
+  static std::atomic<std::uint64_t> tokens{1};
+  const std::uint64_t token = tokens.fetch_add(1);
+  const bool sent = rt->send_fd(static_cast<std::int64_t>(token), b->fd);
+  if (b->own) ::close(b->fd);
+  if (!sent) return 0;
+  proto::RepHostAlloc a{};
+  const proto::ReqHostShared req{token, b->file_off, hi - lo, flags & CU_MEMHOSTREGISTER_READ_ONLY, 0};
+  if (const CUresult st = rt->call<Op::kHostRegisterShared>(req, {}, &a); st != CUDA_SUCCESS) {
+    log_once("hostreg-shared-refused", "cuMemHostRegister: the daemon did not page-lock a shared mapping (%s); it "
+             "is staged, with no device address", std::to_string(static_cast<int>(st)).c_str());
+    return 0;
+  }
+  return a.arena_off;
+}
+
 // --------------------------------------------------------------- registry
 
 // A registration of shared-mapping memory (`shared`) stays where it is:
 // moving its pages onto the arena would cut them off from the mapping's other
-// users. It has no pages here and no device alias; copies stage it like
-// pageable memory.
+// users. Where the worker page-locked the same pages (`window`: their BAR
+// offset, past the BAR) copies take them as arena memory and the device
+// alias follows; else they have none and copies stage them like pageable memory.
 struct Reg {
   std::size_t size;
   unsigned flags;
   std::uint64_t ctx;
   bool shared = false;
+  std::uint64_t window = 0;  // BAR offset of the registration's first page in the worker
 };
 struct Page {
   std::uint64_t arena_off;
@@ -328,7 +449,7 @@ CUresult register_range(Runtime* rt, std::uint64_t ctx, void* p, std::size_t byt
       // ours now, so such a range is part shared, part not.
       if (first_known || last_known)
         return not_supported("cuMemHostRegister: a range of both shared and private memory is not supported");
-      r.regs[base] = Reg{bytes, flags, ctx, true};
+      r.regs[base] = Reg{bytes, flags, ctx, true, share_with_worker(rt, lo, hi, flags)};
       return CUDA_SUCCESS;
     }
     proto::RepHostAlloc a{};
@@ -362,7 +483,9 @@ CUresult unregister_range(Runtime* rt, void* p) {
       return CUDA_ERROR_INVALID_VALUE;
     return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
   }
-  if (it->second.shared) {  // nothing was moved
+  if (it->second.shared) {  // nothing was moved; the worker lets its own mapping go
+    if (it->second.window != 0 && !rt->dead())
+      (void)rt->call<Op::kHostUnregisterShared>(proto::ReqArenaOff{it->second.window});
     r.regs.erase(it);
     return CUDA_SUCCESS;
   }
@@ -415,7 +538,11 @@ std::optional<Found> find(Runtime* rt, const void* p) {
   if (next == r.regs.begin()) return std::nullopt;
   const auto it = std::prev(next);
   if (a - it->first >= it->second.size) return std::nullopt;
-  if (it->second.shared) return Found{it->first, it->second.size, it->second.flags, it->second.ctx, 0};
+  if (it->second.shared) {
+    const std::uint64_t dptr =
+        it->second.window == 0 ? 0 : rt->hello().arena_device_base + it->second.window + (a - it->first / kPage * kPage);
+    return Found{it->first, it->second.size, it->second.flags, it->second.ctx, dptr};
+  }
   const auto pg = r.pages.find(a / kPage * kPage);
   if (pg == r.pages.end()) return std::nullopt;
   return Found{it->first, it->second.size, it->second.flags, it->second.ctx,

@@ -10,8 +10,10 @@
 // Pages are reference-counted: registrations that share a page share its
 // arena page, which goes back to private memory with the last of them.
 // Memory of a shared mapping (a memfd, a /dev/shm file) is not moved (that
-// would cut it off from the mapping's other users): its registration is
-// recorded, copies stage it like pageable memory, and it has no device alias.
+// would cut it off from the mapping's other users): in process mode the
+// worker maps and page-locks the same pages of the file, so copies DMA them
+// and they have a device alias; where it cannot (a VM's process, a file with
+// no descriptor or path here) the registration is recorded and copies stage it.
 #pragma once
 
 #include <cuda.h>
@@ -36,7 +38,7 @@ struct Found {
   unsigned flags = 0;         // CU_MEMHOSTREGISTER_*
   std::uint64_t ctx = 0;      // the context current at registration
   std::uint64_t dptr = 0;     // device alias of p (not of base); 0 for memory of a shared
-                              // mapping, which stays where it is and has none
+                              // mapping the worker could not page-lock (staged)
 };
 std::optional<Found> find(Runtime* rt, const void* p);
 

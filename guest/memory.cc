@@ -1050,12 +1050,13 @@ CUresult cuMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned int flags) 
     NEED_RT();
     if (d == nullptr || p == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (auto reg = ivcuda::guest::hostreg::find(rt, p)) {
-      // Registered memory of a shared mapping stays in the guest's own pages,
-      // which the GPU cannot reach: the driver's answer for memory it cannot map.
+      // Registered memory of a shared mapping the worker could not page-lock
+      // (a VM's process) stays in the guest's own pages, which the GPU cannot
+      // reach: the driver's answer for memory it cannot map.
       if (reg->dptr == 0) {
         ivcuda::guest::log_once("hostreg-shared-devptr",
-                                "cuMemHostGetDevicePointer: registered memory of a shared mapping has no device "
-                                "address under ivcuda (docs/design.md)");
+                                "cuMemHostGetDevicePointer: this registered shared mapping has no device address "
+                                "under ivcuda (a VM's process, or no descriptor of its file: docs/design.md)");
         return CUDA_ERROR_INVALID_VALUE;
       }
       *d = reg->dptr;

@@ -665,6 +665,10 @@ std::unique_ptr<ring::Waiter> Runtime::make_waiter(std::uint32_t vector) {
   return std::make_unique<ring::EventfdWaiter>(own_fds_[vector].get());
 }
 
+bool Runtime::send_fd(std::int64_t value, int fd) noexcept {
+  return sock_.valid() && !vm_mode_ && ivshmem::send_msg(sock_.get(), value, fd).ok();
+}
+
 bool Runtime::host_gone() noexcept {
   if (dead()) return true;
   if (sock_.valid()) {

@@ -120,6 +120,10 @@ class Runtime {
   // while the registering thread is parked. Returns 0 or an errno value.
   int map_arena_at(void* va, std::uint64_t arena_off, std::size_t len) noexcept;
 
+  // Process mode: sends `value` with `fd` to the worker over the connection
+  // (guest/host_register.cc); false without one (a VM's process) or when it fails.
+  bool send_fd(std::int64_t value, int fd) noexcept;
+
   // The calling thread's staging area (BAR offset and size).
   std::uint64_t staging_off();
   std::uint64_t staging_size() const noexcept { return layout_.staging_bytes; }

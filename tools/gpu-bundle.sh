@@ -10,12 +10,16 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: tools/gpu-bundle.sh DIR}
 build=build/gpu-bundle
 mapfile -t targets < <(grep -v '^#' tests/gpu/suite-targets.txt)
+# and what run_all.sh's other parts build (lifecycle, speed, mps, nvml, absent, cost), read from it
+mapfile -t -O "${#targets[@]}" targets < <(grep -o 'build_gpu [a-z_ -]*' tests/gpu/run_all.sh |
+  tr ' ' '\n' | grep -vx 'build_gpu\|' | sort -u)
 export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIVCUDA_METRICS=OFF >"$build.configure.log" 2>&1 ||
   { tail -20 "$build.configure.log"; exit 1; }
 cmake --build "$build" -j "${IVCUDA_JOBS:-$(nproc)}" --target "${targets[@]}"
-rm -rf "$out" && mkdir -p "$out/host-daemon" "$out/lib" "$out/bin" "$out/tests/bin" "$out/tests/gpu_double"
-cp "$build/host-daemon/ivcudad" "$out/host-daemon/"
+rm -rf "$out" && mkdir -p "$out/host-daemon" "$out/lib" "$out/bin" "$out/bench" "$out/tests/bin" "$out/tests/gpu_double"
+cp "$build/host-daemon/ivcudad" "$build/host-daemon/ivcudactl" "$out/host-daemon/"
+cp "$build/bench/ivcuda-bench" "$build/bench/ivcuda-compute-share" "$out/bench/"
 cp -a "$build/lib/." "$out/lib/"
 cp "$build"/tests/bin/* "$out/tests/bin/"
 cp "$build"/bin/* "$out/bin/"

@@ -286,7 +286,7 @@ CUresult Worker::copy_side(const CopySide& s, const ReqCopy3D& r, CUmemorytype* 
     return CUDA_ERROR_INVALID_VALUE;
   std::uint64_t first;
   if (s.type == CU_MEMORYTYPE_HOST) {
-    if (__builtin_add_overflow(s.arena_off, start, &first) || !arena_range(first, extent))
+    if (__builtin_add_overflow(s.arena_off, start, &first) || !host_range(first, extent))
       return CUDA_ERROR_INVALID_VALUE;
     *type = CU_MEMORYTYPE_HOST;
     *host = arena_ptr(s.arena_off);

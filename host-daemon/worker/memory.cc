@@ -211,7 +211,7 @@ CUresult Worker::arena_copy(Call& c, bool to_device) {
   if (ring::in_staging(l_, c.ch.index, r.arena_off, r.bytes)) return staged_copy(c, r, to_device);
   const CUdeviceptr dev = to_device ? r.dst : r.src;
   if (CUresult e = use_ctx(r.ctx); e != CUDA_SUCCESS) return e;
-  if (!arena_range(r.arena_off, r.bytes) || !owns_device(dev, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (!host_range(r.arena_off, r.bytes) || !owns_device(dev, r.bytes)) return CUDA_ERROR_INVALID_VALUE;
   if (r.bytes == 0) return CUDA_SUCCESS;
   void* host = arena_ptr(r.arena_off);
   if ((r.flags & kAsync) != 0) {
@@ -654,7 +654,7 @@ CUresult Worker::on_Memcpy2D(Call& c) {
     *pp = pitch;
     if (type == CU_MEMORYTYPE_HOST) {
       std::uint64_t first;
-      if (__builtin_add_overflow(off, start, &first) || !arena_range(first, extent)) return false;
+      if (__builtin_add_overflow(off, start, &first) || !host_range(first, extent)) return false;
       *t = CU_MEMORYTYPE_HOST;
       *host = arena_ptr(off);
       return true;

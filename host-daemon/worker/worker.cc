@@ -339,6 +339,7 @@ void Worker::cleanup() noexcept {
     arena_registered_ = false;
   }
   while (!arena_pinned_.empty()) unpin_arena(arena_pinned_.begin()->first);
+  release_shared();  // host_register.cc
   if (arena_ctx_ != nullptr) {
     cu_.cuDevicePrimaryCtxRelease(devices_[0]);
     arena_ctx_ = nullptr;
@@ -380,11 +381,22 @@ CUresult Worker::as_worker(F&& f) {
 // Page-locks [off, off + bytes) of the arena for the GPU, in the arena's
 // context (WorkerConfig::pin_arena_at_start says why on use). Pieces never
 // overlap: a staging slot, or one allocation of the arena's pool.
+CUresult Worker::register_host(void* p, std::uint64_t bytes, unsigned flags) {
+  return as_worker([&] { return cu_.cuMemHostRegister(p, bytes, flags); });
+}
+
+void Worker::unregister_host(void* p) noexcept {
+  (void)as_worker([&] { return cu_.cuMemHostUnregister(p); });
+}
+
+std::uint64_t Worker::host_alias(void* p) {
+  CUdeviceptr d = 0;
+  return as_worker([&] { return cu_.cuMemHostGetDevicePointer(&d, p, 0); }) == CUDA_SUCCESS ? d : 0;
+}
+
 CUresult Worker::pin_arena(std::uint64_t off, std::uint64_t bytes) {
   if (!arena_on_use_ || bytes == 0 || arena_pinned_.count(off) != 0) return CUDA_SUCCESS;
-  const CUresult st = as_worker([&] {
-    return cu_.cuMemHostRegister(arena_ptr(off), bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-  });
+  const CUresult st = register_host(arena_ptr(off), bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (st == CUDA_SUCCESS) arena_pinned_[off] = bytes;
   else if (errors_logged_++ < 100)
     IVLOG_WARN("guest %u: page-locking %llu KiB of its arena failed: %s", cfg_.guest_id,
@@ -395,7 +407,7 @@ CUresult Worker::pin_arena(std::uint64_t off, std::uint64_t bytes) {
 void Worker::unpin_arena(std::uint64_t off) {
   const auto it = arena_pinned_.find(off);
   if (it == arena_pinned_.end()) return;
-  (void)as_worker([&] { return cu_.cuMemHostUnregister(arena_ptr(off)); });
+  unregister_host(arena_ptr(off));
   arena_pinned_.erase(it);
 }
 
@@ -905,6 +917,7 @@ void Worker::release_for_recycle() noexcept {
     arena_registered_ = false;
   }
   while (!arena_pinned_.empty()) unpin_arena(arena_pinned_.begin()->first);
+  release_shared();
   // Each GPU's primary context goes whatever its retain count: its
   // allocations, modules, streams, events, pools, graphs and registrations
   // with it. The driver gives a later context memory it has scrubbed

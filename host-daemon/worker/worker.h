@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -25,6 +26,7 @@
 #include "host-daemon/worker/uring_wait.h"
 #include "ivcuda/proto.h"
 #include "ring/arena.h"
+#include "ring/ivshmem.h"
 #include "ring/layout.h"
 #include "ring/spsc_ring.h"
 #include "ring/sys.h"
@@ -313,6 +315,25 @@ class Worker final : public GuestWorker {
   // memops.cc: stream memory operations from the wire, their addresses checked.
   CUresult memops_from_wire(std::span<const proto::MemOp> ops, std::vector<CUstreamBatchMemOpParams>* out) const;
   bool arena_range(std::uint64_t off, std::uint64_t len) const;
+  // Host memory a copy may name (the driver DMAs it; the worker never touches
+  // it): the arena, or a registered shared mapping past the BAR.
+  bool host_range(std::uint64_t off, std::uint64_t len) const { return arena_range(off, len) || shared_range(off, len); }
+  // host_register.cc: shared mappings a process-mode guest registered
+  // (cuMemHostRegister of a memfd or /dev/shm range), each mapped into the
+  // window reserved right after the BAR, so that its BAR offset (past the
+  // BAR's end) and its device alias follow the arena's.
+  std::byte* shared_window_ = nullptr;
+  std::uint64_t shared_window_size_ = 0;
+  std::map<std::uint64_t, std::uint64_t> shared_regs_;  // window offset -> bytes
+  std::uint64_t shared_bytes_ = 0;
+  ivshmem::MessageReader conn_reader_;  // the guest's messages on its connection (their fds)
+  bool reserve_shared_window() noexcept;
+  std::optional<std::uint64_t> shared_slot(std::uint64_t bytes) const;
+  sys::UniqueFd shared_fd(std::uint64_t token);
+  void drop_shared(std::uint64_t slot) noexcept;
+  void release_shared() noexcept;
+  bool shared_range(std::uint64_t off, std::uint64_t len) const;
+  bool shared_device(std::uint64_t addr, std::uint64_t len) const;
   std::byte* arena_ptr(std::uint64_t off) const { return bar_.data() + off; }
   void post_error(CUresult st, const char* op) noexcept;
   void drop_ctx_objects(std::uint64_t ctx);
@@ -518,6 +539,11 @@ class Worker final : public GuestWorker {
   // so the arena keeps one device alias, arena_dev_, however it is pinned.
   std::map<std::uint64_t, std::uint64_t> arena_pinned_;
   bool arena_on_use_ = false;
+  // The driver's registration of host memory at p, in the arena's context,
+  // and the device alias it gives p (0 if none).
+  CUresult register_host(void* p, std::uint64_t bytes, unsigned flags);
+  void unregister_host(void* p) noexcept;
+  std::uint64_t host_alias(void* p);
   CUresult pin_arena(std::uint64_t off, std::uint64_t bytes);
   template <class F>
   CUresult as_worker(F&& f);

@@ -101,6 +101,7 @@ bool Worker::owns_device(std::uint64_t addr, std::uint64_t len) const {
   if (!IVCUDA_RULE("device-range")) return true;
   // Page-locked arena memory is device-accessible too (zero copy).
   if (arena_dev_ != 0 && ring::span_within(addr, len, arena_dev_, l_.arena_size)) return true;
+  if (shared_device(addr, len)) return true;  // a registered shared mapping (host_register.cc)
   auto it = ranges_.upper_bound(addr);
   bool ok = it != ranges_.begin() && ring::span_within(addr, len, std::prev(it)->first, std::prev(it)->second.size);
   if (!ok && it != ranges_.begin()) ok = spans_mappings(std::prev(it), addr, len);

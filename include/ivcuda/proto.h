@@ -175,7 +175,9 @@ enum class HandleKind : u8 {
   X(OccupancyClusterSize, ReqOccCluster, RepValue, 1)                    \
   X(TensorMapEncodeIm2col, ReqTensorMapIm2col, RepTensorMap, 1)          \
   X(TensorMapReplaceAddress, ReqTensorMapReplace, RepTensorMap, 1)       \
-  X(Texture1DLinearMaxWidth, ReqTexWidth, RepValue, 1)
+  X(Texture1DLinearMaxWidth, ReqTexWidth, RepValue, 1)                  \
+  X(HostRegisterShared, ReqHostShared, RepHostAlloc, 1)                  \
+  X(HostUnregisterShared, ReqArenaOff, RepNone, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -388,6 +390,18 @@ struct RepHostAlloc {
 };
 struct ReqArenaOff {
   u64 arena_off;
+};
+// cuMemHostRegister of a shared mapping's pages, process mode only: the guest
+// sends the file behind them over its connection first (one message: the
+// 8-byte token, the fd in SCM_RIGHTS), then this; the worker maps
+// [file_off, file_off + bytes) of that file after its BAR and registers it.
+// The reply's arena_off is where (BAR offset, past the BAR), dptr its device alias.
+struct ReqHostShared {
+  u64 token;
+  u64 file_off;  // page-aligned
+  u64 bytes;     // page multiple
+  u32 flags;     // CU_MEMHOSTREGISTER_READ_ONLY or 0
+  u32 reserved;
 };
 
 // Module image kinds.

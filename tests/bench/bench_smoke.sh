@@ -25,7 +25,8 @@ LD_LIBRARY_PATH=$work/native "$build/bench/ivcuda-bench" --quick --only death --
   tee -a "$work/out"
 for fig in null.ctx_synchronize.median null.stream_query.p99 launch.empty.rate launch.10us.rate \
            sleep.100us.task sleep.1000us.task_p99 htod.pinned.1024KiB htod.pageable.4KiB \
-           dtoh.pageable.16384KiB dtoh.pinned.16384KiB dtod.1024KiB 8procs.crowd.launch.rate \
+           dtoh.pageable.16384KiB dtoh.pinned.16384KiB dtod.1024KiB htod.memfd_registered.1024KiB \
+           dtoh.memfd_registered.16384KiB 8procs.crowd.launch.rate \
            8procs.crowd.htod.pinned 8procs.crowd.dtoh.pageable graph10.rate graph10.kernel_rate \
            vmm.htod.pinned.1024KiB vmm.dtoh.pinned.1024KiB vmm.dtod.1024KiB startup.first_result \
            startup.exit smallop.kernel_then_item.median smallop.chain10_sync.median \

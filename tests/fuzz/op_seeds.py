@@ -639,6 +639,18 @@ def module_seeds():
     s.call("Texture1DLinearMaxWidth", ok=False, device=0, format=999, channels=1)
     s.call("Texture1DLinearMaxWidth", ok=False, device=9, format=C["CU_AD_FORMAT_FLOAT"], channels=1)
     yield s
+    # The fuzz harness has no connection, so no file ever arrives with a token:
+    # every registration is refused, as is unregistering what was never registered.
+    s = start("HostRegisterShared")
+    s.call("HostRegisterShared", ok=False, token=1, file_off=0, bytes=4096, flags=0)
+    s.call("HostRegisterShared", ok=False, token=2, file_off=4096, bytes=1 << 20,
+           flags=C["CU_MEMHOSTREGISTER_READ_ONLY"])
+    s.call("HostRegisterShared", ok=False, token=3, file_off=1, bytes=100, flags=0xff)
+    yield s
+    s = start("HostUnregisterShared")
+    s.call("HostUnregisterShared", ok=False, arena_off=1 << 40)
+    s.call("HostUnregisterShared", ok=False, arena_off=s.pinned()[0])
+    yield s
 
 
 def _func_get_attribute(s):

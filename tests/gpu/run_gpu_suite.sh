@@ -126,7 +126,7 @@ programs=(
   "drv_fault|$bin/drv_errors --ptx $ptx --fault|"
   "drv_peer|$bin/drv_peer|"
   "rt_basic_static|$bin/rt_basic_static|"
-  "drv_hostreg|$bin/drv_hostreg --ptx $ptx|"
+  "drv_hostreg|$bin/drv_hostreg --ptx $ptx --shared-devptr|"
   "rt_nvbench_pattern_static|$bin/rt_nvbench_pattern_static|"
   "rt_basic_shared|$bin/rt_basic_shared|/usr/local/cuda/lib64"
   "rt_ipc_static|$bin/rt_ipc_static|"

@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <elf.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1977,4 +1978,104 @@ TEST_CASE("ivcudad refuses malformed --object-limits, naming the kinds", "[proce
     CHECK(WEXITSTATUS(status) != 0);
     CHECK(text.find("--object-limits") != std::string::npos);
   }
+}
+
+// cuMemHostRegister of a shared mapping (host-daemon/worker/host_register.cc):
+// the guest sends the file behind it over its connection, and the worker maps
+// and page-locks only what a regular file of that size holds, at most the
+// arena's size in all; copies may then name it past the BAR, nothing beyond it.
+TEST_CASE("registered shared mappings reach the driver only as regular files the guest sent, within its arena's "
+          "size", "[process][hostile]") {
+  Strays strays;
+  Daemon d;
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  g.open(0);
+  std::vector<std::byte> out;
+  REQUIRE(g.call(0, Op::kHello, proto::ReqHello{proto::kProtoVersion, 1, 0, 0, {}}, &out) == CUDA_SUCCESS);
+  const std::uint64_t bar_size = g.bar.size();
+  constexpr std::uint64_t kPage = 4096;
+  std::uint64_t token = 100;
+  const int sock = g.client.socket_fd();
+  auto send = [&](int fd) { REQUIRE(ivshmem::send_msg(sock, static_cast<std::int64_t>(++token), fd)); };
+  auto reg = [&](std::uint64_t file_off, std::uint64_t bytes, std::uint32_t flags = 0) {
+    out.clear();
+    return g.call(0, Op::kHostRegisterShared, proto::ReqHostShared{token, file_off, bytes, flags, 0}, &out);
+  };
+  auto memfd = [](std::uint64_t size) {
+    sys::UniqueFd fd(::memfd_create("hostile-reg", MFD_CLOEXEC));
+    REQUIRE((fd.valid() && ::ftruncate(fd.get(), static_cast<off_t>(size)) == 0));
+    return fd;
+  };
+
+  // Nothing sent, or another token's message (read past and closed).
+  CHECK(reg(0, kPage) == CUDA_ERROR_INVALID_VALUE);
+  auto small = memfd(kPage);
+  send(small.get());
+  ++token;
+  CHECK(reg(0, kPage) == CUDA_ERROR_INVALID_VALUE);
+  // Not a regular file: a pipe, /dev/zero (which maps).
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  send(p[0]);
+  CHECK(reg(0, kPage) == CUDA_ERROR_INVALID_VALUE);
+  ::close(p[0]);
+  ::close(p[1]);
+  sys::UniqueFd zero(::open("/dev/zero", O_RDWR | O_CLOEXEC));
+  REQUIRE(zero.valid());
+  send(zero.get());
+  CHECK(reg(0, kPage) == CUDA_ERROR_INVALID_VALUE);
+  // Past the file's end, unaligned, unknown flags, or read-only without READ_ONLY.
+  send(small.get());
+  CHECK(reg(0, 2 * kPage) == CUDA_ERROR_INVALID_VALUE);
+  send(small.get());
+  CHECK(reg(kPage, kPage) == CUDA_ERROR_INVALID_VALUE);
+  send(small.get());
+  CHECK(reg(0, 100) == CUDA_ERROR_INVALID_VALUE);
+  send(small.get());
+  CHECK(reg(0, kPage, 1u << 5) == CUDA_ERROR_INVALID_VALUE);
+  sys::UniqueFd ro(::open(("/proc/self/fd/" + std::to_string(small.get())).c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(ro.valid());
+  send(ro.get());
+  CHECK(reg(0, kPage) == CUDA_ERROR_INVALID_VALUE);
+  send(ro.get());
+  CHECK(reg(0, kPage, CU_MEMHOSTREGISTER_READ_ONLY) == CUDA_SUCCESS);
+
+  // At most the arena's size in all: two of three quarters do not fit.
+  const std::uint64_t quarter3 = g.l.arena_size / 4 * 3 / kPage * kPage;
+  auto big = memfd(quarter3);
+  send(big.get());
+  REQUIRE(reg(0, quarter3) == CUDA_SUCCESS);
+  const auto first = RawGuest::as<proto::RepHostAlloc>(out);
+  CHECK(first.arena_off >= bar_size);
+  send(big.get());
+  CHECK(reg(0, quarter3) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(g.call(0, Op::kHostUnregisterShared, proto::ReqArenaOff{first.arena_off}) == CUDA_SUCCESS);
+
+  // A good one: copies name it past the BAR, and nothing past its end.
+  auto file = memfd(4 * kPage);
+  send(file.get());
+  REQUIRE(reg(kPage, 2 * kPage) == CUDA_SUCCESS);
+  const auto good = RawGuest::as<proto::RepHostAlloc>(out);
+  CHECK(good.arena_off >= bar_size);
+  REQUIRE(g.call(0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx = RawGuest::as<proto::RepHandle>(out).handle;
+  REQUIRE(g.call(0, Op::kMemAlloc, proto::ReqMemAlloc{ctx, 4 * kPage, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto dptr = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  proto::ReqCopy c{};
+  c.ctx = ctx;
+  c.dst = dptr;
+  c.bytes = 2 * kPage;
+  c.arena_off = good.arena_off;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_SUCCESS);
+  c.arena_off = good.arena_off + 8;  // runs past its end
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);
+  // Unregistered only where registered, once.
+  CHECK(g.call(0, Op::kHostUnregisterShared, proto::ReqArenaOff{good.arena_off + kPage}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kHostUnregisterShared, proto::ReqArenaOff{g.l.arena_off}) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(g.call(0, Op::kHostUnregisterShared, proto::ReqArenaOff{good.arena_off}) == CUDA_SUCCESS);
+  CHECK(g.call(0, Op::kHostUnregisterShared, proto::ReqArenaOff{good.arena_off}) == CUDA_ERROR_INVALID_VALUE);
+  c.arena_off = good.arena_off;
+  CHECK(g.call(0, Op::kMemcpyHtoDArena, c) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(strays.seen() == "");
 }

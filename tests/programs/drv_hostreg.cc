@@ -401,6 +401,77 @@ void shared_mappings() {
   ::unlink(path);
 }
 
+// The device alias of registered shared-mapping memory (--shared-devptr;
+// not in a VM's process, whose mappings the host cannot reach): a kernel
+// fills the range through it and the mapping's other users see the words,
+// a kernel and the CPU answer each other through it with no call between,
+// and copies DMA it. A memfd whose descriptor the program keeps, and a
+// /dev/shm file whose descriptor it closed (found by its path).
+void shared_device_alias() {
+  const size_t len = 8 * kPage;
+  auto map = [&](int fd) { return static_cast<unsigned char*>(::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)); };
+  auto check = [&](unsigned char* a, unsigned char* b, const char* what) {
+    EXPECT(a != MAP_FAILED && b != MAP_FAILED);
+    if (a == MAP_FAILED || b == MAP_FAILED) return;
+    // Pages 2..5 from an unaligned start, so the alias keeps the offset in the page.
+    unsigned char* p = a + 2 * kPage + 256;
+    const size_t n = 3 * kPage;
+    OK(cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_DEVICEMAP));
+    CUdeviceptr d = dev_ptr(p);
+    CUdeviceptr attr = 0;
+    OK(cuPointerGetAttribute(&attr, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, reinterpret_cast<CUdeviceptr>(p + 64)));
+    EXPECT(attr == d + 64);
+    fill_through_gpu(p, 0x600dcafeu, n / 4);
+    const bool filled = all_equal(reinterpret_cast<const unsigned*>(b + 2 * kPage + 256), n / 4, 0x600dcafeu) &&
+                        b[2 * kPage + 255] == 0 && b[2 * kPage + 256 + n] == 0;
+    EXPECT(filled);
+    std::printf("%s: a kernel's fill through the device alias seen in the other mapping, nothing around it: %s\n",
+                what, filled ? "yes" : "no");
+    auto* words = reinterpret_cast<unsigned*>(p + 1024);
+    ping_pong(words, words + 16, 41, what);
+    gpu_counter(words + 32, what);
+    // A copy into it from device memory and out again (DMA, not staged).
+    CUdeviceptr dm = 0;
+    OK(cuMemAlloc(&dm, n));
+    OK(cuMemsetD32(dm, 0x1234abcdu, n / 4));
+    OK(cuMemcpyDtoH(p, dm, n));
+    OK(cuMemsetD32(dm, 0, n / 4));
+    OK(cuMemcpyHtoDAsync(dm, p, n, g_stream));
+    OK(cuStreamSynchronize(g_stream));
+    OK(cuMemcpyDtoH(b + 2 * kPage + 256, dm, n));  // through the other mapping, unregistered
+    const bool copied = all_equal(reinterpret_cast<const unsigned*>(b + 2 * kPage + 256), n / 4, 0x1234abcdu);
+    EXPECT(copied);
+    std::printf("%s: copies to and from it: %s\n", what, copied ? "yes" : "no");
+    OK(cuMemFree(dm));
+    OK(cuMemHostUnregister(p));
+    EXPECT_RES(CUDA_ERROR_INVALID_VALUE, cuMemHostGetDevicePointer(&d, p, 0));
+    // Registered again at once, as a whole.
+    OK(cuMemHostRegister(a, len, 0));
+    fill_through_gpu(a, 7u, len / 4);
+    const bool again = all_equal(reinterpret_cast<const unsigned*>(b), len / 4, 7u);
+    EXPECT(again);
+    std::printf("%s: registered again, filled through the GPU: %s\n", what, again ? "yes" : "no");
+    OK(cuMemHostUnregister(a));
+    ::munmap(a, len);
+    ::munmap(b, len);
+  };
+  const int fd = ::memfd_create("ivc-hostreg-alias", 0);
+  EXPECT(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(len)) == 0);
+  check(map(fd), map(fd), "memfd alias");
+  ::close(fd);
+
+  char path[64];
+  std::snprintf(path, sizeof path, "/dev/shm/ivc-hostreg-alias-%d", static_cast<int>(::getpid()));
+  const int sfd = ::open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  EXPECT(sfd >= 0 && ::ftruncate(sfd, static_cast<off_t>(len)) == 0);
+  // Mapped, then its descriptor closed: the path is what is left.
+  unsigned char* a = map(sfd);
+  unsigned char* b = map(sfd);
+  ::close(sfd);
+  check(a, b, "/dev/shm alias");
+  ::unlink(path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -436,6 +507,7 @@ int main(int argc, char** argv) {
   host_alloc_flags();
   errors();
   shared_mappings();
+  if (check::flag(argc, argv, "--shared-devptr")) shared_device_alias();
 
   OK(cuStreamDestroy(g_stream));
   OK(cuModuleUnload(mod));
