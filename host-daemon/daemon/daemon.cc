@@ -44,6 +44,7 @@ int Daemon::run() {
   warm_backoff_.assign(listeners_.size(), {clk::time_point{}, std::chrono::seconds(1)});
   arrivals_.resize(listeners_.size());
   returned_.assign(listeners_.size(), clk::time_point{});
+  waiting_.resize(listeners_.size());
   huge_short_.assign(listeners_.size(), false);
   budget_ = WorkerBudget::create(o_.max_guests + static_cast<std::uint32_t>(o_.plain_files.size()) + 1);
   if (!budget_) {
@@ -277,7 +278,10 @@ void Daemon::serve_once() {
       }
   const int ready = ::poll(p.fds.data(), p.fds.size(), 200);
   if (metrics_) metrics_->run();  // also times out idle scrapers
-  if (ready <= 0) return;
+  if (ready <= 0) {
+    serve_waiting();  // those waiting longer than kWaitForReady
+    return;
+  }
   if (control_ && (p.fds[p.control_at].revents & POLLIN) != 0) serve_control();
   for (std::size_t i = p.broker_at; i < p.served_at; ++i)
     if ((p.fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker_.serve(p.fds[i].fd);
@@ -291,6 +295,7 @@ void Daemon::serve_once() {
   for (std::size_t i = p.warm_at; i < p.fds.size(); ++i)
     if (p.fds[i].revents != 0) read_warm_line(*p.warm[i - p.warm_at]);
   for (const pid_t pid : to_recycle) recycle_served(pid);
+  serve_waiting();
   for (std::size_t li = 0; li < listeners_.size(); ++li)
     if ((p.fds[li].revents & POLLIN) != 0) accept_guest(li);
   // The parent keeps nothing of the guest's: when the worker ends, the

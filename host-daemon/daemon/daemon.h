@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "host-daemon/daemon/metrics.h"
 #include "host-daemon/daemon/options.h"
 #include "host-daemon/daemon/status.h"
+#include "host-daemon/daemon/warm_policy.h"
 #include "host-daemon/daemon/worker_budget.h"
 #include "host-daemon/shared/from_worker.h"
 #include "ring/ivshmem.h"
@@ -110,6 +112,15 @@ class Daemon {
     // user, and serves only that user's guests (docs/security.md).
     std::optional<uid_t> tenant_uid;
   };
+  // A guest that found no ready entry on its socket, not greeted yet: it
+  // takes the first entry that becomes ready (warm_policy.h, kWaitForReady).
+  struct Waiting {
+    ivshmem::PendingGuest pending;
+    uid_t uid = 0;
+    pid_t pid = 0;
+    WorkerBudget::Ticket unit;
+    clk::time_point since = clk::now();
+  };
   // What one pass of the loop polls, and where each kind starts in it.
   struct PollSet;
 
@@ -127,6 +138,15 @@ class Daemon {
 
   // guests.cc: a guest's arrival.
   void accept_guest(std::size_t li);
+  // Greets the guest and hands it to `warm`'s entry, or (none) to a process made for it.
+  void serve_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t uid, pid_t peer_pid, WorkerBudget::Ticket unit,
+                   std::optional<Warm> warm, clk::time_point arrived);
+  // Waiting guests: each takes the first entry that becomes ready for it, or
+  // after kWaitForReady whatever pick_entry gives; one that hung up goes.
+  void serve_waiting();
+  // Starts entries while fewer are on their way than guests wait (warm_pool.cc).
+  void start_for_waiting(std::size_t li);
+  std::size_t waiting_count() const;
   std::int64_t next_guest_id();
   std::optional<sys::UniqueFd> guest_memory(std::int64_t id, std::size_t li);
   std::unique_ptr<GuestBoard> new_board(std::uint64_t mem_limit);
@@ -134,6 +154,7 @@ class Daemon {
   void forget_in_child(const GuestBoard* mine);
 
   // warm_pool.cc: workers started ahead.
+  std::vector<WarmView> pool_views(std::size_t li) const;
   bool start_warm(std::size_t li, int not_theirs = -1);
   void let_go_warm(Warm& e);
   void fill_pools();
@@ -179,6 +200,7 @@ class Daemon {
   std::set<pid_t> warm_let_go_;                 // entries told to go, not reaped yet
   std::vector<std::deque<clk::time_point>> arrivals_;  // guests' arrivals per socket
   std::vector<clk::time_point> returned_;       // per socket: a worker last came back recycled
+  std::vector<std::list<Waiting>> waiting_;     // per socket, in arrival order
   bool warm_stale_ = false;                     // a reload changed what they were started with
 };
 

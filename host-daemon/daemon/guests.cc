@@ -1,10 +1,12 @@
 // See daemon.h: a guest's arrival - admission, its memory, its process.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "host-daemon/daemon/daemon.h"
@@ -39,6 +41,8 @@ void Daemon::forget_in_child(const GuestBoard* mine) {
     other.handoff.reset();
     if (other.board.get() != mine) other.board->unmap_in_child();
   }
+  for (auto& q : waiting_)
+    for (Waiting& w : q) w.pending.conn.reset();  // guests waiting for a worker are not this one's
   // Nor the memory, doorbells or boards of guests to come.
   for (auto& pool : pools_)
     for (Warm& e : pool) {
@@ -111,7 +115,7 @@ void Daemon::accept_guest(std::size_t li) {
       IVLOG_WARN("accept on %s: %s", l.path.c_str(), pending.error().what.c_str());
     return;
   }
-  if (workers_.size() >= o_.max_guests) {
+  if (workers_.size() + waiting_count() >= o_.max_guests) {
     IVLOG_WARN("refusing a guest: %u guests already served", o_.max_guests);
     ++refused_;
     return;  // closing the connection tells the peer
@@ -133,11 +137,63 @@ void Daemon::accept_guest(std::size_t li) {
     ++refused_;
     return;
   }
-  arrivals_[li].push_back(clk::now());
+  const auto now = clk::now();
+  arrivals_[li].push_back(now);
+  // No ready entry for it (or others waiting before it): it waits for the
+  // first one that becomes ready (warm_policy.h, kWaitForReady).
+  if (o_.recycle == "on" && l.warm > 0 && (!waiting_[li].empty() || !pick_ready(pool_views(li), cred.uid))) {
+    IVLOG_INFO("a guest of uid %u (pid %d) on %s waits for the first worker ready for it",
+               static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), l.path.c_str());
+    waiting_[li].push_back(Waiting{std::move(*pending), cred.uid, cred.pid, std::move(unit), now});
+    start_for_waiting(li);
+    return;
+  }
   // A warm entry when one is there (a ready one first); else all of it now.
   std::optional<Warm> warm = take_warm(li, cred.uid, pending->conn.get());
-  pending->peer_id = warm ? warm->id : next_guest_id();
-  const long long id = pending->peer_id;
+  serve_guest(li, std::move(*pending), cred.uid, cred.pid, std::move(unit), std::move(warm), now);
+}
+
+std::size_t Daemon::waiting_count() const {
+  std::size_t n = 0;
+  for (const auto& q : waiting_) n += q.size();
+  return n;
+}
+
+void Daemon::serve_waiting() {
+  for (std::size_t li = 0; li < waiting_.size(); ++li) {
+    auto& q = waiting_[li];
+    for (auto it = q.begin(); it != q.end();) {
+      pollfd p{it->pending.conn.get(), POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+        IVLOG_INFO("a guest of uid %u (pid %d) on %s left before a worker was ready for it",
+                   static_cast<unsigned>(it->uid), static_cast<int>(it->pid), listeners_[li].path.c_str());
+        it = q.erase(it);  // its unit of the per-uid budget goes back with its ticket
+        continue;
+      }
+      const std::optional<std::size_t> pick = pick_ready(pool_views(li), it->uid);
+      if (!pick && clk::now() - it->since < kWaitForReady) {
+        ++it;
+        continue;
+      }
+      Waiting w = std::move(*it);
+      it = q.erase(it);
+      std::optional<Warm> warm;
+      if (pick) {
+        warm = std::move(pools_[li][*pick]);
+        pools_[li].erase(pools_[li].begin() + static_cast<std::ptrdiff_t>(*pick));
+      } else {
+        warm = take_warm(li, w.uid, w.pending.conn.get());
+      }
+      serve_guest(li, std::move(w.pending), w.uid, w.pid, std::move(w.unit), std::move(warm), w.since);
+    }
+  }
+}
+
+void Daemon::serve_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t uid, pid_t peer_pid,
+                         WorkerBudget::Ticket unit, std::optional<Warm> warm, clk::time_point arrived) {
+  Listener& l = listeners_[li];
+  pending.peer_id = warm ? warm->id : next_guest_id();
+  const long long id = pending.peer_id;
   std::optional<sys::UniqueFd> shm;
   if (warm) shm = std::move(warm->shm);
   else shm = guest_memory(id, li);
@@ -147,8 +203,8 @@ void Daemon::accept_guest(std::size_t li) {
     IVLOG_ERROR("guest %lld: no status board: %s", id, std::strerror(errno));
     return;
   }
-  auto conn = warm ? l.server.greet(std::move(*pending), shm->get(), std::move(warm->bells))
-                   : l.server.greet(std::move(*pending), shm->get());
+  auto conn = warm ? l.server.greet(std::move(pending), shm->get(), std::move(warm->bells))
+                   : l.server.greet(std::move(pending), shm->get());
   if (!conn) {
     IVLOG_WARN("guest %lld: greeting failed: %s", id, conn.error().what.c_str());
     if (warm) let_go_warm(*warm);
@@ -156,12 +212,12 @@ void Daemon::accept_guest(std::size_t li) {
   }
   pid_t pid = -1;
   // Its tenant: its user on this socket, or (a VM) its connection (fd_broker.h).
-  const auto tenancy = Tenancy::user(static_cast<std::uint32_t>(li), cred.uid);
+  const auto tenancy = Tenancy::user(static_cast<std::uint32_t>(li), uid);
   if (warm) {
     // The entry's process takes the guest from here (vm_supervisor.h);
     // its line shares from now on, as this guest's.
     broker_.admit(static_cast<std::uint32_t>(id), tenancy);
-    if (auto st = ivshmem::send_msg(warm->handoff.get(), cred.pid, conn->conn.get()); !st) {
+    if (auto st = ivshmem::send_msg(warm->handoff.get(), peer_pid, conn->conn.get()); !st) {
       IVLOG_ERROR("guest %lld: cannot hand it to its warm worker: %s", id, st.error().what.c_str());
       ::kill(warm->pid, SIGKILL);
       let_go_warm(*warm);
@@ -190,7 +246,7 @@ void Daemon::accept_guest(std::size_t li) {
       g.shm_fd = shm->get();
       g.fds = &*conn;
       g.broker_fd = broker_end ? broker_end->release() : -1;
-      g.peer_pid = cred.pid;
+      g.peer_pid = peer_pid;
       g.stats = &board->stats();
       g.driver_env = driver_env(l.compute, l.mem_limit, l.gpus);
       g.budget = budget_.get();
@@ -200,8 +256,8 @@ void Daemon::accept_guest(std::size_t li) {
   unit.bind(pid);
   Served s;
   s.id = id;
-  s.uid = cred.uid;
-  s.peer_pid = cred.pid;
+  s.uid = uid;
+  s.peer_pid = peer_pid;
   s.socket = l.path;
   s.gpus = l.gpus;
   s.compute = o_.mps ? l.compute : 0;
@@ -215,12 +271,13 @@ void Daemon::accept_guest(std::size_t li) {
   workers_[pid] = std::move(s);
   // A warm entry's process names its worker once it hands the guest over
   // ("guest N: worker pid W", vm_supervisor.cc).
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - arrived).count();
   if (warm)
-    IVLOG_INFO("guest %lld (uid %u) connected on %s; a warm entry (%s), its process pid %d", id,
-               static_cast<unsigned>(cred.uid), l.path.c_str(), warm->ready ? "ready" : "still starting",
-               static_cast<int>(pid));
+    IVLOG_INFO("guest %lld (uid %u) connected on %s; a warm entry (%s), its process pid %d; waited %lld ms", id,
+               static_cast<unsigned>(uid), l.path.c_str(), warm->ready ? "ready" : "still starting",
+               static_cast<int>(pid), static_cast<long long>(waited));
   else
-    IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(cred.uid),
+    IVLOG_INFO("guest %lld (uid %u) connected on %s; worker pid %d", id, static_cast<unsigned>(uid),
                l.path.c_str(), static_cast<int>(pid));
   // The next warm entry starts at the top of the loop, once this guest's
   // memory and connection are out of scope here: a fork now would hand

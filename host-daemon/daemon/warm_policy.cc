@@ -23,15 +23,29 @@ PoolTarget pool_target(std::deque<std::chrono::steady_clock::time_point>& arriva
   return t;
 }
 
-std::optional<std::size_t> pick_entry(const std::vector<WarmView>& pool, uid_t uid) {
-  const auto usable = [&](const WarmView& e) {
-    return e.open && (!e.tenant || *e.tenant == uid || !IVCUDA_RULE("recycle-same-tenant"));
-  };
-  for (const bool made : {true, false})
-    for (const bool own : {true, false})
-      for (std::size_t i = 0; i < pool.size(); ++i)
-        if (usable(pool[i]) && (!made || pool[i].ready) && pool[i].tenant.has_value() == own) return i;
+namespace {
+bool usable(const WarmView& e, uid_t uid) {
+  return e.open && (!e.tenant || *e.tenant == uid || !IVCUDA_RULE("recycle-same-tenant"));
+}
+std::optional<std::size_t> pick(const std::vector<WarmView>& pool, uid_t uid, bool made) {
+  for (const bool own : {true, false})
+    for (std::size_t i = 0; i < pool.size(); ++i)
+      if (usable(pool[i], uid) && (!made || pool[i].ready) && pool[i].tenant.has_value() == own) return i;
   return std::nullopt;
+}
+}  // namespace
+
+std::optional<std::size_t> pick_entry(const std::vector<WarmView>& pool, uid_t uid) {
+  if (auto i = pick(pool, uid, true)) return i;
+  return pick(pool, uid, false);
+}
+
+std::optional<std::size_t> pick_ready(const std::vector<WarmView>& pool, uid_t uid) { return pick(pool, uid, true); }
+
+std::size_t coming_for(const std::vector<WarmView>& pool, const std::vector<uid_t>& uids) {
+  return static_cast<std::size_t>(std::count_if(pool.begin(), pool.end(), [&](const WarmView& e) {
+    return !e.ready && std::any_of(uids.begin(), uids.end(), [&](uid_t u) { return usable(e, u); });
+  }));
 }
 
 std::optional<std::size_t> make_room(const std::vector<WarmView>& pool, std::size_t warm) {

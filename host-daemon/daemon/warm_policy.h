@@ -49,6 +49,19 @@ PoolTarget pool_target(std::deque<std::chrono::steady_clock::time_point>& arriva
 // another user (rule recycle-same-tenant); of the others a ready one first,
 // and one recycled for this user before a fresh one (which any user may have).
 std::optional<std::size_t> pick_entry(const std::vector<WarmView>& pool, uid_t uid);
+// The same among ready entries only.
+std::optional<std::size_t> pick_ready(const std::vector<WarmView>& pool, uid_t uid);
+
+// A guest that finds no ready entry waits for the first one that becomes
+// ready, whichever it is, rather than for the one it would take now: a
+// recycled worker resets its contexts and makes a new one while fresh ones
+// start, and the driver makes contexts one at a time, so which is ready
+// first is not known ahead (issue 30's back-to-back starts). It waits at
+// most this long; then it takes an entry as pick_entry says.
+inline constexpr auto kWaitForReady = std::chrono::milliseconds(1500);
+// Entries on their way that could serve guests of `uids` (open, not ready,
+// fresh or recycled for one of them): what the waiting guests wait for.
+std::size_t coming_for(const std::vector<WarmView>& pool, const std::vector<uid_t>& uids);
 
 // The entry that makes room for a worker that has just served, when the pool
 // holds `cap` entries already: an extra fresh one (a starting one first; the

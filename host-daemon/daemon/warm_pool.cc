@@ -16,16 +16,21 @@
 
 namespace ivcuda::host {
 
-namespace {
-
-template <class Entries>
-std::vector<WarmView> views(const Entries& pool) {
+std::vector<WarmView> Daemon::pool_views(std::size_t li) const {
   std::vector<WarmView> v;
-  for (const auto& e : pool) v.push_back(WarmView{e.handoff.valid(), e.ready, e.tenant_uid});
+  for (const Warm& e : pools_[li]) v.push_back(WarmView{e.handoff.valid(), e.ready, e.tenant_uid});
   return v;
 }
 
-}  // namespace
+// Waiting guests each need an entry on its way (warm_policy.h coming_for);
+// one for each that has none starts now (a fork: every waiting guest's
+// connection is closed in the child, forget_in_child).
+void Daemon::start_for_waiting(std::size_t li) {
+  std::vector<uid_t> uids;
+  for (const Waiting& w : waiting_[li]) uids.push_back(w.uid);
+  std::size_t coming = coming_for(pool_views(li), uids);
+  while (coming < uids.size() && start_warm(li)) ++coming;
+}
 
 // Starts one warm entry for listener li (its process starts its worker).
 // `not_theirs`: a descriptor of the daemon's that the entry's process must
@@ -141,7 +146,7 @@ void Daemon::fill_pools() {
 // the user's next guest.
 std::optional<Daemon::Warm> Daemon::take_warm(std::size_t li, uid_t uid, int not_theirs) {
   auto& pool = pools_[li];
-  std::optional<std::size_t> pick = pick_entry(views(pool), uid);
+  std::optional<std::size_t> pick = pick_entry(pool_views(li), uid);
   if (!pick && o_.recycle == "on" && listeners_[li].warm > 0 && start_warm(li, not_theirs)) pick = pool.size() - 1;
   if (!pick) return std::nullopt;
   std::optional<Warm> warm = std::move(pool[*pick]);
@@ -164,7 +169,7 @@ void Daemon::recycle_served(pid_t pid) {
     // Full: a worker that has just served is worth more than an extra one
     // made from nothing or than the one recycled longest ago.
     auto& pool = pools_[li];
-    const std::optional<std::size_t> victim = make_room(views(pool), listeners_[li].warm);
+    const std::optional<std::size_t> victim = make_room(pool_views(li), listeners_[li].warm);
     room = victim.has_value();
     if (room) {
       let_go_warm(pool[*victim]);

@@ -1,7 +1,8 @@
 // Contexts of the GPU test double: created ones, primary ones, and each thread's stack.
 #include <algorithm>
-
 #include <mutex>
+#include <thread>
+
 #include "state.h"
 
 using namespace ivcuda::gpu_double;
@@ -32,6 +33,7 @@ CUresult charge_context(State& s, int dev) {
   const auto d = static_cast<std::size_t>(dev);
   const std::size_t cost = context_mem();
   if (cost > total_mem() - std::min(total_mem(), s.used[d] + ledger_others(dev))) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (const auto delay = context_delay(); delay.count() > 0) std::this_thread::sleep_for(delay);
   s.used[d] += cost;
   ++s.held_contexts[d];
   ledger_publish(dev, s.used[d]);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
@@ -87,6 +88,21 @@ std::size_t context_mem() {
     return std::size_t{mib} << 20;
   }();
   return bytes;
+}
+
+std::chrono::milliseconds context_delay() {
+  static const std::chrono::milliseconds delay = [] {
+    const char* v = std::getenv("IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS");
+    if (fuzzing() || v == nullptr || *v == '\0') return std::chrono::milliseconds(0);
+    char* end = nullptr;
+    const unsigned long ms = std::strtoul(v, &end, 10);
+    if (*end != '\0' || ms > 60000) {
+      log("IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS=%s is not a number of milliseconds up to 60000; using 0", v);
+      return std::chrono::milliseconds(0);
+    }
+    return std::chrono::milliseconds(ms);
+  }();
+  return delay;
 }
 
 void record_mps_environment() {

@@ -461,6 +461,11 @@ inline std::size_t total_mem() { return fuzzing() ? kFuzzTotalMem : kTotalMem; }
 // while the context lives, as a GPU does): IVCUDA_GPU_DOUBLE_CONTEXT_MIB, or
 // kDefaultContextMem; nothing under a fuzzer, whose device is small.
 std::size_t context_mem();
+// How long making a context takes (its creation, or a primary context's
+// activation): IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS, 0 by default and under a
+// fuzzer. A driver makes a context in 0.1-0.5 s; tests of the daemon's warm
+// pool set it to see which worker a guest waits for.
+std::chrono::milliseconds context_delay();
 
 // IVCUDA_GPU_DOUBLE_MPS_LOG=FILE: cuInit appends the CUDA_MPS_* variables
 // of the process's environment to FILE, one line per cuInit that saw any

@@ -9,8 +9,10 @@
 
 using ivcuda::host::kArrivalWindow;
 using ivcuda::host::kBurstIdle;
+using ivcuda::host::coming_for;
 using ivcuda::host::make_room;
 using ivcuda::host::pick_entry;
+using ivcuda::host::pick_ready;
 using ivcuda::host::pool_target;
 using ivcuda::host::WarmView;
 using clk = std::chrono::steady_clock;
@@ -70,6 +72,22 @@ TEST_CASE("a guest takes a ready entry first, its own recycled one before a fres
   CHECK_FALSE(pick_entry({closed}, me).has_value());
   CHECK(pick_entry({fresh_starting}, me) == 0u);  // a starting one rather than none
   CHECK(pick_entry({theirs_ready, mine_ready}, other) == 0u);
+}
+
+TEST_CASE("a waiting guest takes only a ready entry, and counts the entries on their way that could serve it",
+          "[host][warm]") {
+  const uid_t me = 1000, other = 1001;
+  const WarmView fresh_starting{true, false, std::nullopt}, fresh_ready{true, true, std::nullopt};
+  const WarmView mine_starting{true, false, me}, theirs_starting{true, false, other};
+  const WarmView mine_ready{true, true, me}, closed_starting{false, false, std::nullopt};
+  CHECK_FALSE(pick_ready({fresh_starting, mine_starting}, me).has_value());
+  CHECK(pick_ready({mine_starting, fresh_ready}, me) == 1u);
+  CHECK(pick_ready({fresh_ready, mine_ready}, me) == 1u);  // its own recycled one first, as pick_entry
+  CHECK_FALSE(pick_ready({theirs_starting, mine_ready}, other).has_value());
+  CHECK(coming_for({fresh_starting, mine_starting, theirs_starting, closed_starting, fresh_ready}, {me}) == 2u);
+  CHECK(coming_for({fresh_starting, mine_starting, theirs_starting}, {me, other}) == 3u);
+  CHECK(coming_for({mine_starting}, {other}) == 0u);
+  CHECK(coming_for({fresh_starting}, {}) == 0u);
 }
 
 TEST_CASE("a full pool makes room with its newest extra fresh entry, else its oldest recycled one", "[host][warm]") {
