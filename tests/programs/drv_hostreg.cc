@@ -435,7 +435,8 @@ void shared_device_alias() {
     OK(cuMemAlloc(&dm, n));
     OK(cuMemsetD32(dm, 0x1234abcdu, n / 4));
     OK(cuMemcpyDtoH(p, dm, n));
-    OK(cuMemsetD32(dm, 0, n / 4));
+    // In g_stream too: a non-blocking stream does not wait for the legacy stream's memset.
+    OK(cuMemsetD32Async(dm, 0, n / 4, g_stream));
     OK(cuMemcpyHtoDAsync(dm, p, n, g_stream));
     OK(cuStreamSynchronize(g_stream));
     OK(cuMemcpyDtoH(b + 2 * kPage + 256, dm, n));  // through the other mapping, unregistered
