@@ -175,9 +175,12 @@ std::uint64_t g_start_ns = now_ns();  // the library's load, about the process's
                    v.first == 0 ? 0.0 : static_cast<double>(v.second) / 1e3 / static_cast<double>(v.first),
                    static_cast<double>(v.second) / 1e6);
     const auto cc = compile_cache::counts();
-    std::fprintf(out, "ivcuda: process %d: compile cache (NVRTC, nvJitLink): %llu lookups, %llu hits, %llu bytes stored\n",
+    std::fprintf(out,
+                 "ivcuda: process %d: compile cache (NVRTC, nvJitLink): %llu lookups, %llu hits, %llu bytes stored, "
+                 "%llu hits from the cache directory\n",
                  static_cast<int>(::getpid()), static_cast<unsigned long long>(cc.lookups),
-                 static_cast<unsigned long long>(cc.hits), static_cast<unsigned long long>(cc.stored_bytes));
+                 static_cast<unsigned long long>(cc.hits), static_cast<unsigned long long>(cc.stored_bytes),
+                 static_cast<unsigned long long>(cc.disk_hits));
     if (to_file) std::fclose(out);
   } catch (...) {
   }

@@ -34,6 +34,7 @@ int release(void* data, std::uint64_t, std::uint64_t, std::uint64_t, std::uint64
 // Lookups and hits so far (IVCUDA_CALL_STATS prints them; tests read them).
 struct Counts {
   std::uint64_t lookups = 0, hits = 0, stored_bytes = 0;
+  std::uint64_t disk_hits = 0;  // of the hits, those found in the guest's cache directory
 };
 Counts counts() noexcept;
 

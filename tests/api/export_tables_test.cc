@@ -3,7 +3,9 @@
 // daemon-backed library.
 #include <catch2/catch.hpp>
 #include <cuda.h>
+#include <dirent.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,12 +13,15 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "guest/compile_cache.h"
 #include "guest/export_tables.h"
 #include "guest/md2.h"
 #include "tests/api/export_hooks_fake.h"
@@ -557,8 +562,35 @@ TEST_CASE("cuFFT's and cuBLASLt's tables", "[export]") {
   CHECK(slot_fn<CUresult(void*, void*, int, int, void*, int)>(lt, 13)(h1, h2, 2, 1, nullptr, 0) == CUDA_SUCCESS);
 }
 
+// A cache directory of this test's own (CUDA_CACHE_PATH), so that no earlier run's files answer.
+std::string fresh_cache_dir() {
+  char dir[] = "/tmp/ivcuda-nvrtc-cache.XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  ::setenv("CUDA_CACHE_PATH", dir, 1);
+  ::unsetenv("CUDA_CACHE_DISABLE");
+  ::unsetenv("CUDA_CACHE_MAXSIZE");
+  return std::string(dir) + "/ivcuda-nvrtc";
+}
+
+// The cache's files (*.ivc) in dir and their bytes.
+std::pair<int, std::uint64_t> cache_files(const std::string& dir) {
+  std::pair<int, std::uint64_t> n{0, 0};
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return n;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() < 4 || name.substr(name.size() - 4) != ".ivc") continue;
+    std::ifstream f(dir + "/" + name, std::ios::binary | std::ios::ate);
+    ++n.first;
+    n.second += static_cast<std::uint64_t>(f.tellg());
+  }
+  ::closedir(d);
+  return n;
+}
+
 // The slots as NVRTC calls them (guest/compile_cache.h): open, close, lookup, store, -, release.
 TEST_CASE("NVRTC's compile cache gives back what was stored for the same key, and only for it", "[export]") {
+  (void)fresh_cache_dir();
   using U = std::uint64_t;
   const void* const* t = fetch(kNvrtcCache);
   auto open = slot_fn<int(void**, std::uint32_t, const void*, std::size_t, const char*, const char*)>(t, 1);
@@ -598,6 +630,96 @@ TEST_CASE("NVRTC's compile cache gives back what was stored for the same key, an
   }
   CHECK(open(nullptr, 2, input.data(), input.size(), nullptr, nullptr) == CUDA_ERROR_INVALID_VALUE);
   CHECK(lookup(nullptr, 0, &data, &len, 0, 0) == CUDA_ERROR_INVALID_VALUE);
+}
+
+// What one process stored, the guest's next process finds in the cache directory, as the
+// driver's JIT cache is found across processes; a damaged file is a miss; CUDA_CACHE_DISABLE=1
+// writes none; CUDA_CACHE_MAXSIZE bounds the directory.
+TEST_CASE("NVRTC's compile cache keeps what one process stored for the next, within its bounds", "[export]") {
+  using U = std::uint64_t;
+  const void* const* t = fetch(kNvrtcCache);
+  auto open = slot_fn<int(void**, std::uint32_t, const void*, std::size_t, const char*, const char*)>(t, 1);
+  auto close = slot_fn<int(void*, U, U, U, U, U)>(t, 2);
+  auto lookup = slot_fn<int(void*, U, void**, std::uint32_t*, U, U)>(t, 3);
+  auto store = slot_fn<int(void*, U, const void*, std::size_t, U, U)>(t, 4);
+  auto release = slot_fn<int(void*, U, U, U, U, U)>(t, 6);
+  constexpr int kNotFound = 500;
+  const std::string dir = fresh_cache_dir();
+  // In a child process (its memory goes with it): stores `value` for each input.
+  auto store_in_child = [&](const std::vector<std::string>& inputs, const std::string& value) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      for (const auto& in : inputs) {
+        void* e = nullptr;
+        if (open(&e, 2, in.data(), in.size(), " -arch=compute_90", "build") != 0) ::_exit(1);
+        if (store(e, 0, value.data(), value.size(), 0, 0) != 0) ::_exit(2);
+        close(e, 0, 0, 0, 0, 0);
+      }
+      ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  };
+  auto found = [&](const std::string& in, std::string* value) {
+    void* e = nullptr;
+    REQUIRE(open(&e, 2, in.data(), in.size(), " -arch=compute_90", "build") == 0);
+    void* data = nullptr;
+    std::uint32_t len = 0;
+    const int st = lookup(e, 0, &data, &len, 0, 0);
+    if (st == 0) {
+      *value = std::string(static_cast<const char*>(data), len);
+      release(data, 0, 0, 0, 0, 0);
+    }
+    close(e, 0, 0, 0, 0, 0);
+    return st;
+  };
+  const std::string cubin(3000, 'c');
+  const auto before = ivcuda::guest::compile_cache::counts();
+  store_in_child({"program one", "program two"}, cubin);
+  CHECK(cache_files(dir).first == 2);
+  std::string got;
+  CHECK(found("program one", &got) == 0);
+  CHECK(got == cubin);
+  CHECK(ivcuda::guest::compile_cache::counts().disk_hits == before.disk_hits + 1);
+  CHECK(found("program one", &got) == 0);  // from memory now
+  CHECK(ivcuda::guest::compile_cache::counts().disk_hits == before.disk_hits + 1);
+  CHECK(found("program three", &got) == kNotFound);
+  // A damaged file: cut short, then its key changed.
+  DIR* d = ::opendir(dir.c_str());
+  REQUIRE(d != nullptr);
+  std::vector<std::string> files;
+  while (dirent* e = ::readdir(d))
+    if (std::string(e->d_name).find(".ivc") != std::string::npos) files.push_back(dir + "/" + e->d_name);
+  ::closedir(d);
+  REQUIRE(files.size() == 2);
+  for (const auto& f : files) REQUIRE(::truncate(f.c_str(), 100) == 0);
+  CHECK(found("program two", &got) == kNotFound);
+  store_in_child({"program two"}, cubin);
+  for (const auto& f : files) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(24 + 8);  // past the header and the key's first length word
+    io.write("X", 1);
+  }
+  CHECK(found("program two", &got) == kNotFound);
+  // CUDA_CACHE_DISABLE=1: nothing written.
+  const std::string other = fresh_cache_dir();
+  ::setenv("CUDA_CACHE_DISABLE", "1", 1);
+  store_in_child({"program four"}, cubin);
+  CHECK(cache_files(other).first == 0);
+  ::unsetenv("CUDA_CACHE_DISABLE");
+  // CUDA_CACHE_MAXSIZE: ten entries of about 3 KiB in a 10 KiB directory.
+  const std::string small = fresh_cache_dir();
+  ::setenv("CUDA_CACHE_MAXSIZE", "10240", 1);
+  std::vector<std::string> many;
+  for (int i = 0; i < 10; ++i) many.push_back("program " + std::to_string(100 + i));
+  store_in_child(many, cubin);
+  const auto [count, bytes] = cache_files(small);
+  CHECK(count >= 1);
+  CHECK(bytes <= 10240);
+  ::unsetenv("CUDA_CACHE_MAXSIZE");
+  ::unsetenv("CUDA_CACHE_PATH");
 }
 
 TEST_CASE("MD2 matches RFC 1319's test suite", "[md2]") {

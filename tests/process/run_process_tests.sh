@@ -24,6 +24,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# NVRTC's compile cache keeps its files here, not in the user's home (guest/compile_cache.cc).
+export CUDA_CACHE_PATH=$work/cuda-cache
 
 start_daemon() {
   # A second socket is a second tenant (drv_vmm_share and drv_pool_share --child-socket).
@@ -135,9 +137,9 @@ preload_case=1
 # builds; each library; and the cases written out one by one below: four call-log pairs (8),
 # three about function attributes answered in the guest,
 # drv_core preloaded (unless a sanitizer build), drv_host_polls --off, five about guests,
-# workers and the daemon, and two about NVRTC's compile cache.
+# workers and the daemon, and three about NVRTC's compile cache.
 expect_cases $((${#drv_cases[@]} + ${#rt_kinds[@]} * (${#rt_programs[@]} + 1 + ${#rt_sections[@]}) + ${#libs[@]} \
-  + 8 + 3 + preload_case + 1 + 5 + 2))
+  + 8 + 3 + preload_case + 1 + 5 + 3))
 
 for entry in "${drv_cases[@]}"; do
   read -ra cmd <<<"${entry#*|}"
@@ -266,9 +268,17 @@ if [ -x "$bin/lib_nvrtc" ]; then
   hits=$(sed -n 's/.*compile cache (NVRTC, nvJitLink): [0-9]* lookups, \([0-9]*\) hits.*/\1/p' "$work/nvrtc.stats" 2>/dev/null)
   [ "${hits:-0}" -ge 2 ]
   verdict "NVRTC compiles a program again from the guest's compile cache (${hits:-no} hits)" $?
+  # lib_nvrtc ran before (the libraries above): this process finds what that one compiled in the
+  # guest's cache directory (CUDA_CACHE_PATH, set above), its first compile too.
+  disk=$(sed -n 's/.*compile cache (NVRTC, nvJitLink): .*, \([0-9]*\) hits from the cache directory.*/\1/p' \
+    "$work/nvrtc.stats" 2>/dev/null)
+  files=$(find "$CUDA_CACHE_PATH" -name '*.ivc' 2>/dev/null | wc -l)
+  [ "${disk:-0}" -ge 2 ] && [ "$files" -ge 2 ]
+  verdict "a later process takes NVRTC's output from the guest's cache directory (${disk:-no} hits, $files files)" $?
 else
   not_run "lib_nvrtc, to count the compile cache's hits" "not built"
   not_run "NVRTC compiles a program again from the guest's compile cache" "not built"
+  not_run "a later process takes NVRTC's output from the guest's cache directory" "not built"
 fi
 if [ -n "$libs_flow" ]; then
   stop_ivcudad
