@@ -141,7 +141,8 @@ void Daemon::accept_guest(std::size_t li) {
   arrivals_[li].push_back(now);
   // No ready entry for it (or others waiting before it): it waits for the
   // first one that becomes ready (warm_policy.h, kWaitForReady).
-  if (o_.recycle == "on" && l.warm > 0 && (!waiting_[li].empty() || !pick_ready(pool_views(li), cred.uid))) {
+  if (o_.recycle == "on" && o_.wait_for_ready == "on" && l.warm > 0 &&
+      (!waiting_[li].empty() || !pick_ready(pool_views(li), cred.uid))) {
     IVLOG_INFO("a guest of uid %u (pid %d) on %s waits for the first worker ready for it",
                static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), l.path.c_str());
     waiting_[li].push_back(Waiting{std::move(*pending), cred.uid, cred.pid, std::move(unit), now});

@@ -115,6 +115,12 @@ void define_socket_options(CLI::App& app, Options& o) {
                  "do not wait for a driver and context to start (docs/security.md says what is reset)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  app.add_option("--wait-for-ready", o.wait_for_ready,
+                 "with --recycle-workers on: a guest that finds no ready worker waits, unanswered, for the first "
+                 "one of its socket that becomes ready (at most 1.5 s), instead of taking one that is still "
+                 "starting or being recycled at once and waiting for that one")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles, pool pointers) one tenant may have exported at "
                  "once (a tenant: a VM, or one user's process-mode programs on one socket)")

@@ -214,7 +214,9 @@ for p in $parts; do
     if [ $rc -eq 0 ]; then
       sock=/tmp/ivcuda-lifecycle.sock
       rm -f "$sock"
-      "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 \
+      # IVCUDA_LIFECYCLE_ARGS: ivcudad options beyond its defaults (an A/B of a pool setting).
+      # shellcheck disable=SC2086 # one word per option
+      "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 ${IVCUDA_LIFECYCLE_ARGS:-} \
         >"$work/lifecycle-ivcudad.log" 2>&1 &
       daemon=$!
       for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done

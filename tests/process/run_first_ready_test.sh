@@ -10,7 +10,8 @@
 #      that the pool would have given it at once before (it prefers the
 #      user's own recycled worker), and waited no longer than the fresh one took;
 #   2. a guest killed while it waits is dropped: the next one is served;
-#   3. no guest is refused.
+#   3. no guest is refused;
+#   4. with --wait-for-ready off, B takes A's recycled worker at once (the rule before).
 #   run_first_ready_test.sh BUILD_DIR DRIVER_LIB
 set -u
 build=$(cd "$1" && pwd)
@@ -24,7 +25,7 @@ holder=
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 4
+expect_cases 5
 cleanup() {
   [ -n "$holder" ] && kill -9 "$holder" 2>/dev/null
   stop_ivcudad
@@ -69,6 +70,32 @@ verdict "a waiting guest is served by the first worker ready, not by the recycle
 # B waited for the fresh worker (about D - H after A went), not for A's reset and new context (D).
 [ "$b_ms" -lt 1500 ]
 verdict "it waited for the first ready worker only" $?
+
+# The same with --wait-for-ready off: B takes A's recycled worker at once and waits for its new context.
+run_ab() {  # prints "A-number B-number B-ms"
+  local h b t0 rc
+  for _ in $(seq 200); do grep -q "started ahead for guest 1:" "$log" && break; sleep 0.05; done
+  spawn "$bin/drv_isolation" --hold --mib 1 >/dev/null 2>&1 &
+  h=$!
+  served $h
+  sleep 1.2
+  kill -9 $h
+  wait $h 2>/dev/null
+  for _ in $(seq 100); do grep -q "is kept for the next guest" "$log" && break; sleep 0.02; done
+  t0=$(date +%s%N)
+  spawn "$bin/drv_isolation" --used >/dev/null 2>&1 &
+  b=$!
+  wait $b
+  rc=$?
+  echo "$(number_of $h) $(number_of $b) $(( ($(date +%s%N) - t0) / 1000000 )) $rc"
+}
+stop_ivcudad
+start_ivcudad "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
+  --channels 4 --warm-workers 1 --warm-burst 2 --recycle-workers on --wait-for-ready off --driver "$driver" || exit 1
+read -r a_off b_off ms_off rc_off < <(run_ab)
+echo "--wait-for-ready off: guest A was guest $a_off; guest B (status $rc_off, ${ms_off} ms) was served as guest $b_off"
+[ "$rc_off" = 0 ] && [ -n "$a_off" ] && [ "$b_off" = "$a_off" ] && ! grep -q "waits for the first worker" "$log"
+verdict "with --wait-for-ready off the guest takes the recycled worker at once" $?
 
 # 2. A daemon whose one warm worker is still making its context: C waits, and is killed
 #    waiting; D is served once the worker is ready.
