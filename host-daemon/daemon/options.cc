@@ -118,7 +118,8 @@ void define_socket_options(CLI::App& app, Options& o) {
   app.add_option("--wait-for-ready", o.wait_for_ready,
                  "with --recycle-workers on: a guest that finds no ready worker waits, unanswered, for the first "
                  "one of its socket that becomes ready (at most 1.5 s), instead of taking one that is still "
-                 "starting or being recycled at once and waiting for that one")
+                 "starting or being recycled at once and waiting for that one (off by default: on an H100 it shortened "
+                 "back-to-back starts' tail but lengthened a burst's and spread arrivals'; docs/performance.md)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,

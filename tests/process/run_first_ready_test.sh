@@ -42,7 +42,7 @@ number_of() { sed -n "s/.* worker g\([0-9]*\) info: guest [0-9]*: process $1 say
 served() { for _ in $(seq 200); do [ -n "$(number_of "$1")" ] && return 0; sleep 0.05; done; return 1; }
 
 start_ivcudad "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
-  --channels 4 --warm-workers 1 --warm-burst 2 --recycle-workers on --driver "$driver" || exit 1
+  --channels 4 --warm-workers 1 --warm-burst 2 --recycle-workers on --wait-for-ready on --driver "$driver" || exit 1
 for _ in $(seq 200); do grep -q "started ahead for guest 1:" "$log" && break; sleep 0.05; done
 
 # 1. A takes the warm worker, so a fresh one starts; A goes after H; B arrives.
@@ -101,7 +101,7 @@ verdict "with --wait-for-ready off the guest takes the recycled worker at once" 
 #    waiting; D is served once the worker is ready.
 stop_ivcudad
 start_ivcudad --append "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
-  --channels 4 --warm-workers 1 --warm-burst 0 --recycle-workers on --driver "$driver" || exit 1
+  --channels 4 --warm-workers 1 --warm-burst 0 --recycle-workers on --wait-for-ready on --driver "$driver" || exit 1
 mark=$(wc -c <"$log")
 spawn "$bin/drv_isolation" --used >/dev/null 2>&1 &
 c=$!
