@@ -849,8 +849,9 @@ CUresult cuMemGetInfo(size_t* free_b, size_t* total) {
       *total = t;
       return CUDA_SUCCESS;
     }
+    // Not behind the work this process posted: the driver answers at once too.
     proto::RepMemInfo rep{};
-    const CUresult st = rt->call<Op::kMemGetInfo>(proto::ReqCtx{ctx}, {}, &rep);
+    const CUresult st = rt->query<Op::kMemGetInfo>(proto::ReqCtx{ctx}, &rep);
     *free_b = rep.free;
     *total = rep.total;
     return st;

@@ -137,11 +137,12 @@ class Channel {
   CUresult exchange(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
                     void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait,
                     std::uint16_t post_flags) {
-    // post_flags: kRecReportTaken, kRecHostPolled (posted requests only).
+    // post_flags: kRecReportTaken, kRecHostPolled (posted requests only);
+    // kRecUnordered (calls only: Runtime::query).
     const bool report_taken = !wait && (post_flags & abi::kRecReportTaken) != 0;
     abi::RecordHeader h{};
     h.op = static_cast<std::uint16_t>(op);
-    h.flags = wait ? abi::kRecNeedsReply : post_flags;
+    h.flags = wait ? static_cast<std::uint16_t>(abi::kRecNeedsReply | (post_flags & abi::kRecUnordered)) : post_flags;
     h.len = static_cast<std::uint32_t>(req_size + tail.size());
     auto* sb = ring::superblock(rt_.bar());
     // The ticket orders this call after every call that returned before it
@@ -360,9 +361,27 @@ Channel* Runtime::channel() {
   return t_channel.ch;
 }
 
+Channel* Runtime::query_channel() {
+  if (vm_mode_ || ring::load_relaxed(ring::superblock(base_)->abi_minor) < 6) return nullptr;
+  std::lock_guard lk(chan_mu_);
+  if (query_ch_ || query_ch_none_) return query_ch_.get();
+  for (std::uint32_t c = 0; c + 1 < layout_.channels; ++c) {
+    auto* d = ring::channel_desc(base_, layout_, c);
+    std::uint32_t expect = abi::kChanFree;
+    if (std::atomic_ref<std::uint32_t>(d->guest_state)
+            .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
+      query_ch_ = std::make_unique<Channel>(*this, c);
+      all_channels_.push_back(query_ch_.get());
+      return query_ch_.get();
+    }
+  }
+  query_ch_none_ = true;  // every channel is a thread's: queries go in order
+  return nullptr;
+}
+
 CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
                            void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait,
-                           std::uint64_t polled_ctx, std::uint64_t polled_stream) {
+                           std::uint64_t polled_ctx, std::uint64_t polled_stream, bool unordered) {
   if (dead()) return CUDA_ERROR_DEVICE_UNAVAILABLE;
   // A fork child of a VM process has none of its parent's BAR (MADV_DONTFORK):
   // CUDA does not carry over a fork either.
@@ -374,7 +393,9 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
     if (host_polled()) settle_host_polls(op, req, req_size);
     return CUDA_SUCCESS;
   }
-  Channel* ch = channel();
+  Channel* ch = unordered ? query_channel() : nullptr;
+  unordered = ch != nullptr;
+  if (ch == nullptr) ch = channel();
   if (ch == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lk(ch->mu);
   // The calling thread's capture mode travels ahead of its call when the
@@ -403,6 +424,7 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   const bool mark = !wait && (polled_ctx != 0 || polled_stream != 0);
   std::uint16_t flags = report_taken ? abi::kRecReportTaken : 0;
   if (mark) flags |= abi::kRecHostPolled;
+  if (unordered) flags |= abi::kRecUnordered;
   CUresult st;
   if (call_stats::enabled()) {
     const auto t0 = std::chrono::steady_clock::now();

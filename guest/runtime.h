@@ -71,6 +71,13 @@ class Runtime {
                 typename proto::OpTraits<op>::Reply* rep = nullptr, std::vector<std::byte>* extra = nullptr) {
     return call_raw(op, &req, sizeof req, tail, rep, rep ? sizeof *rep : 0, extra, true);
   }
+  // A query that depends on no work posted before it (abi::kRecUnordered):
+  // sent on a channel of its own, so that the host may answer it ahead of
+  // what this process posted, as the driver answers it (cuMemGetInfo).
+  template <proto::Op op>
+  CUresult query(const typename proto::OpTraits<op>::Request& req, typename proto::OpTraits<op>::Reply* rep) {
+    return call_raw(op, &req, sizeof req, {}, rep, sizeof *rep, nullptr, true, 0, 0, true);
+  }
   // Posts a request that gets no reply (asynchronous CUDA work).
   template <proto::Op op>
   CUresult post(const typename proto::OpTraits<op>::Request& req, std::span<const std::byte> tail = {}) {
@@ -203,8 +210,11 @@ class Runtime {
   // abi::kRecHostPolled, work of that stream (post_host_polled).
   CUresult call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,
                     void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait,
-                    std::uint64_t polled_ctx = 0, std::uint64_t polled_stream = 0);
+                    std::uint64_t polled_ctx = 0, std::uint64_t polled_stream = 0, bool unordered = false);
   Channel* channel();
+  // The channel order-free queries take (query()); nullptr where there is
+  // none: a VM's process, a host of minor < 6, no channel free.
+  Channel* query_channel();
 
   // Process mode: the ivshmem-protocol connection to ivcudad.
   sys::UniqueFd sock_;
@@ -243,6 +253,8 @@ class Runtime {
   std::mutex chan_mu_;
   std::vector<std::unique_ptr<Channel>> shared_;  // channels of exited threads, for reuse
   std::unique_ptr<Channel> overflow_;             // shared when all channels are taken
+  std::unique_ptr<Channel> query_ch_;             // query_channel(), claimed on first use
+  bool query_ch_none_ = false;                    // none could be claimed
   std::atomic<bool> dead_{false};
   // See host_polled(). Keys are (context, stream key); values the
   // generation of the stream's last host-polling work.

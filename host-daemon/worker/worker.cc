@@ -678,6 +678,12 @@ CUstreamCaptureMode Worker::effective_capture_mode(const Channel& ch) const {
                                                                      : CU_STREAM_CAPTURE_MODE_RELAXED;
 }
 
+// A query the guest marked kRecUnordered that depends on no posted work:
+// taken ahead of earlier tickets (shm_abi.h). Any other op keeps its place.
+bool Worker::order_free(const ring::Record& rec) noexcept {
+  return (rec.hdr.flags & abi::kRecUnordered) != 0 && rec.hdr.op == static_cast<std::uint16_t>(proto::Op::kMemGetInfo);
+}
+
 int Worker::serve_once() {
   attach_channels();
   int handled = 0;
@@ -714,7 +720,8 @@ int Worker::serve_once() {
         continue;
       }
       if (rs != ring::RingStatus::kOk) continue;
-      if (best == nullptr || ticket_before(rec.hdr.seq, best_rec.hdr.seq)) {
+      if (best == nullptr || (order_free(rec) && !order_free(best_rec)) ||
+          (order_free(rec) == order_free(best_rec) && ticket_before(rec.hdr.seq, best_rec.hdr.seq))) {
         best = &ch;
         best_rec = rec;
       }
@@ -725,7 +732,7 @@ int Worker::serve_once() {
     // began) is visible now, even where the scan above polled its channel
     // before it landed - and it comes first. Channels claimed since the pass
     // began are attached for it (a new thread's first call).
-    if (channels_.size() > 1) {
+    if (channels_.size() > 1 && !order_free(best_rec)) {
       attach_channels();
       for (auto& chp : channels_) {
         if (!chp || chp.get() == best || chp->dead || chp->parked.active) continue;

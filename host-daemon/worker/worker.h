@@ -315,6 +315,7 @@ class Worker final : public GuestWorker {
   // memops.cc: stream memory operations from the wire, their addresses checked.
   CUresult memops_from_wire(std::span<const proto::MemOp> ops, std::vector<CUstreamBatchMemOpParams>* out) const;
   bool arena_range(std::uint64_t off, std::uint64_t len) const;
+  static bool order_free(const ring::Record& rec) noexcept;
   // Host memory a copy may name (the driver DMAs it; the worker never touches
   // it): the arena, or a registered shared mapping past the BAR.
   bool host_range(std::uint64_t off, std::uint64_t len) const { return arena_range(off, len) || shared_range(off, len); }

@@ -42,7 +42,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // ChannelDesc::host_polls_done (posted work reaches the driver before the
 // call returns while a kernel may be polling host memory); Superblock line 9,
 // the memory view (cuMemGetInfo under a quota answered in the guest).
-inline constexpr std::uint16_t kAbiMinor = 5;
+// Minor 6: RecordHeader flag kRecUnordered (a query the host may take ahead
+// of earlier tickets).
+inline constexpr std::uint16_t kAbiMinor = 6;
 
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
@@ -229,6 +231,14 @@ inline constexpr std::uint16_t kRecReportTaken = 1u << 1;
 // work may poll page-locked memory until the CPU stores to it. The host
 // counts in ChannelDesc::host_polls_done when it is over.
 inline constexpr std::uint16_t kRecHostPolled = 1u << 2;
+// req (minor 6), on a query that depends on no work posted before it
+// (cuMemGetInfo): the host may take it ahead of records with earlier tickets,
+// as the driver answers such a query without waiting for queued work. The
+// guest sends it on a channel of its own, so that it is not behind its own
+// posted records in one ring. A host takes it so only for the ops it knows
+// to be order-free (host-daemon/worker/worker.cc, order_free); for any other
+// op the flag changes nothing.
+inline constexpr std::uint16_t kRecUnordered = 1u << 3;
 
 // ---------------------------------------------------------------------------
 // Compile-time layout checks: the ABI must not move by accident.

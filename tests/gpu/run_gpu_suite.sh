@@ -127,6 +127,7 @@ programs=(
   "drv_peer|$bin/drv_peer|"
   "rt_basic_static|$bin/rt_basic_static|"
   "drv_hostreg|$bin/drv_hostreg --ptx $ptx --shared-devptr|"
+  "drv_query_order|$bin/drv_query_order --ptx $ptx|"
   "rt_nvbench_pattern_static|$bin/rt_nvbench_pattern_static|"
   "rt_basic_shared|$bin/rt_basic_shared|/usr/local/cuda/lib64"
   "rt_ipc_static|$bin/rt_ipc_static|"

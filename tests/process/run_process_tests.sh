@@ -96,6 +96,7 @@ drv_cases=(
   "drv_library: a kernel taken in one context launched in another|drv_library --fatbin $fatbin --ptx $ptx --cross-context-only"
   "drv_errors: bad input, async error, faulting kernel|drv_errors --ptx $ptx --fault --forged-handles"
   "drv_hostreg: registered heap/stack/global memory and shared mappings shared with running kernels|drv_hostreg --ptx $ptx --shared-devptr"
+  "drv_query_order: cuMemGetInfo answered ahead of the work queued before it|drv_query_order --ptx $ptx"
   "drv_host_polls: posted calls behind a kernel that polls page-locked memory are taken before they return|drv_host_polls --ptx $ptx $double_flag"
   "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping|drv_vmm --ptx $ptx"
   "drv_vmm_share: an fd-exported allocation imported and written by another process of the tenant|drv_vmm_share"
