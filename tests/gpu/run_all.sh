@@ -25,6 +25,8 @@
 #           host's NVML, ivcuda-smi and the driver's nvidia-smi on the guest library, PyTorch's
 #           list_gpu_processes(), gpustat and nvitop, every pynvml query against the host's
 #           (nvml_survey.py), JAX's start without NVML error lines
+#   before-after  ivcuda-bench --only solo through an earlier build (IVCUDA_BENCH_BASELINE) and
+#           this one, alternately, twice each (a refactoring's "no measurable change")
 #   lifecycle  issue 30's figures with ivcudad's defaults: start-up after idle, back-to-back,
 #           in a burst and spread, and death with work under way (SIGKILL to memory back), native
 #           vs ivcuda (ivcuda-bench --only startup,starts,death, or IVCUDA_LIFECYCLE_PARTS; lifecycle.txt/.json);
@@ -204,6 +206,39 @@ for p in $parts; do
       fi
     fi
     part bench $rc ;;
+  before-after)
+    # ivcuda-bench --only solo through an earlier build (IVCUDA_BENCH_BASELINE: a folder with its
+    # host-daemon/ivcudad and lib/libcuda.so.1) and through this one, alternately, twice each, the
+    # same bench binary (this build's) and the same native runs: "no measurable change" for a
+    # refactoring (issue 33), figure by figure (before-after.txt: each run's ivcuda column).
+    build=$root/build/gpu
+    base=${IVCUDA_BENCH_BASELINE:-}
+    rc=0
+    [ -n "$base" ] && [ -x "$base/host-daemon/ivcudad" ] || { echo "before-after: IVCUDA_BENCH_BASELINE has no ivcudad"; rc=1; }
+    build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels || rc=1
+    if [ $rc -eq 0 ]; then
+      for run in before1 after1 before2 after2; do
+        b=$build
+        case $run in before*) b=$(cd "$base" && pwd) ;; esac
+        sock=/tmp/ivcuda-ab.sock
+        rm -f "$sock"
+        "$b/host-daemon/ivcudad" --socket "$sock" --shm-size 4G --channels 8 --driver libcuda.so.1 \
+          >"$work/ab-$run-ivcudad.log" 2>&1 &
+        daemon=$!
+        for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+        timeout 200 "$build/bench/ivcuda-bench" --ptx "$build/tests/gpu_double/test_kernels.ptx" --only solo \
+          --ivcuda-lib "$b/lib" --socket "$sock" --daemon-log "$work/ab-$run-ivcudad.log" \
+          >"$work/ab-$run.txt" 2>&1 || rc=1
+        kill $daemon; wait $daemon 2>/dev/null
+      done
+      { echo "figure unit native(after1) before1 after1 before2 after2  after/before (means of two)"
+        join <(awk 'NF == 5 && $1 ~ /\./ { print $1, $2, $3, $4 }' "$work/ab-after1.txt" | sort) \
+             <(for r in before1 before2 after2; do awk -v r=$r 'NF == 5 && $1 ~ /\./ { print $1, $4 }' "$work/ab-$r.txt"; done |
+               awk '{ v[$1] = v[$1] " " $2 } END { for (k in v) print k v[k] }' | sort) |
+          awk '{ b = ($5 + $6) / 2; a = ($4 + $7) / 2; printf "%-34s %-10s %10s %10s %10s %10s %10s  %.3f\n", $1, $2, $3, $5, $4, $6, $7, (b > 0 ? a / b : 0) }'
+      } | tee "$final/before-after.txt"
+    fi
+    part before-after $rc ;;
   lifecycle)
     # Issue 30: a guest's start in each arrival pattern (after idle, 20 back-to-back, a burst of 8,
     # 64 over 10 s) and its death with work under way (SIGKILL to its memory back in NVML: idle,
