@@ -327,6 +327,23 @@ void return_channel(void* p) {
 }
 }  // namespace
 
+// Claims a free channel (chan_mu_ held): guest threads (and, in a VM,
+// processes) coordinate through the descriptor's state word. The last channel
+// is the shared overflow channel (claimed at connect).
+std::unique_ptr<Channel> Runtime::claim_free_channel() {
+  for (std::uint32_t c = 0; c + 1 < layout_.channels; ++c) {
+    auto* d = ring::channel_desc(base_, layout_, c);
+    std::uint32_t expect = abi::kChanFree;
+    if (std::atomic_ref<std::uint32_t>(d->guest_state)
+            .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
+      auto ch = std::make_unique<Channel>(*this, c);
+      all_channels_.push_back(ch.get());
+      return ch;
+    }
+  }
+  return nullptr;
+}
+
 Channel* Runtime::channel() {
   if (t_channel.ch != nullptr) return t_channel.ch;
   std::lock_guard lk(chan_mu_);
@@ -335,19 +352,7 @@ Channel* Runtime::channel() {
     mine = std::move(shared_.back());
     shared_.pop_back();
   } else {
-    // Claim a free channel: guest threads (and, in a VM, processes)
-    // coordinate through the descriptor's state word. The last channel is
-    // the shared overflow channel (claimed at connect).
-    for (std::uint32_t c = 0; c + 1 < layout_.channels; ++c) {
-      auto* d = ring::channel_desc(base_, layout_, c);
-      std::uint32_t expect = abi::kChanFree;
-      if (std::atomic_ref<std::uint32_t>(d->guest_state)
-              .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
-        mine = std::make_unique<Channel>(*this, c);
-        all_channels_.push_back(mine.get());
-        break;
-      }
-    }
+    mine = claim_free_channel();
   }
   if (mine) {
     t_channel.ch = mine.release();
@@ -365,18 +370,9 @@ Channel* Runtime::query_channel() {
   if (vm_mode_ || ring::load_relaxed(ring::superblock(base_)->abi_minor) < 6) return nullptr;
   std::lock_guard lk(chan_mu_);
   if (query_ch_ || query_ch_none_) return query_ch_.get();
-  for (std::uint32_t c = 0; c + 1 < layout_.channels; ++c) {
-    auto* d = ring::channel_desc(base_, layout_, c);
-    std::uint32_t expect = abi::kChanFree;
-    if (std::atomic_ref<std::uint32_t>(d->guest_state)
-            .compare_exchange_strong(expect, abi::kChanClaimed, std::memory_order_acq_rel)) {
-      query_ch_ = std::make_unique<Channel>(*this, c);
-      all_channels_.push_back(query_ch_.get());
-      return query_ch_.get();
-    }
-  }
-  query_ch_none_ = true;  // every channel is a thread's: queries go in order
-  return nullptr;
+  query_ch_ = claim_free_channel();
+  query_ch_none_ = !query_ch_;  // every channel is a thread's: queries go in order
+  return query_ch_.get();
 }
 
 CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, std::span<const std::byte> tail,

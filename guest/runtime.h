@@ -212,6 +212,7 @@ class Runtime {
                     void* rep, std::size_t rep_size, std::vector<std::byte>* extra, bool wait,
                     std::uint64_t polled_ctx = 0, std::uint64_t polled_stream = 0, bool unordered = false);
   Channel* channel();
+  std::unique_ptr<Channel> claim_free_channel();
   // The channel order-free queries take (query()); nullptr where there is
   // none: a VM's process, a host of minor < 6, no channel free.
   Channel* query_channel();

@@ -171,20 +171,14 @@ void Daemon::serve_waiting() {
         it = q.erase(it);  // its unit of the per-uid budget goes back with its ticket
         continue;
       }
-      const std::optional<std::size_t> pick = pick_ready(pool_views(li), it->uid);
-      if (!pick && clk::now() - it->since < kWaitForReady) {
+      // A ready entry now (take_warm takes a ready one first), or any once it has waited long enough.
+      if (!pick_ready(pool_views(li), it->uid) && clk::now() - it->since < kWaitForReady) {
         ++it;
         continue;
       }
       Waiting w = std::move(*it);
       it = q.erase(it);
-      std::optional<Warm> warm;
-      if (pick) {
-        warm = std::move(pools_[li][*pick]);
-        pools_[li].erase(pools_[li].begin() + static_cast<std::ptrdiff_t>(*pick));
-      } else {
-        warm = take_warm(li, w.uid, w.pending.conn.get());
-      }
+      std::optional<Warm> warm = take_warm(li, w.uid, w.pending.conn.get());
       serve_guest(li, std::move(w.pending), w.uid, w.pid, std::move(w.unit), std::move(warm), w.since);
     }
   }

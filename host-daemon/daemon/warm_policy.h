@@ -52,8 +52,9 @@ std::optional<std::size_t> pick_entry(const std::vector<WarmView>& pool, uid_t u
 // The same among ready entries only.
 std::optional<std::size_t> pick_ready(const std::vector<WarmView>& pool, uid_t uid);
 
-// A guest that finds no ready entry waits for the first one that becomes
-// ready, whichever it is, rather than for the one it would take now: a
+// With --wait-for-ready on, a guest that finds no ready entry waits for the
+// first one that becomes ready, whichever it is, rather than for the one it
+// would take now (off by default: measured slower for bursts): a
 // recycled worker resets its contexts and makes a new one while fresh ones
 // start, and the driver makes contexts one at a time, so which is ready
 // first is not known ahead (issue 30's back-to-back starts). It waits at

@@ -36,6 +36,11 @@ constexpr std::uint64_t kPage = 4096;
 // Messages on the connection read past while looking for a request's own
 // (each closes any fd it carried): a guest that sent junk hurts only itself.
 constexpr int kMaxSkipped = 16;
+
+// [at, at + bytes) of the window back to its reservation (the file's pages unmapped).
+void reserve_again(std::byte* at, std::uint64_t bytes) noexcept {
+  (void)::mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
 }  // namespace
 
 // The window after the BAR, reserved on the first registration: twice the
@@ -54,6 +59,7 @@ bool Worker::reserve_shared_window() noexcept {
   shared_window_size_ = size;
   return true;
 }
+
 
 // A free run of `bytes` in the window (first fit), as a window offset.
 std::optional<std::uint64_t> Worker::shared_slot(std::uint64_t bytes) const {
@@ -109,12 +115,9 @@ CUresult Worker::on_HostRegisterShared(Call& c) {
   void* p = ::mmap(at, r.bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_FIXED, fd.get(),
                    static_cast<off_t>(r.file_off));
   if (p == MAP_FAILED) return CUDA_ERROR_INVALID_VALUE;
-  const auto back = [&] {  // the window's reservation where the mapping was
-    (void)::mmap(at, r.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-  };
   const unsigned flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | r.flags;
   if (const CUresult e = register_host(at, r.bytes, flags); e != CUDA_SUCCESS) {
-    back();
+    reserve_again(at, r.bytes);
     return e;
   }
   // Its device alias must be where the arena's puts it (worker.cc: the arena
@@ -123,7 +126,7 @@ CUresult Worker::on_HostRegisterShared(Call& c) {
   const std::uint64_t off = bar_.size() + *slot;
   if (host_alias(at) != arena_dev_ - l_.arena_off + off) {
     unregister_host(at);
-    back();
+    reserve_again(at, r.bytes);
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   shared_regs_[*slot] = r.bytes;
@@ -146,7 +149,7 @@ void Worker::drop_shared(std::uint64_t slot) noexcept {
   if (it == shared_regs_.end()) return;
   std::byte* at = shared_window_ + slot;
   unregister_host(at);
-  (void)::mmap(at, it->second, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  reserve_again(at, it->second);
   shared_bytes_ -= it->second;
   shared_regs_.erase(it);
 }

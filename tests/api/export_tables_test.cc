@@ -562,6 +562,24 @@ TEST_CASE("cuFFT's and cuBLASLt's tables", "[export]") {
   CHECK(slot_fn<CUresult(void*, void*, int, int, void*, int)>(lt, 13)(h1, h2, 2, 1, nullptr, 0) == CUDA_SUCCESS);
 }
 
+// The slots as NVRTC calls them (guest/compile_cache.h): open, close, lookup, store, -, release.
+struct NvrtcSlots {
+  using U = std::uint64_t;
+  int (*open)(void**, std::uint32_t, const void*, std::size_t, const char*, const char*);
+  int (*close)(void*, U, U, U, U, U);
+  int (*lookup)(void*, U, void**, std::uint32_t*, U, U);
+  int (*store)(void*, U, const void*, std::size_t, U, U);
+  int (*release)(void*, U, U, U, U, U);
+  NvrtcSlots() {
+    const void* const* t = fetch(kNvrtcCache);
+    open = slot_fn<int(void**, std::uint32_t, const void*, std::size_t, const char*, const char*)>(t, 1);
+    close = slot_fn<int(void*, U, U, U, U, U)>(t, 2);
+    lookup = slot_fn<int(void*, U, void**, std::uint32_t*, U, U)>(t, 3);
+    store = slot_fn<int(void*, U, const void*, std::size_t, U, U)>(t, 4);
+    release = slot_fn<int(void*, U, U, U, U, U)>(t, 6);
+  }
+};
+
 // A cache directory of this test's own (CUDA_CACHE_PATH), so that no earlier run's files answer.
 std::string fresh_cache_dir() {
   char dir[] = "/tmp/ivcuda-nvrtc-cache.XXXXXX";
@@ -588,20 +606,13 @@ std::pair<int, std::uint64_t> cache_files(const std::string& dir) {
   return n;
 }
 
-// The slots as NVRTC calls them (guest/compile_cache.h): open, close, lookup, store, -, release.
 TEST_CASE("NVRTC's compile cache gives back what was stored for the same key, and only for it", "[export]") {
   (void)fresh_cache_dir();
-  using U = std::uint64_t;
-  const void* const* t = fetch(kNvrtcCache);
-  auto open = slot_fn<int(void**, std::uint32_t, const void*, std::size_t, const char*, const char*)>(t, 1);
-  auto close = slot_fn<int(void*, U, U, U, U, U)>(t, 2);
-  auto lookup = slot_fn<int(void*, U, void**, std::uint32_t*, U, U)>(t, 3);
-  auto store = slot_fn<int(void*, U, const void*, std::size_t, U, U)>(t, 4);
-  auto release = slot_fn<int(void*, U, U, U, U, U)>(t, 6);
+  const NvrtcSlots n;
   const std::string input = std::string("BC\xc0\xde", 4) + "some bitcode";
   auto entry = [&](std::uint32_t stage, const std::string& in, const char* opts, const char* build) {
     void* e = nullptr;
-    REQUIRE(open(&e, stage, in.data(), in.size(), opts, build) == 0);
+    REQUIRE(n.open(&e, stage, in.data(), in.size(), opts, build) == 0);
     REQUIRE(e != nullptr);
     return e;
   };
@@ -609,40 +620,34 @@ TEST_CASE("NVRTC's compile cache gives back what was stored for the same key, an
   void* e = entry(2, input, " -arch=compute_90", "HOST64.build");
   void* data = nullptr;
   std::uint32_t len = 0;
-  CHECK(lookup(e, 0, &data, &len, 0, 0) == kNotFound);
+  CHECK(n.lookup(e, 0, &data, &len, 0, 0) == kNotFound);
   const std::string ptx = "// Generated PTX\n.version 9.0\n";
-  CHECK(store(e, 0, ptx.data(), ptx.size(), 0, 0) == 0);
-  CHECK(close(e, 0, 0, 0, 0, 0) == 0);
+  CHECK(n.store(e, 0, ptx.data(), ptx.size(), 0, 0) == 0);
+  CHECK(n.close(e, 0, 0, 0, 0, 0) == 0);
   // The same key in a new entry: a hit, with the bytes; released by slot 6.
   e = entry(2, input, " -arch=compute_90", "HOST64.build");
-  REQUIRE(lookup(e, 0, &data, &len, 0, 0) == 0);
+  REQUIRE(n.lookup(e, 0, &data, &len, 0, 0) == 0);
   REQUIRE(data != nullptr);
   CHECK(std::string(static_cast<const char*>(data), len) == ptx);
-  CHECK(release(data, 0, 0, 0, 0, 0) == 0);
-  CHECK(close(e, 0, 0, 0, 0, 0) == 0);
+  CHECK(n.release(data, 0, 0, 0, 0, 0) == 0);
+  CHECK(n.close(e, 0, 0, 0, 0, 0) == 0);
   // Any part of the key different: a miss.
   for (void* other : {entry(1, input, " -arch=compute_90", "HOST64.build"),
                       entry(2, input + "x", " -arch=compute_90", "HOST64.build"),
                       entry(2, input, " -arch=compute_80", "HOST64.build"),
                       entry(2, input, " -arch=compute_90", "HOST64.other"), entry(2, input, nullptr, "HOST64.build")}) {
-    CHECK(lookup(other, 0, &data, &len, 0, 0) == kNotFound);
-    CHECK(close(other, 0, 0, 0, 0, 0) == 0);
+    CHECK(n.lookup(other, 0, &data, &len, 0, 0) == kNotFound);
+    CHECK(n.close(other, 0, 0, 0, 0, 0) == 0);
   }
-  CHECK(open(nullptr, 2, input.data(), input.size(), nullptr, nullptr) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(lookup(nullptr, 0, &data, &len, 0, 0) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(n.open(nullptr, 2, input.data(), input.size(), nullptr, nullptr) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(n.lookup(nullptr, 0, &data, &len, 0, 0) == CUDA_ERROR_INVALID_VALUE);
 }
 
 // What one process stored, the guest's next process finds in the cache directory, as the
 // driver's JIT cache is found across processes; a damaged file is a miss; CUDA_CACHE_DISABLE=1
 // writes none; CUDA_CACHE_MAXSIZE bounds the directory.
 TEST_CASE("NVRTC's compile cache keeps what one process stored for the next, within its bounds", "[export]") {
-  using U = std::uint64_t;
-  const void* const* t = fetch(kNvrtcCache);
-  auto open = slot_fn<int(void**, std::uint32_t, const void*, std::size_t, const char*, const char*)>(t, 1);
-  auto close = slot_fn<int(void*, U, U, U, U, U)>(t, 2);
-  auto lookup = slot_fn<int(void*, U, void**, std::uint32_t*, U, U)>(t, 3);
-  auto store = slot_fn<int(void*, U, const void*, std::size_t, U, U)>(t, 4);
-  auto release = slot_fn<int(void*, U, U, U, U, U)>(t, 6);
+  const NvrtcSlots n;
   constexpr int kNotFound = 500;
   const std::string dir = fresh_cache_dir();
   // In a child process (its memory goes with it): stores `value` for each input.
@@ -652,9 +657,9 @@ TEST_CASE("NVRTC's compile cache keeps what one process stored for the next, wit
     if (pid == 0) {
       for (const auto& in : inputs) {
         void* e = nullptr;
-        if (open(&e, 2, in.data(), in.size(), " -arch=compute_90", "build") != 0) ::_exit(1);
-        if (store(e, 0, value.data(), value.size(), 0, 0) != 0) ::_exit(2);
-        close(e, 0, 0, 0, 0, 0);
+        if (n.open(&e, 2, in.data(), in.size(), " -arch=compute_90", "build") != 0) ::_exit(1);
+        if (n.store(e, 0, value.data(), value.size(), 0, 0) != 0) ::_exit(2);
+        n.close(e, 0, 0, 0, 0, 0);
       }
       ::_exit(0);
     }
@@ -664,15 +669,15 @@ TEST_CASE("NVRTC's compile cache keeps what one process stored for the next, wit
   };
   auto found = [&](const std::string& in, std::string* value) {
     void* e = nullptr;
-    REQUIRE(open(&e, 2, in.data(), in.size(), " -arch=compute_90", "build") == 0);
+    REQUIRE(n.open(&e, 2, in.data(), in.size(), " -arch=compute_90", "build") == 0);
     void* data = nullptr;
     std::uint32_t len = 0;
-    const int st = lookup(e, 0, &data, &len, 0, 0);
+    const int st = n.lookup(e, 0, &data, &len, 0, 0);
     if (st == 0) {
       *value = std::string(static_cast<const char*>(data), len);
-      release(data, 0, 0, 0, 0, 0);
+      n.release(data, 0, 0, 0, 0, 0);
     }
-    close(e, 0, 0, 0, 0, 0);
+    n.close(e, 0, 0, 0, 0, 0);
     return st;
   };
   const std::string cubin(3000, 'c');
