@@ -4,6 +4,7 @@
 #include "guest/graphs.h"
 #include "guest/managed.h"
 #include "guest/reply.h"
+#include "guest/stage_trace.h"
 #include "guest/unsupported.h"
 
 #include <fcntl.h>
@@ -142,7 +143,10 @@ class Channel {
     const bool report_taken = !wait && (post_flags & abi::kRecReportTaken) != 0;
     abi::RecordHeader h{};
     h.op = static_cast<std::uint16_t>(op);
-    h.flags = wait ? static_cast<std::uint16_t>(abi::kRecNeedsReply | (post_flags & abi::kRecUnordered)) : post_flags;
+    const bool traced = wait && (post_flags & abi::kRecTraceStages) != 0;
+    h.flags = wait ? static_cast<std::uint16_t>(abi::kRecNeedsReply |
+                                                (post_flags & (abi::kRecUnordered | abi::kRecTraceStages)))
+                   : post_flags;
     h.len = static_cast<std::uint32_t>(req_size + tail.size());
     auto* sb = ring::superblock(rt_.bar());
     // The ticket orders this call after every call that returned before it
@@ -150,6 +154,7 @@ class Channel {
     h.seq = static_cast<std::uint32_t>(
         std::atomic_ref<std::uint64_t>(sb->next_ticket).fetch_add(1, std::memory_order_acq_rel));
     if (req_size + tail.size() > req_.max_payload()) return CUDA_ERROR_INVALID_VALUE;
+    if (traced) h.status = static_cast<std::int32_t>(stage_trace::wrote());
     ring::RingStatus st;
     std::byte* p;
     for (unsigned spins = 0; (p = req_.reserve(h, &st)) == nullptr; ++spins) {
@@ -175,7 +180,8 @@ class Channel {
     first_ = false;
     if (report_taken) return await_taken();
     if (!wait) return CUDA_SUCCESS;
-    return await(h.seq, rep, rep_size, extra, waits_for_gpu(op));
+    if (traced) stage_trace::posted();
+    return await(h.seq, rep, rep_size, extra, waits_for_gpu(op), traced);
   }
 
  private:
@@ -237,7 +243,7 @@ class Channel {
   }
 
   CUresult await(std::uint32_t seq, void* rep, std::size_t rep_size, std::vector<std::byte>* extra,
-                 bool long_wait) {
+                 bool long_wait, bool traced) {
     ring::SpinPolicy pol;
     pol.spin = long_wait ? std::max(sync_spin(), std::chrono::microseconds(100)) : std::chrono::microseconds(100);
     pol.yield = long_wait;
@@ -259,6 +265,7 @@ class Channel {
             result = CUDA_ERROR_DEVICE_UNAVAILABLE;
             return true;
           case ReplyTake::kGot:
+            if (traced) stage_trace::replied();
             // Device printf output goes where the program's own printf goes
             // (stdio's stdout), so that the order matches a native run.
             if (!console.empty()) std::fwrite(console.data(), 1, console.size(), stdout);
@@ -421,6 +428,11 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   std::uint16_t flags = report_taken ? abi::kRecReportTaken : 0;
   if (mark) flags |= abi::kRecHostPolled;
   if (unordered) flags |= abi::kRecUnordered;
+  const bool traced = wait && stage_trace::enabled();
+  if (traced) {
+    flags |= abi::kRecTraceStages;
+    stage_trace::begin();
+  }
   CUresult st;
   if (call_stats::enabled()) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -430,6 +442,7 @@ CUresult Runtime::call_raw(proto::Op op, const void* req, std::size_t req_size, 
   } else {
     st = ch->exchange(op, req, req_size, tail, rep, rep_size, extra, wait, flags);
   }
+  if (traced) stage_trace::end(op);
   note_after_call(op, req, req_size, epoch, st);
   if (polled && st == CUDA_SUCCESS) settle_host_polls(op, req, req_size);
   if (mark && st == CUDA_SUCCESS) note_host_polled(ch->index(), polled_ctx, polled_stream);

@@ -16,10 +16,10 @@ mapfile -t -O "${#targets[@]}" targets < <(grep -o 'build_gpu [a-z_ -]*' tests/g
 export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIVCUDA_METRICS=OFF >"$build.configure.log" 2>&1 ||
   { tail -20 "$build.configure.log"; exit 1; }
-cmake --build "$build" -j "${IVCUDA_JOBS:-$(nproc)}" --target "${targets[@]}"
+cmake --build "$build" -j "${IVCUDA_JOBS:-$(nproc)}" --target "${targets[@]}" ivcuda-ring-bench
 rm -rf "$out" && mkdir -p "$out/host-daemon" "$out/lib" "$out/bin" "$out/bench" "$out/tests/bin" "$out/tests/gpu_double"
 cp "$build/host-daemon/ivcudad" "$build/host-daemon/ivcudactl" "$out/host-daemon/"
-cp "$build/bench/ivcuda-bench" "$build/bench/ivcuda-compute-share" "$out/bench/"
+cp "$build/bench/ivcuda-bench" "$build/bench/ivcuda-compute-share" "$build/bench/ivcuda-ring-bench" "$out/bench/"
 cp -a "$build/lib/." "$out/lib/"
 cp "$build"/tests/bin/* "$out/tests/bin/"
 cp "$build"/bin/* "$out/bin/"

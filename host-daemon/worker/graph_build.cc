@@ -121,6 +121,7 @@ void revive_host_nodes() noexcept { g_abandoned.store(false, std::memory_order_r
 // (one more step of `reached`) and waits until the guest's dispatcher has run
 // the function (`done` caught up). Waiting blocks only this guest's work.
 void CUDA_CB graphs::host_node_call(void* user) {
+  note_console_output();  // the driver flushed device printf before calling us
   auto* slot = static_cast<const std::uint32_t* const*>(user);
   std::uint32_t* reached = const_cast<std::uint32_t*>(slot[0]);
   const std::uint32_t* done = slot[1];

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
+#include <x86intrin.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -302,8 +303,24 @@ void Worker::start_console() {
   console_rd_ = std::move(rd);
 }
 
+namespace {
+// Whether device printf output may be waiting in the console pipe. The
+// driver writes it at its flush points (launches, synchronisations, blocking
+// copies, module loads and unloads, a context's end, before a host node's
+// callback), never at a stream or event query: a guest polling a query in a
+// loop then costs no read() per answer (a system call, through the sandbox's
+// filter, on the round trip's path).
+std::atomic<bool> g_console_maybe{true};
+bool is_query(proto::Op op) { return op == proto::Op::kEventQuery || op == proto::Op::kStreamQuery; }
+}  // namespace
+
+void note_console_output() noexcept {
+  if (!g_console_maybe.load(std::memory_order_relaxed)) g_console_maybe.store(true, std::memory_order_release);
+}
+
 void Worker::drain_console() {
   if (!console_rd_.valid()) return;
+  g_console_maybe.store(false, std::memory_order_release);
   std::fflush(stdout);  // output the driver left in stdio's buffer
   constexpr std::size_t kMaxPending = 4u << 20;
   char buf[16384];
@@ -519,6 +536,10 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
   static thread_local std::vector<std::byte> out;
   out.clear();
   const bool needs_reply = (rec.hdr.flags & abi::kRecNeedsReply) != 0;
+  // IVCUDA_TRACE_STAGES in the guest: this record's stages (stage_trace.cc).
+  const bool traced = needs_reply && (rec.hdr.flags & abi::kRecTraceStages) != 0;
+  std::uint64_t stamps[4] = {};
+  if (traced) stamps[0] = __rdtsc();
   const std::uint16_t op = rec.hdr.op;
   CUresult st;
   Call call{ch, rec, out};
@@ -558,7 +579,10 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     // Copies in flight in a context that is about to go are waited for
     // first; a Flush answers once the channel's copies are done (memory.cc).
     settle_copies_before(static_cast<proto::Op>(op), call);
+    if (!is_query(static_cast<proto::Op>(op))) note_console_output();
+    if (traced) stamps[1] = __rdtsc();
     st = (this->*kHandlers[op])(call);
+    if (traced) stamps[2] = __rdtsc();
     if ((op == static_cast<std::uint16_t>(proto::Op::kFlush) || op == static_cast<std::uint16_t>(proto::Op::kFlushWait)) &&
         needs_reply && st == CUDA_SUCCESS)
       st = park_on_copies(call);
@@ -586,10 +610,15 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     post_error(st, proto::op_name(op));
     return;
   }
-  if (reports_async_errors(pop)) drain_console();
+  if (reports_async_errors(pop) && (!is_query(pop) || g_console_maybe.load(std::memory_order_acquire)))
+    drain_console();
   if (st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY && errors_logged_++ < 100)
     IVLOG_INFO("guest %u: %s -> %s", cfg_.guest_id, proto::op_name(op), err_name(st));
   reply(ch, rec, st, out);
+  if (traced && stamps[1] != 0) {
+    stamps[3] = __rdtsc();
+    note_stages(rec, stamps);
+  }
 }
 
 void Worker::account(const ring::Record& rec, CUresult st) noexcept {

@@ -493,6 +493,12 @@ class Worker final : public GuestWorker {
   // Device printf forwarding (cfg_.forward_stdout).
   void start_console();
   void drain_console();
+  // The stages of the records a guest marked kRecTraceStages (its
+  // IVCUDA_TRACE_STAGES), kept for its StageTrace question (stage_trace.cc).
+  // stamps: taken, handler called, handler returned, reply published.
+  struct StageBooks;
+  void note_stages(const ring::Record& rec, const std::uint64_t (&stamps)[4]) noexcept;
+  std::shared_ptr<StageBooks> stage_books_;  // made at the first marked record
 
 #define IVCUDA_WORKER_DECL(name, req, rep, sync) CUresult on_##name(Call& c);
   IVCUDA_OPS(IVCUDA_WORKER_DECL)

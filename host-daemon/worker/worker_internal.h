@@ -19,6 +19,11 @@ void abandon_host_nodes() noexcept;
 // A recycled worker's next guest (its contexts were reset: no host node of
 // the last guest's is left): host nodes wait for their guest again.
 void revive_host_nodes() noexcept;
+// The driver may have written device printf output to the worker's console
+// pipe (worker.cc, drain_console): set before each op that is a flush point
+// and by the host-node callback (the driver flushes before it on its own
+// thread), so that the pipe is read only when something can be there.
+void note_console_output() noexcept;
 
 // A channel as the worker sees it. Indices and records are private copies;
 // the guest-written ChannelDesc is read once at attach.

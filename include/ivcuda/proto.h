@@ -177,7 +177,8 @@ enum class HandleKind : u8 {
   X(TensorMapReplaceAddress, ReqTensorMapReplace, RepTensorMap, 1)       \
   X(Texture1DLinearMaxWidth, ReqTexWidth, RepValue, 1)                  \
   X(HostRegisterShared, ReqHostShared, RepHostAlloc, 1)                  \
-  X(HostUnregisterShared, ReqArenaOff, RepNone, 1)
+  X(HostUnregisterShared, ReqArenaOff, RepNone, 1)                      \
+  X(StageTrace, ReqCtx, RepStageTrace, 1)
 
 enum class Op : std::uint16_t {
   kInvalid = 0,
@@ -236,6 +237,22 @@ struct RepPrimaryState {
 
 struct ReqCtx {
   u64 ctx;
+};
+// StageTrace (IVCUDA_TRACE_STAGES; ReqCtx's ctx is 0): the host's medians,
+// per op, of the records the guest marked kRecTraceStages. `rows` StageRow
+// entries follow the reply.
+struct RepStageTrace {
+  u32 rows;
+  u32 reserved;
+};
+struct StageRow {
+  u16 op;
+  u16 reserved;
+  u32 count;
+  i32 in_ns;        // the guest's stamp before writing the record to the host taking it
+  u32 dispatch_ns;  // taken to the op's handler called (checks, capture mode, settling copies)
+  u32 handler_ns;   // in the handler (the driver's call)
+  u32 reply_ns;     // the handler's end to the reply published
 };
 struct ReqHandle {
   u64 ctx;
@@ -1436,6 +1453,8 @@ static_assert(sizeof(ReqStreamAttr) == 96);
 static_assert(sizeof(ReqCtxMisc) == 24);
 static_assert(sizeof(ReqFuncMisc) == 16);
 static_assert(sizeof(ReqLink) == 48);
+static_assert(sizeof(RepStageTrace) == 8);
+static_assert(sizeof(StageRow) == 24);
 static_assert(sizeof(RepLink) == 32);
 static_assert(sizeof(LinkOption) == 8);
 static_assert(sizeof(RepDeviceInfo) == 8 + kDevNameBytes + 16 + 8 + 4 * kAttrSlots + kAttrSlots);

@@ -44,7 +44,9 @@ inline constexpr std::uint16_t kAbiMajor = 1;
 // the memory view (cuMemGetInfo under a quota answered in the guest).
 // Minor 6: RecordHeader flag kRecUnordered (a query the host may take ahead
 // of earlier tickets).
-inline constexpr std::uint16_t kAbiMinor = 6;
+// Minor 7: RecordHeader flag kRecTraceStages (the host times the record's
+// stages; its request `status` carries the guest's time stamp).
+inline constexpr std::uint16_t kAbiMinor = 7;
 
 // Feature bits in Superblock::features (host-written).
 inline constexpr std::uint64_t kFeatDoorbell = 1ull << 0;  // eventfd / MSI-X wake-ups
@@ -239,6 +241,14 @@ inline constexpr std::uint16_t kRecHostPolled = 1u << 2;
 // to be order-free (host-daemon/worker/worker.cc, order_free); for any other
 // op the flag changes nothing.
 inline constexpr std::uint16_t kRecUnordered = 1u << 3;
+// req (minor 7), on a record that waits for its reply, only while the guest
+// traces its calls' stages (IVCUDA_TRACE_STAGES): the host times how long the
+// record took to reach it, to dispatch, in its handler and to reply, and
+// keeps the figures per op for the guest to ask for (proto StageTrace). The
+// request's `status` then holds the low 32 bits of the guest's time-stamp
+// counter taken just before it wrote the record; the host only subtracts it
+// from its own (meaningful where both read one counter: process mode).
+inline constexpr std::uint16_t kRecTraceStages = 1u << 4;
 
 // ---------------------------------------------------------------------------
 // Compile-time layout checks: the ABI must not move by accident.

@@ -34,7 +34,7 @@
 #   speed   issue 31's figures (run_speed3.sh): NVBench 100 samples native / process mode / process
 #           mode with IVCUDA_HOST_POLLS=off, ivcuda-bench solo, JAX step, mem_get_info, an LLM's
 #           first prefill, idle streams answered in the guest on the real driver
-#           (IVCUDA_SPEED_PARTS picks among idle nvbench bench probe)
+#           (IVCUDA_SPEED_PARTS picks among idle nvbench bench trace probe profile; the round trip by stage: trace)
 #   absent  what the driver answers to each export the guest library has no feature for (its
 #           generated stubs, nm type W), every argument zero (tests/programs/drv_absent.cc), natively
 #           and through ivcuda: absent-native.txt, absent-ivcuda.txt and their differences
@@ -174,7 +174,7 @@ for p in $parts; do
     part nvbench $rc ;;
   speed)
     rc=0
-    build_gpu ivcudad ivcuda_guest ivcuda-bench ivcuda_gpu_double_kernels drv_idle_streams || rc=1
+    build_gpu ivcudad ivcuda_guest ivcuda-bench ivcuda-ring-bench ivcuda_gpu_double_kernels drv_idle_streams drv_roundtrip || rc=1
     if [ $rc -eq 0 ]; then
       OUT=$final timeout 560 bash tests/gpu/run_speed3.sh build/gpu 2>&1 | tee "$final/speed3.txt"
       rc=${PIPESTATUS[0]}

@@ -7,6 +7,9 @@
 #   nvbench  ivcuda's NVBench set (C++), 100 samples: native, process mode, and process mode
 #            with IVCUDA_HOST_POLLS=off (posted calls never wait to be taken: the old way)
 #   bench    ivcuda-bench --only solo: round trips, short chains, queries, copies
+#   trace    the round trip by stage: drv_roundtrip natively, through ivcuda, and through ivcuda
+#            with IVCUDA_TRACE_STAGES (the guest's and the worker's stages, medians), twice; and
+#            the ring alone on this host (ivcuda-ring-bench)
 #   probe    tests/frameworks/speed_probe.py natively and through ivcuda: a JAX jitted small
 #            step, torch.cuda.mem_get_info idle and busy, an LLM's first prefill at a new
 #            shape (with IVCUDA_CALL_STATS: where the ivcuda run's time went), and the LLM a
@@ -53,6 +56,28 @@ for p in $parts; do
       --ivcuda-lib "$build/lib" --socket "$sock" --daemon-log "$work/bench-ivcudad.log" \
       --json "$out/speed3-bench.json" 2>&1 | tee "$out/speed3-bench.txt" || rc=1
     kill $daemon; wait $daemon 2>/dev/null ;;
+  trace)
+    sock=/tmp/ivcuda-speed3-trace.sock
+    rm -f "$sock"
+    "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 >"$work/trace-ivcudad.log" 2>&1 &
+    daemon=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+    sleep 3  # the warm worker's context and arena, made ahead, are ready
+    for round in 1 2; do
+      for k in native ivcuda traced; do
+        case $k in
+          native) timeout 60 "$build/tests/bin/drv_roundtrip" --rounds 20000 --gap-us 1 >"$work/rt-$k.txt" 2>&1 || rc=1 ;;
+          ivcuda) IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$build/tests/bin/drv_roundtrip" \
+                    --rounds 20000 --gap-us 1 >"$work/rt-$k.txt" 2>&1 || rc=1 ;;
+          traced) IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_TRACE_STAGES="$work/stages-$round.txt" \
+                    timeout 60 "$build/tests/bin/drv_roundtrip" --rounds 20000 --gap-us 1 >"$work/rt-$k.txt" 2>&1 || rc=1 ;;
+        esac
+        grep "^roundtrip" "$work/rt-$k.txt" | sed "s/^/$round $k: /"
+      done
+      grep -E "by stage|request|EventQuery|StreamQuery|CtxSynchronize" "$work/stages-$round.txt"
+    done
+    kill $daemon; wait $daemon 2>/dev/null
+    [ -x "$build/bench/ivcuda-ring-bench" ] && timeout 60 "$build/bench/ivcuda-ring-bench" 2>&1 | head -8 ;;
   probe)
     sock=/tmp/ivcuda-speed3-probe.sock
     rm -f "$sock"

@@ -136,11 +136,11 @@ preload_case=1
 [ -n "${IVCUDA_SANITIZE:-}" ] && preload_case=0
 # Every row of the tables; each runtime program, rt_features' list and its sections in both
 # builds; each library; and the cases written out one by one below: four call-log pairs (8),
-# three about function attributes answered in the guest,
+# the stage trace's pair (2), three about function attributes answered in the guest,
 # drv_core preloaded (unless a sanitizer build), drv_host_polls --off, five about guests,
 # workers and the daemon, and three about NVRTC's compile cache.
 expect_cases $((${#drv_cases[@]} + ${#rt_kinds[@]} * (${#rt_programs[@]} + 1 + ${#rt_sections[@]}) + ${#libs[@]} \
-  + 8 + 3 + preload_case + 1 + 5 + 3))
+  + 8 + 2 + 3 + preload_case + 1 + 5 + 3))
 
 for entry in "${drv_cases[@]}"; do
   read -ra cmd <<<"${entry#*|}"
@@ -180,6 +180,21 @@ grep -Eq "^ivcuda: EventQuery +120 +120 +[0-9.]+ +[0-9.]+$" "$work/calls.txt" &&
 rc=$?
 [ $rc -ne 0 ] && cat "$work/calls.txt"
 verdict "  ... and the table counts 120 EventQuery round trips and 1 StreamQuery" $rc
+# IVCUDA_TRACE_STAGES: the same round trips by stage, the guest's stamps and
+# the worker's (proto StageTrace): a row of 120 EventQuery calls with every
+# column a number (process mode: one time-stamp counter, so `in` and `back` too).
+case_ivcuda "IVCUDA_TRACE_STAGES times the round trips by stage" "$lib" \
+  "IVCUDA_TRACE_STAGES=$work/stages.txt" -- "$bin/drv_roundtrip" --rounds 10 --gap-us 1
+grep -q "round trips by stage (IVCUDA_TRACE_STAGES; medians in ns; guest and worker read one time-stamp counter)" \
+  "$work/stages.txt" &&
+  awk '$2 == "EventQuery" && $3 == 120 && $8 == "|" { ok = 1
+         for (i = 4; i <= 13; i++) if (i != 8 && $i !~ /^-?[0-9]+$/) ok = 0
+         if ($11 + 0 <= 0) ok = 0   # the handler: the call into the driver double
+         found = ok }
+       END { exit found ? 0 : 1 }' "$work/stages.txt"
+rc=$?
+[ $rc -ne 0 ] && cat "$work/stages.txt"
+verdict "  ... and the table has 120 EventQuery calls with the guest's and the worker's stages" $rc
 # drv_kernels, for each of its three modules (PTX from a file, PTX with JIT options, a fatbin),
 # asks ivc_vec_add's threads per block once and its reduction kernel's eight fixed attributes
 # five times each: 41 queries a module, of which 9 cross (guest/modules.cc); with
