@@ -10,7 +10,9 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "host-daemon/daemon/mps.h"
 #include "host-daemon/daemon/options.h"
 #include "host-daemon/sandbox/sandbox.h"
+#include "host-daemon/shared/context_turns.h"
 #include "host-daemon/shared/log.h"
 #include "host-daemon/shared/rules.h"
 #include "ring/layout.h"
@@ -106,6 +109,10 @@ int main(int argc, char** argv) {
   }
   const auto layout = plan(o);
   if (!layout) return 2;
+  // Before any worker is forked: they inherit the file their turns are on.
+  if (o.context_turns == "on" && !context_turns::open_for_workers())
+    IVLOG_WARN("--context-turns on: no memory file for the turns (%s); workers make contexts as they come",
+               std::strerror(errno));
   // --mps: one MPS control daemon for every worker (the daemon asks it for
   // each worker's environment: Daemon::driver_env).
   std::optional<MpsControl> mps;

@@ -122,6 +122,12 @@ void define_socket_options(CLI::App& app, Options& o) {
                  "back-to-back starts' tail but lengthened a burst's and spread arrivals'; docs/performance.md)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  app.add_option("--context-turns", o.context_turns,
+                 "on: workers make and reset a GPU's contexts one at a time (the driver makes them one after "
+                 "another anyway: asked at once, all are ready only at the end), so that the first of several "
+                 "starting workers is ready after one context's time; off: each as it comes")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles, pool pointers) one tenant may have exported at "
                  "once (a tenant: a VM, or one user's process-mode programs on one socket)")

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "host-daemon/shared/context_turns.h"
 #include "host-daemon/shared/from_worker.h"
 #include "host-daemon/shared/log.h"
 #include "host-daemon/shared/rules.h"
@@ -173,7 +174,13 @@ Result<void> Worker::start_guest_side(bool first) {
   // Register the arena with the GPU once, in the first device's primary
   // context, so that copies from page-locked guest memory and from staging
   // DMA straight from the shared pages.
-  st = cu_.cuDevicePrimaryCtxRetain(&arena_ctx_, devices_[0]);
+  // The context is made in the GPU's turn (host-daemon/shared/context_turns.h).
+  long long turn_ms = 0;
+  {
+    const context_turns::Turn turn(devices_[0]);
+    turn_ms = turn.waited().count();
+    st = cu_.cuDevicePrimaryCtxRetain(&arena_ctx_, devices_[0]);
+  }
   if (st != CUDA_SUCCESS) return make_error(st, std::string("cuDevicePrimaryCtxRetain: ") + err_name(st));
   cu_.cuCtxSetCurrent(arena_ctx_);
   current_ = arena_ctx_;
@@ -230,10 +237,11 @@ Result<void> Worker::start_guest_side(bool first) {
   (void)nvml_state();
   const long long nvml_ms = ms_since(t_nvml);
   IVLOG_INFO("%s guest %u: %zu GPU(s), %u channels, arena %llu MiB at device 0x%llx "
-             "(driver start %lld ms, context %lld ms, arena registration %lld ms, NVML %lld ms)",
+             "(driver start %lld ms, context %lld ms of which %lld waiting its turn, arena registration %lld ms, "
+             "NVML %lld ms)",
              !first ? "recycled for" : cfg_.defer_connection ? "started ahead for" : "serving", cfg_.guest_id,
              devices_.size(), l_.channels, static_cast<unsigned long long>(l_.arena_size >> 20),
-             static_cast<unsigned long long>(arena_dev_), init_ms, ctx_ms, reg_ms, nvml_ms);
+             static_cast<unsigned long long>(arena_dev_), init_ms, ctx_ms, turn_ms, reg_ms, nvml_ms);
   return {};
 }
 
@@ -961,7 +969,10 @@ void Worker::release_for_recycle() noexcept {
   // successor sees nothing of this one's).
   (void)cu_.cuCtxSetCurrent(nullptr);
   if (IVCUDA_RULE("recycle-reset-contexts"))
-    for (CUdevice d : devices_) (void)cu_.cuDevicePrimaryCtxReset(d);
+    for (CUdevice d : devices_) {
+      const context_turns::Turn turn(d);  // the reset is the driver's work on that GPU too
+      (void)cu_.cuDevicePrimaryCtxReset(d);
+    }
   arena_ctx_ = nullptr;
   current_ = nullptr;
   // Its quota's books: what it held goes back now (the successor starts

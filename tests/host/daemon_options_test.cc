@@ -38,6 +38,7 @@ TEST_CASE("ivcudad's defaults are the README's", "[host][options]") {
   CHECK(o.warm_burst == 4);
   CHECK(o.recycle == "on");
   CHECK(o.wait_for_ready == "off");
+  CHECK(o.context_turns == "on");
   CHECK(o.pin_arena == "on-use");
   CHECK(o.sandbox_mode == "on");
   CHECK(o.context_reserve == kDefaultContextReserve);
@@ -63,6 +64,7 @@ TEST_CASE("bad values are refused with the reason", "[host][options]") {
   CHECK_THAT(parse({"--object-limits", "streams=0"}, &o), Catch::Contains("expected streams=N"));
   CHECK_FALSE(parse({"--pin-arena", "sometimes"}, &o).empty());
   CHECK_FALSE(parse({"--wait-for-ready", "maybe"}, &o).empty());
+  CHECK_FALSE(parse({"--context-turns", "sometimes"}, &o).empty());
   CHECK_FALSE(parse({"--warm-workers", "9"}, &o).empty());
   CHECK_FALSE(parse({"--socket-mode", "999"}, &o).empty());
 }
