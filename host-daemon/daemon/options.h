@@ -50,7 +50,7 @@ struct Options {
   std::uint64_t context_reserve = kDefaultContextReserve;  // --context-reserve: per context, charged
   std::string recycle = "on";        // --recycle-workers: a warm worker serves the tenant's next guest too
   std::string wait_for_ready = "off"; // --wait-for-ready: a guest with no ready worker takes the first one ready
-  std::string context_turns = "on";   // --context-turns: workers make (and reset) a GPU's contexts one at a time
+  std::string context_turns = "off";  // --context-turns: workers make (and reset) a GPU's contexts one at a time
   std::string pin_arena = "on-use";  // --pin-arena: when a worker page-locks the guest's arena
   ObjectLimits limits;     // --object-limits
   std::string socket_group;              // --socket-group: who may connect (QEMU's user)

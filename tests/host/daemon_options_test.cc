@@ -38,7 +38,7 @@ TEST_CASE("ivcudad's defaults are the README's", "[host][options]") {
   CHECK(o.warm_burst == 4);
   CHECK(o.recycle == "on");
   CHECK(o.wait_for_ready == "off");
-  CHECK(o.context_turns == "on");
+  CHECK(o.context_turns == "off");
   CHECK(o.pin_arena == "on-use");
   CHECK(o.sandbox_mode == "on");
   CHECK(o.context_reserve == kDefaultContextReserve);
