@@ -1,6 +1,7 @@
 #include "guest/call_stats.h"
 #include "guest/compile_cache.h"
 #include "guest/guard.h"
+#include "guest/report_sink.h"
 
 #include <unistd.h>
 
@@ -54,10 +55,7 @@ PerOp* table() {
 }
 
 const char* target() noexcept {
-  static const char* where = [] {
-    const char* w = std::getenv("IVCUDA_CALL_STATS");
-    return w != nullptr && *w != '\0' ? w : nullptr;
-  }();
+  static const char* where = report_target("IVCUDA_CALL_STATS");
   return where;
 }
 
@@ -135,8 +133,8 @@ std::uint64_t g_start_ns = now_ns();  // the library's load, about the process's
     std::sort(ops.begin(), ops.end(), [](std::size_t a, std::size_t b) {
       return table()[a].total_ns.load(std::memory_order_relaxed) > table()[b].total_ns.load(std::memory_order_relaxed);
     });
-    const bool to_file = std::strcmp(where, "1") != 0;
-    FILE* out = to_file ? std::fopen(where, "a") : stderr;
+    const ReportSink sink(where);
+    FILE* out = sink.get();
     if (out == nullptr) return;
     std::fprintf(out, "ivcuda: process %d: requests by kind (waited = round trips; times are the callers')\n",
                  static_cast<int>(::getpid()));
@@ -181,7 +179,6 @@ std::uint64_t g_start_ns = now_ns();  // the library's load, about the process's
                  static_cast<int>(::getpid()), static_cast<unsigned long long>(cc.lookups),
                  static_cast<unsigned long long>(cc.hits), static_cast<unsigned long long>(cc.stored_bytes),
                  static_cast<unsigned long long>(cc.disk_hits));
-    if (to_file) std::fclose(out);
   } catch (...) {
   }
 }

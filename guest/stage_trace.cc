@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "guest/report_sink.h"
 #include "guest/runtime.h"
 
 namespace ivcuda::guest::stage_trace {
@@ -42,10 +43,7 @@ Table& table() {
 }
 
 const char* target() noexcept {
-  static const char* where = [] {
-    const char* w = std::getenv("IVCUDA_TRACE_STAGES");
-    return w != nullptr && *w != '\0' ? w : nullptr;
-  }();
+  static const char* where = report_target("IVCUDA_TRACE_STAGES");
   return where;
 }
 
@@ -106,8 +104,8 @@ double ns_per_tick() {
     std::lock_guard lk(t.mu);
     const double k = ns_per_tick();
     const bool same_clock = rt != nullptr && !rt->vm_mode();
-    const bool to_file = std::strcmp(where, "1") != 0;
-    FILE* out = to_file ? std::fopen(where, "a") : stderr;
+    const ReportSink sink(where);
+    FILE* out = sink.get();
     if (out == nullptr) return;
     std::fprintf(out,
                  "ivcuda: process %d: round trips by stage (IVCUDA_TRACE_STAGES; medians in ns; %s)\n"
@@ -149,7 +147,6 @@ double ns_per_tick() {
       else
         std::fprintf(out, " %7s %8u %8u %7u %7s\n", "-", h.dispatch_ns, h.handler_ns, h.reply_ns, "-");
     }
-    if (to_file) std::fclose(out);
   } catch (...) {
   }
 }

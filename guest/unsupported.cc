@@ -12,6 +12,7 @@
 
 #include "guest/api/api_table.h"
 #include "guest/guard.h"
+#include "guest/report_sink.h"
 
 namespace ivcuda::guest {
 namespace {
@@ -30,8 +31,8 @@ Book& book() {
 // A library destructor runs after the program's atexit handlers, so the
 // list covers the calls those make too.
 [[gnu::destructor]] void report() noexcept {
-  const char* where = std::getenv("IVCUDA_LOG_UNSUPPORTED");
-  if (where == nullptr || *where == '\0') return;
+  const char* where = report_target("IVCUDA_LOG_UNSUPPORTED");
+  if (where == nullptr) return;
   try {
     std::map<std::string, unsigned long> all;
     {
@@ -41,13 +42,12 @@ Book& book() {
     for (std::size_t i = 0; i < api::detail::kSymbolCount; ++i)
       if (const unsigned n = api::detail::stub_calls(i); n != 0)
         all[std::string(api::detail::kSymbols[i].symbol) + " (not forwarded)"] += n;
-    const bool to_file = std::strcmp(where, "1") != 0;
-    FILE* out = to_file ? std::fopen(where, "a") : stderr;
+    const ReportSink sink(where);
+    FILE* out = sink.get();
     if (out == nullptr) return;
     std::fprintf(out, "ivcuda: process %d: %zu kind(s) of call answered NOT_SUPPORTED\n",
                  static_cast<int>(::getpid()), all.size());
     for (const auto& [what, n] : all) std::fprintf(out, "ivcuda: NOT_SUPPORTED %s: %lu call(s)\n", what.c_str(), n);
-    if (to_file) std::fclose(out);
   } catch (...) {
   }
 }
@@ -62,10 +62,7 @@ Errors& errors() {
   return *e;
 }
 const char* errors_target() noexcept {
-  static const char* where = [] {
-    const char* w = std::getenv("IVCUDA_LOG_ERRORS");
-    return w != nullptr && *w != '\0' ? w : nullptr;
-  }();
+  static const char* where = report_target("IVCUDA_LOG_ERRORS");
   return where;
 }
 
@@ -78,8 +75,8 @@ const char* errors_target() noexcept {
       std::lock_guard lk(errors().mu);
       all = errors().counts;
     }
-    const bool to_file = std::strcmp(where, "1") != 0;
-    FILE* out = to_file ? std::fopen(where, "a") : stderr;
+    const ReportSink sink(where);
+    FILE* out = sink.get();
     if (out == nullptr) return;
     std::fprintf(out, "ivcuda: process %d: %zu kind(s) of failed call\n", static_cast<int>(::getpid()), all.size());
     for (const auto& [key, n] : all) {
@@ -87,7 +84,6 @@ const char* errors_target() noexcept {
       if (cuGetErrorName(static_cast<CUresult>(key.second), &name) != CUDA_SUCCESS) name = "?";
       std::fprintf(out, "ivcuda: FAILED %s -> %s: %lu call(s)\n", key.first.c_str(), name, n);
     }
-    if (to_file) std::fclose(out);
   } catch (...) {
   }
 }

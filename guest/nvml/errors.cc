@@ -21,8 +21,11 @@
 #include <utility>
 
 #include "guest/nvml/internal.h"
+#include "guest/report_sink.h"
 
 namespace {
+using ivcuda::guest::report_target;
+using ivcuda::guest::ReportSink;
 
 const char* describe(nvmlReturn_t r) noexcept {
   switch (r) {
@@ -83,19 +86,9 @@ std::string bare(const char* who) {
   return f;
 }
 
-FILE* open_log(const char* where, bool* to_file) {
-  *to_file = std::strcmp(where, "1") != 0;
-  return *to_file ? std::fopen(where, "a") : stderr;
-}
-
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : nullptr;
-}
-
 [[gnu::destructor]] void report() noexcept {
-  const char* unsupported = env("IVCUDA_LOG_UNSUPPORTED");
-  const char* errors = env("IVCUDA_LOG_ERRORS");
+  const char* unsupported = report_target("IVCUDA_LOG_UNSUPPORTED");
+  const char* errors = report_target("IVCUDA_LOG_ERRORS");
   if (unsupported == nullptr && errors == nullptr) return;
   try {
     std::map<std::pair<std::string, int>, unsigned long> all;
@@ -107,8 +100,8 @@ const char* env(const char* name) {
     }
     const int pid = static_cast<int>(::getpid());
     if (unsupported != nullptr) {
-      bool to_file = false;
-      if (FILE* out = open_log(unsupported, &to_file)) {
+      const ReportSink sink(unsupported);
+      if (FILE* out = sink.get()) {
         std::size_t kinds = 0;
         for (const auto& [key, n] : all) kinds += key.second == NVML_ERROR_NOT_SUPPORTED;
         std::fprintf(out, "ivcuda-nvml: process %d: %zu NVML function(s) answered NOT_SUPPORTED\n", pid, kinds);
@@ -116,17 +109,15 @@ const char* env(const char* name) {
           if (key.second == NVML_ERROR_NOT_SUPPORTED)
             std::fprintf(out, "ivcuda-nvml: NOT_SUPPORTED %s%s: %lu call(s)\n", key.first.c_str(),
                          defaults.contains(key.first) ? " (not forwarded)" : "", n);
-        if (to_file) std::fclose(out);
       }
     }
     if (errors != nullptr) {
-      bool to_file = false;
-      if (FILE* out = open_log(errors, &to_file)) {
+      const ReportSink sink(errors);
+      if (FILE* out = sink.get()) {
         std::fprintf(out, "ivcuda-nvml: process %d: %zu kind(s) of failed NVML call\n", pid, all.size());
         for (const auto& [key, n] : all)
           std::fprintf(out, "ivcuda-nvml: FAILED %s -> %s (%d): %lu call(s)\n", key.first.c_str(),
                        describe(static_cast<nvmlReturn_t>(key.second)), key.second, n);
-        if (to_file) std::fclose(out);
       }
     }
   } catch (...) {
