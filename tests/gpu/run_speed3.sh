@@ -65,12 +65,18 @@ for p in $parts; do
     sleep 3  # the warm worker's context and arena, made ahead, are ready
     for round in 1 2; do
       for k in native ivcuda traced; do
+        rt=("$build/tests/bin/drv_roundtrip" --rounds 20000 --gap-us 1)
         case $k in
-          native) timeout 60 "$build/tests/bin/drv_roundtrip" --rounds 20000 --gap-us 1 >"$work/rt-$k.txt" 2>&1 || rc=1 ;;
-          ivcuda) IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$build/tests/bin/drv_roundtrip" \
-                    --rounds 20000 --gap-us 1 >"$work/rt-$k.txt" 2>&1 || rc=1 ;;
-          traced) IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib IVCUDA_TRACE_STAGES="$work/stages-$round.txt" \
-                    timeout 60 "$build/tests/bin/drv_roundtrip" --rounds 20000 --gap-us 1 >"$work/rt-$k.txt" 2>&1 || rc=1 ;;
+          native) timeout 60 "${rt[@]}" >"$work/rt-$k.txt" 2>&1 || rc=1 ;;
+          *) # through ivcudad, which must have served it (its log's hello from this process)
+            trace=()
+            [ $k = traced ] && trace=(IVCUDA_TRACE_STAGES="$work/stages-$round.txt")
+            rm -f "$work/rt.pid"
+            mark=$(log_mark "$work/trace-ivcudad.log")
+            env "${trace[@]}" IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" \
+              timeout 60 "${tagged[@]}" "$work/rt.pid" "${rt[@]}" >"$work/rt-$k.txt" 2>&1 || rc=1
+            served_by "$work/trace-ivcudad.log" "$(cat "$work/rt.pid" 2>/dev/null || echo 0)" "$mark" ||
+              { rc=1; echo "drv_roundtrip ($k, round $round): not served by ivcudad"; } ;;
         esac
         grep "^roundtrip" "$work/rt-$k.txt" | sed "s/^/$round $k: /"
       done
