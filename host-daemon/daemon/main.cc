@@ -110,9 +110,9 @@ int main(int argc, char** argv) {
   const auto layout = plan(o);
   if (!layout) return 2;
   // Before any worker is forked: they inherit the file their turns are on.
-  if (o.context_turns == "on" && !context_turns::open_for_workers())
-    IVLOG_WARN("--context-turns on: no memory file for the turns (%s); workers make contexts as they come",
-               std::strerror(errno));
+  if (o.context_turns != "off" && !context_turns::open_for_workers(o.context_turns == "on"))
+    IVLOG_WARN("--context-turns %s: no memory file for the turns (%s); workers make contexts as they come",
+               o.context_turns.c_str(), std::strerror(errno));
   // --mps: one MPS control daemon for every worker (the daemon asks it for
   // each worker's environment: Daemon::driver_env).
   std::optional<MpsControl> mps;

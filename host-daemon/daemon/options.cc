@@ -123,12 +123,11 @@ void define_socket_options(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--context-turns", o.context_turns,
-                 "on: workers make and reset a GPU's contexts one at a time (the driver makes them one after "
-                 "another anyway: asked at once, all are ready only at the end), so that the first of several "
-                 "starting workers is ready after one context's time; off (the default): each as it comes (on "
-                 "an H100 turns halved start-up medians but lengthened the 90th percentiles and maxima; "
-                 "docs/performance.md)")
-      ->check(CLI::IsMember({"on", "off"}))
+                 "on: workers make and reset a GPU's contexts one at a time, in the order they asked (the "
+                 "driver makes them one after another anyway: asked at once, all are ready only at the end), "
+                 "so that the first of several starting workers is ready after one context's time; made: only "
+                 "the making takes turns, resets go as they come; off: each as it comes")
+      ->check(CLI::IsMember({"on", "made", "off"}))
       ->capture_default_str();
   app.add_option("--share-slots", o.share_slots,
                  "objects (CUDA IPC memory and event handles, pool pointers) one tenant may have exported at "

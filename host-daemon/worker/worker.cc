@@ -177,7 +177,9 @@ Result<void> Worker::start_guest_side(bool first) {
   // The context is made in the GPU's turn (host-daemon/shared/context_turns.h).
   long long turn_ms = 0;
   {
-    const context_turns::Turn turn(devices_[0]);
+    // A recycled worker's context is for a guest yet to come: workers whose
+    // guests wait go first.
+    const context_turns::Turn turn(devices_[0], first ? context_turns::Work::kMake : context_turns::Work::kMakeAhead);
     turn_ms = turn.waited().count();
     st = cu_.cuDevicePrimaryCtxRetain(&arena_ctx_, devices_[0]);
   }
@@ -970,8 +972,19 @@ void Worker::release_for_recycle() noexcept {
   (void)cu_.cuCtxSetCurrent(nullptr);
   if (IVCUDA_RULE("recycle-reset-contexts"))
     for (CUdevice d : devices_) {
-      const context_turns::Turn turn(d);  // the reset is the driver's work on that GPU too
-      (void)cu_.cuDevicePrimaryCtxReset(d);
+      const auto t_reset = std::chrono::steady_clock::now();
+      long long turn_ms = 0;
+      {
+        const context_turns::Turn turn(d, context_turns::Work::kReset);  // the driver's work on that GPU too
+        turn_ms = turn.waited().count();
+        (void)cu_.cuDevicePrimaryCtxReset(d);
+      }
+      IVLOG_INFO("guest %u: GPU %d's contexts reset %lld ms of which %lld waiting its turn", cfg_.guest_id,
+                 static_cast<int>(d),
+                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::steady_clock::now() - t_reset)
+                                            .count()),
+                 turn_ms);
     }
   arena_ctx_ = nullptr;
   current_ = nullptr;
