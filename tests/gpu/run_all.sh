@@ -38,6 +38,11 @@
 #   absent  what the driver answers to each export the guest library has no feature for (its
 #           generated stubs, nm type W), every argument zero (tests/programs/drv_absent.cc), natively
 #           and through ivcuda: absent-native.txt, absent-ivcuda.txt and their differences
+#   checkpoint  issue 34's first question: the driver's process checkpointing (cuCheckpointProcess*)
+#           on a running process, natively (1 and 4 GiB) and on a guest's sandboxed worker: lock,
+#           checkpoint, restore and unlock times, the GPU's used memory at each step, another
+#           process allocating the freed memory meanwhile, the target's pattern intact at the same
+#           address and its calls waiting meanwhile (tests/programs/drv_checkpoint.cc; checkpoint.txt)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
 #           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
 #           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
@@ -242,61 +247,109 @@ for p in $parts; do
   lifecycle)
     # Issue 30: a guest's start in each arrival pattern (after idle, 20 back-to-back, a burst of 8,
     # 64 over 10 s) and its death with work under way (SIGKILL to its memory back in NVML: idle,
-    # 10,000 posted 1 ms launches, inside a 2 s kernel), native vs ivcuda, with ivcudad's defaults.
+    # 10,000 posted 1 ms launches, inside a 2 s kernel), native vs ivcuda, with ivcudad's defaults;
+    # first the driver's own context times, natively (tests/programs/drv_ctx_timing.cc).
     build=$root/build/gpu
     rc=0
-    build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels drv_recycle || rc=1
+    build_gpu ivcuda-bench ivcudad ivcuda_guest ivcuda_gpu_double_kernels drv_recycle drv_ctx_timing || rc=1
     if [ $rc -eq 0 ]; then
+      : >"$final/lifecycle.txt"
+      if [ "${IVCUDA_LIFECYCLE_CTX_ROUNDS:-5}" != 0 ]; then  # 0: no driver figures (an A/B's second lease)
+        timeout 120 "$build/tests/bin/drv_ctx_timing" --rounds "${IVCUDA_LIFECYCLE_CTX_ROUNDS:-5}" 2>&1 |
+          tee -a "$final/lifecycle.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      fi
+      # IVCUDA_LIFECYCLE_CONFIGS: "NAME=ivcudad options;NAME=options..." - an A/B of pool settings in
+      # one lease, each with a daemon of its own, native measured beside each (lifecycle-NAME.json);
+      # else IVCUDA_LIFECYCLE_ARGS (options beyond the defaults; lifecycle.json). The recycling
+      # checks below run against the first.
+      configs=${IVCUDA_LIFECYCLE_CONFIGS:-=${IVCUDA_LIFECYCLE_ARGS:-}}
       sock=/tmp/ivcuda-lifecycle.sock
-      rm -f "$sock"
-      # IVCUDA_LIFECYCLE_ARGS: ivcudad options beyond its defaults (an A/B of a pool setting).
-      # shellcheck disable=SC2086 # one word per option
-      "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 ${IVCUDA_LIFECYCLE_ARGS:-} \
-        >"$work/lifecycle-ivcudad.log" 2>&1 &
-      daemon=$!
-      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-      timeout 420 "$build/bench/ivcuda-bench" --only "${IVCUDA_LIFECYCLE_PARTS:-startup,starts,death}" \
-        --startup-runs 5 --startup-gap-ms 3000 \
-        --ptx "$build/tests/gpu_double/test_kernels.ptx" --ivcuda-lib "$build/lib" --socket "$sock" \
-        --daemon-log "$work/lifecycle-ivcudad.log" --json "$final/lifecycle.json" 2>&1 | tee "$final/lifecycle.txt"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      # A recycled worker's next guest sees nothing of the last one on the real driver too
-      # (tests/programs/drv_recycle; CI: tests/process/run_recycle_test.sh), and natively.
-      for how in native ivcuda; do
-        env=() handles=
-        [ $how = ivcuda ] && env=(IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib") handles=--handles
-        env "${env[@]}" "$build/tests/bin/drv_recycle" --leave --mib 1024 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-          >"$work/recycle-$how-leave.txt" 2>&1
-        lrc=$?
-        line=$(grep '^left ' "$work/recycle-$how-leave.txt")
-        sleep 1
-        env "${env[@]}" "$build/tests/bin/drv_recycle" --probe "$line" --mib 1024 --allow-mib 4096 $handles \
-          >"$work/recycle-$how-probe.txt" 2>&1
-        prc=$?
-        echo "recycle ($how): leave status $lrc, probe status $prc: $(grep -E "^(free|the leaver|drv_recycle)" \
-          "$work/recycle-$how-probe.txt" | tr '\n' ';')" | tee -a "$final/lifecycle.txt"
-        [ $lrc -eq 0 ] && [ $prc -eq 0 ] || rc=1
-        if [ $how = ivcuda ]; then  # both were ivcudad's guests, the second on a recycled worker
-          leaver=$(sed -n 's/.*pid=\([0-9]*\) .*/\1/p' "$work/recycle-$how-leave.txt")
-          grep -q "process $leaver says hello" "$work/lifecycle-ivcudad.log" &&
-            grep -q "is kept for the next guest" "$work/lifecycle-ivcudad.log" ||
-            { echo "recycle (ivcuda): ivcudad's log does not show the leaver served and its worker kept"; rc=1; }
+      first=1
+      IFS=';' read -r -a config_list <<<"$configs"
+      for config in "${config_list[@]}"; do
+        name=${config%%=*} args=${config#*=}
+        log=$work/lifecycle-ivcudad${name:+-$name}.log
+        echo "=== ivcudad ${args:-(defaults)}${name:+ ($name)}" | tee -a "$final/lifecycle.txt"
+        rm -f "$sock"
+        # shellcheck disable=SC2086 # one word per option
+        "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 $args >"$log" 2>&1 &
+        daemon=$!
+        for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+        timeout 420 "$build/bench/ivcuda-bench" --only "${IVCUDA_LIFECYCLE_PARTS:-startup,starts,death}" \
+          --startup-runs 5 --startup-gap-ms 3000 \
+          --ptx "$build/tests/gpu_double/test_kernels.ptx" --ivcuda-lib "$build/lib" --socket "$sock" \
+          --daemon-log "$log" --json "$final/lifecycle${name:+-$name}.json" 2>&1 | tee -a "$final/lifecycle.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+        if [ $first = 1 ]; then
+          # A recycled worker's next guest sees nothing of the last one on the real driver too
+          # (tests/programs/drv_recycle; CI: tests/process/run_recycle_test.sh), and natively.
+          for how in native ivcuda; do
+            env=() handles=
+            [ $how = ivcuda ] && env=(IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib") handles=--handles
+            env "${env[@]}" "$build/tests/bin/drv_recycle" --leave --mib 1024 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
+              >"$work/recycle-$how-leave.txt" 2>&1
+            lrc=$?
+            line=$(grep '^left ' "$work/recycle-$how-leave.txt")
+            sleep 1
+            env "${env[@]}" "$build/tests/bin/drv_recycle" --probe "$line" --mib 1024 --allow-mib 4096 $handles \
+              >"$work/recycle-$how-probe.txt" 2>&1
+            prc=$?
+            echo "recycle ($how): leave status $lrc, probe status $prc: $(grep -E "^(free|the leaver|drv_recycle)" \
+              "$work/recycle-$how-probe.txt" | tr '\n' ';')" | tee -a "$final/lifecycle.txt"
+            [ $lrc -eq 0 ] && [ $prc -eq 0 ] || rc=1
+            if [ $how = ivcuda ]; then  # both were ivcudad's guests, the second on a recycled worker
+              leaver=$(sed -n 's/.*pid=\([0-9]*\) .*/\1/p' "$work/recycle-$how-leave.txt")
+              grep -q "process $leaver says hello" "$log" &&
+                grep -q "is kept for the next guest" "$log" ||
+                { echo "recycle (ivcuda): ivcudad's log does not show the leaver served and its worker kept"; rc=1; }
+            fi
+          done
+          first=0
         fi
+        { echo "workers recycled: $(grep -c "is kept for the next guest" "$log");" \
+            "guests refused: $(grep -c "refusing a guest" "$log")"
+          grep "refusing a guest" "$log" | head -2
+          grep -o "releasing .* for the tenant's next guest" "$log" | head -1
+        } | tee -a "$final/lifecycle.txt"
+        grep -o 'recycled for guest [0-9]*: [^(]*(driver start [^)]*)' "$log" | head -3 |
+          tee -a "$final/lifecycle.txt"
+        kill $daemon; wait $daemon 2>/dev/null
+        { echo "ivcudad's workers: $(grep -o '(driver start [^)]*)' "$log" |
+            sort | uniq -c | sort -rn | head -6 | tr '\n' ';')"
+          echo "contexts (ms, of which waiting a turn), in order: $(grep -o 'context [0-9]* ms of which [0-9]*' "$log" |
+            awk '{printf "%s/%s ", $2, $6}')"
+          echo "resets (ms, of which waiting a turn): $(grep -o 'reset [0-9]* ms of which [0-9]*' "$log" |
+            awk '{printf "%s/%s ", $2, $6}')"
+          echo "workers ended on their guest's death: $(grep -c 'its worker ends now' "$log")"
+        } | tee -a "$final/lifecycle.txt"
       done
-      { echo "workers recycled: $(grep -c "is kept for the next guest" "$work/lifecycle-ivcudad.log");" \
-          "guests refused: $(grep -c "refusing a guest" "$work/lifecycle-ivcudad.log")"
-        grep "refusing a guest" "$work/lifecycle-ivcudad.log" | head -2
-        grep -o "releasing .* for the tenant's next guest" "$work/lifecycle-ivcudad.log" | head -1
-      } | tee -a "$final/lifecycle.txt"
-      grep -o 'recycled for guest [0-9]*: [^(]*(driver start [^)]*)' "$work/lifecycle-ivcudad.log" | head -3 |
-        tee -a "$final/lifecycle.txt"
-      kill $daemon; wait $daemon 2>/dev/null
-      { echo "ivcudad's workers: $(grep -o '(driver start [^)]*)' "$work/lifecycle-ivcudad.log" |
-          sort | uniq -c | sort -rn | head -6 | tr '\n' ';')"
-        echo "workers ended on their guest's death: $(grep -c 'its worker ends now' "$work/lifecycle-ivcudad.log")"
-      } | tee -a "$final/lifecycle.txt"
     fi
     part lifecycle $rc ;;
+  checkpoint)
+    build=$root/build/gpu
+    rc=0
+    build_gpu ivcudad ivcuda_guest drv_checkpoint || rc=1
+    if [ $rc -eq 0 ]; then
+      : >"$final/checkpoint.txt"
+      for mib in 1024 4096; do
+        echo "=== natively, $mib MiB" | tee -a "$final/checkpoint.txt"
+        timeout 120 "$build/tests/bin/drv_checkpoint" --mib $mib --hold-ms 2000 2>&1 | tee -a "$final/checkpoint.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      done
+      sock=/tmp/ivcuda-checkpoint.sock log=$work/checkpoint-ivcudad.log
+      rm -f "$sock"
+      "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 >"$log" 2>&1 &
+      daemon=$!
+      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+      echo "=== a guest's worker (ivcudad's defaults), 1024 MiB" | tee -a "$final/checkpoint.txt"
+      IVCUDA_SOCKET=$sock timeout 120 "$build/tests/bin/drv_checkpoint" --mib 1024 --hold-ms 2000 \
+        --child-lib "$build/lib" --daemon-log "$log" 2>&1 | tee -a "$final/checkpoint.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      kill $daemon; wait $daemon 2>/dev/null
+      grep -iE "warn|error|denied|seccomp" "$log" | grep -v "no control socket" | head -8 | tee -a "$final/checkpoint.txt"
+    fi
+    part checkpoint $rc ;;
   startup)
     build=$root/build/gpu
     rc=0

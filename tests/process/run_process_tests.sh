@@ -107,6 +107,7 @@ drv_cases=(
   "drv_isolation --fault: a process that faults leaves another one's work correct|drv_isolation --fault --ptx $ptx"
   "drv_isolation --reclaim: a SIGKILLed process's device memory is all free within 1 s|drv_isolation --reclaim --mib 256 --allow-mib $reclaim_allow"
   "drv_isolation --foreign: another process's pointer and stream are refused|drv_isolation --foreign"
+  "drv_ctx_timing: contexts made, reset and torn down beside each other in eleven guest processes|drv_ctx_timing --rounds 1 --mib 16"
   "drv_arrays: arrays (1D/2D/3D, mipmapped), copies with them, texture and surface objects|drv_arrays --ptx $ptx --destroyed-handles"
   "drv_sparse: sparse 2D/3D/mipmapped and deferred-mapping arrays, tiles mapped, copied, unmapped; refusals|drv_sparse --forged-handles"
   "drv_pools: created pools, attributes, access, allocations used by kernels, destroy, refusals|drv_pools --ptx $ptx --hostile --unsupported"
