@@ -45,6 +45,7 @@ int Daemon::run() {
   arrivals_.resize(listeners_.size());
   returned_.assign(listeners_.size(), clk::time_point{});
   waiting_.resize(listeners_.size());
+  over_limit_.resize(listeners_.size());
   huge_short_.assign(listeners_.size(), false);
   budget_ = WorkerBudget::create(o_.max_guests + static_cast<std::uint32_t>(o_.plain_files.size()) + 1);
   if (!budget_) {

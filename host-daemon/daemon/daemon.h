@@ -121,6 +121,19 @@ class Daemon {
     WorkerBudget::Ticket unit;
     clk::time_point since = clk::now();
   };
+  // A guest whose user has --max-guests-per-uid guests and workers already:
+  // it waits, unanswered, for one of them to end, as a native program waits
+  // for the GPU's queue, rather than being turned away at once. At most that
+  // many more of a user wait (a local user holds no more than twice the
+  // limit in connections, and none of them memory), each at most
+  // kOverLimitWait: under the guest library's 5 s wait for its greeting.
+  struct OverLimit {
+    ivshmem::PendingGuest pending;
+    uid_t uid = 0;
+    pid_t pid = 0;
+    clk::time_point since = clk::now();
+  };
+  static constexpr auto kOverLimitWait = std::chrono::seconds(4);
   // What one pass of the loop polls, and where each kind starts in it.
   struct PollSet;
 
@@ -138,6 +151,14 @@ class Daemon {
 
   // guests.cc: a guest's arrival.
   void accept_guest(std::size_t li);
+  // An admitted guest: it waits for the first ready entry (--wait-for-ready),
+  // or takes one, or gets a process of its own.
+  void place_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t uid, pid_t pid, WorkerBudget::Ticket unit,
+                   clk::time_point arrived);
+  // Guests over their user's limit: admitted in arrival order as units come
+  // back; turned away after kOverLimitWait, or when they hang up.
+  void admit_over_limit();
+  std::size_t over_limit_count(uid_t uid) const;
   // Greets the guest and hands it to `warm`'s entry, or (none) to a process made for it.
   void serve_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t uid, pid_t peer_pid, WorkerBudget::Ticket unit,
                    std::optional<Warm> warm, clk::time_point arrived);
@@ -201,6 +222,7 @@ class Daemon {
   std::vector<std::deque<clk::time_point>> arrivals_;  // guests' arrivals per socket
   std::vector<clk::time_point> returned_;       // per socket: a worker last came back recycled
   std::vector<std::list<Waiting>> waiting_;     // per socket, in arrival order
+  std::vector<std::list<OverLimit>> over_limit_;  // per socket, in arrival order
   bool warm_stale_ = false;                     // a reload changed what they were started with
 };
 

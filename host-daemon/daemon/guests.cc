@@ -15,6 +15,13 @@
 #include "host-daemon/shared/rules.h"
 
 namespace ivcuda::host {
+namespace {
+// Whether a guest not greeted yet has hung up (it waits no longer).
+bool hung_up(int conn) {
+  pollfd p{conn, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+}  // namespace
 
 std::int64_t Daemon::next_guest_id() {
   for (std::int64_t tries = 0; tries < ivshmem::kMaxPeerId; ++tries) {
@@ -43,6 +50,8 @@ void Daemon::forget_in_child(const GuestBoard* mine) {
   }
   for (auto& q : waiting_)
     for (Waiting& w : q) w.pending.conn.reset();  // guests waiting for a worker are not this one's
+  for (auto& q : over_limit_)
+    for (OverLimit& w : q) w.pending.conn.reset();  // nor those waiting for their user's turn
   // Nor the memory, doorbells or boards of guests to come.
   for (auto& pool : pools_)
     for (Warm& e : pool) {
@@ -130,28 +139,85 @@ void Daemon::accept_guest(std::size_t li) {
   }
   auto unit = budget_->admit(cred.uid, IVCUDA_RULE("guests-per-uid") ? o_.max_guests_per_uid : 0);
   if (!unit) {
+    // Its user's guests may end soon: it waits for one (kOverLimitWait), unless
+    // as many of the user's wait already.
+    const unsigned cap = o_.max_guests_per_uid != 0 ? o_.max_guests_per_uid : o_.max_guests;
+    if (over_limit_count(cred.uid) < cap) {
+      IVLOG_INFO("a guest of uid %u (pid %d) waits: its guests and their workers count %u already "
+                 "(--max-guests-per-uid %u); it is served when one ends, or turned away in %lld s",
+                 static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), budget_->used(cred.uid),
+                 o_.max_guests_per_uid, static_cast<long long>(kOverLimitWait.count()));
+      over_limit_[li].push_back(OverLimit{std::move(*pending), cred.uid, cred.pid, clk::now()});
+      return;
+    }
     IVLOG_WARN("refusing a guest of uid %u (pid %d): its guests and their workers count %u already "
-               "(--max-guests-per-uid %u)",
+               "(--max-guests-per-uid %u), and %zu more wait",
                static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), budget_->used(cred.uid),
-               o_.max_guests_per_uid);
+               o_.max_guests_per_uid, over_limit_count(cred.uid));
     ++refused_;
     return;
   }
-  const auto now = clk::now();
-  arrivals_[li].push_back(now);
+  place_guest(li, std::move(*pending), cred.uid, cred.pid, std::move(unit), clk::now());
+}
+
+void Daemon::place_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t uid, pid_t pid,
+                         WorkerBudget::Ticket unit, clk::time_point arrived) {
+  Listener& l = listeners_[li];
+  arrivals_[li].push_back(arrived);
   // No ready entry for it (or others waiting before it): it waits for the
   // first one that becomes ready (warm_policy.h, kWaitForReady).
   if (o_.recycle == "on" && o_.wait_for_ready == "on" && l.warm > 0 &&
-      (!waiting_[li].empty() || !pick_ready(pool_views(li), cred.uid))) {
+      (!waiting_[li].empty() || !pick_ready(pool_views(li), uid))) {
     IVLOG_INFO("a guest of uid %u (pid %d) on %s waits for the first worker ready for it",
-               static_cast<unsigned>(cred.uid), static_cast<int>(cred.pid), l.path.c_str());
-    waiting_[li].push_back(Waiting{std::move(*pending), cred.uid, cred.pid, std::move(unit), now});
+               static_cast<unsigned>(uid), static_cast<int>(pid), l.path.c_str());
+    waiting_[li].push_back(Waiting{std::move(pending), uid, pid, std::move(unit), arrived});
     start_for_waiting(li);
     return;
   }
   // A warm entry when one is there (a ready one first); else all of it now.
-  std::optional<Warm> warm = take_warm(li, cred.uid, pending->conn.get());
-  serve_guest(li, std::move(*pending), cred.uid, cred.pid, std::move(unit), std::move(warm), now);
+  std::optional<Warm> warm = take_warm(li, uid, pending.conn.get());
+  serve_guest(li, std::move(pending), uid, pid, std::move(unit), std::move(warm), arrived);
+}
+
+std::size_t Daemon::over_limit_count(uid_t uid) const {
+  std::size_t n = 0;
+  for (const auto& q : over_limit_)
+    n += static_cast<std::size_t>(std::count_if(q.begin(), q.end(), [&](const OverLimit& w) { return w.uid == uid; }));
+  return n;
+}
+
+void Daemon::admit_over_limit() {
+  for (std::size_t li = 0; li < over_limit_.size(); ++li) {
+    auto& q = over_limit_[li];
+    for (auto it = q.begin(); it != q.end();) {
+      if (hung_up(it->pending.conn.get())) {
+        IVLOG_INFO("a guest of uid %u (pid %d) left while it waited for its user's turn",
+                   static_cast<unsigned>(it->uid), static_cast<int>(it->pid));
+        it = q.erase(it);
+        continue;
+      }
+      auto unit = budget_->admit(it->uid, IVCUDA_RULE("guests-per-uid") ? o_.max_guests_per_uid : 0);
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - it->since);
+      if (!unit) {
+        if (clk::now() - it->since < kOverLimitWait) {
+          ++it;
+          continue;
+        }
+        IVLOG_WARN("refusing a guest of uid %u (pid %d): none of its user's %u guests ended in %lld ms "
+                   "(--max-guests-per-uid %u)",
+                   static_cast<unsigned>(it->uid), static_cast<int>(it->pid), budget_->used(it->uid),
+                   static_cast<long long>(waited.count()), o_.max_guests_per_uid);
+        ++refused_;
+        it = q.erase(it);  // closing the connection tells the peer
+        continue;
+      }
+      IVLOG_INFO("a guest of uid %u (pid %d) is admitted after waiting %lld ms for its user's turn",
+                 static_cast<unsigned>(it->uid), static_cast<int>(it->pid), static_cast<long long>(waited.count()));
+      OverLimit w = std::move(*it);
+      it = q.erase(it);
+      place_guest(li, std::move(w.pending), w.uid, w.pid, std::move(unit), w.since);
+    }
+  }
 }
 
 std::size_t Daemon::waiting_count() const {
@@ -161,11 +227,11 @@ std::size_t Daemon::waiting_count() const {
 }
 
 void Daemon::serve_waiting() {
+  admit_over_limit();
   for (std::size_t li = 0; li < waiting_.size(); ++li) {
     auto& q = waiting_[li];
     for (auto it = q.begin(); it != q.end();) {
-      pollfd p{it->pending.conn.get(), POLLRDHUP, 0};
-      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      if (hung_up(it->pending.conn.get())) {
         IVLOG_INFO("a guest of uid %u (pid %d) on %s left before a worker was ready for it",
                    static_cast<unsigned>(it->uid), static_cast<int>(it->pid), listeners_[li].path.c_str());
         it = q.erase(it);  // its unit of the per-uid budget goes back with its ticket

@@ -17,6 +17,7 @@
 #include <optional>
 #include <fcntl.h>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <cstring>
 #include <span>
@@ -528,20 +529,38 @@ TEST_CASE("the guest learns no address of the worker's own and cannot reseal its
   CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
 
-TEST_CASE("one user id gets at most --max-guests-per-uid guests at once", "[process][hostile]") {
+TEST_CASE("one user id gets at most --max-guests-per-uid guests at once and the next waits a while for one to end",
+          "[process][hostile]") {
+  using namespace std::chrono_literals;
   Strays strays;
   Daemon d({"--max-guests-per-uid", "2"});
-  auto connect = [&] { return ivshmem::ivshmem_connect(d.sock, std::chrono::milliseconds(2000), 8); };
+  auto connect = [&](std::chrono::milliseconds patience) { return ivshmem::ivshmem_connect(d.sock, patience, 8); };
   std::optional<RawGuest> first(std::in_place, d.sock);
   RawGuest second(d.sock);
-  CHECK_FALSE(connect().ok());  // the third is turned away
-  first.reset();                // one leaves: room for another
-  bool admitted = false;
-  for (int i = 0; i < 50 && !admitted; ++i) {
-    admitted = connect().ok();
-    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  CHECK(admitted);
+  // A third is not greeted while both are served...
+  CHECK_FALSE(connect(1000ms).ok());
+  // ...and is, once one of them leaves (the daemon holds it meanwhile).
+  auto third = std::async(std::launch::async, [&] { return connect(3000ms); });
+  std::this_thread::sleep_for(500ms);
+  first.reset();
+  auto admitted = third.get();
+  CHECK(admitted.ok());
+
+  // Served two again: one more waits at most the daemon's 4 s, then is turned away.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waiter = std::async(std::launch::async, [&] { return connect(8000ms); });
+  std::this_thread::sleep_for(300ms);
+  // Two more waiting are the most a user may have: the next is turned away at once.
+  auto waiter2 = std::async(std::launch::async, [&] { return connect(8000ms); });
+  std::this_thread::sleep_for(300ms);
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK_FALSE(connect(3000ms).ok());
+  CHECK(std::chrono::steady_clock::now() - t1 < 2000ms);
+  CHECK_FALSE(waiter.get().ok());
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= 3500ms);
+  CHECK(waited < 6500ms);
+  CHECK_FALSE(waiter2.get().ok());
   CHECK(d.alive());
   CHECK(strays.seen() == "");  // nothing outside the guest's books reached the driver
 }
