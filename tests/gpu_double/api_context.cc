@@ -166,6 +166,7 @@ namespace {
 // All work already ran; only a fault is left to report, and kernels still "running"
 // (IVCUDA_GPU_DOUBLE_KERNEL_US) to wait for, outside the state lock.
 CUresult ctx_synchronize(CUcontext ctx) {
+  const ApiGate gate;  // one call all along for a checkpoint's lock
   for (;;) {
     const CUresult r = guarded([&](State& s) -> CUresult {
       Handle h = 0;

@@ -93,7 +93,9 @@ CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
 }
 
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
-  // Outside the state lock: other threads go on while this one waits (IVCUDA_GPU_DOUBLE_KERNEL_US).
+  // Outside the state lock: other threads go on while this one waits (IVCUDA_GPU_DOUBLE_KERNEL_US);
+  // one call all along for a checkpoint's lock.
+  const ApiGate gate;
   for (;;) {
     const CUresult r = cuStreamQuery(hStream);
     if (r != CUDA_ERROR_NOT_READY) return r;
@@ -311,6 +313,7 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
 
 CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   // Outside the state lock: other threads go on while this one waits.
+  const ApiGate gate;
   for (;;) {
     const CUresult r = cuEventQuery(hEvent);
     if (r != CUDA_ERROR_NOT_READY) return r;

@@ -57,12 +57,24 @@ inline int device_count_env() {
 // there (created ones and active primary ones): NVML lists every process
 // with a context on a device, as the driver's NVML does, even one that
 // allocated nothing.
+//
+// The driver's process checkpointing (api_checkpoint.cc) lives here too:
+// `checkpoint` is the process's CUprocessState, which another process moves
+// on; `lock_asked` and `in_api` let a lock wait for the calls under way
+// (each of the process's calls counts itself in `in_api` and waits while a
+// lock is asked or held); `moved_out` and `contexts_out` are what a
+// checkpoint took off the device (the memory counted as the process's host
+// memory: gone from `used`, from others' view and NVML's list) until restored.
 struct Ledger {
   struct Entry {
     std::int32_t pid;
-    std::int32_t reserved;
+    std::atomic<std::uint32_t> checkpoint;
     std::atomic<std::uint64_t> used[kMaxDevices];
     std::atomic<std::uint32_t> contexts[kMaxDevices];
+    std::atomic<std::uint32_t> lock_asked;
+    std::atomic<std::uint32_t> in_api;
+    std::atomic<std::uint64_t> moved_out[kMaxDevices];
+    std::atomic<std::uint32_t> contexts_out[kMaxDevices];
   };
   static constexpr int kEntries = 512;
   Entry e[kEntries];

@@ -2,6 +2,7 @@
 #include "strays.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -153,41 +154,78 @@ bool lock_byte(int i, bool take) {
   return fl.l_type != F_UNLCK;  // true: another process holds entry i
 }
 
+// The ledger's path, its mapping and this process's entry (-2: none taken
+// yet). A child forked from a process that used the ledger is another
+// process of it: it opens the file again (the entry's lock belongs to the
+// open file, which the parent keeps) and takes an entry of its own.
+Ledger* g_ledger = nullptr;
+std::atomic<int> g_mine{-2};
+std::mutex g_mine_mu;
+
+void reopen_in_child() {
+  if (g_ledger == nullptr) return;
+  // The inherited descriptor's open file stays the parent's, with its lock:
+  // the same file opened anew (through /proc, which reaches it even if its
+  // name is gone; else by name) is this process's own.
+  const int inherited = g_ledger_fd;
+  const std::string self = "/proc/self/fd/" + std::to_string(inherited);
+  int fd = ::open(self.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const char* path = std::getenv("IVCUDA_DOUBLE_LEDGER");
+    fd = path != nullptr ? ::open(path, O_RDWR | O_CLOEXEC) : -1;
+  }
+  ::close(inherited);
+  g_ledger_fd = fd;
+  if (fd < 0) g_ledger = nullptr;
+  g_mine.store(-2);
+}
+
 // The ledger, mapped on first use; null when IVCUDA_DOUBLE_LEDGER is unset or unusable.
 Ledger* ledger() {
-  static Ledger* l = []() -> Ledger* {
+  static const bool opened = [] {
     const char* path = std::getenv("IVCUDA_DOUBLE_LEDGER");
-    if (path == nullptr || *path == '\0') return nullptr;
+    if (path == nullptr || *path == '\0') return false;
     const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return nullptr;
+    if (fd < 0) return false;
     void* p = nullptr;
     if (::ftruncate(fd, sizeof(Ledger)) == 0)
       p = ::mmap(nullptr, sizeof(Ledger), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED || p == nullptr) {
       ::close(fd);
-      return nullptr;
+      return false;
     }
     g_ledger_fd = fd;  // kept open: it holds this process's entry lock
-    return static_cast<Ledger*>(p);
+    g_ledger = static_cast<Ledger*>(p);
+    (void)::pthread_atfork(nullptr, nullptr, reopen_in_child);
+    return true;
   }();
-  return l;
+  return opened ? g_ledger : nullptr;
 }
 
 // This process's entry: the first whose lock it gets (free, or left by a
 // process that ended).
 int my_index() {
-  static int mine = []() -> int {
-    Ledger* l = ledger();
-    if (l == nullptr) return -1;
-    for (int i = 0; i < Ledger::kEntries; ++i)
-      if (lock_byte(i, true)) {
-        l->e[i].pid = static_cast<std::int32_t>(::getpid());
-        for (auto& u : l->e[i].used) u.store(0);
-        for (auto& c : l->e[i].contexts) c.store(0);
-        return i;
-      }
-    return -1;
-  }();
+  const int known = g_mine.load(std::memory_order_acquire);
+  if (known != -2) return known;
+  std::lock_guard lock(g_mine_mu);
+  if (g_mine.load() != -2) return g_mine.load();
+  Ledger* l = ledger();
+  int mine = -1;
+  for (int i = 0; l != nullptr && i < Ledger::kEntries; ++i)
+    if (lock_byte(i, true)) {
+      Ledger::Entry& e = l->e[i];
+      e.pid = static_cast<std::int32_t>(::getpid());
+      for (auto& u : e.used) u.store(0);
+      for (auto& c : e.contexts) c.store(0);
+      for (auto& u : e.moved_out) u.store(0);
+      for (auto& c : e.contexts_out) c.store(0);
+      e.lock_asked.store(0);
+      e.in_api.store(0);
+      e.checkpoint.store(CU_PROCESS_STATE_RUNNING);
+      mine = i;
+      break;
+    }
+  g_mine.store(mine, std::memory_order_release);
   return mine;
 }
 }  // namespace
@@ -210,6 +248,39 @@ void ledger_publish(int device, std::size_t used) {
 void ledger_contexts(int device, unsigned count) {
   if (device < 0 || device >= kMaxDevices) return;
   if (const int i = my_index(); i >= 0) ledger()->e[i].contexts[device].store(count);
+}
+
+Ledger::Entry* ledger_entry_of(int pid) {
+  Ledger* l = ledger();
+  if (l == nullptr || pid <= 0) return nullptr;
+  const int me = my_index();
+  for (int i = 0; i < Ledger::kEntries; ++i)
+    if (i != me && l->e[i].pid == pid && lock_byte(i, false)) return &l->e[i];
+  return nullptr;
+}
+
+namespace {
+// Gates open on this thread: a call made inside another (a synchronise's
+// queries) neither counts again nor waits, or a lock would wait for it forever.
+thread_local int t_gates = 0;
+}  // namespace
+
+ApiGate::ApiGate() noexcept {
+  if (t_gates++ != 0 || ledger() == nullptr) return;
+  const int i = my_index();
+  if (i < 0) return;
+  e_ = &ledger()->e[i];
+  for (;;) {
+    e_->in_api.fetch_add(1);
+    if (e_->lock_asked.load() == 0 && e_->checkpoint.load() == CU_PROCESS_STATE_RUNNING) return;
+    e_->in_api.fetch_sub(1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+ApiGate::~ApiGate() {
+  --t_gates;
+  if (e_ != nullptr) e_->in_api.fetch_sub(1);
 }
 
 const Allocation* State::find(std::uintptr_t p, std::size_t n) const {

@@ -280,6 +280,24 @@ void ledger_publish(int device, std::size_t used);
 // Publishes how many contexts this process holds on `device` (the NVML
 // double lists every process with one).
 void ledger_contexts(int device, unsigned count);
+// The live entry of another process `pid` (api_checkpoint.cc), or null.
+Ledger::Entry* ledger_entry_of(int pid);
+
+// Every call this process makes counts itself in its ledger entry while it
+// runs, and waits first while another process has it locked or
+// checkpointed (cuCheckpointProcessLock): as the driver's, calls block, and
+// a lock waits for those under way - a synchronise for as long as it waits.
+// Only a thread's outermost gate counts. Nothing without a ledger.
+class ApiGate {
+ public:
+  ApiGate() noexcept;
+  ~ApiGate();
+  ApiGate(const ApiGate&) = delete;
+  ApiGate& operator=(const ApiGate&) = delete;
+
+ private:
+  Ledger::Entry* e_ = nullptr;
+};
 
 struct State {
   std::mutex mu;
@@ -492,6 +510,7 @@ std::chrono::steady_clock::time_point busy_end(State& s, Handle ctx, CUstream h,
 template <class F>
 CUresult guarded(F&& body, bool needs_init = true) {
   try {
+    const ApiGate gate;
     State& s = state();
     std::lock_guard lock(s.mu);
     if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
