@@ -163,7 +163,9 @@ void Daemon::accept_guest(std::size_t li) {
 void Daemon::place_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t uid, pid_t pid,
                          WorkerBudget::Ticket unit, clk::time_point arrived) {
   Listener& l = listeners_[li];
-  arrivals_[li].push_back(arrived);
+  // The pool's arrival times stay in order (warm_policy.h): one that waited
+  // for its user's turn counts when it is placed, not when it came.
+  arrivals_[li].push_back(clk::now());
   // No ready entry for it (or others waiting before it): it waits for the
   // first one that becomes ready (warm_policy.h, kWaitForReady).
   if (o_.recycle == "on" && o_.wait_for_ready == "on" && l.warm > 0 &&
