@@ -168,9 +168,11 @@ void define_start_options(CLI::App& app, Options& o) {
   app.add_option("--sandbox", o.sandbox_mode,
                  "on: each worker runs with no_new_privs, no capabilities, a seccomp allowlist and Landlock "
                  "once its driver is open, and the daemon does not serve on a kernel below Landlock ABI 6; "
-                 "degraded: the same with whatever Landlock the kernel has (said at start); off: none of it, "
-                 "for debugging only. Also from the environment: IVCUDA_SANDBOX")
-      ->check(CLI::IsMember({"on", "degraded", "off"}))
+                 "degraded: the same with whatever Landlock the kernel has (said at start); audit: degraded, but a "
+                 "system call outside the allowlist is made and the kernel logs it instead of refusing it, to find "
+                 "what a driver needs; off: none of it; audit and off for debugging only. Also from the "
+                 "environment: IVCUDA_SANDBOX")
+      ->check(CLI::IsMember({"on", "degraded", "audit", "off"}))
       ->envname("IVCUDA_SANDBOX")
       ->capture_default_str();
   app.add_option("--user", o.sandbox.user,

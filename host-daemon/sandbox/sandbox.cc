@@ -460,7 +460,8 @@ int add_rule(scmp_filter_ctx ctx, int nr, Rule rule, scmp_datum_t self) {
 // Returns how many calls of the product's table it allows; *extra: how many
 // more the test switch or the sanitizer runtime added.
 Result<std::size_t> apply_seccomp(const Config& c, std::size_t* extra) {
-  scmp_filter_ctx ctx = ::seccomp_init(SCMP_ACT_ERRNO(EPERM));
+  // --sandbox audit: what the allowlist lacks is made, and logged by the kernel.
+  scmp_filter_ctx ctx = ::seccomp_init(c.mode == Mode::kAudit ? SCMP_ACT_LOG : SCMP_ACT_ERRNO(EPERM));
   if (ctx == nullptr) return make_error(ENOMEM, "seccomp_init failed");
   struct Release {
     scmp_filter_ctx c;
@@ -541,7 +542,7 @@ bool env_is(const char* name, const char* value) {
 }
 
 const char* mode_name(Mode m) {
-  return m == Mode::kOn ? "on" : m == Mode::kDegraded ? "degraded" : "off";
+  return m == Mode::kOn ? "on" : m == Mode::kDegraded ? "degraded" : m == Mode::kAudit ? "audit" : "off";
 }
 
 // Why the mode does not serve with Landlock ABI `abi`, or "" when it does.
@@ -561,6 +562,7 @@ std::string landlock_refusal(const Config& c, int abi, const std::string& why_no
 bool parse_mode(const std::string& s, Mode* out) {
   if (s == "on") *out = Mode::kOn;
   else if (s == "degraded") *out = Mode::kDegraded;
+  else if (s == "audit") *out = Mode::kAudit;
   else if (s == "off") *out = Mode::kOff;
   else return false;
   return true;
@@ -600,6 +602,10 @@ Result<void> prepare(Config& c) {
   std::string why;
   const int abi = landlock_abi(&why);
   if (const std::string refusal = landlock_refusal(c, abi, why); !refusal.empty()) return make_error(EPERM, refusal);
+  if (c.mode == Mode::kAudit)
+    IVLOG_WARN("SANDBOX AUDIT (--sandbox audit): a worker's system call outside the allowlist is made and logged by "
+               "the kernel (audit type 1326, with Landlock's denials, in its log) instead of refused; use this only "
+               "to find what a driver needs");
   if (c.mode == Mode::kDegraded)
     IVLOG_WARN("SANDBOX DEGRADED (--sandbox degraded): %s; workers keep the rest of their sandbox",
                abi >= kLandlockAbiForOn ? ("Landlock ABI " + std::to_string(abi) + " would allow on").c_str()
@@ -686,6 +692,7 @@ Result<void> after_driver(const Config& c, Applied* a) {
   } else {
     IVCUDA_TRY_ASSIGN(a->allowed_syscalls, apply_seccomp(c, &a->extra_syscalls));
     a->seccomp = true;
+    a->seccomp_refuses = c.mode != Mode::kAudit;
   }
   const std::string ll = a->landlock_abi > 0 ? "yes (ABI " + std::to_string(a->landlock_abi) + ")"
                                              : "no (" + a->landlock_note + ")";
@@ -695,7 +702,8 @@ Result<void> after_driver(const Config& c, Applied* a) {
                                  (c.test_double_ipc && kSanitizerRuntime ? " and " : "") +
                                  (kSanitizerRuntime ? "the sanitizer runtime" : "");
   const std::string sc = a->seccomp ? "yes (" + std::to_string(a->allowed_syscalls) +
-                                          " system calls allowed, others EPERM" + more + ")"
+                                          " system calls allowed, others " +
+                                          (c.mode == Mode::kAudit ? "logged" : "EPERM") + more + ")"
                                     : "no (" + a->seccomp_note + ")";
   const std::string caps = !a->capabilities_dropped ? "kept"
                            : a->capabilities_note.empty() ? "none (bounding set empty)"
@@ -713,10 +721,12 @@ void self_test_if_asked(const Applied& a) {
   const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const std::string sock = result(s);
   if (s >= 0) ::close(s);
-  // Without the filter (a sanitizer build) execve would succeed and replace
-  // the worker, and fork would copy it: those two are only tried under seccomp.
+  // Without a filter that refuses (a sanitizer build, --sandbox audit) execve
+  // would succeed and replace the worker, and fork would copy it: those two
+  // are only tried where seccomp refuses.
   std::string exec = "not tried (no seccomp)", fork = "not tried (no seccomp)";
-  if (a.seccomp) {
+  if (a.seccomp && !a.seccomp_refuses) exec = fork = "not tried (--sandbox audit)";
+  if (a.seccomp && a.seccomp_refuses) {
     char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
     char* const envp[] = {nullptr};
     exec = result(::syscall(SYS_execve, "/bin/true", argv, envp));

@@ -25,8 +25,11 @@ namespace ivcuda::host::sandbox {
 
 // --sandbox: on (everything below, and Landlock of ABI 6 or later, or no
 // serving), degraded (the same with whatever Landlock the kernel has, said
-// at every start), off (nothing: debugging only).
-enum class Mode { kOn, kDegraded, kOff };
+// at every start), audit (degraded, but a system call the allowlist lacks is
+// made and the kernel logs it - audit type 1326 in its log - instead of
+// failing with EPERM: how to find what a new driver or a new driver feature
+// needs; debugging only), off (nothing: debugging only).
+enum class Mode { kOn, kDegraded, kAudit, kOff };
 
 // Landlock's ABI 6 (Linux 6.12) scopes signals and abstract UNIX sockets to
 // the worker; below it, or without Landlock, --sandbox on does not serve.
@@ -48,7 +51,7 @@ struct Config {
   bool enabled() const noexcept { return mode != Mode::kOff; }
 };
 
-// "on", "degraded", "off"; false for anything else.
+// "on", "degraded", "audit", "off"; false for anything else.
 bool parse_mode(const std::string& s, Mode* out);
 
 // In the daemon, before any worker exists: looks --user up. A worker could
@@ -75,6 +78,7 @@ struct Applied {
   bool capabilities_dropped = false;
   std::string capabilities_note;
   bool seccomp = false;
+  bool seccomp_refuses = false;  // false under --sandbox audit: what the filter lacks is made
   std::string seccomp_note;
   std::size_t allowed_syscalls = 0;  // of the product's table (--print-syscall-allowlist)
   std::size_t extra_syscalls = 0;    // the test switch's and the sanitizer runtime's

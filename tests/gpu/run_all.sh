@@ -39,7 +39,8 @@
 #           generated stubs, nm type W), every argument zero (tests/programs/drv_absent.cc), natively
 #           and through ivcuda: absent-native.txt, absent-ivcuda.txt and their differences
 #   checkpoint  issue 34's first question: the driver's process checkpointing (cuCheckpointProcess*)
-#           on a running process, natively (1 and 4 GiB) and on a guest's sandboxed worker: lock,
+#           on a running process, natively (1 and 4 GiB, by another process and by itself, --self)
+#           and on a guest's sandboxed worker: lock,
 #           checkpoint, restore and unlock times, the GPU's used memory at each step, another
 #           process allocating the freed memory meanwhile, the target's pattern intact at the same
 #           address and its calls waiting meanwhile (tests/programs/drv_checkpoint.cc; checkpoint.txt)
@@ -332,22 +333,43 @@ for p in $parts; do
     build_gpu ivcudad ivcuda_guest drv_checkpoint || rc=1
     if [ $rc -eq 0 ]; then
       : >"$final/checkpoint.txt"
-      for mib in 1024 4096; do
-        echo "=== natively, $mib MiB" | tee -a "$final/checkpoint.txt"
-        timeout 120 "$build/tests/bin/drv_checkpoint" --mib $mib --hold-ms 2000 2>&1 | tee -a "$final/checkpoint.txt"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      # Natively: by another process, with the target calling meanwhile and quiet, and by itself
+      # (what the driver does with each; no verdict).
+      for how in "" --quiet --self; do
+        echo "=== natively, 1024 MiB, ${how:-by another process}" | tee -a "$final/checkpoint.txt"
+        timeout 60 stdbuf -oL "$build/tests/bin/drv_checkpoint" --mib 1024 --hold-ms 1000 $how 2>&1 |
+          tee -a "$final/checkpoint.txt"
+        echo "exit ${PIPESTATUS[0]}" | tee -a "$final/checkpoint.txt"
       done
-      sock=/tmp/ivcuda-checkpoint.sock log=$work/checkpoint-ivcudad.log
-      rm -f "$sock"
-      "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 >"$log" 2>&1 &
-      daemon=$!
-      for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-      echo "=== a guest's worker (ivcudad's defaults), 1024 MiB" | tee -a "$final/checkpoint.txt"
-      IVCUDA_SOCKET=$sock timeout 120 "$build/tests/bin/drv_checkpoint" --mib 1024 --hold-ms 2000 \
-        --child-lib "$build/lib" --daemon-log "$log" 2>&1 | tee -a "$final/checkpoint.txt"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      kill $daemon; wait $daemon 2>/dev/null
-      grep -iE "warn|error|denied|seccomp" "$log" | grep -v "no control socket" | head -8 | tee -a "$final/checkpoint.txt"
+      # A guest's worker under each sandbox, checkpointed by a process of root's and of the
+      # workers' user. Under --sandbox audit what the allowlist lacks is made and the kernel
+      # logs it (seccomp's audit type 1326, Landlock's denials): the calls and files the
+      # driver's checkpointing needs in the worker. Verdicts: the default sandbox's run only.
+      for how in "on:root" "audit:root" "audit:nobody" "off:root"; do
+        mode=${how%%:*} who=${how#*:}
+        # in /tmp, where the workers' user reads it ($work is root's alone)
+        sock=/tmp/ivcuda-checkpoint-$mode-$who.sock log=/tmp/ivcuda-checkpoint-$mode-$who.log
+        rm -f "$sock" "$log"
+        user=() as=()
+        [ "$who" = root ] || { user=(--user "$who"); as=(setpriv --reuid="$who" --regid="$(id -g "$who")" --clear-groups); }
+        marks=$(dmesg 2>/dev/null | wc -l)
+        IVCUDA_SANDBOX=$mode "$build/host-daemon/ivcudad" --socket "$sock" --driver libcuda.so.1 "${user[@]}" >"$log" 2>&1 &
+        daemon=$!
+        for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+        chmod a+rw "$sock" "$log"
+        echo "=== a guest's worker, --sandbox $mode, workers' user $who, checkpointed by $who, 1024 MiB" |
+          tee -a "$final/checkpoint.txt"
+        IVCUDA_SOCKET=$sock timeout 60 "${as[@]}" stdbuf -oL "$build/tests/bin/drv_checkpoint" --mib 1024 --hold-ms 1000 --quiet \
+          --child-lib "$build/lib" --daemon-log "$log" 2>&1 | tee -a "$final/checkpoint.txt"
+        st=${PIPESTATUS[0]}
+        [ "$mode" != on ] || [ "$st" -eq 0 ] || rc=1
+        kill $daemon; wait $daemon 2>/dev/null
+        cp "$log" "$work/"
+        grep -iE "warn|error|denied" "$log" | grep -vE "no control socket|SANDBOX (AUDIT|OFF)|sandbox OFF" | head -6 |
+          tee -a "$final/checkpoint.txt"
+        dmesg 2>/dev/null | tail -n +$((marks + 1)) | grep -E "type=1326|landlock|audit" | sed -E 's/^\[[^]]*\] //' |
+          sed -E 's/ (pid|ses|auid|uid|gid)=[0-9]+//g' | sort | uniq -c | sort -rn | head -20 | tee -a "$final/checkpoint.txt"
+      done
     fi
     part checkpoint $rc ;;
   startup)

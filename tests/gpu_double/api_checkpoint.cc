@@ -1,6 +1,7 @@
 // The driver's process checkpointing, as the double models it: another
 // process of the same "GPU" (the ledger, identity.h) locks a process - its
-// calls under way finish, later ones wait (ApiGate, state.cc) - checkpoints
+// calls under way finish, later ones fail with CUDA_ERROR_OPERATING_SYSTEM
+// until it is unlocked, as driver 580's do (ApiGate, state.h) - checkpoints
 // it - its device memory and contexts leave the device: others' free memory
 // grows, NVML's list drops it - restores it, which needs that memory free
 // again, and unlocks it. The process's pointers and handles never change

@@ -167,6 +167,7 @@ namespace {
 // (IVCUDA_GPU_DOUBLE_KERNEL_US) to wait for, outside the state lock.
 CUresult ctx_synchronize(CUcontext ctx) {
   const ApiGate gate;  // one call all along for a checkpoint's lock
+  if (gate.refused()) return CUDA_ERROR_OPERATING_SYSTEM;
   for (;;) {
     const CUresult r = guarded([&](State& s) -> CUresult {
       Handle h = 0;

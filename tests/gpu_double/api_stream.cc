@@ -96,6 +96,7 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   // Outside the state lock: other threads go on while this one waits (IVCUDA_GPU_DOUBLE_KERNEL_US);
   // one call all along for a checkpoint's lock.
   const ApiGate gate;
+  if (gate.refused()) return CUDA_ERROR_OPERATING_SYSTEM;
   for (;;) {
     const CUresult r = cuStreamQuery(hStream);
     if (r != CUDA_ERROR_NOT_READY) return r;
@@ -314,6 +315,7 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
 CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   // Outside the state lock: other threads go on while this one waits.
   const ApiGate gate;
+  if (gate.refused()) return CUDA_ERROR_OPERATING_SYSTEM;
   for (;;) {
     const CUresult r = cuEventQuery(hEvent);
     if (r != CUDA_ERROR_NOT_READY) return r;

@@ -272,7 +272,13 @@ ApiGate::ApiGate() noexcept {
   e_ = &ledger()->e[i];
   for (;;) {
     e_->in_api.fetch_add(1);
-    if (e_->lock_asked.load() == 0 && e_->checkpoint.load() == CU_PROCESS_STATE_RUNNING) return;
+    if (e_->lock_asked.load() == 0) {
+      if (e_->checkpoint.load() == CU_PROCESS_STATE_RUNNING) return;
+      e_->in_api.fetch_sub(1);
+      e_ = nullptr;
+      refused_ = true;  // locked or checkpointed
+      return;
+    }
     e_->in_api.fetch_sub(1);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

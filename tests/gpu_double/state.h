@@ -284,19 +284,25 @@ void ledger_contexts(int device, unsigned count);
 Ledger::Entry* ledger_entry_of(int pid);
 
 // Every call this process makes counts itself in its ledger entry while it
-// runs, and waits first while another process has it locked or
-// checkpointed (cuCheckpointProcessLock): as the driver's, calls block, and
-// a lock waits for those under way - a synchronise for as long as it waits.
-// Only a thread's outermost gate counts. Nothing without a ledger.
+// runs: a lock another process asks for (cuCheckpointProcessLock) waits for
+// the calls under way - a synchronise for as long as it waits - and a call
+// that comes meanwhile waits for the lock. While the process is locked or
+// checkpointed its calls fail with CUDA_ERROR_OPERATING_SYSTEM (refused()),
+// as driver 580's do (measured on the H200, 2026-12-06: a locked worker's
+// cuMemGetInfo; tests/gpu/run_all.sh checkpoint), whatever the documentation
+// says of blocking: a process must make none then. Only a thread's
+// outermost gate counts. Nothing without a ledger.
 class ApiGate {
  public:
   ApiGate() noexcept;
   ~ApiGate();
   ApiGate(const ApiGate&) = delete;
   ApiGate& operator=(const ApiGate&) = delete;
+  bool refused() const noexcept { return refused_; }
 
  private:
   Ledger::Entry* e_ = nullptr;
+  bool refused_ = false;
 };
 
 struct State {
@@ -511,6 +517,7 @@ template <class F>
 CUresult guarded(F&& body, bool needs_init = true) {
   try {
     const ApiGate gate;
+    if (gate.refused()) return CUDA_ERROR_OPERATING_SYSTEM;
     State& s = state();
     std::lock_guard lock(s.mu);
     if (needs_init && !s.initialized) return CUDA_ERROR_NOT_INITIALIZED;

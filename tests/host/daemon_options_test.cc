@@ -66,6 +66,9 @@ TEST_CASE("bad values are refused with the reason", "[host][options]") {
   CHECK_FALSE(parse({"--wait-for-ready", "maybe"}, &o).empty());
   CHECK_FALSE(parse({"--context-turns", "sometimes"}, &o).empty());
   CHECK(parse({"--context-turns", "made"}, &o).empty());  // contexts in turns, resets as they come
+  CHECK(parse({"--sandbox", "audit"}, &o).empty());  // what the allowlist lacks is made and logged
+  CHECK(o.sandbox_mode == "audit");
+  CHECK_FALSE(parse({"--sandbox", "loose"}, &o).empty());
   CHECK(o.context_turns == "made");
   CHECK_FALSE(parse({"--warm-workers", "9"}, &o).empty());
   CHECK_FALSE(parse({"--socket-mode", "999"}, &o).empty());

@@ -12,7 +12,10 @@
 // ivcudad's log, where the worker serving the child is found.
 // Prints "figure NAME VALUE" lines; exits 0 when every step succeeded and the
 // target found its memory intact.
-//   drv_checkpoint [--mib N] [--hold-ms N] [--child-lib DIR --daemon-log FILE]
+// --quiet: the target makes no calls while it is locked (its calling thread
+// does not run). --self: the target checkpoints itself (a thread of its own calls the
+// functions on its own pid) and the parent only watches.
+//   drv_checkpoint [--mib N] [--hold-ms N] [--self] [--quiet] [--child-lib DIR --daemon-log FILE]
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,9 +47,19 @@ std::string read_line(FILE* f) {
   return s;
 }
 
+const char* state_name(CUprocessState s) {
+  switch (s) {
+    case CU_PROCESS_STATE_RUNNING: return "running";
+    case CU_PROCESS_STATE_LOCKED: return "locked";
+    case CU_PROCESS_STATE_CHECKPOINTED: return "checkpointed";
+    case CU_PROCESS_STATE_FAILED: return "failed";
+  }
+  return "?";
+}
+
 // --- The target -------------------------------------------------------------
 
-int child_main(size_t mib) {
+int child_main(size_t mib, bool quiet) {
   CUcontext ctx = nullptr;
   CUdeviceptr p = 0;
   CUresult st = cuInit(0);
@@ -68,7 +81,7 @@ int child_main(size_t mib) {
   std::atomic<int> failures{0};
   std::thread caller([&] {
     (void)cuCtxSetCurrent(ctx);
-    while (!stop.load()) {
+    while (!quiet && !stop.load()) {
       const auto t0 = clk::now();
       size_t free_b = 0, total_b = 0;
       if (cuMemGetInfo(&free_b, &total_b) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS) ++failures;
@@ -79,7 +92,42 @@ int child_main(size_t mib) {
   });
   std::printf("ready %d 0x%llx\n", static_cast<int>(::getpid()), static_cast<unsigned long long>(p));
   std::fflush(stdout);
-  const std::string cmd = read_line(stdin);  // "check" once restored
+  std::string cmd = read_line(stdin);  // "check" once restored, or "self"
+  if (cmd == "self") {
+    // The process checkpoints itself from this thread while the caller
+    // thread goes on calling: "checkpointed ..." once its memory is out,
+    // then "restored ..." when the parent says "restore".
+    const int self = static_cast<int>(::getpid());
+    std::string said;
+    const auto step = [&](const char* name, CUresult r, clk::time_point t0) {
+      CUprocessState s{};
+      const CUresult gs = cuCheckpointProcessGetState(self, &s);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " %s_ms %.1f %s %s", name, ms_since(t0), check::name(r),
+                    gs == CUDA_SUCCESS ? state_name(s) : check::name(gs));
+      said += buf;
+      return r == CUDA_SUCCESS;
+    };
+    CUcheckpointLockArgs lock_args{};
+    lock_args.timeoutMs = 10000;
+    auto t0 = clk::now();
+    bool fine = step("lock", cuCheckpointProcessLock(self, &lock_args), t0);
+    t0 = clk::now();
+    fine = fine && step("checkpoint", cuCheckpointProcessCheckpoint(self, nullptr), t0);
+    std::printf("checkpointed%s\n", said.c_str());
+    std::fflush(stdout);
+    said.clear();
+    cmd = read_line(stdin);
+    t0 = clk::now();
+    if (fine) fine = step("restore", cuCheckpointProcessRestore(self, nullptr), t0);
+    t0 = clk::now();
+    CUprocessState s{};
+    if (cuCheckpointProcessGetState(self, &s) == CUDA_SUCCESS && s == CU_PROCESS_STATE_LOCKED)
+      (void)step("unlock", cuCheckpointProcessUnlock(self, nullptr), t0);
+    std::printf("restored%s\n", said.c_str());
+    std::fflush(stdout);
+    cmd = read_line(stdin);
+  }
   stop.store(true);
   caller.join();
   // The pattern at the start, the middle and the end, at the same address.
@@ -148,27 +196,19 @@ int worker_of(const char* log, int pid) {
   return -1;
 }
 
-const char* state_name(CUprocessState s) {
-  switch (s) {
-    case CU_PROCESS_STATE_RUNNING: return "running";
-    case CU_PROCESS_STATE_LOCKED: return "locked";
-    case CU_PROCESS_STATE_CHECKPOINTED: return "checkpointed";
-    case CU_PROCESS_STATE_FAILED: return "failed";
-  }
-  return "?";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* m = check::arg(argc, argv, "--mib");
   const size_t mib = m != nullptr ? std::strtoull(m, nullptr, 10) : 1024;
   for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--child") == 0) return child_main(mib);
+    if (std::strcmp(argv[i], "--child") == 0) return child_main(mib, check::flag(argc, argv, "--quiet"));
   const char* h = check::arg(argc, argv, "--hold-ms");
   const int hold_ms = h != nullptr ? std::atoi(h) : 2000;
   const char* child_lib = check::arg(argc, argv, "--child-lib");
   const char* daemon_log = check::arg(argc, argv, "--daemon-log");
+  const bool self = check::flag(argc, argv, "--self");    // the target checkpoints itself; this process watches
+  const bool quiet = check::flag(argc, argv, "--quiet");  // the target makes no calls of its own while locked
 
   // The target, started before this process starts the driver.
   int to_child[2], from_child[2];
@@ -181,7 +221,8 @@ int main(int argc, char** argv) {
     ::close(from_child[0]);
     if (child_lib != nullptr) ::setenv("LD_LIBRARY_PATH", child_lib, 1);
     const std::string mib_s = std::to_string(mib);
-    ::execl("/proc/self/exe", argv[0], "--child", "--mib", mib_s.c_str(), static_cast<char*>(nullptr));
+    ::execl("/proc/self/exe", argv[0], "--child", "--mib", mib_s.c_str(), quiet ? "--quiet" : nullptr,
+            static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(to_child[0]);
@@ -218,6 +259,55 @@ int main(int argc, char** argv) {
                 gs == CUDA_SUCCESS ? state_name(s) : check::name(gs));
     if (st != CUDA_SUCCESS || gs != CUDA_SUCCESS || s != want) ok = false;
   };
+  // Another tenant takes the memory the target gave back, and frees it.
+  const auto take_memory = [&] {
+    long long seen = -1;
+    CUcontext ctx = nullptr;
+    CUdeviceptr p = 0;
+    if (cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
+        cuMemAlloc(&p, mib << 20) == CUDA_SUCCESS) {
+      (void)cuMemsetD8(p, 0xee, mib << 20);
+      (void)cuCtxSynchronize();
+      seen = nvml.used_mib();
+      (void)cuMemFree(p);
+    }
+    (void)cuDevicePrimaryCtxRelease(dev);
+    return seen;
+  };
+  const auto check_target = [&](bool steps_ok, long long during, long long others) {
+    const long long after = nvml.used_mib();
+    std::printf("figure used_mib before %lld, checkpointed %lld, another tenant's %zu MiB meanwhile %lld, after %lld\n",
+                before, during, mib, others, after);
+    std::fprintf(out, "check\n");
+    std::fflush(out);
+    const std::string checked = read_line(in);
+    std::printf("figure target %s (device address 0x%llx)\n", checked.c_str(), addr);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    const bool target_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    std::printf("drv_checkpoint: %zu MiB, %s, %s, the target %s\n", mib, self ? "by itself" : "by another process",
+                steps_ok ? "every step succeeded" : "a step FAILED",
+                target_ok ? "found its memory intact" : "did NOT find its memory intact");
+    return steps_ok && target_ok ? 0 : 1;
+  };
+  if (self) {
+    std::fprintf(out, "self\n");
+    std::fflush(out);
+    const std::string out_line = read_line(in);
+    std::printf("figure self %s\n", out_line.c_str());
+    const bool steps_ok = out_line.find("checkpoint_ms") != std::string::npos &&
+                          out_line.find("CUDA_SUCCESS checkpointed") != std::string::npos;
+    const long long during = nvml.used_mib();
+    const long long others = steps_ok ? take_memory() : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+    std::fprintf(out, "restore\n");
+    std::fflush(out);
+    const std::string back = read_line(in);
+    std::printf("figure self %s\n", back.c_str());
+    return check_target(steps_ok && back.find("unlock_ms") != std::string::npos &&
+                            back.find("CUDA_SUCCESS running") != std::string::npos,
+                        during, others);
+  }
   CUcheckpointLockArgs lock_args{};
   lock_args.timeoutMs = 10000;
   auto t0 = clk::now();
@@ -229,17 +319,7 @@ int main(int argc, char** argv) {
     st = cuCheckpointProcessCheckpoint(target, nullptr);
     step("checkpoint", st, CU_PROCESS_STATE_CHECKPOINTED, ms_since(t0));
     during = nvml.used_mib();
-    // Another tenant takes the memory the target gave back, and frees it.
-    CUcontext ctx = nullptr;
-    CUdeviceptr p = 0;
-    if (cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
-        cuMemAlloc(&p, mib << 20) == CUDA_SUCCESS) {
-      (void)cuMemsetD8(p, 0xee, mib << 20);
-      (void)cuCtxSynchronize();
-      others = nvml.used_mib();
-      (void)cuMemFree(p);
-    }
-    (void)cuDevicePrimaryCtxRelease(dev);
+    others = take_memory();
     std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
   }
   if (ok) {
@@ -253,17 +333,5 @@ int main(int argc, char** argv) {
     st = cuCheckpointProcessUnlock(target, nullptr);
     step("unlock", st, CU_PROCESS_STATE_RUNNING, ms_since(t0));
   }
-  const long long after = nvml.used_mib();
-  std::printf("figure used_mib before %lld, checkpointed %lld, another tenant's %zu MiB meanwhile %lld, after %lld\n",
-              before, during, mib, others, after);
-  std::fprintf(out, "check\n");
-  std::fflush(out);
-  const std::string checked = read_line(in);
-  std::printf("figure target %s (device address 0x%llx)\n", checked.c_str(), addr);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  const bool target_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  std::printf("drv_checkpoint: %zu MiB, %s, the target %s\n", mib, ok ? "every step succeeded" : "a step FAILED",
-              target_ok ? "found its memory intact" : "did NOT find its memory intact");
-  return ok && target_ok ? 0 : 1;
+  return check_target(ok, during, others);
 }
