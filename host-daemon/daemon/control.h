@@ -14,6 +14,10 @@
 //   {"cmd":"status"}             -> {"ok":true,"status":{...}}  (status.h)
 //   {"cmd":"evict","guest":N}    -> {"ok":true,"state":"evicting"}
 //   {"cmd":"reload"}             -> {"ok":true,"changed":[...]}
+//   {"cmd":"suspend","guest":N}  -> {"ok":true,"state":"suspending"}  (suspend.h; status says when done)
+//   {"cmd":"resume","guest":N}   -> {"ok":true,"state":"resuming"}
+//   {"cmd":"drain","gpu":G}      -> {"ok":true,"suspending":[N...],"not_suspended":[...]}
+//   {"cmd":"undrain","gpu":G}    -> {"ok":true,"resuming":[N...]}
 //   anything else                -> {"ok":false,"error":"..."}
 // ivcudactl (host-daemon/daemon/ivcudactl.cc) speaks it.
 #pragma once

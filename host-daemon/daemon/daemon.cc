@@ -201,6 +201,13 @@ void Daemon::reap() {
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) break;
     if (warm_let_go_.erase(pid) != 0) continue;
+    if (checkpointers_let_go_.erase(pid) != 0) continue;  // suspend.cc
+    if (checkpointer_ && pid == checkpointer_->pid()) {
+      IVLOG_WARN("checkpointer (pid %d) ended (status %d)", static_cast<int>(pid), status);
+      checkpointer_gone();
+      checkpointers_let_go_.erase(pid);  // reaped already
+      continue;
+    }
     if (reap_warm(pid, status)) continue;
     budget_->release(pid);
     auto it = workers_.find(pid);
@@ -209,6 +216,9 @@ void Daemon::reap() {
       IVLOG_WARN("worker for guest %lld died of signal %d; its GPU resources are freed", id, WTERMSIG(status));
     else
       IVLOG_INFO("worker for guest %lld ended (status %d)", id, WEXITSTATUS(status));
+    if (it != workers_.end() && it->second.susp.phase != Phase::kNone)
+      IVLOG_INFO("guest %lld ended while %s; its worker's memory went with it", id,
+                 suspension_state(it->second));
     if (it != workers_.end()) {
       // What it shared is gone with it, also what a worker that crashed
       // could not withdraw itself (fd_broker.h).
@@ -233,6 +243,16 @@ void Daemon::tend_guests() {
       w.sample_bytes = bytes;
       w.sample_at = now;
     }
+    // Evicted while suspended: a locked or checkpointed worker can make no
+    // driver call to release anything; its process ends, which releases all.
+    if (w.evict_deadline != clk::time_point{} && w.susp.phase != Phase::kNone && w.susp.target > 0) {
+      IVLOG_WARN("guest %lld: evicted while %s: its worker (pid %d) is killed", static_cast<long long>(w.id),
+                 suspension_state(w), static_cast<int>(w.susp.target));
+      ::kill(w.susp.target, SIGKILL);
+      ::kill(pid, SIGKILL);
+      w.evict_deadline = {};
+      continue;
+    }
     if (w.evict_deadline == clk::time_point{}) continue;
     if (b.evicted.load(std::memory_order_acquire) != 0 && b.mem_used.load(std::memory_order_relaxed) == 0) {
       IVLOG_INFO("guest %lld: evicted; it holds nothing on the GPU", static_cast<long long>(w.id));
@@ -244,11 +264,13 @@ void Daemon::tend_guests() {
       w.evict_deadline = {};
     }
   }
+  tend_suspensions();
 }
 
 struct Daemon::PollSet {
   std::vector<pollfd> fds;
   std::size_t control_at = 0, broker_at = 0, served_at = 0, warm_at = 0;
+  int checkpointer_at = -1;
   std::vector<pid_t> served;  // whose handoff line is at served_at + i
   std::vector<Warm*> warm;    // whose handoff line is at warm_at + i
 };
@@ -262,6 +284,10 @@ void Daemon::serve_once() {
   p.control_at = p.fds.size();
   if (control_) p.fds.push_back(pollfd{control_->fd(), POLLIN, 0});
   if (metrics_) p.fds.push_back(pollfd{metrics_->fd(), POLLIN, 0});
+  if (checkpointer_ && checkpoint_busy_) {
+    p.checkpointer_at = static_cast<int>(p.fds.size());
+    p.fds.push_back(pollfd{checkpointer_->fd(), POLLIN, 0});
+  }
   p.broker_at = p.fds.size();
   for (const int fd : broker_.fds()) p.fds.push_back(pollfd{fd, POLLIN, 0});
   p.served_at = p.fds.size();
@@ -284,6 +310,7 @@ void Daemon::serve_once() {
     return;
   }
   if (control_ && (p.fds[p.control_at].revents & POLLIN) != 0) serve_control();
+  if (p.checkpointer_at >= 0 && p.fds[static_cast<std::size_t>(p.checkpointer_at)].revents != 0) serve_checkpointer();
   for (std::size_t i = p.broker_at; i < p.served_at; ++i)
     if ((p.fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) broker_.serve(p.fds[i].fd);
   // A served warm entry's line: its worker ended cleanly ('C'), or the

@@ -9,6 +9,7 @@
 //   guests.cc     a guest's arrival: admission, its memory, its process
 //   warm_pool.cc  workers started ahead, recycled workers (warm_policy.h decides)
 //   operator.cc   ivcudactl's status, reload and evict; the metrics' snapshot
+//   suspend.cc    ivcudactl's suspend, resume, drain and undrain (suspend.h)
 #pragma once
 
 #include <sys/types.h>
@@ -31,6 +32,7 @@
 #include "host-daemon/daemon/metrics.h"
 #include "host-daemon/daemon/options.h"
 #include "host-daemon/daemon/status.h"
+#include "host-daemon/daemon/suspend.h"
 #include "host-daemon/daemon/warm_policy.h"
 #include "host-daemon/daemon/worker_budget.h"
 #include "host-daemon/shared/from_worker.h"
@@ -51,6 +53,15 @@ class Daemon {
   // Listens, serves until SIGINT or SIGTERM, stops every guest's process.
   // Returns the process's exit status.
   int run();
+
+  // Where a guest's suspension is (suspend.cc).
+  enum class Phase {
+    kNone,        // serving
+    kHolding,     // asked: its worker is to hold its calls (board.suspend), not yet seen doing so
+    kSuspending,  // the checkpointer locks and checkpoints its worker
+    kSuspended,   // its device memory is in its worker's host memory
+    kResuming,    // the checkpointer restores and unlocks its worker
+  };
 
  private:
   using clk = std::chrono::steady_clock;
@@ -89,6 +100,16 @@ class Daemon {
     pid_t worker_pid = 0;
     clk::time_point started = clk::now();
     clk::time_point evict_deadline{};  // evicting: its process is killed after this
+    struct Suspension {
+      Phase phase = Phase::kNone;
+      pid_t target = 0;                    // the worker the checkpointer acts on
+      clk::time_point since{}, deadline{}; // asked at; kHolding: given up after
+      clk::time_point out_at{};            // suspended since
+      bool by_drain = false;               // undrain resumes it
+      std::uint64_t bytes = 0;             // charged when it went out (its board's mem_used then)
+      double lock_ms = 0, out_ms = 0, back_ms = 0;
+      std::string last;                    // the last suspend's or resume's outcome
+    } susp;
     // The last sampling window, for calls/s and copy bytes/s.
     clk::time_point sample_at = clk::now();
     std::uint64_t sample_calls = 0, sample_bytes = 0;
@@ -186,6 +207,25 @@ class Daemon {
   void read_warm_line(Warm& e);
   void drop_stale_warm();
 
+  // suspend.cc: suspend, resume, drain (suspend.h).
+  static constexpr auto kHoldWait = std::chrono::seconds(2);  // a worker holds its calls within 100 ms
+  static constexpr std::uint32_t kLockTimeoutMs = 5000;         // calls under way must end by then
+  static const char* suspension_state(const Served& w);
+  std::pair<pid_t, Served*> find_served(std::int64_t id);
+  nlohmann::json suspend_guest(std::int64_t id, bool by_drain);
+  nlohmann::json resume_guest(std::int64_t id);
+  nlohmann::json drain_gpu(int gpu);
+  nlohmann::json undrain_gpu(int gpu);
+  bool serves_gpu(int gpu) const;
+  bool on_gpu(const Served& w, int gpu) const;
+  bool gpu_drained(const std::vector<int>& grant) const;  // a drained GPU among them
+  bool ask_checkpointer(CheckpointOp op, pid_t target);
+  void pump_checkpointer();
+  void serve_checkpointer();  // its line is readable
+  void checkpointer_gone();
+  void stop_checkpointer_if_idle();
+  void tend_suspensions();
+
   // operator.cc: what ivcudactl asks (the only part that needs all of nlohmann-json).
   DaemonStatus snapshot() const;
   nlohmann::json reload();
@@ -224,6 +264,13 @@ class Daemon {
   std::vector<std::list<Waiting>> waiting_;     // per socket, in arrival order
   std::vector<std::list<OverLimit>> over_limit_;  // per socket, in arrival order
   bool warm_stale_ = false;                     // a reload changed what they were started with
+  // Suspensions (suspend.cc): the checkpointer while one is under way, what
+  // it is asked in order (one at a time), and GPUs taken out of service.
+  std::optional<Checkpointer> checkpointer_;
+  std::deque<CheckpointRequest> checkpoint_queue_;
+  bool checkpoint_busy_ = false;
+  std::set<pid_t> checkpointers_let_go_;  // not reaped yet
+  std::set<int> drained_;
 };
 
 }  // namespace ivcuda::host

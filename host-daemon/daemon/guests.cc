@@ -124,6 +124,11 @@ void Daemon::accept_guest(std::size_t li) {
       IVLOG_WARN("accept on %s: %s", l.path.c_str(), pending.error().what.c_str());
     return;
   }
+  if (gpu_drained(l.gpus)) {
+    IVLOG_WARN("refusing a guest on %s: its GPU is drained (ivcudactl undrain brings it back)", l.path.c_str());
+    ++refused_;
+    return;
+  }
   if (workers_.size() + waiting_count() >= o_.max_guests) {
     IVLOG_WARN("refusing a guest: %u guests already served", o_.max_guests);
     ++refused_;

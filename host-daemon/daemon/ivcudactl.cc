@@ -3,6 +3,10 @@
 //   ivcudactl status [--json]   the guests served now
 //   ivcudactl evict GUEST       release everything a guest holds; its calls fail from then on
 //   ivcudactl reload            read the configuration again (quotas, object limits)
+//   ivcudactl suspend GUEST     its device memory into host memory, the GPU given back; its calls wait
+//   ivcudactl resume GUEST      back onto the GPU at the same addresses; its calls go on
+//   ivcudactl drain GPU         suspend every guest on a GPU, serve none there until undrain
+//   ivcudactl undrain GPU       the GPU back in service, its drained guests resumed
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +40,7 @@ void print_table(const ivcuda::host::DaemonStatus& st) {
   if (st.guests_refused != 0) std::printf(", %llu refused", static_cast<unsigned long long>(st.guests_refused));
   if (st.warm_ready + st.warm_starting != 0)
     std::printf("; warm workers: %u ready, %u starting", st.warm_ready, st.warm_starting);
+  for (const int d : st.drained) std::printf("; GPU %d drained", d);
   std::printf("\n");
   if (st.guests.empty()) return;
   std::vector<std::vector<std::string>> rows{{"GUEST", "MODE", "STATE", "SOCKET", "PID", "PEER", "UID", "GPUS",
@@ -43,7 +48,8 @@ void print_table(const ivcuda::host::DaemonStatus& st) {
   for (const auto& g : st.guests) {
     std::string gpus;
     for (const int d : g.gpus) gpus += (gpus.empty() ? "" : ",") + std::to_string(d);
-    const std::string mem = human_bytes(g.mem_used) + " / " + (g.mem_limit == 0 ? "-" : human_bytes(g.mem_limit));
+      std::string mem = human_bytes(g.mem_used) + " / " + (g.mem_limit == 0 ? "-" : human_bytes(g.mem_limit));
+    if (g.mem_host != 0) mem += " (in host memory)";
     char rate[32], copy[32];
     std::snprintf(rate, sizeof rate, "%.0f", g.calls_per_s);
     std::snprintf(copy, sizeof copy, "%.2f", g.copy_bytes_per_s / 1e9);
@@ -110,6 +116,22 @@ int main(int argc, char** argv) {
   ev->add_option("GUEST", guest, "the guest's number (ivcudactl status)")->required();
   ev->add_option("--wait", wait_s, "seconds to wait for the release (0: do not wait)")->capture_default_str();
   auto* rl = app.add_subcommand("reload", "read ivcudad's configuration again (quotas, object limits)");
+  double susp_wait = 120;
+  auto* su = app.add_subcommand("suspend", "move a guest's device memory into host memory and give the GPU back; "
+                                           "its calls wait until resume");
+  su->add_option("GUEST", guest, "the guest's number (ivcudactl status)")->required();
+  su->add_option("--wait", susp_wait, "seconds to wait for it (0: do not wait)")->capture_default_str();
+  auto* re = app.add_subcommand("resume", "bring a suspended guest back onto the GPU; its calls go on");
+  re->add_option("GUEST", guest, "the guest's number (ivcudactl status)")->required();
+  re->add_option("--wait", susp_wait, "seconds to wait for it (0: do not wait)")->capture_default_str();
+  int gpu = 0;
+  auto* dr = app.add_subcommand("drain", "suspend every guest on a GPU and serve no new one there (a driver or "
+                                         "firmware update, another tenant); undrain brings them back");
+  dr->add_option("GPU", gpu, "the host GPU's ordinal")->required();
+  dr->add_option("--wait", susp_wait, "seconds to wait for them (0: do not wait)")->capture_default_str();
+  auto* ud = app.add_subcommand("undrain", "serve on a drained GPU again and resume its drained guests");
+  ud->add_option("GPU", gpu, "the host GPU's ordinal")->required();
+  ud->add_option("--wait", susp_wait, "seconds to wait for them (0: do not wait)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (st->parsed()) {
@@ -142,6 +164,58 @@ int main(int argc, char** argv) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+  }
+  // Waits until none of `ids` is in a passing state; prints each one's
+  // outcome; 0 when each reached `want`.
+  const auto settle = [&](const std::vector<long long>& ids, const std::string& want) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(susp_wait);
+    for (;;) {
+      auto s = status(socket);
+      if (!s) return 1;
+      bool passing = false;
+      for (const long long id : ids) {
+        const auto g = std::find_if(s->guests.begin(), s->guests.end(), [&](const auto& x) { return x.id == id; });
+        passing = passing || (g != s->guests.end() && (g->state == "suspending" || g->state == "resuming"));
+      }
+      if (passing && susp_wait > 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      int rc = 0;
+      for (const long long id : ids) {
+        const auto g = std::find_if(s->guests.begin(), s->guests.end(), [&](const auto& x) { return x.id == id; });
+        if (g == s->guests.end()) {
+          std::printf("guest %lld: ended\n", id);
+          rc = 3;
+        } else if (g->state == want && want == "suspended") {
+          std::printf("guest %lld: suspended: %s in host memory, none on the GPU (lock %.0f ms, checkpoint %.0f ms)\n",
+                      id, human_bytes(g->mem_host).c_str(), g->suspend_lock_ms, g->suspend_out_ms);
+        } else if (g->state == want) {
+          std::printf("guest %lld: serving again: %s back on the GPU (restore %.0f ms)\n", id,
+                      human_bytes(g->mem_device).c_str(), g->suspend_back_ms);
+        } else {
+          std::printf("guest %lld: %s%s%s\n", id, g->state.c_str(), g->suspend_note.empty() ? "" : ": ",
+                      g->suspend_note.c_str());
+          rc = 3;
+        }
+      }
+      return susp_wait == 0 ? 0 : rc;
+    }
+  };
+  if (su->parsed() || re->parsed()) {
+    if (!ask(socket, {{"cmd", su->parsed() ? "suspend" : "resume"}, {"guest", guest}})) return 1;
+    return settle({guest}, su->parsed() ? "suspended" : "serving");
+  }
+  if (dr->parsed() || ud->parsed()) {
+    auto r = ask(socket, {{"cmd", dr->parsed() ? "drain" : "undrain"}, {"gpu", gpu}});
+    if (!r) return 1;
+    std::vector<long long> ids;
+    for (const auto& id : r->value(dr->parsed() ? "suspending" : "resuming", json::array())) ids.push_back(id.get<long long>());
+    for (const auto& n : r->value("not_suspended", json::array()))
+      std::printf("guest %lld: not suspended: %s\n", n.value("guest", -1LL), n.value("error", std::string()).c_str());
+    std::printf("GPU %d %s; %zu guest(s) %s\n", gpu, dr->parsed() ? "drained" : "in service again", ids.size(),
+                dr->parsed() ? "suspending" : "resuming");
+    return ids.empty() ? 0 : settle(ids, dr->parsed() ? "suspended" : "serving");
   }
   if (rl->parsed()) {
     auto r = ask(socket, {{"cmd", "reload"}});

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <optional>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,7 @@ DaemonStatus Daemon::snapshot() const {
   st.pid = ::getpid();
   st.uptime_s = std::chrono::duration<double>(clk::now() - started_).count();
   st.guests_refused = refused_;
+  st.drained.assign(drained_.begin(), drained_.end());
   for (const auto& pool : pools_)
     for (const Warm& e : pool) ++(e.ready ? st.warm_ready : st.warm_starting);
   for (const auto& [pid, w] : workers_) {
@@ -42,7 +44,19 @@ DaemonStatus Daemon::snapshot() const {
     g.errors = b.errors.load(std::memory_order_relaxed);
     const bool evict = b.evict.load(std::memory_order_relaxed) != 0;
     const bool done = b.evicted.load(std::memory_order_acquire) != 0 && g.mem_used == 0;
-    g.state = !evict ? "serving" : done ? "evicted" : "evicting";
+    g.state = evict ? (done ? "evicted" : "evicting") : suspension_state(w);
+    // Suspended: what it holds is in its worker's host memory, not on the GPU
+    // (its quota's charge, and its own view, stay as they were).
+    if (w.susp.phase == Phase::kSuspended || w.susp.phase == Phase::kResuming) {
+      g.mem_host = w.susp.bytes;
+      g.mem_device = 0;
+    } else {
+      g.mem_device = g.mem_used;
+    }
+    g.suspend_note = w.susp.last;
+    g.suspend_lock_ms = w.susp.lock_ms;
+    g.suspend_out_ms = w.susp.out_ms;
+    g.suspend_back_ms = w.susp.back_ms;
     g.calls_per_s = w.calls_per_s;
     g.copy_bytes_per_s = w.bytes_per_s;
     g.uptime_s = std::chrono::duration<double>(clk::now() - w.started).count();
@@ -124,6 +138,8 @@ nlohmann::json Daemon::handle_control(const nlohmann::json& req) {
     if (it == workers_.end())
       return {{"ok", false}, {"error", "no guest " + std::to_string(id) + " (see ivcudactl status)"}};
     GuestStats& b = it->second.board->stats();
+    // One being suspended or suspended makes no driver call to release
+    // anything: tend_guests ends its worker (daemon.cc).
     if (b.evict.exchange(1, std::memory_order_acq_rel) == 0) {
       // Its workers see the flag within 100 ms (an idle worker's longest
       // sleep) and release everything; a worker that does not is killed.
@@ -132,7 +148,22 @@ nlohmann::json Daemon::handle_control(const nlohmann::json& req) {
     }
     return {{"ok", true}, {"state", "evicting"}};
   }
-  return {{"ok", false}, {"error", "unknown command '" + cmd + "' (status, evict, reload)"}};
+  const auto number = [&](const char* key) -> std::optional<std::int64_t> {
+    if (!req.contains(key) || !req[key].is_number_integer()) return std::nullopt;
+    return req[key].get<std::int64_t>();
+  };
+  if (cmd == "suspend" || cmd == "resume") {
+    const auto id = number("guest");
+    if (!id) return {{"ok", false}, {"error", cmd + " needs a guest number (see ivcudactl status)"}};
+    return cmd == "suspend" ? suspend_guest(*id, false) : resume_guest(*id);
+  }
+  if (cmd == "drain" || cmd == "undrain") {
+    const auto gpu = number("gpu");
+    if (!gpu || *gpu < 0 || *gpu > 1024) return {{"ok", false}, {"error", cmd + " needs a GPU number"}};
+    return cmd == "drain" ? drain_gpu(static_cast<int>(*gpu)) : undrain_gpu(static_cast<int>(*gpu));
+  }
+  return {{"ok", false},
+          {"error", "unknown command '" + cmd + "' (status, evict, reload, suspend, resume, drain, undrain)"}};
 }
 
 void Daemon::serve_control() {

@@ -25,6 +25,12 @@ json to_json(const DaemonStatus& s) {
                       {"processes", g.processes},
                       {"mem_used_bytes", g.mem_used},
                       {"mem_limit_bytes", g.mem_limit},
+                      {"mem_device_bytes", g.mem_device},
+                      {"mem_host_bytes", g.mem_host},
+                      {"suspend", {{"last", g.suspend_note},
+                                   {"lock_ms", g.suspend_lock_ms},
+                                   {"checkpoint_ms", g.suspend_out_ms},
+                                   {"restore_ms", g.suspend_back_ms}}},
                       {"calls", g.calls},
                       {"copy_bytes", g.copy_bytes},
                       {"errors", g.errors},
@@ -39,6 +45,7 @@ json to_json(const DaemonStatus& s) {
           {"uptime_s", s.uptime_s},
           {"guests_refused", s.guests_refused},
           {"warm_workers", {{"ready", s.warm_ready}, {"starting", s.warm_starting}}},
+          {"drained_gpus", s.drained},
           {"guests", guests}};
 }
 
@@ -52,6 +59,7 @@ DaemonStatus status_from_json(const json& j) {
     s.warm_ready = j["warm_workers"].at("ready").get<std::uint32_t>();
     s.warm_starting = j["warm_workers"].at("starting").get<std::uint32_t>();
   }
+  if (j.contains("drained_gpus")) s.drained = j["drained_gpus"].get<std::vector<int>>();
   for (const auto& x : j.at("guests")) {
     GuestStatus g;
     g.id = x.at("id").get<std::int64_t>();
@@ -66,6 +74,15 @@ DaemonStatus status_from_json(const json& j) {
     g.processes = x.at("processes").get<std::uint32_t>();
     g.mem_used = x.at("mem_used_bytes").get<std::uint64_t>();
     g.mem_limit = x.at("mem_limit_bytes").get<std::uint64_t>();
+    if (x.contains("mem_device_bytes")) {  // daemons before suspend had neither
+      g.mem_device = x.at("mem_device_bytes").get<std::uint64_t>();
+      g.mem_host = x.at("mem_host_bytes").get<std::uint64_t>();
+      const auto& sp = x.at("suspend");
+      g.suspend_note = sp.at("last").get<std::string>();
+      g.suspend_lock_ms = sp.at("lock_ms").get<double>();
+      g.suspend_out_ms = sp.at("checkpoint_ms").get<double>();
+      g.suspend_back_ms = sp.at("restore_ms").get<double>();
+    }
     g.calls = x.at("calls").get<std::uint64_t>();
     g.copy_bytes = x.at("copy_bytes").get<std::uint64_t>();
     g.errors = x.at("errors").get<std::uint64_t>();
@@ -129,7 +146,15 @@ std::string prometheus_text(const DaemonStatus& s) {
       {"IVCUDA_FI_GUEST_PROCESSES", "gauge", "Guest processes served now.",
        [](const GuestStatus& g) { return static_cast<double>(g.processes); }},
       {"IVCUDA_FI_GUEST_EVICTED", "gauge", "1 once the operator evicted the guest.",
-       [](const GuestStatus& g) { return g.state == "serving" ? 0.0 : 1.0; }},
+       [](const GuestStatus& g) { return g.state == "evicting" || g.state == "evicted" ? 1.0 : 0.0; }},
+      {"IVCUDA_FI_GUEST_SUSPENDED", "gauge", "1 while the guest is suspended (ivcudactl suspend), being suspended or resumed.",
+       [](const GuestStatus& g) {
+         return g.state == "suspended" || g.state == "suspending" || g.state == "resuming" ? 1.0 : 0.0;
+       }},
+      {"IVCUDA_FI_GUEST_FB_DEVICE", "gauge", "Of the guest's charged memory, what is on the GPU now (in MiB).",
+       [](const GuestStatus& g) { return static_cast<double>(g.mem_device) / 1048576.0; }},
+      {"IVCUDA_FI_GUEST_FB_HOST", "gauge", "Of the guest's charged memory, what a suspension moved to host memory (in MiB).",
+       [](const GuestStatus& g) { return static_cast<double>(g.mem_host) / 1048576.0; }},
       {"IVCUDA_FI_GUEST_UPTIME", "gauge", "Seconds since the guest connected.",
        [](const GuestStatus& g) { return g.uptime_s; }},
   };

@@ -19,7 +19,7 @@ struct GuestStatus {
   std::int64_t id = 0;          // the daemon-wide guest number (logs say "guest N")
   std::string socket;           // the socket it connected on, or the ivshmem-plain file
   std::string mode;             // from_worker.h's mode_name
-  std::string state;            // "serving", "evicting", "evicted"
+  std::string state;            // "serving", "evicting", "evicted", "suspending", "suspended", "resuming"
   pid_t pid = 0;                // the connection's process (supervisor or process-mode worker)
   pid_t peer_pid = 0;           // the connecting process (QEMU, or the CUDA program); 0: unknown
   uid_t uid = 0;                // its user
@@ -28,6 +28,11 @@ struct GuestStatus {
   std::uint32_t processes = 0;  // guest processes served now
   std::uint64_t mem_used = 0;   // bytes charged to the quota
   std::uint64_t mem_limit = 0;  // bytes; 0: no quota
+  // Where that memory is: on the GPU, or (suspended) in its worker's host memory.
+  std::uint64_t mem_device = 0;
+  std::uint64_t mem_host = 0;
+  std::string suspend_note;     // the last suspend's or resume's outcome ("" when none)
+  double suspend_lock_ms = 0, suspend_out_ms = 0, suspend_back_ms = 0;  // its lock, checkpoint and restore
   std::uint64_t calls = 0;      // since it connected
   std::uint64_t copy_bytes = 0;
   std::uint64_t errors = 0;
@@ -45,6 +50,7 @@ struct DaemonStatus {
   std::uint64_t guests_refused = 0;  // connections refused (limits)
   std::uint32_t warm_ready = 0;      // warm workers ready for the next guest (all sockets)
   std::uint32_t warm_starting = 0;   // warm workers still starting
+  std::vector<int> drained;          // GPUs taken out of service (ivcudactl drain)
   std::vector<GuestStatus> guests;
 };
 

@@ -108,6 +108,11 @@ void Daemon::fill_pools() {
   for (std::size_t li = 0; li < listeners_.size(); ++li) {
     const std::size_t warm = listeners_[li].warm;
     auto& pool = pools_[li];
+    if (gpu_drained(listeners_[li].gpus)) {  // ivcudactl drain: no context stays on it
+      for (Warm& e : pool)
+        if (e.handoff.valid()) let_go_warm(e);
+      continue;
+    }
     // Recycled workers (one user's) stand in for the extra ones, and so do
     // workers serving a guest now that may come back recycled.
     const std::size_t recycled = static_cast<std::size_t>(

@@ -714,6 +714,28 @@ Result<void> after_driver(const Config& c, Applied* a) {
   return {};
 }
 
+Result<void> for_checkpointer(const Config& c) {
+  if (!c.enabled()) {
+    IVLOG_WARN("checkpointer: sandbox OFF: uid %u, capabilities kept", static_cast<unsigned>(::getuid()));
+    return {};
+  }
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    return make_error(errno, std::string("no_new_privs: ") + std::strerror(errno));
+  std::string note;
+  IVCUDA_TRY(drop_bounding_set(&note));
+  if (!c.user.empty()) {
+    const gid_t groups[] = {c.gid};
+    if (::setgroups(1, groups) != 0 || ::setgid(c.gid) != 0 || ::setuid(c.uid) != 0)
+      return make_error(errno, "dropping to --user " + c.user + ": " + std::strerror(errno));
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // cleared by the change of credentials
+  }
+  IVCUDA_TRY(drop_capabilities());
+  IVLOG_INFO("checkpointer: no_new_privs yes, capabilities none%s, uid %u gid %u",
+             note.empty() ? "" : (" (" + note + ")").c_str(), static_cast<unsigned>(::getuid()),
+             static_cast<unsigned>(::getgid()));
+  return {};
+}
+
 void self_test_if_asked(const Applied& a) {
   if (!env_is("IVCUDA_SANDBOX_SELFTEST", "1")) return;
   auto result = [](long r) { return errno_name(r < 0 ? errno : 0); };

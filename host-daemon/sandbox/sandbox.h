@@ -95,6 +95,13 @@ Result<void> before_driver(const Config& c, const std::vector<std::string>& libr
 // Step 2, after Worker::create succeeded. Logs one line saying what is in force.
 Result<void> after_driver(const Config& c, Applied* a);
 
+// The checkpointer (host-daemon/daemon/suspend.h), right after fork, before
+// its driver loads: no_new_privs, an empty bounding set, --user's ids (the
+// workers' user: it acts on their processes only), no capabilities. Unless
+// the mode is off; Landlock and seccomp are not applied to it (suspend.h
+// says why). Logs one line.
+Result<void> for_checkpointer(const Config& c);
+
 // The seccomp allowlist: the one table of system calls a sandboxed worker may
 // make (sandbox.cc), each with why. Rules narrow some of them further.
 enum class Rule {

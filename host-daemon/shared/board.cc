@@ -36,6 +36,8 @@ void GuestStats::reset_for_next_guest() noexcept {
   copy_bytes.store(0, std::memory_order_relaxed);
   errors.store(0, std::memory_order_relaxed);
   evicted.store(0, std::memory_order_relaxed);
+  suspend.store(0, std::memory_order_relaxed);
+  quiet.store(0, std::memory_order_relaxed);
   error_time_ns.store(0, std::memory_order_relaxed);
   for (char& c : last_error) std::atomic_ref<char>(c).store(0, std::memory_order_relaxed);
   // Even again (not being written), and past every sequence a reader saw.

@@ -67,7 +67,10 @@ struct GuestStats {
   // Written by the daemon, read by workers.
   std::atomic<std::uint64_t> mem_limit;  // the guest's quota (0: none); `ivcudactl reload` changes it
   std::atomic<std::uint32_t> evict;      // 1: release everything, answer every call with an error
-  std::atomic<std::uint32_t> reserved0;
+  // 1: hold every call, make none of the driver's, until it is 0 again
+  // (ivcudactl suspend; host-daemon/daemon/suspend.h). The daemon sets it to
+  // 0 only once the worker is running again (unlocked) or was never locked.
+  std::atomic<std::uint32_t> suspend;
   // Written by the guest's supervisor and workers.
   std::atomic<std::uint32_t> mode;       // GuestMode
   std::atomic<std::uint32_t> processes;  // guest processes served now
@@ -76,6 +79,7 @@ struct GuestStats {
   std::atomic<std::uint64_t> copy_bytes; // bytes copied between host and device memory
   std::atomic<std::uint64_t> errors;     // calls that answered an error
   std::atomic<std::uint32_t> evicted;    // workers: the last one that released after `evict`
+  std::atomic<std::uint32_t> quiet;      // workers holding their calls for `suspend` now
   // The last error a call answered: a seqlock (odd while written).
   std::atomic<std::uint32_t> error_seq;
   std::atomic<std::uint64_t> error_time_ns;  // CLOCK_REALTIME

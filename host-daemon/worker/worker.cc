@@ -668,6 +668,30 @@ void Worker::evict() {
   if (cfg_.stats != nullptr) cfg_.stats->evicted.store(1, std::memory_order_release);
 }
 
+void Worker::hold_for_suspend() {
+  held_ = true;
+  cfg_.stats->quiet.fetch_add(1, std::memory_order_acq_rel);
+  IVLOG_INFO("guest %u: suspending: its calls are held", cfg_.guest_id);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto* sb = ring::superblock(bar_.data());
+  while (!stop_ && cfg_.stats->suspend.load(std::memory_order_acquire) != 0) {
+    // A guest in a VM takes a heartbeat that stops for 5 s as the daemon's death.
+    ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
+    if (waiter_->wait(0) & UringWaiter::kHangup) {
+      // Gone while suspended: nothing of its may be recycled or released
+      // through the driver (locked, it answers nothing); the process ends,
+      // and its memory, on the device or checkpointed, goes with it.
+      IVLOG_INFO("guest %u went away while suspended; its worker ends", cfg_.guest_id);
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  cfg_.stats->quiet.fetch_sub(1, std::memory_order_acq_rel);
+  held_ = false;
+  IVLOG_INFO("guest %u: its calls go on after %.0f ms held", cfg_.guest_id,
+             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
 bool Worker::poll_parked(Channel& ch) {
   auto& p = ch.parked;
   if (p.op != proto::Op::kStreamSynchronize && p.op != proto::Op::kEventSynchronize) return poll_copy_park(ch);
@@ -923,7 +947,7 @@ void Worker::watch_guest_death() {
 // copy in flight or a stream with work on it means the guest died mid-run,
 // and that work must not run (rule death-stops-work): the process ends.
 bool Worker::nothing_under_way() {
-  if (evicted_ || refused_ != CUDA_SUCCESS || cu_.handle == nullptr) return false;
+  if (evicted_ || held_ || refused_ != CUDA_SUCCESS || cu_.handle == nullptr) return false;
   for (auto& chp : channels_) {
     if (!chp || chp->dead) continue;
     if (chp->parked.active || !chp->copies.empty() || !chp->polls.empty() || chp->req.has_data()) return false;
@@ -991,6 +1015,10 @@ void Worker::release_for_recycle() noexcept {
   // Its quota's books: what it held goes back now (the successor starts
   // its own), and the records that die with this object change nothing.
   quota_.close();
+  // The daemon zeroes the board when the guest ends ('C'), which may come
+  // while the releases above still subtract from it: from nothing, they
+  // would leave the next guest's count near 2^64. Nothing is charged now.
+  if (cfg_.stats != nullptr) cfg_.stats->mem_used.store(0, std::memory_order_relaxed);
 }
 
 Result<std::unique_ptr<GuestWorker>> Worker::successor(const NextGuest& next) {
@@ -1033,6 +1061,12 @@ int Worker::run() {
   bool noted = false;  // quiet_ says this idle stretch's state
   while (!stop_) {
     if (!evicted_ && cfg_.stats != nullptr && cfg_.stats->evict.load(std::memory_order_acquire) != 0) evict();
+    if (cfg_.stats != nullptr && cfg_.stats->suspend.load(std::memory_order_acquire) != 0 && !evicted_) {
+      hold_for_suspend();
+      if (hung_up_) break;
+      last_work = std::chrono::steady_clock::now();
+      continue;
+    }
     const int n = serve_once();
     if (n > 0) {
       last_work = std::chrono::steady_clock::now();

@@ -689,6 +689,12 @@ class Worker final : public GuestWorker {
   // dead guest's posted work, and the thread ends the process.
   std::shared_ptr<std::atomic<std::uint64_t>> taken_ = std::make_shared<std::atomic<std::uint64_t>>(0);
   void evict();
+  // ivcudactl suspend (host-daemon/daemon/suspend.h): while the board says
+  // so, no record is taken and no driver call made - the process may be
+  // locked or checkpointed, and driver 580 fails a locked process's calls -
+  // while the heartbeat goes on and a hang-up still ends the process.
+  void hold_for_suspend();
+  bool held_ = false;
   // Counts a handled call on the status board (calls, copied bytes, errors).
   void account(const ring::Record& rec, CUresult st) noexcept;
   // When the current wait for a parked synchronise began (zero: none).

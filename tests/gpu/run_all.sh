@@ -44,6 +44,8 @@
 #           checkpoint, restore and unlock times, the GPU's used memory at each step, another
 #           process allocating the freed memory meanwhile, the target's pattern intact at the same
 #           address and its calls waiting meanwhile (tests/programs/drv_checkpoint.cc; checkpoint.txt)
+#   suspend issue 34: ivcudactl suspend/resume on the real driver under each sandbox, a 4 GiB
+#           guest and a PyTorch training guest suspended mid-run (run_suspend_on_gpu.sh)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
 #           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
 #           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
@@ -372,6 +374,13 @@ for p in $parts; do
       done
     fi
     part checkpoint $rc ;;
+  suspend)
+    if build_gpu ivcudad ivcudactl ivcuda_guest drv_checkpoint; then
+      OUT=$work timeout 540 bash tests/gpu/run_suspend_on_gpu.sh build/gpu 2>&1 | tee "$final/suspend.txt"
+      part suspend "${PIPESTATUS[0]}"
+    else
+      part suspend 1
+    fi ;;
   startup)
     build=$root/build/gpu
     rc=0

@@ -1,0 +1,455 @@
+// See suspend.h: the checkpointer process, and the daemon's side of
+// ivcudactl suspend, resume, drain and undrain.
+#include "host-daemon/daemon/suspend.h"
+
+#include <cuda.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "host-daemon/daemon/daemon.h"
+#include "host-daemon/shared/log.h"
+
+namespace ivcuda::host {
+
+using nlohmann::json;
+
+const char* step_name(CheckpointStep s) noexcept {
+  switch (s) {
+    case CheckpointStep::kDone: return "done";
+    case CheckpointStep::kLock: return "lock";
+    case CheckpointStep::kCheckpoint: return "checkpoint";
+    case CheckpointStep::kRestore: return "restore";
+    case CheckpointStep::kUnlock: return "unlock";
+  }
+  return "?";
+}
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+double ms_since(clk::time_point t0) { return std::chrono::duration<double, std::milli>(clk::now() - t0).count(); }
+
+// The driver's functions the checkpointer calls, by name (it loads --driver
+// as a worker does).
+struct DriverCalls {
+  CUresult (*init)(unsigned) = nullptr;
+  CUresult (*error_name)(CUresult, const char**) = nullptr;
+  CUresult (*get_state)(int, CUprocessState*) = nullptr;
+  CUresult (*lock)(int, CUcheckpointLockArgs*) = nullptr;
+  CUresult (*checkpoint)(int, CUcheckpointCheckpointArgs*) = nullptr;
+  CUresult (*restore)(int, CUcheckpointRestoreArgs*) = nullptr;
+  CUresult (*unlock)(int, CUcheckpointUnlockArgs*) = nullptr;
+
+  bool load(const std::string& path, std::string* why) {
+    void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      const char* e = ::dlerror();
+      *why = e != nullptr ? e : "dlopen failed";
+      return false;
+    }
+    const auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
+      if (fn == nullptr && why->empty()) *why = std::string("the driver has no ") + name;
+    };
+    sym(init, "cuInit");
+    sym(error_name, "cuGetErrorName");
+    sym(get_state, "cuCheckpointProcessGetState");
+    sym(lock, "cuCheckpointProcessLock");
+    sym(checkpoint, "cuCheckpointProcessCheckpoint");
+    sym(restore, "cuCheckpointProcessRestore");
+    sym(unlock, "cuCheckpointProcessUnlock");
+    return why->empty();
+  }
+  void name(CUresult r, char (&out)[48]) const {
+    const char* n = nullptr;
+    if (error_name == nullptr || error_name(r, &n) != CUDA_SUCCESS || n == nullptr) n = "CUDA_ERROR_?";
+    std::snprintf(out, sizeof out, "%s", n);
+  }
+};
+
+// One request, start to end.
+CheckpointReply serve(const DriverCalls& d, const CheckpointRequest& q) {
+  CheckpointReply r{};
+  r.pid = q.pid;
+  r.op = q.op;
+  r.state = -1;
+  CUresult st = CUDA_SUCCESS;
+  auto t0 = clk::now();
+  if (q.op == CheckpointOp::kSuspend) {
+    CUcheckpointLockArgs args{};
+    args.timeoutMs = q.timeout_ms;
+    st = d.lock(q.pid, &args);
+    r.first_ms = ms_since(t0);
+    if (st != CUDA_SUCCESS) {
+      r.step = CheckpointStep::kLock;
+    } else {
+      t0 = clk::now();
+      st = d.checkpoint(q.pid, nullptr);
+      r.second_ms = ms_since(t0);
+      if (st != CUDA_SUCCESS) {
+        r.step = CheckpointStep::kCheckpoint;
+        (void)d.unlock(q.pid, nullptr);  // running again, as before the request
+      }
+    }
+  } else if (q.op == CheckpointOp::kResume) {
+    st = d.restore(q.pid, nullptr);
+    r.first_ms = ms_since(t0);
+    if (st != CUDA_SUCCESS) {
+      r.step = CheckpointStep::kRestore;  // still checkpointed: a later resume tries again
+    } else {
+      t0 = clk::now();
+      st = d.unlock(q.pid, nullptr);
+      r.second_ms = ms_since(t0);
+      if (st != CUDA_SUCCESS) r.step = CheckpointStep::kUnlock;
+    }
+  } else {
+    st = CUDA_ERROR_INVALID_VALUE;
+    r.step = CheckpointStep::kLock;
+  }
+  r.result = static_cast<std::int32_t>(st);
+  d.name(st, r.result_name);
+  CUprocessState s{};
+  if (d.get_state(q.pid, &s) == CUDA_SUCCESS) r.state = static_cast<std::int32_t>(s);
+  return r;
+}
+
+[[noreturn]] void checkpointer_main(int fd, const std::string& driver, const sandbox::Config& sc) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  ::prctl(PR_SET_NAME, "ivcuda-ckpt", 0, 0, 0);
+  if (auto st = sandbox::for_checkpointer(sc); !st) {
+    IVLOG_ERROR("checkpointer: %s", st.error().what.c_str());
+    ::_exit(2);
+  }
+  DriverCalls d;
+  std::string why;
+  if (!d.load(driver, &why)) {
+    IVLOG_ERROR("checkpointer: %s: %s", driver.c_str(), why.c_str());
+    ::_exit(2);
+  }
+  if (const CUresult st = d.init(0); st != CUDA_SUCCESS) {
+    char n[48];
+    d.name(st, n);
+    IVLOG_ERROR("checkpointer: cuInit -> %s", n);
+    ::_exit(2);
+  }
+  for (;;) {
+    CheckpointRequest q{};
+    const ssize_t n = ::recv(fd, &q, sizeof q, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof q)) ::_exit(0);  // the daemon let it go
+    const CheckpointReply r = serve(d, q);
+    if (::send(fd, &r, sizeof r, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof r)) ::_exit(0);
+  }
+}
+
+}  // namespace
+
+std::optional<Checkpointer> Checkpointer::fork_with(const std::string& driver, const sandbox::Config& sc,
+                                                    void (*in_child)(void*), void* arg) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    IVLOG_ERROR("checkpointer: socketpair: %s", std::strerror(errno));
+    return std::nullopt;
+  }
+  sys::UniqueFd ours(sv[0]), theirs(sv[1]);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    IVLOG_ERROR("checkpointer: fork: %s", std::strerror(errno));
+    return std::nullopt;
+  }
+  if (pid == 0) {
+    ours.reset();
+    in_child(arg);
+    checkpointer_main(theirs.get(), driver, sc);
+  }
+  IVLOG_INFO("checkpointer started: pid %d", static_cast<int>(pid));
+  return Checkpointer(pid, std::move(ours));
+}
+
+Checkpointer::~Checkpointer() {
+  if (pid_ > 0 && line_.valid()) {
+    line_.reset();  // it ends at the hang-up; the daemon reaps it
+    ::kill(pid_, SIGTERM);
+  }
+}
+
+bool Checkpointer::send(const CheckpointRequest& r) {
+  return ::send(line_.get(), &r, sizeof r, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof r);
+}
+
+std::optional<CheckpointReply> Checkpointer::receive() {
+  CheckpointReply r{};
+  const ssize_t n = ::recv(line_.get(), &r, sizeof r, MSG_DONTWAIT);
+  if (n != static_cast<ssize_t>(sizeof r)) return std::nullopt;
+  r.result_name[sizeof r.result_name - 1] = '\0';
+  return r;
+}
+
+// ------------------------------------------------------------------ the daemon's side
+
+namespace {
+const char* phase_name(Daemon::Phase p) {
+  switch (p) {
+    case Daemon::Phase::kNone: return "serving";
+    case Daemon::Phase::kHolding:
+    case Daemon::Phase::kSuspending: return "suspending";
+    case Daemon::Phase::kSuspended: return "suspended";
+    case Daemon::Phase::kResuming: return "resuming";
+  }
+  return "?";
+}
+}  // namespace
+
+const char* Daemon::suspension_state(const Served& w) { return phase_name(w.susp.phase); }
+
+std::pair<pid_t, Daemon::Served*> Daemon::find_served(std::int64_t id) {
+  for (auto& [pid, w] : workers_)
+    if (w.id == id) return {pid, &w};
+  return {0, nullptr};
+}
+
+json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
+  auto [conn_pid, w] = find_served(id);
+  if (w == nullptr) return {{"ok", false}, {"error", "no guest " + std::to_string(id) + " (see ivcudactl status)"}};
+  GuestStats& b = w->board->stats();
+  if (w->susp.phase != Phase::kNone)
+    return {{"ok", true}, {"state", phase_name(w->susp.phase)}, {"note", "already"}};
+  if (b.evict.load(std::memory_order_relaxed) != 0)
+    return {{"ok", false}, {"error", "guest " + std::to_string(id) + " is evicted"}};
+  // A VM's guest processes each have a worker of its supervisor's; the
+  // daemon does not hold their pids (the supervisor does): not yet.
+  const auto mode = static_cast<GuestMode>(b.mode.load(std::memory_order_relaxed));
+  if (mode != GuestMode::kProcess)
+    return {{"ok", false},
+            {"error", std::string("guest ") + std::to_string(id) + " is served as '" + mode_name(mode) +
+                          "': only process-mode guests can be suspended (a VM's per-process workers cannot yet)"}};
+  // Served by a warm entry: its worker, the entry process's child; else
+  // the connection's process became the worker (vm_supervisor.cc).
+  const pid_t target = w->worker_pid > 0 ? w->worker_pid : conn_pid;
+  w->susp = Served::Suspension{};
+  w->susp.phase = Phase::kHolding;
+  w->susp.target = target;
+  w->susp.since = clk::now();
+  w->susp.deadline = clk::now() + kHoldWait;
+  w->susp.by_drain = by_drain;
+  b.suspend.store(1, std::memory_order_release);
+  IVLOG_INFO("guest %lld: suspending (worker pid %d): its calls are held", static_cast<long long>(id),
+             static_cast<int>(target));
+  return {{"ok", true}, {"state", "suspending"}};
+}
+
+json Daemon::resume_guest(std::int64_t id) {
+  Served* w = find_served(id).second;
+  if (w == nullptr) return {{"ok", false}, {"error", "no guest " + std::to_string(id) + " (see ivcudactl status)"}};
+  if (w->susp.phase == Phase::kResuming || w->susp.phase == Phase::kNone)
+    return {{"ok", true}, {"state", phase_name(w->susp.phase)}, {"note", "already"}};
+  if (w->susp.phase != Phase::kSuspended)
+    return {{"ok", false}, {"error", "guest " + std::to_string(id) + " is still being suspended; resume it after"}};
+  for (int g : w->gpus)
+    if (drained_.count(g) != 0)
+      return {{"ok", false},
+              {"error", "GPU " + std::to_string(g) + " is drained: ivcudactl undrain " + std::to_string(g) + " first"}};
+  if (!ask_checkpointer(CheckpointOp::kResume, w->susp.target)) {
+    return {{"ok", false}, {"error", "the checkpointer could not be started (see ivcudad's log)"}};
+  }
+  w->susp.phase = Phase::kResuming;
+  w->susp.since = clk::now();
+  return {{"ok", true}, {"state", "resuming"}};
+}
+
+// A GPU ivcudad serves: one of --gpus, or with all of them, one of those
+// the driver lists (/proc/driver/nvidia/gpus; the GPU test double has no
+// such list and stands for one GPU, 0).
+bool Daemon::serves_gpu(int gpu) const {
+  if (!gpus_.empty()) return std::find(gpus_.begin(), gpus_.end(), gpu) != gpus_.end();
+  return gpu >= 0 && gpu < std::max(gpu_count_, 1);
+}
+
+bool Daemon::on_gpu(const Served& w, int gpu) const {
+  if (w.gpus.empty()) return serves_gpu(gpu);  // granted all
+  return std::find(w.gpus.begin(), w.gpus.end(), gpu) != w.gpus.end();
+}
+
+json Daemon::drain_gpu(int gpu) {
+  if (!serves_gpu(gpu)) return {{"ok", false}, {"error", "GPU " + std::to_string(gpu) + " is not one ivcudad serves"}};
+  // Its sockets' warm workers hold contexts on it: fill_pools lets them go
+  // and makes none until undrain; accept_guest turns new guests away.
+  drained_.insert(gpu);
+  json guests = json::array(), refused = json::array();
+  std::vector<std::int64_t> ids;
+  for (const auto& [pid, w] : workers_)
+    if (on_gpu(w, gpu)) ids.push_back(w.id);
+  for (const std::int64_t id : ids) {
+    json r = suspend_guest(id, true);
+    if (r.value("ok", false))
+      guests.push_back(id);
+    else
+      refused.push_back({{"guest", id}, {"error", r.value("error", "")}});
+  }
+  IVLOG_WARN("GPU %d drained by the operator: %zu guest(s) suspending, %zu not suspendable; no new guest is "
+             "served on it until undrain",
+             gpu, guests.size(), refused.size());
+  return {{"ok", true}, {"gpu", gpu}, {"suspending", guests}, {"not_suspended", refused}};
+}
+
+json Daemon::undrain_gpu(int gpu) {
+  if (drained_.erase(gpu) == 0) return {{"ok", false}, {"error", "GPU " + std::to_string(gpu) + " is not drained"}};
+  json resumed = json::array();
+  std::vector<std::int64_t> ids;
+  for (const auto& [pid, w] : workers_)
+    if (on_gpu(w, gpu) && w.susp.by_drain) ids.push_back(w.id);
+  for (const std::int64_t id : ids)
+    if (resume_guest(id).value("ok", false)) resumed.push_back(id);
+  IVLOG_INFO("GPU %d back in service: %zu guest(s) resuming", gpu, resumed.size());
+  return {{"ok", true}, {"gpu", gpu}, {"resuming", resumed}};
+}
+
+bool Daemon::gpu_drained(const std::vector<int>& grant) const {
+  if (drained_.empty()) return false;
+  if (grant.empty()) return true;  // all GPUs, a drained one among them
+  return std::any_of(grant.begin(), grant.end(), [&](int d) { return drained_.count(d) != 0; });
+}
+
+bool Daemon::ask_checkpointer(CheckpointOp op, pid_t target) {
+  if (!checkpointer_) {
+    checkpointer_ = Checkpointer::start(o_.driver, o_.sandbox, [this] { forget_in_child(nullptr); });
+    if (!checkpointer_) return false;
+  }
+  checkpoint_queue_.push_back(CheckpointRequest{op, static_cast<std::int32_t>(target), kLockTimeoutMs});
+  pump_checkpointer();
+  return true;
+}
+
+void Daemon::pump_checkpointer() {
+  if (!checkpointer_ || checkpoint_busy_ || checkpoint_queue_.empty()) return;
+  if (!checkpointer_->send(checkpoint_queue_.front())) {
+    IVLOG_ERROR("checkpointer: its line is gone");
+    checkpointer_gone();
+    return;
+  }
+  checkpoint_busy_ = true;
+}
+
+// The checkpointer ended, or its line broke: what was asked of it failed.
+void Daemon::checkpointer_gone() {
+  if (checkpointer_) checkpointers_let_go_.insert(checkpointer_->pid());
+  checkpointer_.reset();
+  checkpoint_busy_ = false;
+  checkpoint_queue_.clear();
+  for (auto& [pid, w] : workers_) {
+    if (w.susp.phase == Phase::kSuspending) {
+      w.susp.phase = Phase::kNone;
+      w.susp.last = "suspend failed: the checkpointer ended";
+      w.board->stats().suspend.store(0, std::memory_order_release);
+    } else if (w.susp.phase == Phase::kResuming) {
+      w.susp.phase = Phase::kSuspended;
+      w.susp.last = "resume failed: the checkpointer ended; ivcudactl resume tries again";
+    }
+  }
+}
+
+void Daemon::serve_checkpointer() {
+  auto r = checkpointer_ ? checkpointer_->receive() : std::nullopt;
+  if (!r) {
+    IVLOG_ERROR("checkpointer: it ended or said something of the wrong size");
+    checkpointer_gone();
+    return;
+  }
+  checkpoint_busy_ = false;
+  if (!checkpoint_queue_.empty()) checkpoint_queue_.pop_front();
+  Served* w = nullptr;
+  for (auto& [pid, s] : workers_)
+    if (s.susp.target == r->pid && s.susp.phase != Phase::kNone) w = &s;
+  pump_checkpointer();
+  if (w == nullptr) return;  // its guest ended meanwhile
+  GuestStats& b = w->board->stats();
+  const long long id = w->id;
+  const bool ok = r->step == CheckpointStep::kDone;
+  if (r->op == CheckpointOp::kSuspend) {
+    if (ok) {
+      w->susp.phase = Phase::kSuspended;
+      w->susp.out_at = clk::now();
+      w->susp.bytes = b.mem_used.load(std::memory_order_relaxed);
+      w->susp.lock_ms = r->first_ms;
+      w->susp.out_ms = r->second_ms;
+      w->susp.last = "suspended";
+      IVLOG_INFO("guest %lld: suspended: its memory (%s charged) is in its worker's host memory; lock %.1f ms, "
+                 "checkpoint %.1f ms, %.0f ms since asked",
+                 id, human_bytes(w->susp.bytes).c_str(), r->first_ms, r->second_ms, ms_since(w->susp.since));
+    } else {
+      w->susp.phase = Phase::kNone;
+      b.suspend.store(0, std::memory_order_release);  // it serves on
+      w->susp.last = std::string("suspend failed: ") + step_name(r->step) + " -> " + r->result_name +
+                     (r->step == CheckpointStep::kLock && r->result == CUDA_ERROR_NOT_READY
+                          ? " (calls under way did not end within " + std::to_string(kLockTimeoutMs) + " ms)"
+                          : "") +
+                     "; it serves on";
+      IVLOG_WARN("guest %lld: %s", id, w->susp.last.c_str());
+    }
+  } else {
+    if (ok) {
+      w->susp.back_ms = r->first_ms;
+      IVLOG_INFO("guest %lld: resumed: restore %.1f ms, unlock %.1f ms; suspended %.1f s", id, r->first_ms,
+                 r->second_ms, std::chrono::duration<double>(clk::now() - w->susp.out_at).count());
+      w->susp.phase = Phase::kNone;
+      w->susp.last = "resumed";
+      b.suspend.store(0, std::memory_order_release);
+    } else {
+      w->susp.phase = Phase::kSuspended;
+      w->susp.last = std::string("resume failed: ") + step_name(r->step) + " -> " + r->result_name +
+                     (r->result == CUDA_ERROR_OUT_OF_MEMORY
+                          ? " (the GPU lacks room for its " + human_bytes(w->susp.bytes) + " now)"
+                          : "") +
+                     "; still suspended, ivcudactl resume tries again";
+      IVLOG_WARN("guest %lld: %s", id, w->susp.last.c_str());
+    }
+  }
+  stop_checkpointer_if_idle();
+}
+
+void Daemon::stop_checkpointer_if_idle() {
+  if (!checkpointer_ || checkpoint_busy_ || !checkpoint_queue_.empty()) return;
+  const bool any = std::any_of(workers_.begin(), workers_.end(),
+                               [](const auto& kv) { return kv.second.susp.phase != Phase::kNone; });
+  if (!any) {
+    IVLOG_INFO("checkpointer: no guest is suspended; it ends");
+    checkpointers_let_go_.insert(checkpointer_->pid());
+    checkpointer_.reset();
+  }
+}
+
+// Each pass: a guest whose worker holds its calls is locked and
+// checkpointed; one whose worker does not within kHoldWait serves on.
+void Daemon::tend_suspensions() {
+  for (auto& [pid, w] : workers_) {
+    if (w.susp.phase != Phase::kHolding) continue;
+    const GuestStats& b = w.board->stats();
+    if (b.quiet.load(std::memory_order_acquire) != 0) {
+      if (ask_checkpointer(CheckpointOp::kSuspend, w.susp.target)) {
+        w.susp.phase = Phase::kSuspending;
+      } else {
+        w.susp.phase = Phase::kNone;
+        w.susp.last = "suspend failed: the checkpointer could not be started";
+        w.board->stats().suspend.store(0, std::memory_order_release);
+      }
+    } else if (clk::now() > w.susp.deadline) {
+      w.susp.phase = Phase::kNone;
+      w.susp.last = "suspend failed: its worker did not hold its calls within " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kHoldWait).count()) +
+                    " s; it serves on";
+      w.board->stats().suspend.store(0, std::memory_order_release);
+      IVLOG_WARN("guest %lld: %s", static_cast<long long>(w.id), w.susp.last.c_str());
+    }
+  }
+  stop_checkpointer_if_idle();
+}
+
+}  // namespace ivcuda::host

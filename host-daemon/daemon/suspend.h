@@ -1,0 +1,92 @@
+// Suspending a guest (ivcudactl suspend, resume and drain; docs/design.md,
+// "Suspend and resume"): its worker stops making driver calls, and the
+// driver's process checkpointing (cuCheckpointProcessLock, Checkpoint,
+// Restore, Unlock) moves the worker's device memory and contexts into its
+// host memory and gives the GPU back; on resume they come back at the same
+// device addresses and the worker serves on.
+//
+// Who calls the driver's checkpoint functions: the checkpointer, a process
+// of the daemon's own, forked from it when a suspension starts and ended
+// when none is left. The daemon never loads the driver; workers cannot do it
+// for themselves (driver 580 ends a process that checkpoints itself, measured
+// on the H200), and a worker is hostile ground. The checkpointer holds no
+// context, serves no guest, reads nothing but the daemon's fixed-size
+// requests, and acts only on worker pids the daemon itself forked or was
+// told of by its own processes; it runs with no_new_privs, no capabilities
+// and, under --user, as the workers' user (sandbox::for_checkpointer).
+//
+// Its line: a SOCK_SEQPACKET pair; one CheckpointRequest each way, one
+// CheckpointReply back, in order.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "host-daemon/sandbox/sandbox.h"
+#include "ring/sys.h"
+
+namespace ivcuda::host {
+
+enum class CheckpointOp : std::uint32_t {
+  kSuspend = 1,  // lock (timeout_ms), checkpoint; a failed checkpoint is unlocked again
+  kResume = 2,   // restore, unlock; a failed restore leaves it checkpointed
+};
+
+// Which step answered `result` (kDone: every step succeeded).
+enum class CheckpointStep : std::uint32_t { kDone = 0, kLock = 1, kCheckpoint = 2, kRestore = 3, kUnlock = 4 };
+const char* step_name(CheckpointStep s) noexcept;
+
+struct CheckpointRequest {
+  CheckpointOp op;
+  std::int32_t pid;
+  std::uint32_t timeout_ms;  // the lock's: calls under way that do not end by then fail it
+  std::uint32_t pad = 0;
+};
+
+struct CheckpointReply {
+  std::int32_t pid;
+  CheckpointOp op;
+  CheckpointStep step;
+  std::int32_t result;  // CUresult
+  std::int32_t state;   // CUprocessState after it, or -1 when unknown
+  std::uint32_t pad = 0;
+  double first_ms;   // lock, or restore
+  double second_ms;  // checkpoint, or unlock
+  char result_name[48];
+};
+
+class Checkpointer {
+ public:
+  // Forks the process. `in_child` runs first in the child (the daemon's
+  // forget_in_child). nullopt (logged) when it cannot start.
+  template <class F>
+  static std::optional<Checkpointer> start(const std::string& driver, const sandbox::Config& sc, F&& in_child);
+  Checkpointer(Checkpointer&&) noexcept = default;
+  Checkpointer& operator=(Checkpointer&&) noexcept = default;
+  ~Checkpointer();
+
+  pid_t pid() const noexcept { return pid_; }
+  int fd() const noexcept { return line_.get(); }
+  bool send(const CheckpointRequest& r);
+  // The reply waiting on fd(); nullopt when the process ended or said
+  // something of the wrong size.
+  std::optional<CheckpointReply> receive();
+
+ private:
+  Checkpointer(pid_t pid, sys::UniqueFd line) : pid_(pid), line_(std::move(line)) {}
+  static std::optional<Checkpointer> fork_with(const std::string& driver, const sandbox::Config& sc,
+                                               void (*in_child)(void*), void* arg);
+  pid_t pid_ = -1;
+  sys::UniqueFd line_;
+};
+
+template <class F>
+std::optional<Checkpointer> Checkpointer::start(const std::string& driver, const sandbox::Config& sc,
+                                                F&& in_child) {
+  return fork_with(driver, sc, [](void* f) { (*static_cast<F*>(f))(); }, &in_child);
+}
+
+}  // namespace ivcuda::host

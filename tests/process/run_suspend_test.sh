@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# ivcudactl suspend, resume, drain and undrain (host-daemon/daemon/suspend.h),
+# process mode against the GPU test double, which models the driver's process
+# checkpointing (tests/gpu_double/api_checkpoint.cc: a locked process's calls
+# fail, a checkpointed one's memory is free for others, a restore needs it
+# back). The guest is tests/programs/drv_checkpoint.cc's target: it holds
+# memory with a pattern and calls from a thread every 10 ms all along; told
+# "check", it reads its pattern back at the same address and says how long
+# its longest call took and how many failed.
+#   run_suspend_test.sh BUILD_DIR DRIVER_LIB
+set -u
+build=$(cd "$1" && pwd)
+driver=$2
+bin=$build/tests/bin
+ctl=$build/host-daemon/ivcudactl
+work=$(mktemp -d /tmp/ivcuda-suspend.XXXXXX)
+sock=$work/g.sock
+csock=$work/control.sock
+log=$work/ivcudad.log
+# shellcheck source=../lib/verdicts.sh
+. "$(dirname "$0")/../lib/verdicts.sh"
+# shellcheck source=../lib/daemon.sh
+. "$(dirname "$0")/../lib/daemon.sh"
+expect_cases 8
+guests=()
+cleanup() {
+  for g in "${guests[@]}"; do kill "$g" 2>/dev/null; done
+  stop_ivcudad
+  rm -rf "$work"
+}
+trap cleanup EXIT
+py=$(command -v python3)
+# One "GPU" for the daemon's workers, the checkpointer and this script's other tenant.
+export IVCUDA_TEST_DOUBLE_IPC=1 IVCUDA_DOUBLE_LEDGER=$work/ledger
+: >"$IVCUDA_DOUBLE_LEDGER"
+
+start_ivcudad --wait "$csock" "$log" --socket "$sock" --shm-size 128M --staging-size 4M --channels 8 \
+  --control-socket "$csock" --context-reserve 0 --driver "$driver" || exit 1
+
+# start_guest NAME MIB: the target through ivcuda; its commands on fd 3 of ours (a fifo),
+# its words in $work/NAME.out; waits for its "ready"; sets $gpid (our child, timeout), $prog
+# (the program) and $gid (its guest number, from ivcudad's log: its hello).
+start_guest() {
+  local name=$1 mib=$2
+  mkfifo "$work/$name.in"
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$bin/drv_checkpoint" --child --mib "$mib" \
+    <"$work/$name.in" >"$work/$name.out" 2>&1 &
+  gpid=$!
+  guests+=("$gpid")
+  eval "exec {${name}_fd}>\"$work/$name.in\""
+  for _ in $(seq 400); do grep -q '^ready' "$work/$name.out" && break; sleep 0.05; done
+  prog=$(awk '$1 == "ready" {print $2}' "$work/$name.out")
+  gid=$(sed -n "s/.*guest \([0-9]*\): process ${prog:-none} says hello.*/\1/p" "$log" | tail -1)
+  [ -n "$gid" ] && return 0
+  echo "guest $name did not start:"; cat "$work/$name.out"; return 1
+}
+status_json() { "$ctl" --socket "$csock" status --json; }
+field() {  # GUEST KEY: a field of its entry in the status
+  status_json | "$py" -c 'import json,sys; g=[x for x in json.load(sys.stdin)["guests"] if x["id"]==int(sys.argv[1])]; print(g[0][sys.argv[2]] if g else "gone")' "$1" "$2"
+}
+# The double's free memory as another process of the ledger sees it; with
+# MIB, that process also allocates and frees MIB MiB.
+other_tenant() {
+  "$py" - "$driver" "${1:-0}" <<'PY'
+import ctypes, sys
+cu = ctypes.CDLL(sys.argv[1])
+ctx, dev, free, total, p = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+assert cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+took = "-"
+mib = int(sys.argv[2])
+if mib:
+    took = "took" if cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(mib << 20)) == 0 and cu.cuMemFree_v2(p) == 0 else "failed"
+print(free.value >> 20, took)
+PY
+}
+
+start_guest a 256 || exit 1
+a_pid=$gpid id_a=$gid
+free_before=$(other_tenant | cut -d' ' -f1)
+calls_before=$(field "$id_a" calls)
+
+# --- suspend: its memory leaves the GPU, it is reported in host memory, its calls are held
+ok=0
+"$ctl" --socket "$csock" suspend "$id_a" >"$work/suspend.txt" 2>&1 || { ok=1; cat "$work/suspend.txt"; }
+grep -q "guest $id_a: suspended: 256 MiB in host memory, none on the GPU" "$work/suspend.txt" || { ok=1; cat "$work/suspend.txt"; }
+status_json >"$work/st.json"
+"$py" - "$work/st.json" "$id_a" <<'PY' || ok=1
+import json, sys
+g = [x for x in json.load(open(sys.argv[1]))["guests"] if x["id"] == int(sys.argv[2])][0]
+MiB = 1 << 20
+assert g["state"] == "suspended", g
+assert g["mem_used_bytes"] == 256 * MiB and g["mem_host_bytes"] == 256 * MiB and g["mem_device_bytes"] == 0, g
+assert g["suspend"]["last"] == "suspended", g
+PY
+verdict "ivcudactl suspend: the guest's 256 MiB are reported in host memory, none on the GPU, its quota's charge unchanged" $ok
+
+ok=0
+read -r free_during took < <(other_tenant 256)
+[ "$free_during" -ge $((free_before + 256)) ] && [ "$took" = took ] ||
+  { ok=1; echo "free before $free_before MiB, while suspended $free_during MiB; another tenant's 256 MiB: $took"; }
+sleep 1
+calls_held=$(field "$id_a" calls)
+[ "$calls_held" -le $((calls_before + 400)) ] || ok=1
+sleep 0.5
+[ "$(field "$id_a" calls)" = "$calls_held" ] || { ok=1; echo "the suspended guest's calls went on"; }
+verdict "while suspended its memory is free for another tenant (who takes and frees it) and none of its calls is served" $ok
+
+# --- resume: back on the GPU, the guest saw nothing but time
+ok=0
+"$ctl" --socket "$csock" resume "$id_a" >"$work/resume.txt" 2>&1 || { ok=1; cat "$work/resume.txt"; }
+grep -q "guest $id_a: serving again: 256 MiB back on the GPU" "$work/resume.txt" || { ok=1; cat "$work/resume.txt"; }
+free_after=$(other_tenant | cut -d' ' -f1)
+[ "$free_after" -eq "$free_before" ] || { ok=1; echo "free before $free_before MiB, after resume $free_after MiB"; }
+sleep 0.3
+echo check >&"$a_fd"
+for _ in $(seq 200); do grep -q '^checked' "$work/a.out" && break; sleep 0.05; done
+line=$(grep '^checked' "$work/a.out")
+longest=$(echo "$line" | sed -n 's/.*longest_call_ms=\([0-9]*\).*/\1/p')
+echo "$line" | grep -q "intact=1 alloc=1 .* failed_calls=0" && [ "${longest:-0}" -ge 1000 ] ||
+  { ok=1; echo "the guest: ${line:-nothing}"; cat "$work/a.out"; }
+wait "$a_pid" || ok=1
+verdict "ivcudactl resume: its memory back, its pattern intact at the same address, no call failed, one waited ${longest:-?} ms" $ok
+
+# --- asked wrongly: clear answers, nothing changes
+ok=0
+start_guest b 64 || exit 1
+b_pid=$gpid id_b=$gid b_prog=$prog
+# b is the tenant's second guest, on a's recycled worker: its count starts from nothing
+[ "$(field "$id_b" mem_used_bytes)" = $((64 << 20)) ] || { ok=1; echo "guest b's memory: $(field "$id_b" mem_used_bytes)"; }
+"$ctl" --socket "$csock" suspend 9999 >"$work/bad.txt" 2>&1 && ok=1
+grep -q "no guest 9999" "$work/bad.txt" || ok=1
+"$ctl" --socket "$csock" resume "$id_b" >"$work/bad.txt" 2>&1 || ok=1  # serving already: nothing to do
+grep -q "guest $id_b: serving again" "$work/bad.txt" || ok=1
+"$ctl" --socket "$csock" undrain 0 >"$work/bad.txt" 2>&1 && ok=1
+grep -q "GPU 0 is not drained" "$work/bad.txt" || ok=1
+"$ctl" --socket "$csock" drain 7 >"$work/bad.txt" 2>&1 && ok=1
+grep -q "GPU 7 is not one ivcudad serves" "$work/bad.txt" || ok=1
+[ $ok -eq 0 ] || cat "$work/bad.txt"
+verdict "a recycled worker's next guest is charged from nothing; an unknown guest or GPU, a resume of a serving guest and an undrain of a GPU in service are answered clearly" $ok
+
+# --- a guest that dies while suspended: its worker ends, its memory goes with it
+ok=0
+"$ctl" --socket "$csock" suspend "$id_b" >/dev/null 2>&1 || ok=1
+kill -9 "$b_prog"
+wait "$b_pid" 2>/dev/null
+for _ in $(seq 100); do [ "$(field "$id_b" state)" = gone ] && break; sleep 0.05; done
+[ "$(field "$id_b" state)" = gone ] || { ok=1; echo "guest $id_b is still listed: $(field "$id_b" state)"; }
+grep -q "guest $id_b ended while suspended" "$log" || { ok=1; grep "guest $id_b" "$log" | tail -5; }
+for _ in $(seq 100); do grep -q "checkpointer: no guest is suspended; it ends" "$log" && break; sleep 0.05; done
+grep -q "checkpointer: no guest is suspended; it ends" "$log" || ok=1
+verdict "a guest killed while suspended: its worker ends and the guest is gone within 5 s, the checkpointer ends" $ok
+
+# --- evicted while suspended: its worker is ended (a locked worker can release nothing)
+ok=0
+start_guest c 64 || exit 1
+c_pid=$gpid id_c=$gid
+"$ctl" --socket "$csock" suspend "$id_c" >/dev/null 2>&1 || ok=1
+"$ctl" --socket "$csock" evict "$id_c" --wait 5 >"$work/evict.txt" 2>&1 || { ok=1; cat "$work/evict.txt"; }
+grep -q "guest $id_c: evicted while suspended: its worker (pid [0-9]*) is killed" "$log" || ok=1
+# The guest's held calls end with an error, not a hang.
+for _ in $(seq 200); do kill -0 "$c_pid" 2>/dev/null || break; echo check >&"$c_fd" 2>/dev/null; sleep 0.05; done
+kill -0 "$c_pid" 2>/dev/null && { ok=1; echo "the evicted guest still runs"; }
+verdict "a guest evicted while suspended: its worker is killed, and its waiting program ends instead of hanging" $ok
+
+# --- drain: every guest on the GPU suspended, no new one served there; undrain brings them back
+ok=0
+start_guest d 64 || exit 1
+d_pid=$gpid id_d=$gid
+start_guest e 64 || exit 1
+e_pid=$gpid id_e=$gid
+"$ctl" --socket "$csock" drain 0 >"$work/drain.txt" 2>&1 || ok=1
+grep -q "guest $id_d: suspended" "$work/drain.txt" && grep -q "guest $id_e: suspended" "$work/drain.txt" || ok=1
+"$ctl" --socket "$csock" status >"$work/table.txt" 2>&1
+grep -q "GPU 0 drained" "$work/table.txt" || ok=1
+IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 30 "$bin/drv_core" >"$work/new.out" 2>&1 && ok=1
+grep -q "refusing a guest on $sock: its GPU is drained" "$log" || ok=1
+[ $ok -eq 0 ] || cat "$work/drain.txt" "$work/table.txt"
+verdict "ivcudactl drain 0: both guests suspended, the status says so, and a new guest is turned away" $ok
+
+ok=0
+"$ctl" --socket "$csock" undrain 0 >"$work/undrain.txt" 2>&1 || { ok=1; cat "$work/undrain.txt"; }
+grep -q "guest $id_d: serving again" "$work/undrain.txt" && grep -q "guest $id_e: serving again" "$work/undrain.txt" ||
+  { ok=1; cat "$work/undrain.txt"; }
+for n in d e; do
+  eval "fd=\$${n}_fd"
+  echo check >&"$fd"
+done
+for n in d e; do
+  for _ in $(seq 200); do grep -q '^checked' "$work/$n.out" && break; sleep 0.05; done
+  grep -q "^checked intact=1 alloc=1 .* failed_calls=0" "$work/$n.out" || { ok=1; cat "$work/$n.out"; }
+done
+wait "$d_pid" "$e_pid" || ok=1
+IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$bin/drv_core" >"$work/new.out" 2>&1 || { ok=1; tail -5 "$work/new.out"; }
+verdict "ivcudactl undrain 0: both guests resume intact with no failed call, and new guests are served again" $ok
+
+finish
