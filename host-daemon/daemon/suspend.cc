@@ -2,8 +2,6 @@
 // ivcudactl suspend, resume, drain and undrain.
 #include "host-daemon/daemon/suspend.h"
 
-#include <cuda.h>
-#include <dlfcn.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -21,135 +19,13 @@ namespace ivcuda::host {
 
 using nlohmann::json;
 
-const char* step_name(CheckpointStep s) noexcept {
-  switch (s) {
-    case CheckpointStep::kDone: return "done";
-    case CheckpointStep::kLock: return "lock";
-    case CheckpointStep::kCheckpoint: return "checkpoint";
-    case CheckpointStep::kRestore: return "restore";
-    case CheckpointStep::kUnlock: return "unlock";
-  }
-  return "?";
-}
+// The two answers the daemon explains (cuda.h's values; this side does not include it).
+constexpr std::int32_t kCudaOutOfMemory = 2;
+constexpr std::int32_t kCudaNotReady = 600;
 
 namespace {
-
 using clk = std::chrono::steady_clock;
 double ms_since(clk::time_point t0) { return std::chrono::duration<double, std::milli>(clk::now() - t0).count(); }
-
-// The driver's functions the checkpointer calls, by name (it loads --driver
-// as a worker does).
-struct DriverCalls {
-  CUresult (*init)(unsigned) = nullptr;
-  CUresult (*error_name)(CUresult, const char**) = nullptr;
-  CUresult (*get_state)(int, CUprocessState*) = nullptr;
-  CUresult (*lock)(int, CUcheckpointLockArgs*) = nullptr;
-  CUresult (*checkpoint)(int, CUcheckpointCheckpointArgs*) = nullptr;
-  CUresult (*restore)(int, CUcheckpointRestoreArgs*) = nullptr;
-  CUresult (*unlock)(int, CUcheckpointUnlockArgs*) = nullptr;
-
-  bool load(const std::string& path, std::string* why) {
-    void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      const char* e = ::dlerror();
-      *why = e != nullptr ? e : "dlopen failed";
-      return false;
-    }
-    const auto sym = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
-      if (fn == nullptr && why->empty()) *why = std::string("the driver has no ") + name;
-    };
-    sym(init, "cuInit");
-    sym(error_name, "cuGetErrorName");
-    sym(get_state, "cuCheckpointProcessGetState");
-    sym(lock, "cuCheckpointProcessLock");
-    sym(checkpoint, "cuCheckpointProcessCheckpoint");
-    sym(restore, "cuCheckpointProcessRestore");
-    sym(unlock, "cuCheckpointProcessUnlock");
-    return why->empty();
-  }
-  void name(CUresult r, char (&out)[48]) const {
-    const char* n = nullptr;
-    if (error_name == nullptr || error_name(r, &n) != CUDA_SUCCESS || n == nullptr) n = "CUDA_ERROR_?";
-    std::snprintf(out, sizeof out, "%s", n);
-  }
-};
-
-// One request, start to end.
-CheckpointReply serve(const DriverCalls& d, const CheckpointRequest& q) {
-  CheckpointReply r{};
-  r.pid = q.pid;
-  r.op = q.op;
-  r.state = -1;
-  CUresult st = CUDA_SUCCESS;
-  auto t0 = clk::now();
-  if (q.op == CheckpointOp::kSuspend) {
-    CUcheckpointLockArgs args{};
-    args.timeoutMs = q.timeout_ms;
-    st = d.lock(q.pid, &args);
-    r.first_ms = ms_since(t0);
-    if (st != CUDA_SUCCESS) {
-      r.step = CheckpointStep::kLock;
-    } else {
-      t0 = clk::now();
-      st = d.checkpoint(q.pid, nullptr);
-      r.second_ms = ms_since(t0);
-      if (st != CUDA_SUCCESS) {
-        r.step = CheckpointStep::kCheckpoint;
-        (void)d.unlock(q.pid, nullptr);  // running again, as before the request
-      }
-    }
-  } else if (q.op == CheckpointOp::kResume) {
-    st = d.restore(q.pid, nullptr);
-    r.first_ms = ms_since(t0);
-    if (st != CUDA_SUCCESS) {
-      r.step = CheckpointStep::kRestore;  // still checkpointed: a later resume tries again
-    } else {
-      t0 = clk::now();
-      st = d.unlock(q.pid, nullptr);
-      r.second_ms = ms_since(t0);
-      if (st != CUDA_SUCCESS) r.step = CheckpointStep::kUnlock;
-    }
-  } else {
-    st = CUDA_ERROR_INVALID_VALUE;
-    r.step = CheckpointStep::kLock;
-  }
-  r.result = static_cast<std::int32_t>(st);
-  d.name(st, r.result_name);
-  CUprocessState s{};
-  if (d.get_state(q.pid, &s) == CUDA_SUCCESS) r.state = static_cast<std::int32_t>(s);
-  return r;
-}
-
-[[noreturn]] void checkpointer_main(int fd, const std::string& driver, const sandbox::Config& sc) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  ::prctl(PR_SET_NAME, "ivcuda-ckpt", 0, 0, 0);
-  if (auto st = sandbox::for_checkpointer(sc); !st) {
-    IVLOG_ERROR("checkpointer: %s", st.error().what.c_str());
-    ::_exit(2);
-  }
-  DriverCalls d;
-  std::string why;
-  if (!d.load(driver, &why)) {
-    IVLOG_ERROR("checkpointer: %s: %s", driver.c_str(), why.c_str());
-    ::_exit(2);
-  }
-  if (const CUresult st = d.init(0); st != CUDA_SUCCESS) {
-    char n[48];
-    d.name(st, n);
-    IVLOG_ERROR("checkpointer: cuInit -> %s", n);
-    ::_exit(2);
-  }
-  for (;;) {
-    CheckpointRequest q{};
-    const ssize_t n = ::recv(fd, &q, sizeof q, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof q)) ::_exit(0);  // the daemon let it go
-    const CheckpointReply r = serve(d, q);
-    if (::send(fd, &r, sizeof r, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof r)) ::_exit(0);
-  }
-}
-
 }  // namespace
 
 std::optional<Checkpointer> Checkpointer::fork_with(const std::string& driver, const sandbox::Config& sc,
@@ -168,7 +44,13 @@ std::optional<Checkpointer> Checkpointer::fork_with(const std::string& driver, c
   if (pid == 0) {
     ours.reset();
     in_child(arg);
-    checkpointer_main(theirs.get(), driver, sc);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::prctl(PR_SET_NAME, "ivcuda-ckpt", 0, 0, 0);
+    if (auto st = sandbox::for_checkpointer(sc); !st) {
+      IVLOG_ERROR("checkpointer: %s", st.error().what.c_str());
+      ::_exit(2);
+    }
+    run_checkpointer(theirs.get(), driver);  // host-daemon/worker/checkpointer.cc: loads the driver
   }
   IVLOG_INFO("checkpointer started: pid %d", static_cast<int>(pid));
   return Checkpointer(pid, std::move(ours));
@@ -388,7 +270,7 @@ void Daemon::serve_checkpointer() {
       w->susp.phase = Phase::kNone;
       b.suspend.store(0, std::memory_order_release);  // it serves on
       w->susp.last = std::string("suspend failed: ") + step_name(r->step) + " -> " + r->result_name +
-                     (r->step == CheckpointStep::kLock && r->result == CUDA_ERROR_NOT_READY
+                     (r->step == CheckpointStep::kLock && r->result == kCudaNotReady
                           ? " (calls under way did not end within " + std::to_string(kLockTimeoutMs) + " ms)"
                           : "") +
                      "; it serves on";
@@ -405,7 +287,7 @@ void Daemon::serve_checkpointer() {
     } else {
       w->susp.phase = Phase::kSuspended;
       w->susp.last = std::string("resume failed: ") + step_name(r->step) + " -> " + r->result_name +
-                     (r->result == CUDA_ERROR_OUT_OF_MEMORY
+                     (r->result == kCudaOutOfMemory
                           ? " (the GPU lacks room for its " + human_bytes(w->susp.bytes) + " now)"
                           : "") +
                      "; still suspended, ivcudactl resume tries again";

@@ -15,8 +15,10 @@
 // told of by its own processes; it runs with no_new_privs, no capabilities
 // and, under --user, as the workers' user (sandbox::for_checkpointer).
 //
-// Its line: a SOCK_SEQPACKET pair; one CheckpointRequest each way, one
-// CheckpointReply back, in order.
+// Its line: a SOCK_SEQPACKET pair; a CheckpointRequest, and a
+// CheckpointReply back, one at a time (host-daemon/shared/from_worker.h).
+// Its driver side is host-daemon/worker/checkpointer.cc (run_checkpointer):
+// the daemon's side never includes cuda.h nor loads a library.
 #pragma once
 
 #include <sys/types.h>
@@ -26,37 +28,10 @@
 #include <string>
 
 #include "host-daemon/sandbox/sandbox.h"
+#include "host-daemon/shared/from_worker.h"
 #include "ring/sys.h"
 
 namespace ivcuda::host {
-
-enum class CheckpointOp : std::uint32_t {
-  kSuspend = 1,  // lock (timeout_ms), checkpoint; a failed checkpoint is unlocked again
-  kResume = 2,   // restore, unlock; a failed restore leaves it checkpointed
-};
-
-// Which step answered `result` (kDone: every step succeeded).
-enum class CheckpointStep : std::uint32_t { kDone = 0, kLock = 1, kCheckpoint = 2, kRestore = 3, kUnlock = 4 };
-const char* step_name(CheckpointStep s) noexcept;
-
-struct CheckpointRequest {
-  CheckpointOp op;
-  std::int32_t pid;
-  std::uint32_t timeout_ms;  // the lock's: calls under way that do not end by then fail it
-  std::uint32_t pad = 0;
-};
-
-struct CheckpointReply {
-  std::int32_t pid;
-  CheckpointOp op;
-  CheckpointStep step;
-  std::int32_t result;  // CUresult
-  std::int32_t state;   // CUprocessState after it, or -1 when unknown
-  std::uint32_t pad = 0;
-  double first_ms;   // lock, or restore
-  double second_ms;  // checkpoint, or unlock
-  char result_name[48];
-};
 
 class Checkpointer {
  public:

@@ -27,6 +27,17 @@ const char* mode_name(GuestMode m) noexcept {
   return "unknown";
 }
 
+const char* step_name(CheckpointStep s) noexcept {
+  switch (s) {
+    case CheckpointStep::kDone: return "done";
+    case CheckpointStep::kLock: return "lock";
+    case CheckpointStep::kCheckpoint: return "checkpoint";
+    case CheckpointStep::kRestore: return "restore";
+    case CheckpointStep::kUnlock: return "unlock";
+  }
+  return "?";
+}
+
 void GuestStats::reset_for_next_guest() noexcept {
   evict.store(0, std::memory_order_relaxed);
   mode.store(0, std::memory_order_relaxed);

@@ -10,6 +10,9 @@
 //   2. The VM's shared page (VmShared): which worker serves which channel,
 //      the page-locked pool's owners and the VM's quota charges, between a
 //      VM's supervisor and its workers.
+//   4. The checkpointer's line (below): a fixed-size reply per request of the
+//      daemon's, from the process that calls the driver's checkpointing
+//      (host-daemon/daemon/suspend.h).
 //   3. The broker line (broker_line): one SOCK_SEQPACKET message each way
 //      between a worker and the daemon's fd broker, of the exact size its op
 //      has (host-daemon/daemon/fd_broker.h keeps the daemon's side,
@@ -255,5 +258,40 @@ Result<std::pair<std::size_t, sys::UniqueFd>> recv_packet(int sock, void* buf, s
 bool valid_kind(std::uint32_t k);
 
 }  // namespace broker_line
+
+// ------------------------------------------------------------ 4. the checkpointer's line
+
+enum class CheckpointOp : std::uint32_t {
+  kSuspend = 1,  // lock (timeout_ms), checkpoint; a failed checkpoint is unlocked again
+  kResume = 2,   // restore, unlock; a failed restore leaves it checkpointed
+};
+
+// Which step answered `result` (kDone: every step succeeded).
+enum class CheckpointStep : std::uint32_t { kDone = 0, kLock = 1, kCheckpoint = 2, kRestore = 3, kUnlock = 4 };
+const char* step_name(CheckpointStep s) noexcept;
+
+struct CheckpointRequest {
+  CheckpointOp op;
+  std::int32_t pid;
+  std::uint32_t timeout_ms;  // the lock's: calls under way that do not end by then fail it
+  std::uint32_t pad = 0;
+};
+
+// Read by the daemon as a record of this size; result_name is bounded by
+// the daemon before it is used.
+struct CheckpointReply {
+  std::int32_t pid;
+  CheckpointOp op;
+  CheckpointStep step;
+  std::int32_t result;  // CUresult
+  std::int32_t state;   // CUprocessState after it, or -1 when unknown
+  std::uint32_t pad = 0;
+  double first_ms;   // lock, or restore
+  double second_ms;  // checkpoint, or unlock
+  char result_name[48];
+};
+
+// The checkpointer's driver side (host-daemon/worker/checkpointer.cc).
+const char* step_name(CheckpointStep s) noexcept;
 
 }  // namespace ivcuda::host

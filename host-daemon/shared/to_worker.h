@@ -22,6 +22,12 @@
 
 namespace ivcuda::host {
 
+// The checkpointer (host-daemon/daemon/suspend.h), in the process ivcudad
+// forked for it, once sandbox::for_checkpointer applied: loads `driver`,
+// cuInit, then serves the daemon's requests on `line_fd` until it closes
+// (host-daemon/worker/checkpointer.cc).
+[[noreturn]] void run_checkpointer(int line_fd, const std::string& driver);
+
 class VmShared;
 struct GuestStats;
 
