@@ -22,6 +22,7 @@ using nlohmann::json;
 // The two answers the daemon explains (cuda.h's values; this side does not include it).
 constexpr std::int32_t kCudaOutOfMemory = 2;
 constexpr std::int32_t kCudaNotReady = 600;
+constexpr std::int32_t kCudaOperatingSystem = 304;
 
 namespace {
 using clk = std::chrono::steady_clock;
@@ -269,10 +270,14 @@ void Daemon::serve_checkpointer() {
     } else {
       w->susp.phase = Phase::kNone;
       b.suspend.store(0, std::memory_order_release);  // it serves on
-      w->susp.last = std::string("suspend failed: ") + step_name(r->step) + " -> " + r->result_name +
-                     (r->step == CheckpointStep::kLock && r->result == kCudaNotReady
-                          ? " (calls under way did not end within " + std::to_string(kLockTimeoutMs) + " ms)"
-                          : "") +
+      std::string why;
+      if (r->step == CheckpointStep::kLock && r->result == kCudaNotReady)
+        why = " (calls under way did not end within " + std::to_string(kLockTimeoutMs) + " ms)";
+      else if (r->step == CheckpointStep::kCheckpoint && r->result == kCudaOperatingSystem &&
+               o_.sandbox.enabled())
+        why = " (driver 580 does not checkpoint a worker under the seccomp filter; docs/design.md, "
+              "\"Suspend and resume\")";
+      w->susp.last = std::string("suspend failed: ") + step_name(r->step) + " -> " + r->result_name + why +
                      "; it serves on";
       IVLOG_WARN("guest %lld: %s", id, w->susp.last.c_str());
     }

@@ -4,12 +4,16 @@
 // until it is unlocked, as driver 580's do (ApiGate, state.h) - checkpoints
 // it - its device memory and contexts leave the device: others' free memory
 // grows, NVML's list drops it - restores it, which needs that memory free
-// again, and unlocks it. The process's pointers and handles never change
+// again, and unlocks it. A process under a seccomp filter cannot be
+// checkpointed, as driver 580's sandboxed workers could not. The process's pointers and handles never change
 // (its memory here is host memory all along). The states and their order are
 // the driver's (cuda.h's CUprocessState); without a ledger there is no other
 // process to act on.
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "state.h"
@@ -22,6 +26,19 @@ namespace {
 CUresult entry_for(int pid, Ledger::Entry** out) {
   *out = ledger_entry_of(pid);
   return *out != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// Whether process `pid` runs under a seccomp filter (its /proc status says
+// "Seccomp: 2"; a process another user's or gone reads as not).
+bool under_seccomp_filter(int pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
+  if (f == nullptr) return false;
+  char line[256];
+  bool filtered = false;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "Seccomp:", 8) == 0) filtered = std::atoi(line + 8) == 2;
+  std::fclose(f);
+  return filtered;
 }
 
 // Moves entry `e` from state `from` to `to`; ILLEGAL_STATE if it is not in `from`.
@@ -84,6 +101,10 @@ CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointAr
     Ledger::Entry* e = nullptr;
     if (const CUresult r = entry_for(pid, &e); r != CUDA_SUCCESS) return r;
     if (e->checkpoint.load() != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+    // Driver 580 failed at once to checkpoint a worker under its seccomp
+    // filter, with or without Landlock (H200, 2026-12-06), and left it
+    // locked: something the driver does in the target is refused there.
+    if (under_seccomp_filter(pid)) return CUDA_ERROR_OPERATING_SYSTEM;
     // Its memory and contexts leave the device (into its host memory).
     for (int d = 0; d < kMaxDevices; ++d) {
       e->moved_out[d].store(e->used[d].exchange(0));

@@ -3,7 +3,10 @@
 # process mode against the GPU test double, which models the driver's process
 # checkpointing (tests/gpu_double/api_checkpoint.cc: a locked process's calls
 # fail, a checkpointed one's memory is free for others, a restore needs it
-# back). The guest is tests/programs/drv_checkpoint.cc's target: it holds
+# back, and a process under a seccomp filter cannot be checkpointed, as
+# driver 580's sandboxed workers could not). So: under the default sandbox a
+# suspend fails cleanly and the guest serves on; the rest runs with
+# --sandbox off. The guest is tests/programs/drv_checkpoint.cc's target: it holds
 # memory with a pattern and calls from a thread every 10 ms all along; told
 # "check", it reads its pattern back at the same address and says how long
 # its longest call took and how many failed.
@@ -21,7 +24,7 @@ log=$work/ivcudad.log
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 8
+expect_cases 9
 guests=()
 cleanup() {
   for g in "${guests[@]}"; do kill "$g" 2>/dev/null; done
@@ -34,8 +37,10 @@ py=$(command -v python3)
 export IVCUDA_TEST_DOUBLE_IPC=1 IVCUDA_DOUBLE_LEDGER=$work/ledger
 : >"$IVCUDA_DOUBLE_LEDGER"
 
-start_ivcudad --wait "$csock" "$log" --socket "$sock" --shm-size 128M --staging-size 4M --channels 8 \
-  --control-socket "$csock" --context-reserve 0 --driver "$driver" || exit 1
+daemon() {  # ivcudad with this script's settings and ARGS
+  start_ivcudad --wait "$csock" "$log" --socket "$sock" --shm-size 128M --staging-size 4M --channels 8 \
+    --control-socket "$csock" --context-reserve 0 --driver "$driver" "$@" || exit 1
+}
 
 # start_guest NAME MIB: the target through ivcuda; its commands on fd 3 of ours (a fifo),
 # its words in $work/NAME.out; waits for its "ready"; sets $gpid (our child, timeout), $prog
@@ -75,6 +80,29 @@ if mib:
 print(free.value >> 20, took)
 PY
 }
+
+# --- the default sandbox: the driver cannot checkpoint the worker; said, and the guest serves on
+tsan=
+case "${IVCUDA_SANITIZE:-}" in *thread*) tsan=1 ;; esac  # no seccomp in ThreadSanitizer builds
+daemon
+ok=0
+start_guest z 64 || exit 1
+z_pid=$gpid id_z=$gid
+if [ -n "$tsan" ]; then
+  not_run "under the default sandbox a suspend fails cleanly" "$IVCUDA_SANITIZE build: its workers have no seccomp filter"
+else
+  "$ctl" --socket "$csock" suspend "$id_z" >"$work/z.txt" 2>&1 && ok=1
+  grep -q "guest $id_z: serving: suspend failed: checkpoint -> CUDA_ERROR_OPERATING_SYSTEM (driver 580 does not checkpoint a worker under the seccomp filter" "$work/z.txt" ||
+    { ok=1; cat "$work/z.txt"; }
+  echo check >&"$z_fd"
+  for _ in $(seq 200); do grep -q '^checked' "$work/z.out" && break; sleep 0.05; done
+  grep -q "^checked intact=1 alloc=1 .* failed_calls=0" "$work/z.out" || { ok=1; cat "$work/z.out"; }
+  verdict "under the default sandbox a suspend fails cleanly (the driver's reason and why), and the guest serves on intact" $ok
+fi
+kill "$z_pid" 2>/dev/null
+wait "$z_pid" 2>/dev/null
+stop_ivcudad
+daemon --sandbox off
 
 start_guest a 256 || exit 1
 a_pid=$gpid id_a=$gid
