@@ -269,6 +269,11 @@ class Daemon {
   std::optional<Checkpointer> checkpointer_;
   std::deque<CheckpointRequest> checkpoint_queue_;
   bool checkpoint_busy_ = false;
+  clk::time_point checkpoint_sent_{};  // the request under way went then
+  // A request the checkpointer has not answered by then (a driver stuck in
+  // it) ends the checkpointer: the request fails, the daemon goes on. A
+  // checkpoint moves about 1.1 GiB/s (H200): 141 GiB take about two minutes.
+  static constexpr auto kCheckpointerWait = std::chrono::minutes(10);
   std::set<pid_t> checkpointers_let_go_;  // not reaped yet
   std::set<int> drained_;
 };

@@ -219,6 +219,7 @@ void Daemon::pump_checkpointer() {
     return;
   }
   checkpoint_busy_ = true;
+  checkpoint_sent_ = clk::now();
 }
 
 // The checkpointer ended, or its line broke: what was asked of it failed.
@@ -316,6 +317,13 @@ void Daemon::stop_checkpointer_if_idle() {
 // Each pass: a guest whose worker holds its calls is locked and
 // checkpointed; one whose worker does not within kHoldWait serves on.
 void Daemon::tend_suspensions() {
+  if (checkpointer_ && checkpoint_busy_ && clk::now() - checkpoint_sent_ > kCheckpointerWait) {
+    IVLOG_ERROR("checkpointer (pid %d): no answer in %lld s; it is killed, and what it was asked fails",
+                static_cast<int>(checkpointer_->pid()),
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kCheckpointerWait).count()));
+    ::kill(checkpointer_->pid(), SIGKILL);
+    checkpointer_gone();
+  }
   for (auto& [pid, w] : workers_) {
     if (w.susp.phase != Phase::kHolding) continue;
     const GuestStats& b = w.board->stats();
