@@ -204,8 +204,8 @@ void Daemon::reap() {
     if (checkpointers_let_go_.erase(pid) != 0) continue;  // suspend.cc
     if (checkpointer_ && pid == checkpointer_->pid()) {
       IVLOG_WARN("checkpointer (pid %d) ended (status %d)", static_cast<int>(pid), status);
+      checkpointer_->reaped();
       checkpointer_gone();
-      checkpointers_let_go_.erase(pid);  // reaped already
       continue;
     }
     if (reap_warm(pid, status)) continue;

@@ -224,7 +224,7 @@ void Daemon::pump_checkpointer() {
 
 // The checkpointer ended, or its line broke: what was asked of it failed.
 void Daemon::checkpointer_gone() {
-  if (checkpointer_) checkpointers_let_go_.insert(checkpointer_->pid());
+  if (checkpointer_ && checkpointer_->pid() > 0) checkpointers_let_go_.insert(checkpointer_->pid());
   checkpointer_.reset();
   checkpoint_busy_ = false;
   checkpoint_queue_.clear();

@@ -44,6 +44,8 @@ class Checkpointer {
   ~Checkpointer();
 
   pid_t pid() const noexcept { return pid_; }
+  // It ended and was reaped: nothing is to be signalled or reaped any more.
+  void reaped() noexcept { pid_ = -1; }
   int fd() const noexcept { return line_.get(); }
   bool send(const CheckpointRequest& r);
   // The reply waiting on fd(); nullopt when the process ended or said

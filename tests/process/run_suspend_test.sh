@@ -135,8 +135,14 @@ sleep 0.5
 [ "$(field "$id_a" calls)" = "$calls_held" ] || { ok=1; echo "the suspended guest's calls went on"; }
 verdict "while suspended its memory is free for another tenant (who takes and frees it) and none of its calls is served" $ok
 
-# --- resume: back on the GPU, the guest saw nothing but time
+# --- resume: back on the GPU, the guest saw nothing but time - after the checkpointer that
+# suspended it was killed (the daemon notices; resume starts another)
 ok=0
+ckpt=$(pgrep -x ivcuda-ckpt | head -1)
+[ -n "$ckpt" ] && kill -9 "$ckpt" || { ok=1; echo "no checkpointer process while suspended"; }
+for _ in $(seq 100); do grep -q "checkpointer (pid ${ckpt:-none}) ended" "$log" && break; sleep 0.05; done
+grep -q "checkpointer (pid ${ckpt:-none}) ended" "$log" || { ok=1; echo "the daemon did not notice its checkpointer's end"; }
+[ "$(field "$id_a" state)" = suspended ] || { ok=1; echo "guest $id_a: $(field "$id_a" state)"; }
 "$ctl" --socket "$csock" resume "$id_a" >"$work/resume.txt" 2>&1 || { ok=1; cat "$work/resume.txt"; }
 grep -q "guest $id_a: serving again: 256 MiB back on the GPU" "$work/resume.txt" || { ok=1; cat "$work/resume.txt"; }
 free_after=$(other_tenant | cut -d' ' -f1)
@@ -149,7 +155,7 @@ longest=$(echo "$line" | sed -n 's/.*longest_call_ms=\([0-9]*\).*/\1/p')
 echo "$line" | grep -q "intact=1 alloc=1 .* failed_calls=0" && [ "${longest:-0}" -ge 1000 ] ||
   { ok=1; echo "the guest: ${line:-nothing}"; cat "$work/a.out"; }
 wait "$a_pid" || ok=1
-verdict "ivcudactl resume: its memory back, its pattern intact at the same address, no call failed, one waited ${longest:-?} ms" $ok
+verdict "ivcudactl resume (its checkpointer killed meanwhile, another started): its memory back, its pattern intact at the same address, no call failed, one waited ${longest:-?} ms" $ok
 
 # --- asked wrongly: clear answers, nothing changes
 ok=0
