@@ -64,9 +64,14 @@ field() {  # GUEST KEY: a field of its entry in the status
   status_json | "$py" -c 'import json,sys; g=[x for x in json.load(sys.stdin)["guests"] if x["id"]==int(sys.argv[1])]; print(g[0][sys.argv[2]] if g else "gone")' "$1" "$2"
 }
 # The double's free memory as another process of the ledger sees it; with
-# MIB, that process also allocates and frees MIB MiB.
+# MIB, that process also allocates and frees MIB MiB. Python is built
+# without sanitizers: in a sanitizer build the double's runtimes load first.
+preload=
+case "${IVCUDA_SANITIZE:-}" in *address*) preload="$(gcc -print-file-name=libasan.so)" ;; esac
+case "${IVCUDA_SANITIZE:-}" in *undefined*) preload="$preload $(gcc -print-file-name=libubsan.so)" ;; esac
 other_tenant() {
-  "$py" - "$driver" "${1:-0}" <<'PY'
+  env LD_PRELOAD="$preload" ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+    "$py" - "$driver" "${1:-0}" <<'PY'
 import ctypes, sys
 cu = ctypes.CDLL(sys.argv[1])
 ctx, dev, free, total, p = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_uint64()
