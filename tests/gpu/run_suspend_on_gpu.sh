@@ -69,11 +69,13 @@ for mode in $modes; do
   ok=0
   [ -n "$g" ] || { ok=1; echo "the guest did not start"; cat "$out/target-$mode.out"; }
   before=$(used)
-  "$ctl" --socket "$csock" suspend "${g:-0}" --wait 300 | tee "$out/suspend-$mode.txt" || ok=1
+  "$ctl" --socket "$csock" suspend "${g:-0}" --wait 300 | tee "$out/suspend-$mode.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
   during=$(used)
   tenant=$(other_tenant "$mib" 2>&1 | tail -1)
   sleep "$hold"
-  "$ctl" --socket "$csock" resume "${g:-0}" --wait 300 | tee "$out/resume-$mode.txt" || ok=1
+  "$ctl" --socket "$csock" resume "${g:-0}" --wait 300 | tee "$out/resume-$mode.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
   after=$(used)
   echo check >&3
   for _ in $(seq 600); do grep -q '^checked' "$out/target-$mode.out" && break; sleep 0.05; done
@@ -109,13 +111,16 @@ else
   tr=$!
   for _ in $(seq 1200); do grep -q '^step 100 ' "$out/train-ivcuda.out" && break; sleep 0.05; done
   g=$(sed -n 's/.*guest \([0-9]*\): process [0-9]* says hello.*/\1/p' "$log" | tail -1)
+  [ -n "$g" ] || { ok=1; echo "the training guest was not served by ivcudad (no hello in its log)"; }
   before=$(used)
-  "$ctl" --socket "$csock" suspend "${g:-0}" --wait 300 | tee "$out/train-suspend.txt" || ok=1
+  "$ctl" --socket "$csock" suspend "${g:-0}" --wait 300 | tee "$out/train-suspend.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
   at=$(grep -c '^step' "$out/train-ivcuda.out")
   during=$(used)
   sleep "$hold"
   [ "$(grep -c '^step' "$out/train-ivcuda.out")" -eq "$at" ] || { ok=1; echo "it made steps while suspended"; }
-  "$ctl" --socket "$csock" resume "${g:-0}" --wait 300 | tee "$out/train-resume.txt" || ok=1
+  "$ctl" --socket "$csock" resume "${g:-0}" --wait 300 | tee "$out/train-resume.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
   after=$(used)
   wait "$tr" || ok=1
   stop_daemon
