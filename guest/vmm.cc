@@ -12,7 +12,9 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "guest/guard.h"
@@ -21,6 +23,46 @@
 #include "guest/family.h"
 
 namespace {
+
+// A stretch of this process's address space that nothing uses, held (no
+// access, no memory behind it) while its start is offered to the host as a
+// reservation's hint. The start is aligned to the requested alignment and to
+// the lowest set bit of the size: a size is a whole number of granules and a
+// granule a power of two, so that is a granule boundary, as the driver wants
+// of a hint, whatever the device's granularity.
+struct FreePlace {
+  CUdeviceptr at = 0;
+  void* map = nullptr;
+  std::size_t span = 0;
+
+  FreePlace() = default;
+  FreePlace(FreePlace&& o) noexcept : at(o.at), map(std::exchange(o.map, nullptr)), span(o.span) {}
+  FreePlace& operator=(FreePlace&& o) noexcept {
+    if (this != &o) {
+      release();
+      at = o.at;
+      map = std::exchange(o.map, nullptr);
+      span = o.span;
+    }
+    return *this;
+  }
+  ~FreePlace() { release(); }
+
+  static FreePlace find(std::uint64_t size, std::uint64_t alignment) {
+    FreePlace f;
+    const std::uint64_t align = std::max<std::uint64_t>(size & (~size + 1), alignment);
+    if ((align & (align - 1)) != 0 || __builtin_add_overflow(size, align, &f.span)) return {};
+    void* m = ::mmap(nullptr, f.span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return {};
+    f.map = m;
+    f.at = (reinterpret_cast<std::uint64_t>(m) + align - 1) / align * align;
+    return f;
+  }
+  void release() {
+    if (map != nullptr) ::munmap(map, span);
+    map = nullptr;
+  }
+};
 
 // An application's location on the wire: device ordinals become the worker's.
 CUresult to_wire(Runtime* rt, const CUmemLocation& loc, std::uint32_t* type, std::int32_t* id) {
@@ -76,16 +118,31 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
     if (ptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
     // A range that collides with this process's own memory is held and
     // another asked for, as cuMemAlloc does; the held ones are freed after.
+    // Asking again alone walks the host's free space next to the first
+    // answer, which may all be this process's (a mapping of tens of MiB where
+    // the host hands out ranges): so each retry names, as its hint, a place
+    // free here, kept mapped until the host answered so that no two retries
+    // name the same place.
     std::vector<proto::RepRange> held;
+    std::vector<FreePlace> places;
     CUresult st = CUDA_SUCCESS;
     proto::RepRange got{};
     bool reserved = false;
+    CUdeviceptr want = addr;
     for (int attempt = 0; attempt < 8 && !reserved; ++attempt) {
-      st = rt->call<Op::kMemAddressReserve>(proto::ReqMemAddressReserve{size, alignment, addr, flags}, {}, &got);
+      st = rt->call<Op::kMemAddressReserve>(proto::ReqMemAddressReserve{size, alignment, want, flags}, {}, &got);
       if (st != CUDA_SUCCESS) break;
+      if (!places.empty() && got.base == places.back().at) {
+        places.back().release();  // the host took the hint: the place becomes the range
+        places.pop_back();
+      }
       reserved = rt->reserve_device_range(got.base, got.size);
-      if (!reserved) held.push_back(got);
+      if (reserved) break;
+      held.push_back(got);
+      places.push_back(FreePlace::find(size, alignment));
+      want = places.back().at;  // 0 when none was found: the host chooses
     }
+    places.clear();
     for (const auto& h : held) (void)rt->call<Op::kMemAddressFree>(proto::ReqMemRange{h.base, h.size});
     if (st != CUDA_SUCCESS) return st;
     if (!reserved) {

@@ -104,7 +104,7 @@ programs=(
   "drv_library|$bin/drv_library --fatbin $fatbin --ptx $ptx|"
   "drv_library_xctx|$bin/drv_library --fatbin $fatbin --ptx $ptx --cross-context-only|"
   "drv_graphs|$bin/drv_graphs --ptx $ptx|"
-  "drv_vmm|$bin/drv_vmm --ptx $ptx|"
+  "drv_vmm|$bin/drv_vmm --ptx $ptx --own-range|"
   "drv_vmm_share|$bin/drv_vmm_share|"
   "drv_capture_modes|$bin/drv_capture_modes|"
   "drv_memops|$bin/drv_memops|"

@@ -170,7 +170,7 @@ rc=0
 	 rt_basic_static &&
 	 drv_hostreg --ptx /opt/ivcuda/test_kernels.ptx &&
 	 rt_nvbench_pattern_static &&
-	 drv_vmm --ptx /opt/ivcuda/test_kernels.ptx &&
+	 drv_vmm --ptx /opt/ivcuda/test_kernels.ptx --own-range &&
 	 drv_vmm_share &&
 	 drv_arrays --ptx /opt/ivcuda/test_kernels.ptx &&
 	 drv_sparse --forged-handles &&

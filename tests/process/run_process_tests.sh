@@ -98,7 +98,7 @@ drv_cases=(
   "drv_hostreg: registered heap/stack/global memory and shared mappings shared with running kernels|drv_hostreg --ptx $ptx --shared-devptr"
   "drv_query_order: cuMemGetInfo answered ahead of the work queued before it|drv_query_order --ptx $ptx"
   "drv_host_polls: posted calls behind a kernel that polls page-locked memory are taken before they return|drv_host_polls --ptx $ptx $double_flag"
-  "drv_vmm: reserve, create, map twice (aliasing), access, copies and a kernel through a mapping|drv_vmm --ptx $ptx"
+  "drv_vmm: reserve (clear of the process's own memory), create, map twice (aliasing), access, copies and a kernel through a mapping|drv_vmm --ptx $ptx --own-range"
   "drv_vmm_share: an fd-exported allocation imported and written by another process of the tenant|drv_vmm_share"
   "drv_vmm_share: another tenant's process cannot import it (CUDA_ERROR_UNKNOWN)|drv_vmm_share --child-socket $work/other.sock"
   "drv_capture_modes: one thread captures while another allocates (thread-local, relaxed, global)|drv_capture_modes"

@@ -3,7 +3,11 @@
 // map it (twice: the two views alias), grant access, copy, memset and run a
 // kernel through it, retain and release handles, unmap and free. Output is
 // relative to the reservation, so native and ivcuda runs print the same.
-//   drv_vmm --ptx test_kernels.ptx
+// With --own-range, the program first maps memory of its own where the
+// device's last range was: the next reservation must land elsewhere and work.
+//   drv_vmm --ptx test_kernels.ptx [--own-range]
+#include <sys/mman.h>
+
 #include "check.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +37,48 @@ int main(int argc, char** argv) {
   EXPECT(g != 0 && (g & (g - 1)) == 0 && rec >= g);
   std::printf("vmm: granularity %zu KiB, recommended %zu KiB\n", g >> 10, rec >> 10);
   if (g == 0) return check::finish("drv_vmm");
+
+  if (check::flag(argc, argv, "--own-range")) {
+    // The device's ranges must stay clear of this process's own memory (unified
+    // addressing tells one from the other by address). A freed reservation's
+    // place, and 64 MiB below it, become the process's own: through ivcuda the
+    // device side would hand out that place and its neighbours again.
+    CUdeviceptr was = 0;
+    OK(cuMemAddressReserve(&was, g, 0, 0, 0));
+    OK(cuMemAddressFree(was, g));
+    const size_t own_size = size_t{64} << 20;
+    void* want = reinterpret_cast<void*>(was + g - own_size);
+    void* own = ::mmap(want, own_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                       -1, 0);
+    // The native driver may keep a freed range for itself: then there is nothing to prove.
+    const bool mine = own == want;
+    if (own != MAP_FAILED && !mine) ::munmap(own, own_size);
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle ch = 0;
+    OK(cuMemAddressReserve(&va, g, 0, 0, 0));
+    if (mine) EXPECT(va + g <= was + g - own_size || va >= was + g);
+    OK(cuMemCreate(&ch, g, &prop, 0));
+    OK(cuMemMap(va, g, 0, ch, 0));
+    CUmemAccessDesc rw{};
+    rw.location = prop.location;
+    rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    OK(cuMemSetAccess(va, g, &rw, 1));
+    const auto bytes = check::random_bytes(4096, 5);
+    std::vector<unsigned char> got(4096);
+    OK(cuMemcpyHtoD(va, bytes.data(), bytes.size()));
+    OK(cuMemcpyDtoH(got.data(), va, got.size()));
+    EXPECT(got == bytes);
+    if (mine) {
+      std::memset(own, 0x5a, own_size);  // the process's own memory is its own still
+      EXPECT(static_cast<unsigned char*>(own)[own_size - 1] == 0x5a);
+      ::munmap(own, own_size);
+    }
+    OK(cuMemUnmap(va, g));
+    OK(cuMemRelease(ch));
+    OK(cuMemAddressFree(va, g));
+    std::printf("vmm: a range clear of the process's own memory, mapped and copied through: %s\n",
+                check::g_failures == 0 ? "yes" : "no");
+  }
 
   // Four granules of address space; one allocation of two granules mapped at
   // the start and again right after it.
