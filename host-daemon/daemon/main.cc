@@ -9,7 +9,6 @@
 // peer of somebody else's ivshmem-server (launch.h).
 #include <sys/resource.h>
 
-#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -85,15 +84,12 @@ std::optional<ivcuda::ring::Layout> plan(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"ivcudad - serves CUDA to QEMU guests and local processes over ivshmem"};
-  define_options(app, o);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto done = parse_command_line(argc, argv, &o)) return *done;
   if (o.print_allowlist) {
     for (const auto& s : sandbox::allowlist()) std::printf("%s\t%s\t%s\n", s.name, sandbox::rule_name(s.rule), s.why);
     return 0;
   }
   (void)sandbox::parse_mode(o.sandbox_mode, &o.sandbox.mode);  // checked by CLI11
-  o.control_socket_given = app.get_option("--control-socket")->count() > 0;
   set_log_level(o.log_level);
   raise_fd_limit();
 #if defined(IVCUDA_MUTANTS)

@@ -3,7 +3,6 @@
 // the guests' status boards.
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <optional>
 #include <cstring>
@@ -72,13 +71,8 @@ DaemonStatus Daemon::snapshot() const {
 // are (a restart changes those).
 nlohmann::json Daemon::reload() {
   Options fresh;
-  CLI::App again{"ivcudad"};
-  define_options(again, fresh);
-  try {
-    again.parse(argc_, argv_);
-  } catch (const CLI::ParseError& e) {
-    return {{"ok", false}, {"error", std::string("the configuration does not parse: ") + e.what()}};
-  }
+  if (const std::string why = parse_options(argc_, argv_, &fresh); !why.empty())
+    return {{"ok", false}, {"error", "the configuration does not parse: " + why}};
   std::map<std::string, std::uint64_t> limits{{fresh.socket, fresh.mem_limit}};
   std::map<std::string, unsigned> warm{{fresh.socket, fresh.warm_workers}};
   for (const auto& spec : fresh.guest_sockets) {

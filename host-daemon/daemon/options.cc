@@ -214,14 +214,46 @@ void define_operator_options(CLI::App& app, Options& o) {
                  "serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. 127.0.0.1:9400 (DCGM-style names)");
 }
 
-}  // namespace
-
+// Every option of ivcudad on `app`, writing into `o`.
 void define_options(CLI::App& app, Options& o) {
   define_memory_options(app, o);
   define_worker_options(app, o);
   define_socket_options(app, o);
   define_start_options(app, o);
   define_operator_options(app, o);
+}
+
+constexpr const char* kAbout = "ivcudad - serves CUDA to QEMU guests and local processes over ivshmem";
+
+// What the options' values do not say by themselves.
+void after_parse(const CLI::App& app, Options* o) {
+  o->control_socket_given = app.get_option("--control-socket")->count() > 0;
+}
+
+}  // namespace
+
+std::string parse_options(int argc, const char* const* argv, Options* o) {
+  CLI::App app{kAbout};
+  define_options(app, *o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  }
+  after_parse(app, o);
+  return {};
+}
+
+std::optional<int> parse_command_line(int argc, const char* const* argv, Options* o) {
+  CLI::App app{kAbout};
+  define_options(app, *o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);  // help to stdout, an error and its hint to stderr
+  }
+  after_parse(app, o);
+  return std::nullopt;
 }
 
 std::string parse_object_limits(const std::string& spec, ObjectLimits* out) {

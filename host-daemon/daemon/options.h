@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,12 +13,6 @@
 #include "host-daemon/sandbox/sandbox.h"
 #include "host-daemon/shared/tenant_share.h"
 #include "host-daemon/shared/to_worker.h"
-
-// CLI11 is large and header-only: only the files that parse (options.cc,
-// main.cc, operator.cc's reload, the options' test) include it.
-namespace CLI {
-class App;
-}  // namespace CLI
 
 namespace ivcuda::host {
 
@@ -68,8 +63,16 @@ struct Options {
   std::uint64_t mps_headroom = 2ull << 30;  // --mps-mem-headroom: MPS's memory cap is quota + this
 };
 
-// Registers every option of ivcudad on `app`, writing into `o`.
-void define_options(CLI::App& app, Options& o);
+// ivcudad's command line (argv[0] first, as main() gets it) into `o`. CLI11
+// is large and header-only: options.cc alone includes it, so that main(),
+// a reload and the options' test do not compile it again.
+//
+// parse_options: "" when it parses, else why not (CLI11's words).
+std::string parse_options(int argc, const char* const* argv, Options* o);
+// parse_command_line, for main(): a --help is printed to stdout, an error
+// with a hint to stderr, and the status to exit with returned; nullopt when
+// the daemon goes on.
+std::optional<int> parse_command_line(int argc, const char* const* argv, Options* o);
 
 // --object-limits KIND=N[,KIND=N...]: how many objects of a kind one guest
 // process may hold at once (to_worker.h, ObjectLimits). Returns "" or why not.

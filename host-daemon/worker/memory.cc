@@ -23,8 +23,8 @@ CUresult Worker::on_MemAlloc(Call& c) {
   if (CUresult st = use_ctx(r.ctx); st != CUDA_SUCCESS) return st;
   RepMemAlloc rep{};
   CUdeviceptr d = 0;
-  CUresult st;
-  std::uint64_t size;
+  CUresult st = CUDA_SUCCESS;
+  std::uint64_t size = 0;
   Charge charge;
   if (r.elem_size == 0) {
     if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -692,18 +692,17 @@ CUresult Worker::on_Memcpy2D(Call& c) {
 CUresult Worker::on_HostAlloc(Call& c) {
   const auto r = c.req<ReqHostAlloc>();
   if (r.bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  std::optional<std::uint64_t> off;
-  if (cfg_.vm != nullptr) {
+  const std::optional<std::uint64_t> off = [&]() -> std::optional<std::uint64_t> {
+    if (cfg_.vm == nullptr) return pool_.allocate(r.bytes);
     // The VM's processes share the pool: the pages come from the VM's
     // books, and this worker's own map remembers what it holds.
-    off = cfg_.vm->pool_allocate(r.bytes, cfg_.vm_slot);
-    if (off && !pool_.take(*off, r.bytes)) {
-      (void)cfg_.vm->pool_free(*off, r.bytes, cfg_.vm_slot);
-      off.reset();
+    const auto at = cfg_.vm->pool_allocate(r.bytes, cfg_.vm_slot);
+    if (at && !pool_.take(*at, r.bytes)) {
+      (void)cfg_.vm->pool_free(*at, r.bytes, cfg_.vm_slot);
+      return std::nullopt;
     }
-  } else {
-    off = pool_.allocate(r.bytes);
-  }
+    return at;
+  }();
   if (!off) return CUDA_ERROR_OUT_OF_MEMORY;
   // Page-locked as the native cuMemHostAlloc pins it: now (worker.cc
   // pin_arena); the pool's granule-rounded block, which no other overlaps.

@@ -4,7 +4,6 @@
 #include "host-daemon/daemon/options.h"
 
 #include <catch2/catch.hpp>
-#include <CLI/CLI.hpp>
 
 #include <string>
 #include <vector>
@@ -14,17 +13,10 @@ using namespace ivcuda::host;
 namespace {
 // Parses `args` (after the program's name) into fresh Options; "" or the error.
 std::string parse(std::vector<std::string> args, Options* o) {
-  CLI::App app{"ivcudad"};
-  define_options(app, *o);
   args.insert(args.begin(), "ivcudad");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const CLI::ParseError& e) {
-    return e.what();
-  }
-  return {};
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return parse_options(static_cast<int>(argv.size()), argv.data(), o);
 }
 }  // namespace
 
