@@ -61,6 +61,7 @@ class Daemon {
     kSuspending,  // the checkpointer locks and checkpoints its worker
     kSuspended,   // its device memory is in its worker's host memory
     kResuming,    // the checkpointer restores and unlocks its worker
+    kRecovering,  // a checkpointer ended mid-request: another brings its worker back to running
   };
 
  private:
@@ -223,6 +224,7 @@ class Daemon {
   void pump_checkpointer();
   void serve_checkpointer();  // its line is readable
   void checkpointer_gone();
+  void give_up_suspension(Served& w, const std::string& why);  // its worker ends: the guest sees errors
   void stop_checkpointer_if_idle();
   void tend_suspensions();
 

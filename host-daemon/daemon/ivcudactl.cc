@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
       bool passing = false;
       for (const long long id : ids) {
         const auto g = std::find_if(s->guests.begin(), s->guests.end(), [&](const auto& x) { return x.id == id; });
-        passing = passing || (g != s->guests.end() && (g->state == "suspending" || g->state == "resuming"));
+        passing = passing || (g != s->guests.end() && (g->state == "suspending" || g->state == "resuming" ||
+                                                        g->state == "recovering"));
       }
       if (passing && susp_wait > 0 && std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));

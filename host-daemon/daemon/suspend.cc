@@ -26,6 +26,16 @@ constexpr std::int32_t kCudaOperatingSystem = 304;
 
 namespace {
 using clk = std::chrono::steady_clock;
+// CUprocessState's names (cuda.h's values).
+const char* process_state_name(std::int32_t s) {
+  switch (s) {
+    case 0: return "running";
+    case 1: return "locked";
+    case 2: return "checkpointed";
+    case 3: return "failed";
+    default: return "in a state the driver did not say";
+  }
+}
 double ms_since(clk::time_point t0) { return std::chrono::duration<double, std::milli>(clk::now() - t0).count(); }
 }  // namespace
 
@@ -86,6 +96,7 @@ const char* phase_name(Daemon::Phase p) {
     case Daemon::Phase::kSuspending: return "suspending";
     case Daemon::Phase::kSuspended: return "suspended";
     case Daemon::Phase::kResuming: return "resuming";
+    case Daemon::Phase::kRecovering: return "recovering";
   }
   return "?";
 }
@@ -103,6 +114,9 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
   auto [conn_pid, w] = find_served(id);
   if (w == nullptr) return {{"ok", false}, {"error", "no guest " + std::to_string(id) + " (see ivcudactl status)"}};
   GuestStats& b = w->board->stats();
+  if (w->susp.phase == Phase::kRecovering)
+    return {{"ok", false},
+            {"error", "guest " + std::to_string(id) + " is recovering from an interrupted suspension; try again"}};
   if (w->susp.phase != Phase::kNone)
     return {{"ok", true}, {"state", phase_name(w->susp.phase)}, {"note", "already"}};
   if (b.evict.load(std::memory_order_relaxed) != 0)
@@ -132,7 +146,7 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
 json Daemon::resume_guest(std::int64_t id) {
   Served* w = find_served(id).second;
   if (w == nullptr) return {{"ok", false}, {"error", "no guest " + std::to_string(id) + " (see ivcudactl status)"}};
-  if (w->susp.phase == Phase::kResuming || w->susp.phase == Phase::kNone)
+  if (w->susp.phase == Phase::kResuming || w->susp.phase == Phase::kNone || w->susp.phase == Phase::kRecovering)
     return {{"ok", true}, {"state", phase_name(w->susp.phase)}, {"note", "already"}};
   if (w->susp.phase != Phase::kSuspended)
     return {{"ok", false}, {"error", "guest " + std::to_string(id) + " is still being suspended; resume it after"}};
@@ -222,22 +236,50 @@ void Daemon::pump_checkpointer() {
   checkpoint_sent_ = clk::now();
 }
 
-// The checkpointer ended, or its line broke: what was asked of it failed.
+// The checkpointer ended, or its line broke: what was asked of it failed,
+// and a worker it was locking, checkpointing or restoring may be left
+// locked or checkpointed: its calls would fail. Another checkpointer brings
+// each such worker back to running (CheckpointOp::kRecover), and the guest
+// serves on; a worker that cannot be brought back (a second checkpointer
+// ended too, or none starts) ends, and its guest's calls fail cleanly.
 void Daemon::checkpointer_gone() {
   if (checkpointer_ && checkpointer_->pid() > 0) checkpointers_let_go_.insert(checkpointer_->pid());
   checkpointer_.reset();
   checkpoint_busy_ = false;
   checkpoint_queue_.clear();
+  std::vector<Served*> recover;
   for (auto& [pid, w] : workers_) {
-    if (w.susp.phase == Phase::kSuspending) {
-      w.susp.phase = Phase::kNone;
-      w.susp.last = "suspend failed: the checkpointer ended";
-      w.board->stats().suspend.store(0, std::memory_order_release);
-    } else if (w.susp.phase == Phase::kResuming) {
-      w.susp.phase = Phase::kSuspended;
-      w.susp.last = "resume failed: the checkpointer ended; ivcudactl resume tries again";
+    switch (w.susp.phase) {
+      case Phase::kSuspending:
+      case Phase::kResuming:
+        recover.push_back(&w);
+        break;
+      case Phase::kRecovering:
+        give_up_suspension(w, "the checkpointer that was to bring its worker back ended too");
+        break;
+      default:
+        break;
     }
   }
+  for (Served* w : recover) {
+    const bool was_suspending = w->susp.phase == Phase::kSuspending;
+    w->susp.phase = Phase::kRecovering;
+    w->susp.last = std::string(was_suspending ? "suspend" : "resume") +
+                   " interrupted: the checkpointer ended; its worker is being brought back";
+    IVLOG_WARN("guest %lld: %s", static_cast<long long>(w->id), w->susp.last.c_str());
+    if (!ask_checkpointer(CheckpointOp::kRecover, w->susp.target))
+      give_up_suspension(*w, "no checkpointer could be started to bring its worker back");
+  }
+}
+
+void Daemon::give_up_suspension(Served& w, const std::string& why) {
+  w.susp.last = "its worker was ended: " + why;
+  IVLOG_ERROR("guest %lld: %s (it may be locked or checkpointed, so it could serve no call); the guest's calls "
+              "fail from here",
+              static_cast<long long>(w.id), w.susp.last.c_str());
+  // tend_guests ends a suspended guest's worker on the spot when it is evicted.
+  w.board->stats().evict.store(1, std::memory_order_release);
+  w.evict_deadline = clk::now();
 }
 
 void Daemon::serve_checkpointer() {
@@ -257,7 +299,19 @@ void Daemon::serve_checkpointer() {
   GuestStats& b = w->board->stats();
   const long long id = w->id;
   const bool ok = r->step == CheckpointStep::kDone;
-  if (r->op == CheckpointOp::kSuspend) {
+  if (r->op == CheckpointOp::kRecover) {
+    if (ok) {
+      w->susp.phase = Phase::kNone;
+      w->susp.last += ": done, it serves on";
+      b.suspend.store(0, std::memory_order_release);
+      IVLOG_INFO("guest %lld: its worker was found %s and is running again (restore %.1f ms, unlock %.1f ms); it "
+                 "serves on",
+                 id, process_state_name(r->found), r->first_ms, r->second_ms);
+    } else {
+      give_up_suspension(*w, std::string("bringing it back failed: ") + step_name(r->step) + " -> " +
+                                 r->result_name);
+    }
+  } else if (r->op == CheckpointOp::kSuspend) {
     if (ok) {
       w->susp.phase = Phase::kSuspended;
       w->susp.out_at = clk::now();

@@ -34,6 +34,7 @@ const char* step_name(CheckpointStep s) noexcept {
     case CheckpointStep::kCheckpoint: return "checkpoint";
     case CheckpointStep::kRestore: return "restore";
     case CheckpointStep::kUnlock: return "unlock";
+    case CheckpointStep::kState: return "state";
   }
   return "?";
 }

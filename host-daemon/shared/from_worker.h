@@ -264,10 +264,20 @@ bool valid_kind(std::uint32_t k);
 enum class CheckpointOp : std::uint32_t {
   kSuspend = 1,  // lock (timeout_ms), checkpoint; a failed checkpoint is unlocked again
   kResume = 2,   // restore, unlock; a failed restore leaves it checkpointed
+  // Running again from whatever state an earlier checkpointer left it in
+  // (restore if checkpointed, unlock if locked): after one ended mid-request.
+  kRecover = 3,
 };
 
 // Which step answered `result` (kDone: every step succeeded).
-enum class CheckpointStep : std::uint32_t { kDone = 0, kLock = 1, kCheckpoint = 2, kRestore = 3, kUnlock = 4 };
+enum class CheckpointStep : std::uint32_t {
+  kDone = 0,
+  kLock = 1,
+  kCheckpoint = 2,
+  kRestore = 3,
+  kUnlock = 4,
+  kState = 5,  // cuCheckpointProcessGetState (kRecover)
+};
 const char* step_name(CheckpointStep s) noexcept;
 
 struct CheckpointRequest {
@@ -285,7 +295,7 @@ struct CheckpointReply {
   CheckpointStep step;
   std::int32_t result;  // CUresult
   std::int32_t state;   // CUprocessState after it, or -1 when unknown
-  std::uint32_t pad = 0;
+  std::int32_t found;   // kRecover: the CUprocessState it found, or -1 when unknown
   double first_ms;   // lock, or restore
   double second_ms;  // checkpoint, or unlock
   char result_name[48];

@@ -68,6 +68,7 @@ CheckpointReply serve(const DriverCalls& d, const CheckpointRequest& q) {
   r.pid = q.pid;
   r.op = q.op;
   r.state = -1;
+  r.found = -1;
   CUresult st = CUDA_SUCCESS;
   auto t0 = clk::now();
   if (q.op == CheckpointOp::kSuspend) {
@@ -97,6 +98,23 @@ CheckpointReply serve(const DriverCalls& d, const CheckpointRequest& q) {
       r.second_ms = ms_since(t0);
       if (st != CUDA_SUCCESS) r.step = CheckpointStep::kUnlock;
     }
+  } else if (q.op == CheckpointOp::kRecover) {
+    CUprocessState s{};
+    st = d.get_state(q.pid, &s);
+    if (st == CUDA_SUCCESS) r.found = static_cast<std::int32_t>(s);
+    if (st == CUDA_SUCCESS && s == CU_PROCESS_STATE_CHECKPOINTED) {
+      st = d.restore(q.pid, nullptr);
+      r.first_ms = ms_since(t0);
+      if (st != CUDA_SUCCESS) r.step = CheckpointStep::kRestore;
+      else s = CU_PROCESS_STATE_LOCKED;
+    }
+    if (st == CUDA_SUCCESS && s == CU_PROCESS_STATE_LOCKED) {
+      t0 = clk::now();
+      st = d.unlock(q.pid, nullptr);
+      r.second_ms = ms_since(t0);
+      if (st != CUDA_SUCCESS) r.step = CheckpointStep::kUnlock;
+    }
+    if (st != CUDA_SUCCESS && r.step == CheckpointStep::kDone) r.step = CheckpointStep::kState;
   } else {
     st = CUDA_ERROR_INVALID_VALUE;
     r.step = CheckpointStep::kLock;

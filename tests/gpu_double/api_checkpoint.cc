@@ -96,6 +96,7 @@ CUresult CUDAAPI cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
 }
 
 CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args) {
+  std::this_thread::sleep_for(checkpoint_delay());
   return guarded([&](State&) -> CUresult {
     if (args != nullptr && args->reserved[0] != 0) return CUDA_ERROR_INVALID_VALUE;
     Ledger::Entry* e = nullptr;
@@ -145,6 +146,7 @@ CUresult CUDAAPI cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* ar
 }
 
 CUresult CUDAAPI cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args) {
+  std::this_thread::sleep_for(checkpoint_delay());
   return guarded([&](State&) -> CUresult {
     if (args != nullptr && args->reserved[0] != 0) return CUDA_ERROR_INVALID_VALUE;
     Ledger::Entry* e = nullptr;

@@ -91,18 +91,29 @@ std::size_t context_mem() {
   return bytes;
 }
 
+namespace {
+// A delay in milliseconds from the environment variable `var` (0 when unset,
+// under the fuzzer, or not a number up to a minute: said once).
+std::chrono::milliseconds delay_from(const char* var) {
+  const char* v = std::getenv(var);
+  if (fuzzing() || v == nullptr || *v == '\0') return std::chrono::milliseconds(0);
+  char* end = nullptr;
+  const unsigned long ms = std::strtoul(v, &end, 10);
+  if (*end != '\0' || ms > 60000) {
+    log("%s=%s is not a number of milliseconds up to 60000; using 0", var, v);
+    return std::chrono::milliseconds(0);
+  }
+  return std::chrono::milliseconds(ms);
+}
+}  // namespace
+
 std::chrono::milliseconds context_delay() {
-  static const std::chrono::milliseconds delay = [] {
-    const char* v = std::getenv("IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS");
-    if (fuzzing() || v == nullptr || *v == '\0') return std::chrono::milliseconds(0);
-    char* end = nullptr;
-    const unsigned long ms = std::strtoul(v, &end, 10);
-    if (*end != '\0' || ms > 60000) {
-      log("IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS=%s is not a number of milliseconds up to 60000; using 0", v);
-      return std::chrono::milliseconds(0);
-    }
-    return std::chrono::milliseconds(ms);
-  }();
+  static const auto delay = delay_from("IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS");
+  return delay;
+}
+
+std::chrono::milliseconds checkpoint_delay() {
+  static const auto delay = delay_from("IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS");
   return delay;
 }
 

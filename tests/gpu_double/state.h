@@ -490,6 +490,11 @@ std::size_t context_mem();
 // fuzzer. A driver makes a context in 0.1-0.5 s; tests of the daemon's warm
 // pool set it to see which worker a guest waits for.
 std::chrono::milliseconds context_delay();
+// How long cuCheckpointProcessCheckpoint and Unlock take before they act:
+// IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS, 0 by default (a driver checkpoints
+// about a GiB a second). Tests end the checkpointer meanwhile, with the
+// target locked.
+std::chrono::milliseconds checkpoint_delay();
 
 // IVCUDA_GPU_DOUBLE_MPS_LOG=FILE: cuInit appends the CUDA_MPS_* variables
 // of the process's environment to FILE, one line per cuInit that saw any

@@ -24,7 +24,7 @@ log=$work/ivcudad.log
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 9
+expect_cases 11
 guests=()
 cleanup() {
   for g in "${guests[@]}"; do kill "$g" 2>/dev/null; done
@@ -233,5 +233,62 @@ done
 wait "$d_pid" "$e_pid" || ok=1
 IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$bin/drv_core" >"$work/new.out" 2>&1 || { ok=1; tail -5 "$work/new.out"; }
 verdict "ivcudactl undrain 0: both guests resume intact with no failed call, and new guests are served again" $ok
+
+# --- a checkpointer that ends with the worker locked (between the lock and the checkpoint, or in
+# an unlock): another brings the worker back to running and the guest serves on; when that one
+# ends too, the worker is ended and the guest's calls fail instead of hanging. The double takes
+# 3 s for each checkpoint and unlock here, so that there is time to end a checkpointer mid-way.
+stop_ivcudad
+IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS=3000 daemon --sandbox off
+# locked_mid_way GUEST: asks for its suspension in the background ($susp, its words in
+# $work/GUEST.susp), waits until this daemon's checkpointer has had a second to lock its worker
+# and kills the checkpointer; sets $ckpt.
+locked_mid_way() {
+  "$ctl" --socket "$csock" suspend "$1" >"$work/$1.susp" 2>&1 &
+  susp=$!
+  ckpt=
+  for _ in $(seq 200); do
+    [ "$(field "$1" state)" = suspending ] && ckpt=$(pgrep -x -P "$ivcudad_pid" ivcuda-ckpt | head -1) &&
+      [ -n "$ckpt" ] && break
+    sleep 0.05
+  done
+  sleep 1
+  [ -n "$ckpt" ] && kill -9 "$ckpt"
+}
+ok=0
+start_guest f 64 || exit 1
+f_pid=$gpid id_f=$gid
+locked_mid_way "$id_f"
+wait "$susp"  # 3: the guest is serving, not suspended
+grep -q "guest $id_f: serving: suspend interrupted: the checkpointer ended; its worker is being brought back: done, it serves on" \
+  "$work/$id_f.susp" || { ok=1; cat "$work/$id_f.susp"; }
+grep -q "guest $id_f: its worker was found locked and is running again" "$log" || { ok=1; grep "guest $id_f" "$log" | tail -5; }
+echo check >&"$f_fd"
+for _ in $(seq 200); do grep -q '^checked' "$work/f.out" && break; sleep 0.05; done
+grep -q "^checked intact=1 alloc=1 .* failed_calls=0" "$work/f.out" || { ok=1; cat "$work/f.out"; }
+wait "$f_pid" || ok=1
+verdict "a checkpointer killed with the worker locked: another finds it locked and unlocks it, and the guest serves on intact with no failed call" $ok
+
+ok=0
+start_guest g 64 || exit 1
+g_pid=$gpid id_g=$gid
+locked_mid_way "$id_g"
+first=$ckpt
+second=
+for _ in $(seq 200); do
+  second=$(pgrep -x -P "$ivcudad_pid" ivcuda-ckpt | grep -vx "${first:-none}" | head -1)
+  [ -n "$second" ] && break
+  sleep 0.05
+done
+sleep 1  # in its 3 s unlock
+[ -n "$second" ] && kill -9 "$second" || { ok=1; echo "no second checkpointer"; }
+wait "$susp"
+grep -q "guest $id_g: its worker was ended: the checkpointer that was to bring its worker back ended too" "$log" ||
+  { ok=1; grep "guest $id_g" "$log" | tail -5; }
+for _ in $(seq 200); do kill -0 "$g_pid" 2>/dev/null || break; echo check >&"$g_fd" 2>/dev/null; sleep 0.05; done
+kill -0 "$g_pid" 2>/dev/null && { ok=1; echo "the guest still runs"; }
+for _ in $(seq 100); do [ "$(field "$id_g" state)" = gone ] && break; sleep 0.05; done
+[ "$(field "$id_g" state)" = gone ] || { ok=1; echo "guest $id_g: $(field "$id_g" state)"; }
+verdict "its second checkpointer killed too: the worker is ended, the guest's program ends instead of hanging, and the guest is gone" $ok
 
 finish
