@@ -41,7 +41,8 @@ check_tests() {
 run_tests() {
   local preset=$1; shift
   local log="build/$preset/ctest-output.txt"
-  ctest --preset "$preset" "$@" 2>&1 | tee "$log"
+  # The JUnit report: each test's verdict and time (the mutations reuse the asan run's passes).
+  ctest --preset "$preset" --output-junit "$PWD/build/$preset/ctest-junit.xml" "$@" 2>&1 | tee "$log"
   if grep -qE "tests did not run|\(Skipped\)|Not Run" "$log"; then
     if [ "$allow" = 1 ]; then echo "(IVCUDA_ALLOW_SKIPS: skipped tests allowed)"; else
       echo "FAIL: tests were skipped (see above); IVCUDA_ALLOW_SKIPS=1 allows that on a developer's machine"
@@ -82,7 +83,8 @@ run_tests tsan -L "^(ring|transport)$" -j "$jobs"
 step "tests: asan"
 run_tests asan -LE "^vm$" -j "$jobs"
 step "mutations: each security rule's tests with the rule removed (docs/security.md, asan build)"
-python3 tests/mutations/run_mutations.py build/asan -j "$jobs"
+# A rule's test that passed in the asan run above is its own baseline (not run again as is).
+python3 tests/mutations/run_mutations.py build/asan -j "$jobs" --passed-in build/asan/ctest-junit.xml
 step "tests: default"
 run_tests default -j "$jobs"
 step "done"

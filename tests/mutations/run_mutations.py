@@ -13,7 +13,9 @@ This script
      and that every IVCUDA_RULE in the code has a row;
   3. runs each named test once as CTest would (command, environment and working directory
      from `ctest --show-only=json-v1`), requiring a pass, and once per row with
-     IVCUDA_MUTATE=id, requiring a failure (a test that times out has failed);
+     IVCUDA_MUTATE=id, requiring a failure (a test that times out has failed); with
+     --passed-in, a test that a CTest run of this very build shows passing (its JUnit report)
+     has that pass and its time as its baseline instead of running again;
   4. prints a table (rule, test, without the mutation, with it, time) and exits non-zero on
      any surviving mutant, failing baseline, unknown test or unmarked rule.
 
@@ -21,11 +23,12 @@ A row whose test column names no test must say "not in CI:" and why; it is liste
 Tests run in parallel (-j), except that RUN_SERIAL tests run alone and tests sharing a
 RESOURCE_LOCK one at a time, as under ctest.
 
-usage: run_mutations.py BUILD_DIR [-j N] [--rule ID ...] [--check-only]
+usage: run_mutations.py BUILD_DIR [-j N] [--rule ID ...] [--passed-in JUNIT] [--check-only]
   --check-only   steps 1 and 2 only (any build; tests/mutations registers this as a CTest test)
 """
 import argparse
 import json
+import xml.etree.ElementTree as ET
 import os
 import re
 import signal
@@ -207,6 +210,28 @@ class Job:
         return self.rc == 0 and not self.timed_out
 
 
+class Passed:
+    """A baseline that a CTest run of the same build already gave: the test passed, in `seconds`."""
+
+    def __init__(self, test, seconds, report):
+        self.test, self.seconds, self.log = test, seconds, report
+        self.rc, self.timed_out = 0, False
+        self.passed = True
+
+
+def passed_in(report, build):
+    """The tests a CTest JUnit report (ctest --output-junit) shows passing, with their times.
+
+    The report must be newer than the build's test registry, so that it ran these very tests."""
+    if os.path.getmtime(report) < os.path.getmtime(os.path.join(build, "CTestTestfile.cmake")):
+        sys.exit(f"run_mutations: {report} is older than {build}'s tests: not a run of this build")
+    out = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        if case.get("status") == "run" and case.find("failure") is None and case.find("error") is None:
+            out[case.get("name")] = float(case.get("time", "0"))
+    return out
+
+
 def run_all(jobs, parallel):
     """Runs jobs, at most `parallel` at once, RUN_SERIAL ones alone, one per RESOURCE_LOCK."""
     pending = list(jobs)
@@ -253,6 +278,9 @@ def main():
     ap.add_argument("--mutant-timeout", type=float, default=30.0,
                     help="a test with its rule removed may run this many seconds or ten times as long as "
                          "it ran as is, whichever is more (within its CTest TIMEOUT); then it has failed")
+    ap.add_argument("--passed-in", metavar="JUNIT",
+                    help="a CTest JUnit report of a run of this build: the tests it shows passing are "
+                         "not run again as their own baseline")
     ap.add_argument("--check-only", action="store_true")
     a = ap.parse_args()
     t0 = time.monotonic()
@@ -287,12 +315,17 @@ def main():
     for old in os.listdir(logdir):
         if old.endswith(".log"):
             os.unlink(os.path.join(logdir, old))
-    jobs, baseline = [], {}
+    earlier = passed_in(a.passed_in, build) if a.passed_in else {}
+    jobs, baseline, fresh = [], {}, []
     for r in chosen:
         for t in r.tests:
             if t in tests and t not in baseline:
-                baseline[t] = Job(t, tests[t], None, logdir, len(jobs))
-                jobs.append(baseline[t])
+                if t in earlier:
+                    baseline[t] = Passed(t, earlier[t], a.passed_in)
+                else:
+                    baseline[t] = Job(t, tests[t], None, logdir, len(jobs))
+                    jobs.append(baseline[t])
+                    fresh.append(baseline[t])
     mutants = []
     for r in chosen:
         for t in r.tests:
@@ -306,7 +339,7 @@ def main():
 
     # Each test as it is first: that it passes is half the verdict, and how long it takes
     # bounds its mutants (one that hangs, a daemon stuck in a lie, has failed).
-    run_all(scripts_first(baseline.values()), max(1, a.jobs))
+    run_all(scripts_first(fresh), max(1, a.jobs))
     for _, m in mutants:
         m.timeout = min(m.spec["timeout"], max(a.mutant_timeout, 10 * baseline[m.test].seconds))
     run_all(scripts_first(m for _, m in mutants), max(1, a.jobs))
@@ -342,7 +375,8 @@ def main():
     for e in errors:
         print(f"run_mutations: {e}")
     runs = len(jobs)
-    print(f"run_mutations: {len(chosen)} rules, {len(mutants)} mutant runs, {len(baseline)} baseline runs "
+    reused = f", {len(baseline) - len(fresh)} passed in {os.path.relpath(a.passed_in)}" if a.passed_in else ""
+    print(f"run_mutations: {len(chosen)} rules, {len(mutants)} mutant runs, {len(fresh)} baseline runs{reused} "
           f"({runs} in all, -j {a.jobs}) in {time.monotonic() - t0:.0f} s; {len(survivors)} surviving mutants, "
           f"{len({id(b) for b in broken})} failing baselines, {len(errors)} other problems")
     return 1 if survivors or broken or errors else 0
