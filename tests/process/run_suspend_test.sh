@@ -24,7 +24,7 @@ log=$work/ivcudad.log
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 11
+expect_cases 12
 guests=()
 cleanup() {
   for g in "${guests[@]}"; do kill "$g" 2>/dev/null; done
@@ -42,13 +42,14 @@ daemon() {  # ivcudad with this script's settings and ARGS
     --control-socket "$csock" --context-reserve 0 --driver "$driver" "$@" || exit 1
 }
 
-# start_guest NAME MIB: the target through ivcuda; its commands on fd 3 of ours (a fifo),
+# start_guest NAME MIB [ARGS]: the target through ivcuda; its commands on fd 3 of ours (a fifo),
 # its words in $work/NAME.out; waits for its "ready"; sets $gpid (our child, timeout), $prog
 # (the program) and $gid (its guest number, from ivcudad's log: its hello).
 start_guest() {
   local name=$1 mib=$2
+  shift 2
   mkfifo "$work/$name.in"
-  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$bin/drv_checkpoint" --child --mib "$mib" \
+  IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 120 "$bin/drv_checkpoint" --child --mib "$mib" "$@" \
     <"$work/$name.in" >"$work/$name.out" 2>&1 &
   gpid=$!
   guests+=("$gpid")
@@ -233,6 +234,45 @@ done
 wait "$d_pid" "$e_pid" || ok=1
 IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$bin/drv_core" >"$work/new.out" 2>&1 || { ok=1; tail -5 "$work/new.out"; }
 verdict "ivcudactl undrain 0: both guests resume intact with no failed call, and new guests are served again" $ok
+
+# --- a guest that floods its worker while suspended: eight threads call back to back; none of
+# their calls is served or fails, the worker holds them without spinning, the daemon answers as
+# ever, and after resume they all go on
+ok=0
+start_guest h 64 --flood 8 || exit 1
+h_pid=$gpid id_h=$gid
+conn=$(field "$id_h" pid)
+# CPU seconds (user + system) of the guest's connection process and its worker, its child.
+cpu_of_worker() {
+  local t=0 p
+  for p in "$conn" $(pgrep -P "$conn"); do
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$t"
+}
+sleep 0.5
+"$ctl" --socket "$csock" suspend "$id_h" >"$work/h.susp" 2>&1 || { ok=1; cat "$work/h.susp"; }
+calls0=$(field "$id_h" calls) cpu0=$(cpu_of_worker)
+sleep 2
+calls1=$(field "$id_h" calls) cpu1=$(cpu_of_worker)
+ticks=$(getconf CLK_TCK)
+[ "$calls1" = "$calls0" ] || { ok=1; echo "calls served while suspended: $calls0 -> $calls1"; }
+# The flood kept the worker busy before (so these are its ticks), and at most a tenth of a core
+# over the two seconds once held (a 5 ms nap per pass).
+[ "$cpu0" -gt 0 ] || { ok=1; echo "no CPU time read for the worker (pid $conn and its children)"; }
+[ $((cpu1 - cpu0)) -le $((ticks / 5)) ] || { ok=1; echo "the held worker used $((cpu1 - cpu0)) of $((2 * ticks)) ticks"; }
+t0=$(date +%s%N)
+status_json >/dev/null || ok=1
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ "$ms" -lt 2000 ] || { ok=1; echo "ivcudactl status took $ms ms"; }
+"$ctl" --socket "$csock" resume "$id_h" >"$work/h.resume" 2>&1 || { ok=1; cat "$work/h.resume"; }
+sleep 0.5
+[ "$(field "$id_h" calls)" -gt "$calls1" ] || { ok=1; echo "no call served after resume"; }
+echo check >&"$h_fd"
+for _ in $(seq 200); do grep -q '^checked' "$work/h.out" && break; sleep 0.05; done
+grep -q "^checked intact=1 alloc=1 .* failed_calls=0 flood_calls=[1-9]" "$work/h.out" || { ok=1; cat "$work/h.out"; }
+wait "$h_pid" || ok=1
+verdict "a guest flooding its worker from eight threads while suspended: no call served or failed, the held worker idle ($((cpu1 - cpu0)) of its $cpu1 ticks in those 2 s), ivcudactl status in ${ms} ms, all calls on after resume" $ok
 
 # --- a checkpointer that ends with the worker locked (between the lock and the checkpoint, or in
 # an unlock): another brings the worker back to running and the guest serves on; when that one

@@ -13,9 +13,11 @@
 // Prints "figure NAME VALUE" lines; exits 0 when every step succeeded and the
 // target found its memory intact.
 // --quiet: the target makes no calls while it is locked (its calling thread
-// does not run). --self: the target checkpoints itself (a thread of its own calls the
+// does not run). --flood N: N more threads of the target call back to back,
+// without a pause (a guest that floods its worker while suspended). --self: the target checkpoints itself (a thread of its own calls the
 // functions on its own pid) and the parent only watches.
 //   drv_checkpoint [--mib N] [--hold-ms N] [--self] [--quiet] [--child-lib DIR --daemon-log FILE]
+//   drv_checkpoint --child [--mib N] [--quiet] [--flood N]   (the target alone, told "check" on stdin)
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,7 +61,7 @@ const char* state_name(CUprocessState s) {
 
 // --- The target -------------------------------------------------------------
 
-int child_main(size_t mib, bool quiet) {
+int child_main(size_t mib, bool quiet, int flood) {
   CUcontext ctx = nullptr;
   CUdeviceptr p = 0;
   CUresult st = cuInit(0);
@@ -90,6 +92,17 @@ int child_main(size_t mib, bool quiet) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
+  std::atomic<long long> flood_calls{0};
+  std::vector<std::thread> flooders;
+  for (int i = 0; i < flood; ++i)
+    flooders.emplace_back([&] {
+      (void)cuCtxSetCurrent(ctx);
+      while (!stop.load()) {
+        size_t free_b = 0, total_b = 0;
+        if (cuMemGetInfo(&free_b, &total_b) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS) ++failures;
+        ++flood_calls;
+      }
+    });
   std::printf("ready %d 0x%llx\n", static_cast<int>(::getpid()), static_cast<unsigned long long>(p));
   std::fflush(stdout);
   std::string cmd = read_line(stdin);  // "check" once restored, or "self"
@@ -130,6 +143,7 @@ int child_main(size_t mib, bool quiet) {
   }
   stop.store(true);
   caller.join();
+  for (auto& t : flooders) t.join();
   // The pattern at the start, the middle and the end, at the same address.
   bool intact = cmd == "check";
   const size_t words = (mib << 20) / 4;
@@ -140,8 +154,8 @@ int child_main(size_t mib, bool quiet) {
   }
   CUdeviceptr q = 0;
   const bool more = cuMemAlloc(&q, 1 << 20) == CUDA_SUCCESS && cuMemFree(q) == CUDA_SUCCESS;
-  std::printf("checked intact=%d alloc=%d longest_call_ms=%.1f failed_calls=%d\n", intact ? 1 : 0, more ? 1 : 0,
-              longest.load(), failures.load());
+  std::printf("checked intact=%d alloc=%d longest_call_ms=%.1f failed_calls=%d flood_calls=%lld\n", intact ? 1 : 0,
+              more ? 1 : 0, longest.load(), failures.load(), flood_calls.load());
   std::fflush(stdout);
   return intact && more && failures.load() == 0 ? 0 : 1;
 }
@@ -202,7 +216,10 @@ int main(int argc, char** argv) {
   const char* m = check::arg(argc, argv, "--mib");
   const size_t mib = m != nullptr ? std::strtoull(m, nullptr, 10) : 1024;
   for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--child") == 0) return child_main(mib, check::flag(argc, argv, "--quiet"));
+    if (std::strcmp(argv[i], "--child") == 0) {
+      const char* f = check::arg(argc, argv, "--flood");
+      return child_main(mib, check::flag(argc, argv, "--quiet"), f != nullptr ? std::atoi(f) : 0);
+    }
   const char* h = check::arg(argc, argv, "--hold-ms");
   const int hold_ms = h != nullptr ? std::atoi(h) : 2000;
   const char* child_lib = check::arg(argc, argv, "--child-lib");
