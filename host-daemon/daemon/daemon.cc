@@ -245,10 +245,20 @@ void Daemon::tend_guests() {
     }
     // Evicted while suspended: a locked or checkpointed worker can make no
     // driver call to release anything; its process ends, which releases all.
-    if (w.evict_deadline != clk::time_point{} && w.susp.phase != Phase::kNone && w.susp.target > 0) {
-      IVLOG_WARN("guest %lld: evicted while %s: its worker (pid %d) is killed", static_cast<long long>(w.id),
-                 suspension_state(w), static_cast<int>(w.susp.target));
-      ::kill(w.susp.target, SIGKILL);
+    if (w.evict_deadline != clk::time_point{} && w.susp.phase != Phase::kNone) {
+      std::string pids;
+      for (const auto& t : w.susp.targets) {
+        // A VM's targets are acted on only while still its supervisor's children.
+        if (t.pid <= 0 || (w.susp.supervisor != 0 && !live_child_of(t.pid, w.susp.supervisor))) continue;
+        ::kill(t.pid, SIGKILL);
+        pids += (pids.empty() ? "" : ", ") + std::to_string(t.pid);
+      }
+      if (w.susp.supervisor != 0)
+        IVLOG_WARN("guest %lld: evicted while %s: its workers (pid %s) and its supervisor are killed",
+                   static_cast<long long>(w.id), suspension_state(w), pids.empty() ? "none left" : pids.c_str());
+      else
+        IVLOG_WARN("guest %lld: evicted while %s: its worker (pid %s) is killed", static_cast<long long>(w.id),
+                   suspension_state(w), pids.c_str());
       ::kill(pid, SIGKILL);
       w.evict_deadline = {};
       continue;

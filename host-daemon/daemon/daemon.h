@@ -103,7 +103,17 @@ class Daemon {
     clk::time_point evict_deadline{};  // evicting: its process is killed after this
     struct Suspension {
       Phase phase = Phase::kNone;
-      pid_t target = 0;                    // the worker the checkpointer acts on
+      // The workers the checkpointer acts on: a process-mode guest's one; a
+      // VM's, every child of its supervisor (its processes' workers and its
+      // spares), listed from /proc once they all hold their calls.
+      struct Target {
+        pid_t pid = 0;
+        bool out = false;      // checkpointed (or locked) by this suspension
+        bool waiting = false;  // a request for it is with the checkpointer
+      };
+      std::vector<Target> targets;
+      pid_t supervisor = 0;                // a VM's: its targets are this process's children
+      std::string failed;                  // the round's first failure
       clk::time_point since{}, deadline{}; // asked at; kHolding: given up after
       clk::time_point out_at{};            // suspended since
       bool by_drain = false;               // undrain resumes it
@@ -224,7 +234,13 @@ class Daemon {
   void pump_checkpointer();
   void serve_checkpointer();  // its line is readable
   void checkpointer_gone();
-  void give_up_suspension(Served& w, const std::string& why);  // its worker ends: the guest sees errors
+  // A round of requests, one per target that needs `op`; false when the
+  // checkpointer cannot be started. A round with nothing to ask ends at once.
+  bool start_round(Served& w, CheckpointOp op);
+  void finish_round(Served& w, CheckpointOp op);
+  // A worker that cannot be brought back ends: a process-mode guest is
+  // evicted, a VM loses that process's worker (its calls fail cleanly).
+  void give_up_target(Served& w, Served::Suspension::Target& t, const std::string& why);
   void stop_checkpointer_if_idle();
   void tend_suspensions();
 

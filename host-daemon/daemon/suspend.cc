@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "host-daemon/daemon/daemon.h"
@@ -110,6 +112,48 @@ std::pair<pid_t, Daemon::Served*> Daemon::find_served(std::int64_t id) {
   return {0, nullptr};
 }
 
+namespace {
+// A process's parent and state from /proc/PID/stat (nullopt: gone).
+std::optional<std::pair<pid_t, char>> parent_and_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(in, text)) return std::nullopt;
+  // "PID (COMM) S PPID ...": the name may hold spaces and parentheses; the last ')' ends it.
+  const auto close = text.rfind(')');
+  if (close == std::string::npos || close + 4 >= text.size()) return std::nullopt;
+  char state = text[close + 2];
+  const pid_t ppid = static_cast<pid_t>(std::strtol(text.c_str() + close + 4, nullptr, 10));
+  return std::make_pair(ppid, state);
+}
+
+
+}  // namespace
+
+bool live_child_of(pid_t pid, pid_t parent) {
+  const auto ps = parent_and_state(pid);
+  return ps && ps->first == parent && ps->second != 'Z' && ps->second != 'X';
+}
+
+namespace {
+// A supervisor's live children, as the kernel lists them (every thread's).
+std::vector<pid_t> live_children(pid_t parent) {
+  std::vector<pid_t> out;
+  const std::string tasks = "/proc/" + std::to_string(parent) + "/task";
+  DIR* d = ::opendir(tasks.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(tasks + "/" + e->d_name + "/children");
+    pid_t child = 0;
+    while (in >> child)
+      if (live_child_of(child, parent) && std::find(out.begin(), out.end(), child) == out.end()) out.push_back(child);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
 json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
   auto [conn_pid, w] = find_served(id);
   if (w == nullptr) return {{"ok", false}, {"error", "no guest " + std::to_string(id) + " (see ivcudactl status)"}};
@@ -121,25 +165,28 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
     return {{"ok", true}, {"state", phase_name(w->susp.phase)}, {"note", "already"}};
   if (b.evict.load(std::memory_order_relaxed) != 0)
     return {{"ok", false}, {"error", "guest " + std::to_string(id) + " is evicted"}};
-  // A VM's guest processes each have a worker of its supervisor's; the
-  // daemon does not hold their pids (the supervisor does): not yet.
   const auto mode = static_cast<GuestMode>(b.mode.load(std::memory_order_relaxed));
-  if (mode != GuestMode::kProcess)
-    return {{"ok", false},
-            {"error", std::string("guest ") + std::to_string(id) + " is served as '" + mode_name(mode) +
-                          "': only process-mode guests can be suspended (a VM's per-process workers cannot yet)"}};
-  // Served by a warm entry: its worker, the entry process's child; else
-  // the connection's process became the worker (vm_supervisor.cc).
-  const pid_t target = w->worker_pid > 0 ? w->worker_pid : conn_pid;
   w->susp = Served::Suspension{};
+  if (mode == GuestMode::kProcess) {
+    // Served by a warm entry: its worker, the entry process's child; else
+    // the connection's process became the worker (vm_supervisor.cc).
+    w->susp.targets.push_back({w->worker_pid > 0 ? w->worker_pid : conn_pid});
+  } else {
+    // A VM: the connection's process is its supervisor, and every worker of
+    // the VM its child; they are listed once they all hold their calls.
+    w->susp.supervisor = conn_pid;
+  }
   w->susp.phase = Phase::kHolding;
-  w->susp.target = target;
   w->susp.since = clk::now();
   w->susp.deadline = clk::now() + kHoldWait;
   w->susp.by_drain = by_drain;
   b.suspend.store(1, std::memory_order_release);
-  IVLOG_INFO("guest %lld: suspending (worker pid %d): its calls are held", static_cast<long long>(id),
-             static_cast<int>(target));
+  if (w->susp.supervisor != 0)
+    IVLOG_INFO("guest %lld: suspending (a VM: every worker of its supervisor, pid %d): its calls are held",
+               static_cast<long long>(id), static_cast<int>(conn_pid));
+  else
+    IVLOG_INFO("guest %lld: suspending (worker pid %d): its calls are held", static_cast<long long>(id),
+               static_cast<int>(w->susp.targets[0].pid));
   return {{"ok", true}, {"state", "suspending"}};
 }
 
@@ -154,12 +201,14 @@ json Daemon::resume_guest(std::int64_t id) {
     if (drained_.count(g) != 0)
       return {{"ok", false},
               {"error", "GPU " + std::to_string(g) + " is drained: ivcudactl undrain " + std::to_string(g) + " first"}};
-  if (!ask_checkpointer(CheckpointOp::kResume, w->susp.target)) {
-    return {{"ok", false}, {"error", "the checkpointer could not be started (see ivcudad's log)"}};
-  }
   w->susp.phase = Phase::kResuming;
   w->susp.since = clk::now();
-  return {{"ok", true}, {"state", "resuming"}};
+  w->susp.back_ms = 0;
+  if (!start_round(*w, CheckpointOp::kResume)) {
+    w->susp.phase = Phase::kSuspended;
+    return {{"ok", false}, {"error", "the checkpointer could not be started (see ivcudad's log)"}};
+  }
+  return {{"ok", true}, {"state", phase_name(w->susp.phase)}};
 }
 
 // A GPU ivcudad serves: one of --gpus, or with all of them, one of those
@@ -225,6 +274,24 @@ bool Daemon::ask_checkpointer(CheckpointOp op, pid_t target) {
   return true;
 }
 
+bool Daemon::start_round(Served& w, CheckpointOp op) {
+  w.susp.failed.clear();
+  for (auto& t : w.susp.targets) {
+    if (op == CheckpointOp::kResume && !t.out) continue;
+    // A VM's worker that ended meanwhile (its process exited) took its
+    // memory with it: nothing is left to act on.
+    if (w.susp.supervisor != 0 && !live_child_of(t.pid, w.susp.supervisor)) {
+      t.out = false;
+      continue;
+    }
+    if (!ask_checkpointer(op, t.pid)) return false;
+    t.waiting = true;
+  }
+  if (std::none_of(w.susp.targets.begin(), w.susp.targets.end(), [](const auto& t) { return t.waiting; }))
+    finish_round(w, op);
+  return true;
+}
+
 void Daemon::pump_checkpointer() {
   if (!checkpointer_ || checkpoint_busy_ || checkpoint_queue_.empty()) return;
   if (!checkpointer_->send(checkpoint_queue_.front())) {
@@ -238,10 +305,11 @@ void Daemon::pump_checkpointer() {
 
 // The checkpointer ended, or its line broke: what was asked of it failed,
 // and a worker it was locking, checkpointing or restoring may be left
-// locked or checkpointed: its calls would fail. Another checkpointer brings
-// each such worker back to running (CheckpointOp::kRecover), and the guest
-// serves on; a worker that cannot be brought back (a second checkpointer
-// ended too, or none starts) ends, and its guest's calls fail cleanly.
+// locked or checkpointed: its calls would fail. The guest stays held while
+// another checkpointer brings each of its workers back to running
+// (CheckpointOp::kRecover), then serves on; a worker that cannot be brought
+// back (a second checkpointer ended too, or none starts) ends, and the
+// calls it served fail cleanly.
 void Daemon::checkpointer_gone() {
   if (checkpointer_ && checkpointer_->pid() > 0) checkpointers_let_go_.insert(checkpointer_->pid());
   checkpointer_.reset();
@@ -249,16 +317,12 @@ void Daemon::checkpointer_gone() {
   checkpoint_queue_.clear();
   std::vector<Served*> recover;
   for (auto& [pid, w] : workers_) {
-    switch (w.susp.phase) {
-      case Phase::kSuspending:
-      case Phase::kResuming:
-        recover.push_back(&w);
-        break;
-      case Phase::kRecovering:
-        give_up_suspension(w, "the checkpointer that was to bring its worker back ended too");
-        break;
-      default:
-        break;
+    if (w.susp.phase == Phase::kSuspending || w.susp.phase == Phase::kResuming) {
+      recover.push_back(&w);
+    } else if (w.susp.phase == Phase::kRecovering) {
+      for (auto& t : w.susp.targets)
+        if (t.waiting) give_up_target(w, t, "the checkpointer that was to bring its worker back ended too");
+      finish_round(w, CheckpointOp::kRecover);
     }
   }
   for (Served* w : recover) {
@@ -267,12 +331,28 @@ void Daemon::checkpointer_gone() {
     w->susp.last = std::string(was_suspending ? "suspend" : "resume") +
                    " interrupted: the checkpointer ended; its worker is being brought back";
     IVLOG_WARN("guest %lld: %s", static_cast<long long>(w->id), w->susp.last.c_str());
-    if (!ask_checkpointer(CheckpointOp::kRecover, w->susp.target))
-      give_up_suspension(*w, "no checkpointer could be started to bring its worker back");
+    for (auto& t : w->susp.targets) t.waiting = false;
+    if (!start_round(*w, CheckpointOp::kRecover)) {
+      for (auto& t : w->susp.targets)
+        give_up_target(*w, t, "no checkpointer could be started to bring its worker back");
+      finish_round(*w, CheckpointOp::kRecover);
+    }
   }
 }
 
-void Daemon::give_up_suspension(Served& w, const std::string& why) {
+void Daemon::give_up_target(Served& w, Served::Suspension::Target& t, const std::string& why) {
+  t.waiting = false;
+  t.out = false;
+  if (w.susp.supervisor != 0) {
+    // One of a VM's workers: the supervisor sees it die and fails that
+    // process's calls; the VM's other processes are unaffected.
+    IVLOG_ERROR("guest %lld: its worker pid %d was ended: %s (it may be locked or checkpointed, so it could serve "
+                "no call)",
+                static_cast<long long>(w.id), static_cast<int>(t.pid), why.c_str());
+    if (live_child_of(t.pid, w.susp.supervisor)) ::kill(t.pid, SIGKILL);
+    w.susp.failed = "its worker pid " + std::to_string(t.pid) + " was ended: " + why;
+    return;
+  }
   w.susp.last = "its worker was ended: " + why;
   IVLOG_ERROR("guest %lld: %s (it may be locked or checkpointed, so it could serve no call); the guest's calls "
               "fail from here",
@@ -292,69 +372,110 @@ void Daemon::serve_checkpointer() {
   checkpoint_busy_ = false;
   if (!checkpoint_queue_.empty()) checkpoint_queue_.pop_front();
   Served* w = nullptr;
+  Served::Suspension::Target* t = nullptr;
   for (auto& [pid, s] : workers_)
-    if (s.susp.target == r->pid && s.susp.phase != Phase::kNone) w = &s;
+    for (auto& x : s.susp.targets)
+      if (x.pid == r->pid && x.waiting && s.susp.phase != Phase::kNone) {
+        w = &s;
+        t = &x;
+      }
   pump_checkpointer();
   if (w == nullptr) return;  // its guest ended meanwhile
-  GuestStats& b = w->board->stats();
-  const long long id = w->id;
+  t->waiting = false;
   const bool ok = r->step == CheckpointStep::kDone;
-  if (r->op == CheckpointOp::kRecover) {
-    if (ok) {
-      w->susp.phase = Phase::kNone;
-      w->susp.last += ": done, it serves on";
-      b.suspend.store(0, std::memory_order_release);
-      IVLOG_INFO("guest %lld: its worker was found %s and is running again (restore %.1f ms, unlock %.1f ms); it "
-                 "serves on",
-                 id, process_state_name(r->found), r->first_ms, r->second_ms);
-    } else {
-      give_up_suspension(*w, std::string("bringing it back failed: ") + step_name(r->step) + " -> " +
-                                 r->result_name);
-    }
-  } else if (r->op == CheckpointOp::kSuspend) {
-    if (ok) {
-      w->susp.phase = Phase::kSuspended;
-      w->susp.out_at = clk::now();
-      w->susp.bytes = b.mem_used.load(std::memory_order_relaxed);
-      w->susp.lock_ms = r->first_ms;
-      w->susp.out_ms = r->second_ms;
-      w->susp.last = "suspended";
-      IVLOG_INFO("guest %lld: suspended: its memory (%s charged) is in its worker's host memory; lock %.1f ms, "
-                 "checkpoint %.1f ms, %.0f ms since asked",
-                 id, human_bytes(w->susp.bytes).c_str(), r->first_ms, r->second_ms, ms_since(w->susp.since));
-    } else {
-      w->susp.phase = Phase::kNone;
-      b.suspend.store(0, std::memory_order_release);  // it serves on
-      std::string why;
-      if (r->step == CheckpointStep::kLock && r->result == kCudaNotReady)
-        why = " (calls under way did not end within " + std::to_string(kLockTimeoutMs) + " ms)";
-      else if (r->step == CheckpointStep::kCheckpoint && r->result == kCudaOperatingSystem &&
+  const long long id = w->id;
+  std::string why;
+  if (!ok) why = std::string(step_name(r->step)) + " -> " + r->result_name;
+  switch (r->op) {
+    case CheckpointOp::kSuspend:
+      t->out = ok;
+      w->susp.lock_ms = std::max(w->susp.lock_ms, r->first_ms);
+      w->susp.out_ms += r->second_ms;
+      if (!ok && r->step == CheckpointStep::kLock && r->result == kCudaNotReady)
+        why += " (calls under way did not end within " + std::to_string(kLockTimeoutMs) + " ms)";
+      else if (!ok && r->step == CheckpointStep::kCheckpoint && r->result == kCudaOperatingSystem &&
                o_.sandbox.enabled())
-        why = " (driver 580 does not checkpoint a worker under the seccomp filter; docs/design.md, "
-              "\"Suspend and resume\")";
-      w->susp.last = std::string("suspend failed: ") + step_name(r->step) + " -> " + r->result_name + why +
-                     "; it serves on";
-      IVLOG_WARN("guest %lld: %s", id, w->susp.last.c_str());
+        why += " (driver 580 does not checkpoint a worker under the seccomp filter; docs/design.md, "
+               "\"Suspend and resume\")";
+      break;
+    case CheckpointOp::kResume:
+      t->out = !ok;
+      w->susp.back_ms += r->first_ms;
+      if (!ok && r->result == kCudaOutOfMemory)
+        why += " (the GPU lacks room for its " + human_bytes(w->susp.bytes) + " now)";
+      break;
+    case CheckpointOp::kRecover:
+      if (ok) {
+        t->out = false;
+        IVLOG_INFO("guest %lld: its worker pid %d was found %s and is running again (restore %.1f ms, unlock %.1f "
+                   "ms)",
+                   id, static_cast<int>(t->pid), process_state_name(r->found), r->first_ms, r->second_ms);
+      } else {
+        give_up_target(*w, *t, "bringing it back failed: " + why);
+      }
+      break;
+  }
+  if (!ok && r->op != CheckpointOp::kRecover && w->susp.failed.empty()) w->susp.failed = why;
+  if (std::none_of(w->susp.targets.begin(), w->susp.targets.end(), [](const auto& x) { return x.waiting; }))
+    finish_round(*w, r->op);
+  stop_checkpointer_if_idle();
+}
+
+void Daemon::finish_round(Served& w, CheckpointOp op) {
+  GuestStats& b = w.board->stats();
+  const long long id = w.id;
+  const auto out = static_cast<std::size_t>(
+      std::count_if(w.susp.targets.begin(), w.susp.targets.end(), [](const auto& t) { return t.out; }));
+  const std::string workers = w.susp.supervisor != 0 ? std::to_string(w.susp.targets.size()) + " worker(s)" : "";
+  if (op == CheckpointOp::kSuspend) {
+    if (w.susp.failed.empty()) {
+      w.susp.phase = Phase::kSuspended;
+      w.susp.out_at = clk::now();
+      w.susp.bytes = b.mem_used.load(std::memory_order_relaxed);
+      w.susp.last = "suspended";
+      IVLOG_INFO("guest %lld: suspended%s%s: its memory (%s charged) is in its worker's host memory; lock %.1f ms, "
+                 "checkpoint %.1f ms, %.0f ms since asked",
+                 id, workers.empty() ? "" : ", ", workers.c_str(), human_bytes(w.susp.bytes).c_str(),
+                 w.susp.lock_ms, w.susp.out_ms, ms_since(w.susp.since));
+    } else if (out == 0) {
+      w.susp.phase = Phase::kNone;
+      b.suspend.store(0, std::memory_order_release);  // it serves on
+      w.susp.last = "suspend failed: " + w.susp.failed + "; it serves on";
+      IVLOG_WARN("guest %lld: %s", id, w.susp.last.c_str());
+    } else {
+      // Some of a VM's workers went out, another did not: all come back.
+      w.susp.phase = Phase::kRecovering;
+      w.susp.last = "suspend failed: " + w.susp.failed + "; its other workers are being brought back";
+      IVLOG_WARN("guest %lld: %s", id, w.susp.last.c_str());
+      if (!start_round(w, CheckpointOp::kRecover)) {
+        for (auto& t : w.susp.targets)
+          if (t.out) give_up_target(w, t, "no checkpointer could be started to bring its worker back");
+        finish_round(w, CheckpointOp::kRecover);
+      }
+    }
+  } else if (op == CheckpointOp::kResume) {
+    if (out == 0) {
+      IVLOG_INFO("guest %lld: resumed%s%s: restore %.1f ms; suspended %.1f s", id, workers.empty() ? "" : ", ",
+                 workers.c_str(), w.susp.back_ms,
+                 std::chrono::duration<double>(clk::now() - w.susp.out_at).count());
+      w.susp.phase = Phase::kNone;
+      w.susp.last = "resumed";
+      b.suspend.store(0, std::memory_order_release);
+    } else {
+      w.susp.phase = Phase::kSuspended;
+      w.susp.last = "resume failed: " + w.susp.failed + "; still suspended, ivcudactl resume tries again";
+      IVLOG_WARN("guest %lld: %s", id, w.susp.last.c_str());
     }
   } else {
-    if (ok) {
-      w->susp.back_ms = r->first_ms;
-      IVLOG_INFO("guest %lld: resumed: restore %.1f ms, unlock %.1f ms; suspended %.1f s", id, r->first_ms,
-                 r->second_ms, std::chrono::duration<double>(clk::now() - w->susp.out_at).count());
-      w->susp.phase = Phase::kNone;
-      w->susp.last = "resumed";
-      b.suspend.store(0, std::memory_order_release);
-    } else {
-      w->susp.phase = Phase::kSuspended;
-      w->susp.last = std::string("resume failed: ") + step_name(r->step) + " -> " + r->result_name +
-                     (r->result == kCudaOutOfMemory
-                          ? " (the GPU lacks room for its " + human_bytes(w->susp.bytes) + " now)"
-                          : "") +
-                     "; still suspended, ivcudactl resume tries again";
-      IVLOG_WARN("guest %lld: %s", id, w->susp.last.c_str());
-    }
+    // kRecover: every target is running again or was ended. A process-mode
+    // guest given up is being evicted: tend_guests ends it while it still
+    // shows as recovering.
+    if (b.evict.load(std::memory_order_acquire) != 0) return;
+    w.susp.phase = Phase::kNone;
+    w.susp.last += w.susp.failed.empty() ? ": done, it serves on" : ": " + w.susp.failed;
+    b.suspend.store(0, std::memory_order_release);
+    IVLOG_INFO("guest %lld: %s", id, w.susp.last.c_str());
   }
-  stop_checkpointer_if_idle();
 }
 
 void Daemon::stop_checkpointer_if_idle() {
@@ -368,8 +489,8 @@ void Daemon::stop_checkpointer_if_idle() {
   }
 }
 
-// Each pass: a guest whose worker holds its calls is locked and
-// checkpointed; one whose worker does not within kHoldWait serves on.
+// Each pass: a guest whose workers all hold their calls is locked and
+// checkpointed; one whose workers do not within kHoldWait serves on.
 void Daemon::tend_suspensions() {
   if (checkpointer_ && checkpoint_busy_ && clk::now() - checkpoint_sent_ > kCheckpointerWait) {
     IVLOG_ERROR("checkpointer (pid %d): no answer in %lld s; it is killed, and what it was asked fails",
@@ -381,17 +502,29 @@ void Daemon::tend_suspensions() {
   for (auto& [pid, w] : workers_) {
     if (w.susp.phase != Phase::kHolding) continue;
     const GuestStats& b = w.board->stats();
-    if (b.quiet.load(std::memory_order_acquire) != 0) {
-      if (ask_checkpointer(CheckpointOp::kSuspend, w.susp.target)) {
-        w.susp.phase = Phase::kSuspending;
-      } else {
+    const std::uint32_t quiet = b.quiet.load(std::memory_order_acquire);
+    bool all_hold = quiet != 0;
+    if (w.susp.supervisor != 0) {
+      // A VM: each of its supervisor's live children (the supervisor starts
+      // none while the guest is held) counts itself in `quiet` once it holds.
+      const std::vector<pid_t> kids = live_children(w.susp.supervisor);
+      all_hold = quiet >= kids.size();
+      if (all_hold) {
+        w.susp.targets.clear();
+        for (const pid_t k : kids) w.susp.targets.push_back({k});
+      }
+    }
+    if (all_hold) {
+      w.susp.phase = Phase::kSuspending;
+      if (!start_round(w, CheckpointOp::kSuspend)) {
         w.susp.phase = Phase::kNone;
         w.susp.last = "suspend failed: the checkpointer could not be started";
         w.board->stats().suspend.store(0, std::memory_order_release);
       }
     } else if (clk::now() > w.susp.deadline) {
       w.susp.phase = Phase::kNone;
-      w.susp.last = "suspend failed: its worker did not hold its calls within " +
+      w.susp.last = "suspend failed: its worker" + std::string(w.susp.supervisor != 0 ? "s" : "") +
+                    " did not hold their calls within " +
                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kHoldWait).count()) +
                     " s; it serves on";
       w.board->stats().suspend.store(0, std::memory_order_release);

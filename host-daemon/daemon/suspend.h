@@ -60,6 +60,11 @@ class Checkpointer {
   sys::UniqueFd line_;
 };
 
+// Whether `pid` is a live (not yet ended) child of `parent` now, as
+// /proc says: a VM's worker is acted on only while the kernel still says it
+// is its supervisor's, never on a pid that ended and went to somebody else.
+bool live_child_of(pid_t pid, pid_t parent);
+
 template <class F>
 std::optional<Checkpointer> Checkpointer::start(const std::string& driver, const sandbox::Config& sc,
                                                 F&& in_child) {

@@ -128,6 +128,10 @@ class Supervisor {
   bool start_worker(std::uint32_t s, const GuestProcess& who);
   void free_guest_channel(std::uint32_t c);
   void bump_version() { vm_->version().fetch_add(1, std::memory_order_acq_rel); }
+  // ivcudactl suspend holds the VM (the daemon sets its board's flag).
+  bool suspended() const {
+    return cfg_.worker.stats != nullptr && cfg_.worker.stats->suspend.load(std::memory_order_acquire) != 0;
+  }
   abi::Superblock* sb() { return ring::superblock(bar_.data()); }
   std::uint32_t guest_id() const { return cfg_.worker.guest_id; }
 
@@ -154,6 +158,7 @@ class Supervisor {
   clock::time_point spares_paused_until_{};
   std::optional<WarmChild> warm_;
   std::optional<WarmChild> recycled_;
+  std::vector<GuestProcess> held_back_;  // processes told to wait for the resume (logged once each)
 };
 
 // Waits for child `pid` to end and returns its exit status as a process's
@@ -527,6 +532,18 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slo
       *slot = s;
       return Placed::kServed;
     }
+  // While the VM is suspended its workers are locked or checkpointed, and
+  // a new one would take the GPU the suspension gave back: a new process
+  // waits for the resume (its channel's claim is tried again each pass).
+  if (suspended()) {
+    if (std::find(held_back_.begin(), held_back_.end(), who) == held_back_.end()) {
+      held_back_.push_back(who);
+      IVLOG_INFO("guest %u: process %d (pid namespace %u) waits for the VM's resume for a worker", guest_id(),
+                 who.pid, who.pidns);
+    }
+    return Placed::kLater;
+  }
+  held_back_.clear();
   std::uint32_t spare = VmShared::kMaxSlots, free = VmShared::kMaxSlots;
   for (std::uint32_t s = 0; s < procs_.size(); ++s) {
     if (procs_[s].pid > 0 && procs_[s].guest.pid == 0 && spare == VmShared::kMaxSlots) spare = s;
@@ -562,7 +579,7 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slo
 }
 
 void Supervisor::keep_spares() {
-  if (clock::now() < spares_paused_until_) return;
+  if (clock::now() < spares_paused_until_ || suspended()) return;
   std::uint32_t have = 0;
   for (const WorkerProc& p : procs_)
     if (p.pid > 0 && p.guest.pid == 0) ++have;

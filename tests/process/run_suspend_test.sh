@@ -302,7 +302,7 @@ locked_mid_way "$id_f"
 wait "$susp"  # 3: the guest is serving, not suspended
 grep -q "guest $id_f: serving: suspend interrupted: the checkpointer ended; its worker is being brought back: done, it serves on" \
   "$work/$id_f.susp" || { ok=1; cat "$work/$id_f.susp"; }
-grep -q "guest $id_f: its worker was found locked and is running again" "$log" || { ok=1; grep "guest $id_f" "$log" | tail -5; }
+grep -q "guest $id_f: its worker pid [0-9]* was found locked and is running again" "$log" || { ok=1; grep "guest $id_f" "$log" | tail -5; }
 echo check >&"$f_fd"
 for _ in $(seq 200); do grep -q '^checked' "$work/f.out" && break; sleep 0.05; done
 grep -q "^checked intact=1 alloc=1 .* failed_calls=0" "$work/f.out" || { ok=1; cat "$work/f.out"; }
