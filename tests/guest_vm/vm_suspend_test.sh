@@ -123,7 +123,9 @@ read -r -a s2 < <(sed -n 's/^1 s later: //p' "$tmp/op") || true
 [[ ${s1[1]:-} == 2 && ${s2[1]:-} == 2 ]] || no "a worker started while the VM was suspended (processes ${s1[1]:-?}, ${s2[1]:-?})"
 [[ -n ${s1[3]:-} && ${s1[3]:-} == "${s2[3]:-}" ]] || no "calls were served while the VM was suspended (${s1[3]:-?} -> ${s2[3]:-?})"
 grep -q "waits for the VM's resume for a worker" "$log" || no "the third program did not wait for the resume"
-grep -qE "^guest [0-9]+: serving again: 80 MiB back on the GPU" "$tmp/op" || no "ivcudactl resume did not bring the 80 MiB back"
+# At least the 80 MiB: the program that waited may allocate as soon as the VM resumes.
+back=$(sed -n 's/^guest [0-9]*: serving again: \([0-9]*\) MiB back on the GPU.*/\1/p' "$tmp/op")
+[[ ${back:-0} -ge 80 ]] || no "ivcudactl resume did not bring the 80 MiB back (${back:-nothing})"
 grep -q "^third exited 0" "$tmp/guest.out" || no "the program started while suspended failed"
 n=$(grep -cE "^checked intact=1 alloc=1 longest_call_ms=[0-9]{4,}\.[0-9] failed_calls=0" "$tmp/guest.out" || true)
 [[ $n -eq 2 ]] || no "$n of the 2 processes found their memory intact with no failed call and a call held a second or more"
