@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: tools/gpu-bundle.sh DIR}
 build=build/gpu-bundle
+mkdir -p build
 mapfile -t targets < <(grep -v '^#' tests/gpu/suite-targets.txt)
 # and what run_all.sh's other parts build (lifecycle, speed, mps, nvml, absent, cost), read from it
 mapfile -t -O "${#targets[@]}" targets < <(grep -o 'build_gpu [a-z_ -]*' tests/gpu/run_all.sh |

@@ -45,7 +45,10 @@
 #           process allocating the freed memory meanwhile, the target's pattern intact at the same
 #           address and its calls waiting meanwhile (tests/programs/drv_checkpoint.cc; checkpoint.txt)
 #   suspend issue 34: ivcudactl suspend/resume on the real driver under each sandbox, a 4 GiB
-#           guest and a PyTorch training guest suspended mid-run (run_suspend_on_gpu.sh)
+#           guest, the cost per GiB, a drain with three guests, and PyTorch and JAX training guests
+#           suspended mid-run (run_suspend_on_gpu.sh)
+#   ckpt-trace  issue 34: what the driver's checkpoint does inside a guest's worker and what the
+#           worker's sandbox refuses of it, under strace (trace_checkpoint_syscalls.sh)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
 #           charges, a kernel's stack frame, a pool's reserve - and whether it records a pageable
 #           copy in a stream capture (tests/programs/drv_context_cost.cc; figures in cost.txt,
@@ -383,6 +386,13 @@ for p in $parts; do
       part suspend "${PIPESTATUS[0]}"
     else
       part suspend 1
+    fi ;;
+  ckpt-trace)
+    if build_gpu ivcudad ivcuda_guest drv_checkpoint; then
+      OUT=$work timeout 400 bash tests/gpu/trace_checkpoint_syscalls.sh build/gpu 2>&1 | tee "$final/ckpt-trace.txt"
+      part ckpt-trace "${PIPESTATUS[0]}"
+    else
+      part ckpt-trace 1
     fi ;;
   startup)
     build=$root/build/gpu

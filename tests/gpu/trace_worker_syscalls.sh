@@ -27,20 +27,7 @@ driver=${IVCUDA_TRACE_DRIVER:-libcuda.so.1}
 deps=/tmp/ivcuda-deps
 . "$root/tests/gpu/sandbox_mode.sh"  # --sandbox degraded below Landlock ABI 6, said here
 
-strace=$(command -v strace || true)
-if [ -z "$strace" ]; then
-  st=/tmp/ivcuda-strace
-  rm -rf "$st" && mkdir -p "$st"
-  for f in "$root"/.deps/strace_*.deb "$root"/.deps/libunwind8_*.deb; do
-    [ -f "$f" ] || { echo "no strace here and no $f in .deps/ (tests/gpu/fetch-deps.sh)"; exit 1; }
-    dpkg -x "$f" "$st"
-  done
-  # strace's own libraries only: -E LD_LIBRARY_PATH below keeps them from the daemon.
-  strace_run() { LD_LIBRARY_PATH=$st/usr/lib/x86_64-linux-gnu "$st/usr/bin/strace" -E LD_LIBRARY_PATH "$@"; }
-else
-  strace_run() { "$strace" "$@"; }
-fi
-strace_run -V | head -1 || exit 1
+. "$root/tests/gpu/strace_env.sh" || exit 1
 
 if [ -n "${IVCUDA_TRACE_NO_BUILD:-}" ]; then
   :

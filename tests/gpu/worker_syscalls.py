@@ -7,6 +7,11 @@
   MISSING name                            one line per call the allowlist lacks
   PATH phase result flags path            files the workers opened (init: between
                                           the worker's start and the sandbox point)
+  REFUSED name errno xN: example          calls after the sandbox point that failed
+                                          with EPERM, EACCES or ENOSYS (a trace of a
+                                          sandboxed daemon: what its filter and
+                                          Landlock refused; clone3's ENOSYS is the
+                                          filter's rule and not listed)
   LANDLOCK? path                          paths a worker opened after the sandbox
                                           point that no Landlock rule of the
                                           worker's debug log covers (a guess:
@@ -32,6 +37,7 @@ LINE = re.compile(r'^(\d+)\s+(.*)$')
 CALL = re.compile(r'^(?:<\.\.\. )?([a-z_0-9]+)(?:\(| resumed>)')
 CHILD = re.compile(r'^(?:<\.\.\. )?(clone3?|fork|vfork)\b.*= (\d+)$')
 MARK = re.compile(r'"/ivcuda-sandbox-point/([a-z-]+)"')
+REFUSAL = re.compile(r'= -1 (EPERM|EACCES|ENOSYS) ')
 OPEN = re.compile(r'^(open|openat|execve|access|faccessat2?|readlink|readlinkat|newfstatat|statx)\('
                   r'(?:AT_FDCWD, |\d+, )?"([^"]+)"(.*)$')
 
@@ -54,6 +60,7 @@ def main():
     parent, phase_of, worker_of = {}, {}, {}
     after = collections.Counter()
     paths = collections.Counter()
+    refused, refused_example = collections.Counter(), {}
     for raw in open(trace, errors='replace'):
         m = LINE.match(raw.rstrip('\n'))
         if not m:
@@ -82,6 +89,11 @@ def main():
         phase = phase_of[w]
         if phase == 'serve':
             after[name.group(1)] += 1
+            err = REFUSAL.search(rest)
+            if err and name.group(1) != 'clone3':
+                key = (name.group(1), err.group(1))
+                refused[key] += 1
+                refused_example.setdefault(key, rest[:160])
         o = OPEN.match(rest)
         if o and not rest.endswith('<unfinished ...>'):
             ret = rest.rsplit('= ', 1)[-1].split()
@@ -99,6 +111,8 @@ def main():
             missing.append(name)
     for name in missing:
         print(f'MISSING {name}')
+    for (call, err), n in sorted(refused.items()):
+        print(f'REFUSED {call} {err} x{n}: {refused_example[(call, err)]}')
     for (phase, call, result, flags, path), n in sorted(paths.items()):
         print(f'PATH {phase} {call} {result} {flags} {path} x{n}')
     rules = []
