@@ -249,7 +249,7 @@ void Daemon::tend_guests() {
       std::string pids;
       for (const auto& t : w.susp.targets) {
         // A VM's targets are acted on only while still its supervisor's children.
-        if (t.pid <= 0 || (w.susp.supervisor != 0 && !live_child_of(t.pid, w.susp.supervisor))) continue;
+        if (!w.susp.may_act_on(t.pid)) continue;
         ::kill(t.pid, SIGKILL);
         pids += (pids.empty() ? "" : ", ") + std::to_string(t.pid);
       }

@@ -120,6 +120,12 @@ class Daemon {
       std::uint64_t bytes = 0;             // charged when it went out (its board's mem_used then)
       double lock_ms = 0, out_ms = 0, back_ms = 0;
       std::string last;                    // the last suspend's or resume's outcome
+      // Whether the daemon may act on target `pid` now (ask the checkpointer
+      // about it, kill it): a process-mode guest's worker is the daemon's own
+      // child; a VM's only while it is still its supervisor's live child, so
+      // that a pid that ended and went to another process is never touched
+      // (docs/security.md, suspend-live-child).
+      bool may_act_on(pid_t pid) const;
     } susp;
     // The last sampling window, for calls/s and copy bytes/s.
     clk::time_point sample_at = clk::now();
@@ -232,6 +238,8 @@ class Daemon {
   bool gpu_drained(const std::vector<int>& grant) const;  // a drained GPU among them
   bool ask_checkpointer(CheckpointOp op, pid_t target);
   void pump_checkpointer();
+  // The guest and target whose request about `pid` is with the checkpointer (or queued for it).
+  std::pair<Served*, Served::Suspension::Target*> waiting_on(pid_t pid);
   void serve_checkpointer();  // its line is readable
   void checkpointer_gone();
   // A round of requests, one per target that needs `op`; false when the

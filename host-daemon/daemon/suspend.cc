@@ -16,6 +16,7 @@
 
 #include "host-daemon/daemon/daemon.h"
 #include "host-daemon/shared/log.h"
+#include "host-daemon/shared/rules.h"
 
 namespace ivcuda::host {
 
@@ -132,6 +133,11 @@ std::optional<std::pair<pid_t, char>> parent_and_state(pid_t pid) {
 bool live_child_of(pid_t pid, pid_t parent) {
   const auto ps = parent_and_state(pid);
   return ps && ps->first == parent && ps->second != 'Z' && ps->second != 'X';
+}
+
+bool Daemon::Served::Suspension::may_act_on(pid_t pid) const {
+  if (pid <= 0) return false;
+  return supervisor == 0 || !IVCUDA_RULE("suspend-live-child") || live_child_of(pid, supervisor);
 }
 
 namespace {
@@ -280,7 +286,7 @@ bool Daemon::start_round(Served& w, CheckpointOp op) {
     if (op == CheckpointOp::kResume && !t.out) continue;
     // A VM's worker that ended meanwhile (its process exited) took its
     // memory with it: nothing is left to act on.
-    if (w.susp.supervisor != 0 && !live_child_of(t.pid, w.susp.supervisor)) {
+    if (!w.susp.may_act_on(t.pid)) {
       t.out = false;
       continue;
     }
@@ -292,15 +298,37 @@ bool Daemon::start_round(Served& w, CheckpointOp op) {
   return true;
 }
 
+std::pair<Daemon::Served*, Daemon::Served::Suspension::Target*> Daemon::waiting_on(pid_t pid) {
+  for (auto& [conn, s] : workers_)
+    for (auto& x : s.susp.targets)
+      if (x.pid == pid && x.waiting && s.susp.phase != Phase::kNone) return {&s, &x};
+  return {nullptr, nullptr};
+}
+
 void Daemon::pump_checkpointer() {
-  if (!checkpointer_ || checkpoint_busy_ || checkpoint_queue_.empty()) return;
-  if (!checkpointer_->send(checkpoint_queue_.front())) {
-    IVLOG_ERROR("checkpointer: its line is gone");
-    checkpointer_gone();
-    return;
+  while (checkpointer_ && !checkpoint_busy_ && !checkpoint_queue_.empty()) {
+    // Checked again as the request goes, not only when it was queued: the
+    // checkpointer may have spent seconds on others meanwhile.
+    const CheckpointRequest next = checkpoint_queue_.front();
+    if (auto [w, t] = waiting_on(next.pid); w != nullptr && !w->susp.may_act_on(next.pid)) {
+      checkpoint_queue_.pop_front();
+      t->waiting = false;
+      t->out = false;
+      IVLOG_WARN("guest %lld: its worker pid %d is no longer its supervisor's: it ended before the checkpointer got "
+                 "to it, and is left alone",
+                 static_cast<long long>(w->id), static_cast<int>(next.pid));
+      if (std::none_of(w->susp.targets.begin(), w->susp.targets.end(), [](const auto& x) { return x.waiting; }))
+        finish_round(*w, next.op);
+      continue;
+    }
+    if (!checkpointer_->send(next)) {
+      IVLOG_ERROR("checkpointer: its line is gone");
+      checkpointer_gone();
+      return;
+    }
+    checkpoint_busy_ = true;
+    checkpoint_sent_ = clk::now();
   }
-  checkpoint_busy_ = true;
-  checkpoint_sent_ = clk::now();
 }
 
 // The checkpointer ended, or its line broke: what was asked of it failed,
@@ -349,7 +377,7 @@ void Daemon::give_up_target(Served& w, Served::Suspension::Target& t, const std:
     IVLOG_ERROR("guest %lld: its worker pid %d was ended: %s (it may be locked or checkpointed, so it could serve "
                 "no call)",
                 static_cast<long long>(w.id), static_cast<int>(t.pid), why.c_str());
-    if (live_child_of(t.pid, w.susp.supervisor)) ::kill(t.pid, SIGKILL);
+    if (w.susp.may_act_on(t.pid)) ::kill(t.pid, SIGKILL);
     w.susp.failed = "its worker pid " + std::to_string(t.pid) + " was ended: " + why;
     return;
   }
@@ -371,14 +399,7 @@ void Daemon::serve_checkpointer() {
   }
   checkpoint_busy_ = false;
   if (!checkpoint_queue_.empty()) checkpoint_queue_.pop_front();
-  Served* w = nullptr;
-  Served::Suspension::Target* t = nullptr;
-  for (auto& [pid, s] : workers_)
-    for (auto& x : s.susp.targets)
-      if (x.pid == r->pid && x.waiting && s.susp.phase != Phase::kNone) {
-        w = &s;
-        t = &x;
-      }
+  auto [w, t] = waiting_on(r->pid);
   pump_checkpointer();
   if (w == nullptr) return;  // its guest ended meanwhile
   t->waiting = false;

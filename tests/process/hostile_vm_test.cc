@@ -8,7 +8,10 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +24,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/process/raw_guest.h"
 #include "tests/skip.h"
@@ -145,6 +150,57 @@ Range vm_shared_in(pid_t w, std::uint64_t pool_off, std::uint64_t pages) {
   return found;
 }
 
+
+// One request on the daemon's control socket, and its answer (JSON); null
+// when the daemon did not answer within 5 s.
+nlohmann::json control(const std::string& path, const std::string& request) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  std::string got;
+  const std::string line = request + "\n";
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 &&
+      ::send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size())) {
+    char buf[4096];
+    for (pollfd p{fd, POLLIN, 0}; got.find('\n') == std::string::npos && ::poll(&p, 1, 5000) == 1;) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return nlohmann::json::parse(got, nullptr, false);
+}
+
+// The VM's entry in the daemon's status (null when it has none).
+nlohmann::json vm_entry(const std::string& ctl) {
+  const auto j = control(ctl, R"({"cmd":"status"})");
+  if (j.is_object() && j.contains("status"))
+    for (const auto& g : j["status"]["guests"])
+      if (g.value("mode", std::string()).rfind("vm", 0) == 0) return g;
+  return nullptr;
+}
+
+// A process of this test's, sleeping, with pid `want` if it can be had
+// (/proc/sys/kernel/ns_last_pid, as root); its pid either way.
+pid_t sleeper_with_pid(pid_t want) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    {
+      std::ofstream last("/proc/sys/kernel/ns_last_pid");
+      last << want - 1;
+    }
+    const pid_t p = ::fork();
+    if (p == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      for (;;) ::pause();
+    }
+    if (p == want || p < 0) return p;
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+  return -1;
+}
 }  // namespace
 
 TEST_CASE("a VM gets at most --max-workers-per-guest workers and the processes past it are refused", "[process][hostile]") {
@@ -406,4 +462,128 @@ TEST_CASE("a subverted worker's writes to the VM's shared memory neither crash n
   CHECK(rc(g, 2, Op::kHostAlloc, proto::ReqHostAlloc{1 << 20, 0, 0}, &out) == CUDA_SUCCESS);
   CHECK(running(sup));
   CHECK(d.alive());
+}
+
+// docs/security.md, suspend-live-child: the daemon acts on a suspended VM's
+// workers (checkpointer requests, kills) only while each is still its
+// supervisor's live child. Here one of them ends while the VM is suspended,
+// and another process of the host gets its pid; evicting the VM then kills
+// the VM's remaining worker, and must leave that process alone.
+TEST_CASE("a suspended VM's ended worker's pid, taken by another process, is never acted on", "[process][hostile]") {
+  const std::string ctl = "/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-reuse.ctl";
+  // The GPU test double models checkpointing across its processes through a ledger file.
+  const std::string ledger = "/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-reuse.ledger";
+  std::ofstream(ledger).close();
+  ::setenv("IVCUDA_DOUBLE_LEDGER", ledger.c_str(), 1);
+  // The double, like driver 580, checkpoints no process under a seccomp filter.
+  Daemon d({"--vm-spare-workers", "0", "--sandbox", "off", "--control-socket", ctl}, "-reuse");
+  REQUIRE(d.alive());
+  REQUIRE(wait_for([&] { return ::access(ctl.c_str(), F_OK) == 0; }));
+  RawGuest g(d.sock);
+  const pid_t base = ::getpid() + 300000;
+  claim(g, 0, base);
+  REQUIRE(rc(g, 0, Op::kHello, hello(base)) == CUDA_SUCCESS);
+  claim(g, 1, base + 1);
+  REQUIRE(rc(g, 1, Op::kHello, hello(base + 1)) == CUDA_SUCCESS);
+  const pid_t sup = supervisor(d);
+  REQUIRE(sup != 0);
+  REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 2; }));
+  const auto workers = Daemon::children_of(sup);
+  nlohmann::json vm = vm_entry(ctl);
+  REQUIRE(vm.is_object());
+  const auto id = vm["id"].get<long long>();
+  const auto asked = control(ctl, R"({"cmd":"suspend","guest":)" + std::to_string(id) + "}");
+  INFO("suspend: " << asked.dump());
+  REQUIRE(asked.value("ok", false));
+  REQUIRE(wait_for([&] { vm = vm_entry(ctl); return vm.is_object() && vm["state"] == "suspended"; }, 15000));
+
+  // The first worker ends; its supervisor reaps it, and the pid is free.
+  const pid_t gone = workers[0];
+  ::kill(gone, SIGKILL);
+  REQUIRE(wait_for([&] { return ::kill(gone, 0) != 0; }));
+  const pid_t other = sleeper_with_pid(gone);
+  REQUIRE(other > 0);
+  if (other != gone) {
+    ::kill(other, SIGKILL);
+    ::waitpid(other, nullptr, 0);
+    IVCUDA_SKIP("could not start a process with pid " << gone << " (writing /proc/sys/kernel/ns_last_pid needs root)");
+  }
+  // Evicting a suspended VM kills its workers: the one left, not the pid's new owner.
+  const auto evicted = control(ctl, R"({"cmd":"evict","guest":)" + std::to_string(id) + "}");
+  INFO("evict: " << evicted.dump());
+  CHECK(evicted.value("ok", false));
+  CHECK(wait_for([&] { return !running(workers[1]); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(running(other));
+  CHECK(::waitpid(other, nullptr, WNOHANG) == 0);
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+  CHECK(d.alive());
+  ::unlink(ctl.c_str());
+  ::unsetenv("IVCUDA_DOUBLE_LEDGER");
+  ::unlink(ledger.c_str());
+}
+
+// The same rule where it matters most: a request waits in the daemon's
+// queue while the checkpointer works on another worker (seconds, for GiBs),
+// and its worker ends meanwhile and its pid goes to another process. The
+// request is dropped as it would go, and the VM is suspended without it.
+TEST_CASE("a VM's worker that ends while its checkpoint request waits is skipped as the request would go, and the VM "
+          "suspends without it",
+          "[process][hostile]") {
+  const std::string tag = "/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-queued";
+  const std::string ctl = tag + ".ctl", ledger = tag + ".ledger";
+  std::ofstream(ledger).close();
+  ::setenv("IVCUDA_DOUBLE_LEDGER", ledger.c_str(), 1);
+  ::setenv("IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS", "1500", 1);  // each checkpoint takes 1.5 s
+  Daemon d({"--vm-spare-workers", "0", "--sandbox", "off", "--control-socket", ctl}, "-queued");
+  ::unsetenv("IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS");
+  REQUIRE(d.alive());
+  REQUIRE(wait_for([&] { return ::access(ctl.c_str(), F_OK) == 0; }));
+  RawGuest g(d.sock);
+  const pid_t base = ::getpid() + 300000;
+  claim(g, 0, base);
+  REQUIRE(rc(g, 0, Op::kHello, hello(base)) == CUDA_SUCCESS);
+  claim(g, 1, base + 1);
+  REQUIRE(rc(g, 1, Op::kHello, hello(base + 1)) == CUDA_SUCCESS);
+  const pid_t sup = supervisor(d);
+  REQUIRE(sup != 0);
+  REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 2; }));
+  const auto workers = Daemon::children_of(sup);  // ascending: the daemon asks about them in this order
+  nlohmann::json vm = vm_entry(ctl);
+  REQUIRE(vm.is_object());
+  const auto id = vm["id"].get<long long>();
+  REQUIRE(control(ctl, R"({"cmd":"suspend","guest":)" + std::to_string(id) + "}").value("ok", false));
+  // The checkpointer starts once both workers hold their calls and both
+  // requests are queued; the first takes 1.5 s.
+  const auto checkpointer = [&] {
+    for (const pid_t c : Daemon::children_of(d.pid)) {
+      std::ifstream comm("/proc/" + std::to_string(c) + "/comm");
+      std::string name;
+      if (std::getline(comm, name) && name == "ivcuda-ckpt") return c;
+    }
+    return pid_t{0};
+  };
+  REQUIRE(wait_for([&] { return checkpointer() != 0; }));
+  const pid_t gone = workers[1];
+  ::kill(gone, SIGKILL);
+  REQUIRE(wait_for([&] { return ::kill(gone, 0) != 0; }, 1000));
+  const pid_t other = sleeper_with_pid(gone);
+  REQUIRE(other > 0);
+  if (other != gone) {
+    ::kill(other, SIGKILL);
+    ::waitpid(other, nullptr, 0);
+    IVCUDA_SKIP("could not start a process with pid " << gone << " (writing /proc/sys/kernel/ns_last_pid needs root)");
+  }
+  CHECK(wait_for([&] { vm = vm_entry(ctl); return vm.is_object() && vm["state"] == "suspended"; }, 15000));
+  INFO("the VM: " << vm.dump());
+  CHECK(vm.contains("suspend"));
+  CHECK(vm["suspend"].value("last", std::string()) == "suspended");
+  CHECK(running(other));
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+  CHECK(d.alive());
+  ::unlink(ctl.c_str());
+  ::unsetenv("IVCUDA_DOUBLE_LEDGER");
+  ::unlink(ledger.c_str());
 }
