@@ -47,6 +47,9 @@
 #   suspend issue 34: ivcudactl suspend/resume on the real driver under each sandbox, a 4 GiB
 #           guest, the cost per GiB, a drain with three guests, and PyTorch and JAX training guests
 #           suspended mid-run (run_suspend_on_gpu.sh)
+#   vm-suspend  issue 34: a TCG VM next to the real GPU suspended and resumed as a whole
+#           (tests/guest_vm/vm_suspend_test.sh with QEMU and the guest image from .deps/qemu and
+#           .deps/guest; IVCUDA_VM_SUSPEND_SANDBOX, default off, the workers' sandbox)
 #   ckpt-trace  issue 34: what the driver's checkpoint does inside a guest's worker and what the
 #           worker's sandbox refuses of it, under strace (trace_checkpoint_syscalls.sh)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
@@ -386,6 +389,16 @@ for p in $parts; do
       part suspend "${PIPESTATUS[0]}"
     else
       part suspend 1
+    fi ;;
+  vm-suspend)
+    if build_gpu ivcudad ivcudactl ivcuda_guest drv_checkpoint drv_core; then
+      PATH=$root/.deps/qemu:$PATH IVCUDA_VM_IMAGE_BUNDLE=$root/.deps/guest IVCUDA_GUEST_ACCEL=tcg \
+        IVCUDA_VM_SUSPEND_SANDBOX=${IVCUDA_VM_SUSPEND_SANDBOX:-off} timeout 400 \
+        bash tests/guest_vm/vm_suspend_test.sh /tmp/ivcuda-vm-suspend-image build/gpu libcuda.so.1 2>&1 |
+        tee "$final/vm-suspend.txt"
+      part vm-suspend "${PIPESTATUS[0]}"
+    else
+      part vm-suspend 1
     fi ;;
   ckpt-trace)
     if build_gpu ivcudad ivcuda_guest drv_checkpoint; then

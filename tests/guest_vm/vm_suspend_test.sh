@@ -13,6 +13,11 @@
 # driver 580, does not checkpoint a process under a seccomp filter.
 #
 # usage: vm_suspend_test.sh IMAGE_DIR BUILD_DIR DRIVER_LIB
+# On the GPU machine (tests/gpu/run_all.sh vm-suspend), with the real driver
+# (DRIVER_LIB libcuda.so.1): IVCUDA_VM_IMAGE_BUNDLE=DIR completes the image
+# carried in DIR (tools/guest/bundle-image.sh pack) instead of building one,
+# IVCUDA_VM_SUSPEND_SANDBOX picks the workers' sandbox (default off), and
+# IVCUDA_GUEST_ACCEL=tcg keeps QEMU off a /dev/kvm that cannot run a guest.
 # Exits 77 with the reason when QEMU or the kernel packages are missing: CTest
 # counts that as a failure unless the build was configured with IVCUDA_ALLOW_SKIPS.
 set -euo pipefail
@@ -23,7 +28,7 @@ guest=$(cd "$here/../../tools/guest" && pwd)
 # shellcheck source=../lib/daemon.sh
 . "$here/../lib/daemon.sh"
 
-if ! missing=$("$guest/build-guest-image.sh" --check); then
+if [[ -z ${IVCUDA_VM_IMAGE_BUNDLE:-} ]] && ! missing=$("$guest/build-guest-image.sh" --check); then
 	echo "SKIP: the VM tests need:"
 	echo "$missing"
 	exit 77
@@ -34,10 +39,14 @@ ctl=$build/host-daemon/ivcudactl
 for f in "$lib/libcuda.so.1" "$bin/drv_checkpoint" "$bin/drv_core" "$ctl"; do
 	[[ -e $f ]] || { echo "FAIL: $f is not built"; exit 1; }
 done
-LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" \
-	--add-bin "$lib/libcuda.so.1:/opt/ivcuda/lib/libcuda.so.1" \
-	--add-bin "$bin/drv_checkpoint:/usr/bin/drv_checkpoint" \
-	--add-bin "$bin/drv_core:/usr/bin/drv_core"
+adds=(--add-bin "$lib/libcuda.so.1:/opt/ivcuda/lib/libcuda.so.1" --add-bin "$bin/drv_checkpoint:/usr/bin/drv_checkpoint"
+	--add-bin "$bin/drv_core:/usr/bin/drv_core")
+# ldd must find ivcuda's libcuda.so.1 for the programs, never a driver's.
+if [[ -n ${IVCUDA_VM_IMAGE_BUNDLE:-} ]]; then
+	LD_LIBRARY_PATH=$lib "$guest/bundle-image.sh" unpack "$IVCUDA_VM_IMAGE_BUNDLE" "$image" "${adds[@]}"
+else
+	LD_LIBRARY_PATH=$lib "$guest/build-guest-image.sh" "$image" "${adds[@]}"
+fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ivcuda-vm-suspend.XXXXXX")
 cleanup() {
@@ -51,7 +60,7 @@ csock=$tmp/control.sock
 log=$tmp/ivcudad.log
 IVCUDA_DOUBLE_LEDGER=$tmp/ledger start_ivcudad --wait "$csock" "$log" --socket "$sock" --vectors 4 \
 	--shm-size 256M --channels 8 --staging-size 4M --context-reserve 0 --driver "$driver" \
-	--control-socket "$csock" --sandbox off || { echo "FAIL: ivcudad did not start"; exit 1; }
+	--control-socket "$csock" --sandbox "${IVCUDA_VM_SUSPEND_SANDBOX:-off}" || { echo "FAIL: ivcudad did not start"; exit 1; }
 
 # The VM's entry in the status: "ID PROCESSES MEM_USED CALLS STATE DEVICE HOST", or nothing.
 vm_entry() {
