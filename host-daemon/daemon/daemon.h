@@ -96,8 +96,10 @@ class Daemon {
     std::unique_ptr<GuestBoard> board;  // what its workers report (from_worker.h)
     // Served by a warm entry: our end of the entry's line, on which its
     // process says that the worker ended cleanly and may be recycled
-    // ('C', vm_supervisor.h), and that worker's pid.
+    // ('C', vm_supervisor.h), or that a worker still starting when the guest
+    // came is ready ('R'), and that worker's pid (0 until it is known).
     sys::UniqueFd handoff;
+    bool by_warm = false;
     pid_t worker_pid = 0;
     clk::time_point started = clk::now();
     clk::time_point evict_deadline{};  // evicting: its process is killed after this

@@ -334,6 +334,7 @@ void Daemon::serve_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t ui
   s.board = std::move(board);
   if (warm) {
     s.handoff = std::move(warm->handoff);
+    s.by_warm = true;
     s.worker_pid = warm->worker_pid;
   }
   workers_[pid] = std::move(s);

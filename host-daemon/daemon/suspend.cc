@@ -174,9 +174,10 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
   const auto mode = static_cast<GuestMode>(b.mode.load(std::memory_order_relaxed));
   w->susp = Served::Suspension{};
   if (mode == GuestMode::kProcess) {
-    // Served by a warm entry: its worker, the entry process's child; else
+    // Served by a warm entry: its worker, the entry process's child (named
+    // on the entry's line once ready; tend_suspensions waits for that); else
     // the connection's process became the worker (vm_supervisor.cc).
-    w->susp.targets.push_back({w->worker_pid > 0 ? w->worker_pid : conn_pid});
+    if (w->worker_pid > 0 || !w->by_warm) w->susp.targets.push_back({w->worker_pid > 0 ? w->worker_pid : conn_pid});
   } else {
     // A VM: the connection's process is its supervisor, and every worker of
     // the VM its child; they are listed once they all hold their calls.
@@ -190,9 +191,12 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
   if (w->susp.supervisor != 0)
     IVLOG_INFO("guest %lld: suspending (a VM: every worker of its supervisor, pid %d): its calls are held",
                static_cast<long long>(id), static_cast<int>(conn_pid));
-  else
+  else if (!w->susp.targets.empty())
     IVLOG_INFO("guest %lld: suspending (worker pid %d): its calls are held", static_cast<long long>(id),
                static_cast<int>(w->susp.targets[0].pid));
+  else
+    IVLOG_INFO("guest %lld: suspending (its worker is still starting): its calls are held",
+               static_cast<long long>(id));
   return {{"ok", true}, {"state", "suspending"}};
 }
 
@@ -534,6 +538,10 @@ void Daemon::tend_suspensions() {
         w.susp.targets.clear();
         for (const pid_t k : kids) w.susp.targets.push_back({k});
       }
+    } else if (w.susp.targets.empty()) {
+      // A warm entry's worker that was still starting: its pid comes on the entry's line.
+      all_hold = all_hold && w.worker_pid > 0;
+      if (all_hold) w.susp.targets.push_back({w.worker_pid});
     }
     if (all_hold) {
       w.susp.phase = Phase::kSuspending;

@@ -283,7 +283,14 @@ int Supervisor::serve_by_warm() {
       return 0;
     }
     if (n != 1) break;  // it ended
-    // 'R' (it was ready when the guest came): nothing to pass on
+    // 'R': ready. If it became ready after its guest came, the daemon has not
+    // heard its pid yet (it suspends that process, not this one).
+    if (c == 'R' && cfg_.daemon_line >= 0) {
+      char msg[1 + sizeof(std::int32_t)] = {'R'};
+      const auto wpid = static_cast<std::int32_t>(w.pid);
+      std::memcpy(msg + 1, &wpid, sizeof wpid);
+      (void)!::write(cfg_.daemon_line, msg, sizeof msg);
+    }
   }
   // A stop that came while we polled: wait_child passes on only one that
   // interrupts its own wait.
@@ -960,6 +967,7 @@ int run_warm_supervisor(SupervisorConfig cfg, int handoff_fd, volatile sig_atomi
     const int conn = handed->fd.release();
     c.worker.conn_fd = conn;
     c.worker.broker_fd = cfg.worker.broker_fd >= 0 ? ::fcntl(cfg.worker.broker_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    c.daemon_line = handoff_fd;
     std::optional<Supervisor::WarmChild> back;
     int rc = 0;
     {

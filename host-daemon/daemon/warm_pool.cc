@@ -257,8 +257,15 @@ void Daemon::read_served_line(pid_t pid, std::vector<pid_t>* to_recycle) {
   Served& w = workers_[pid];
   char msg[1 + sizeof(std::int32_t)] = {};
   const ssize_t n = ::read(w.handoff.get(), msg, sizeof msg);
-  if (n == static_cast<ssize_t>(sizeof msg) && msg[0] == 'C') to_recycle->push_back(pid);
-  else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) w.handoff.reset();
+  if (n == static_cast<ssize_t>(sizeof msg) && msg[0] == 'C') {
+    to_recycle->push_back(pid);
+  } else if (n == static_cast<ssize_t>(sizeof msg) && msg[0] == 'R') {
+    // Its worker was still starting when the guest came: now it is known.
+    std::int32_t wpid = 0;
+    std::memcpy(&wpid, msg + 1, sizeof wpid);
+    if (wpid > 0) w.worker_pid = wpid;
+    IVLOG_INFO("guest %lld: worker pid %d is ready", static_cast<long long>(w.id), static_cast<int>(wpid));
+  } else if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) w.handoff.reset();
 }
 
 // A warm entry's line: its worker is ready ('R' and its pid), or the entry

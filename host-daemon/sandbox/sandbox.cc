@@ -113,12 +113,16 @@ constexpr Syscall kAllow[] = {
     {"close", Rule::kAny, "descriptors"},
     {"dup", Rule::kAny, "descriptors"},
     {"dup3", Rule::kAny, "descriptors"},
+    {"dup2", Rule::kAny,
+     "the driver's process checkpoint parks its device descriptors on a placeholder and puts the reopened ones back "
+     "at their numbers (measured, driver 580)"},
     {"pipe2", Rule::kAny, "the driver's internal pipes"},
     {"fcntl", Rule::kFcntlSome, "descriptor flags, locks, seals; no owner or signal (F_SETOWN would aim SIGIO anywhere)"},
     {"ftruncate", Rule::kAny, "sizing memfds"},
     {"fstat", Rule::kAny, "sizes and types of descriptors"},
     {"newfstatat", Rule::kAny, "same (fstat's form in glibc), and paths Landlock lets it see"},
     {"statx", Rule::kAny, "same"},
+    {"stat", Rule::kAny, "the same, through the older call: the driver's restore after a checkpoint looks up its device files"},
     {"getdents64", Rule::kAny, "listing a directory Landlock allows (/proc/self/fd, /dev)"},
     {"ioctl", Rule::kIoctlNoNetTty,
      "the driver's requests to its device files (Landlock decides which files open); none of the socket, "
@@ -135,6 +139,11 @@ constexpr Syscall kAllow[] = {
     {"openat", Rule::kAny, "the driver's device files, /proc and /sys entries, late libraries"},
     {"unlinkat", Rule::kAny, "the driver removes its interprocess-event files in /dev/shm (Landlock: only there)"},
     {"unlink", Rule::kAny, "the same, through the older call"},
+    {"mkdir", Rule::kAny,
+     "the driver's restore after a checkpoint makes sure /dev/nvidia-caps exists (it does: EEXIST); Landlock "
+     "refuses any new directory"},
+    {"symlink", Rule::kAny,
+     "the driver's restore after a checkpoint tries its /dev/char links; Landlock refuses any new link"},
     {"open", Rule::kAny, "the same, from code built against old C libraries"},
     {"faccessat", Rule::kAny, "existence checks (also the trace mark)"},
     {"faccessat2", Rule::kAny, "same"},

@@ -2,7 +2,8 @@
 # ivcudactl suspend, resume, drain and undrain on the real driver (issue 34;
 # host-daemon/daemon/suspend.h), process mode:
 #   1. under each sandbox of IVCUDA_SUSPEND_SANDBOXES (default: on audit; under audit the
-#      kernel's log names what the allowlist lacks for it): a guest holding
+#      kernel's log names what the allowlist lacks for it; MODE:USER also runs the workers
+#      and the checkpointer as USER, --user): a guest holding
 #      IVCUDA_SUSPEND_MIB (4096) MiB with a pattern, calling every 10 ms
 #      (tests/programs/drv_checkpoint.cc's target): the GPU's used memory before, while
 #      suspended and after (nvidia-smi), another tenant (PyTorch, natively) taking and freeing
@@ -36,11 +37,13 @@ used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head
 daemon=
 stop_daemon() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null; daemon=; }
 trap 'stop_daemon' EXIT
-start_daemon() {  # MODE
-  sock=/tmp/ivcuda-suspend-$1.sock csock=/tmp/ivcuda-suspend-$1.ctl log=$out/ivcudad-$1.log
+start_daemon() {  # MODE[:USER]
+  local user=()
+  [[ $1 == *:* ]] && user=(--user "${1#*:}")
+  sock=/tmp/ivcuda-suspend-${1/:/-}.sock csock=/tmp/ivcuda-suspend-${1/:/-}.ctl log=$out/ivcudad-${1/:/-}.log
   rm -f "$sock" "$csock"
-  IVCUDA_SANDBOX=$1 "$build/host-daemon/ivcudad" --socket "$sock" --control-socket "$csock" --shm-size 2G \
-    --driver libcuda.so.1 >>"$log" 2>&1 &
+  IVCUDA_SANDBOX=${1%%:*} "$build/host-daemon/ivcudad" --socket "$sock" --control-socket "$csock" --shm-size 2G \
+    --driver libcuda.so.1 "${user[@]}" >>"$log" 2>&1 &
   daemon=$!
   for _ in $(seq 200); do [ -S "$sock" ] && [ -S "$csock" ] && break; sleep 0.05; done
 }
@@ -121,7 +124,7 @@ for mode in $modes; do
   [ "$trc" -eq 0 ] || ok=1
   [ $((before - during)) -ge $((mib * 9 / 10)) ] || { ok=1; echo "the GPU's used memory fell by $((before - during)) MiB only"; }
   grep -E "suspend|resum|checkpointer" "$log" | grep -v "sandbox" | sed 's/^/  log: /' | head -12
-  if [ "$mode" = audit ]; then
+  if [ "${mode%%:*}" = audit ]; then
     echo "the kernel's log while under audit (what the allowlist and Landlock lack):"
     dmesg 2>/dev/null | tail -n +$((marks + 1)) | grep -E "type=1326|landlock|audit" | sed -E 's/^\[[^]]*\] //' |
       sed -E 's/ (pid|ses|auid|uid|gid|ppid|tty|sig|arch|ip|code|old-ses)=[^ ]*//g' | sort | uniq -c | sort -rn | head -20

@@ -24,7 +24,7 @@ log=$work/ivcudad.log
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 12
+expect_cases 13
 guests=()
 cleanup() {
   for g in "${guests[@]}"; do kill "$g" 2>/dev/null; done
@@ -330,5 +330,28 @@ kill -0 "$g_pid" 2>/dev/null && { ok=1; echo "the guest still runs"; }
 for _ in $(seq 100); do [ "$(field "$id_g" state)" = gone ] && break; sleep 0.05; done
 [ "$(field "$id_g" state)" = gone ] || { ok=1; echo "guest $id_g: $(field "$id_g" state)"; }
 verdict "its second checkpointer killed too: the worker is ended, the guest's program ends instead of hanging, and the guest is gone" $ok
+
+# --- a guest that came while its warm entry's worker was still starting (its context takes
+# 1.5 s): the entry names that worker once it is ready, and the suspension acts on it, not on
+# the entry's own process (which has no driver: a real one answers CUDA_ERROR_NOT_INITIALIZED)
+stop_ivcudad
+IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS=1500 daemon --sandbox off
+ok=0
+start_guest w 64 || exit 1
+w_pid=$gpid id_w=$gid
+grep -q "guest $id_w (uid [0-9]*) connected on .*; a warm entry (still starting)" "$log" ||
+  { ok=1; echo "guest $id_w did not come while its warm entry was still starting:"; grep "guest $id_w" "$log" | head -3; }
+wpid=$(sed -n "s/.*guest $id_w: worker pid \([0-9]*\) is ready.*/\1/p" "$log" | tail -1)
+[ -n "$wpid" ] || { ok=1; echo "the daemon never heard guest $id_w's worker's pid"; }
+"$ctl" --socket "$csock" suspend "$id_w" >"$work/w.txt" 2>&1 || ok=1
+grep -q "guest $id_w: suspended: 64 MiB in host memory" "$work/w.txt" || { ok=1; cat "$work/w.txt"; }
+grep -q "guest $id_w: suspending (worker pid ${wpid:-none})" "$log" || { ok=1; grep "guest $id_w: suspending" "$log"; }
+"$ctl" --socket "$csock" resume "$id_w" >>"$work/w.txt" 2>&1 || { ok=1; cat "$work/w.txt"; }
+echo check >&"$w_fd"
+for _ in $(seq 200); do grep -q '^checked' "$work/w.out" && break; sleep 0.05; done
+grep -q "^checked intact=1 alloc=1 .* failed_calls=0" "$work/w.out" || { ok=1; cat "$work/w.out"; }
+verdict "a guest that came while its warm entry's worker was still starting: that worker (pid ${wpid:-?}) is suspended and resumed, intact" $ok
+kill "$w_pid" 2>/dev/null
+wait "$w_pid" 2>/dev/null
 
 finish
