@@ -420,8 +420,8 @@ void Daemon::serve_checkpointer() {
         why += " (calls under way did not end within " + std::to_string(kLockTimeoutMs) + " ms)";
       else if (!ok && r->step == CheckpointStep::kCheckpoint && r->result == kCudaOperatingSystem &&
                o_.sandbox.enabled())
-        why += " (driver 580 does not checkpoint a worker under the seccomp filter; docs/design.md, "
-               "\"Suspend and resume\")";
+        why += " (the driver's part inside the worker failed: its sandbox may refuse a system call a newer driver "
+               "makes there; ivcudad --sandbox audit names it, docs/design.md \"Suspend and resume\")";
       break;
     case CheckpointOp::kResume:
       t->out = !ok;

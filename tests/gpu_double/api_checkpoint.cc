@@ -4,12 +4,23 @@
 // until it is unlocked, as driver 580's do (ApiGate, state.h) - checkpoints
 // it - its device memory and contexts leave the device: others' free memory
 // grows, NVML's list drops it - restores it, which needs that memory free
-// again, and unlocks it. A process under a seccomp filter cannot be
-// checkpointed, as driver 580's sandboxed workers could not. The process's pointers and handles never change
+// again, and unlocks it. The driver does part of a checkpoint and of a
+// restore inside the process itself, from a thread of its own, and so does
+// the double (its checkpoint thread): the system calls driver 580 makes
+// there, which a sandbox must allow, or the checkpoint (or restore) fails
+// with CUDA_ERROR_OPERATING_SYSTEM. The process's pointers and handles never change
 // (its memory here is host memory all along). The states and their order are
 // the driver's (cuda.h's CUprocessState); without a ledger there is no other
 // process to act on.
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,17 +39,47 @@ CUresult entry_for(int pid, Ledger::Entry** out) {
   return *out != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-// Whether process `pid` runs under a seccomp filter (its /proc status says
-// "Seccomp: 2"; a process another user's or gone reads as not).
-bool under_seccomp_filter(int pid) {
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
-  if (f == nullptr) return false;
-  char line[256];
-  bool filtered = false;
-  while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::strncmp(line, "Seccomp:", 8) == 0) filtered = std::atoi(line + 8) == 2;
-  std::fclose(f);
-  return filtered;
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE: the word is in the ledger, shared between processes.
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+constexpr std::uint32_t kPartCheckpoint = 1, kPartRestore = 2;
+
+// The driver's part inside the process, as driver 580 does it (traced on the
+// GPU machine, 2026-12-07, tests/gpu/trace_checkpoint_syscalls.sh): a
+// checkpoint parks the process's device descriptors on a placeholder with
+// dup2; a restore looks its device files up with stat, makes sure
+// /dev/nvidia-caps exists (mkdir: EEXIST) and tries its /dev/char links
+// (symlink: ENOENT where there is no /dev/char). Returns the errno that
+// stopped it, 0 when done.
+int driver_part(std::uint32_t part, int placeholder, int parked) {
+  if (part == kPartCheckpoint) {
+    if (::syscall(SYS_dup2, placeholder, parked) < 0) return errno;
+    (void)::fcntl(parked, F_SETFD, FD_CLOEXEC);  // dup2 clears it
+    return 0;
+  }
+  struct stat st {};
+  if (::syscall(SYS_stat, "/dev/null", &st) < 0) return errno;
+  if (::syscall(SYS_mkdir, "/dev", 0755) < 0 && errno != EEXIST) return errno;
+  if (::syscall(SYS_symlink, "../null", "/dev/.ivcuda-double-none/null") < 0 && errno != ENOENT) return errno;
+  return 0;
+}
+
+// Asks the process of entry `e` to do its part (its checkpoint thread);
+// its errno, ETIMEDOUT when it did not answer within 2 s.
+int process_part(Ledger::Entry* e, std::uint32_t part) {
+  const std::uint32_t ask = (((e->part_asked.load() >> 2) + 1) << 2) | part;
+  e->part_asked.store(ask);
+  futex(&e->part_asked, FUTEX_WAKE, INT_MAX, nullptr);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    const std::uint32_t done = e->part_done.load();
+    if (done == ask) return e->part_errno.load();
+    if (std::chrono::steady_clock::now() > until) return ETIMEDOUT;
+    const timespec step{0, 50'000'000};
+    futex(&e->part_done, FUTEX_WAIT, done, &step);
+  }
 }
 
 // Moves entry `e` from state `from` to `to`; ILLEGAL_STATE if it is not in `from`.
@@ -48,6 +89,25 @@ CUresult step(Ledger::Entry* e, CUprocessState from, CUprocessState to) {
 }
 
 }  // namespace
+
+void ivcuda::gpu_double::start_checkpoint_thread(Ledger::Entry* e) {
+  // Its placeholder and the descriptor it parks there, opened while the process may still open anything.
+  const int placeholder = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int parked = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  std::thread([e, placeholder, parked] {
+    for (;;) {
+      const std::uint32_t asked = e->part_asked.load();
+      if (asked == e->part_done.load()) {
+        const timespec a_while{1, 0};
+        futex(&e->part_asked, FUTEX_WAIT, asked, &a_while);
+        continue;
+      }
+      e->part_errno.store(placeholder < 0 || parked < 0 ? EBADF : driver_part(asked & 3, placeholder, parked));
+      e->part_done.store(asked);
+      futex(&e->part_done, FUTEX_WAKE, INT_MAX, nullptr);
+    }
+  }).detach();
+}
 
 CUresult CUDAAPI cuCheckpointProcessGetState(int pid, CUprocessState* state) {
   return guarded([&](State&) -> CUresult {
@@ -102,10 +162,13 @@ CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointAr
     Ledger::Entry* e = nullptr;
     if (const CUresult r = entry_for(pid, &e); r != CUDA_SUCCESS) return r;
     if (e->checkpoint.load() != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
-    // Driver 580 failed at once to checkpoint a worker under its seccomp
-    // filter, with or without Landlock (H200, 2026-12-06), and left it
-    // locked: something the driver does in the target is refused there.
-    if (under_seccomp_filter(pid)) return CUDA_ERROR_OPERATING_SYSTEM;
+    // The process's own part: refused by its sandbox, the checkpoint fails at
+    // once and leaves it locked, as driver 580 did to a worker whose filter
+    // lacked dup2.
+    if (const int err = process_part(e, kPartCheckpoint); err != 0) {
+      log("checkpoint of process %d: its part failed: %s", pid, std::strerror(err));
+      return CUDA_ERROR_OPERATING_SYSTEM;
+    }
     // Its memory and contexts leave the device (into its host memory).
     for (int d = 0; d < kMaxDevices; ++d) {
       e->moved_out[d].store(e->used[d].exchange(0));
@@ -136,6 +199,10 @@ CUresult CUDAAPI cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* ar
       const std::size_t mine = static_cast<std::size_t>(d) < s.used.size() ? s.used[static_cast<std::size_t>(d)] : 0;
       const std::size_t others = ledger_others(d) + mine;
       if (others + want > total_mem()) return CUDA_ERROR_OUT_OF_MEMORY;  // still checkpointed
+    }
+    if (const int err = process_part(e, kPartRestore); err != 0) {
+      log("restore of process %d: its part failed: %s", pid, std::strerror(err));
+      return CUDA_ERROR_OPERATING_SYSTEM;  // still checkpointed
     }
     for (int d = 0; d < kMaxDevices; ++d) {
       e->used[d].store(e->moved_out[d].exchange(0));

@@ -6,10 +6,16 @@
 // pointers are intact after, and the states go only in the driver's order.
 // Its own executable: the ledger is read once per process, before any call.
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstddef>
 
 #include <catch2/catch.hpp>
 #include <cuda.h>
@@ -40,8 +46,10 @@ constexpr std::size_t kBytes = std::size_t{512} << 20;
 // The target: holds kBytes with a pattern and calls cuMemGetInfo every 2 ms,
 // a byte on `beats` after each: 'b' when it succeeded, 'f' when it failed
 // with CUDA_ERROR_OPERATING_SYSTEM, 'x' for any other answer; on a byte on
-// `cmd` it checks its pattern and exits 0 if intact.
-[[noreturn]] void target(int beats, int cmd) {
+// `cmd` it checks its pattern and exits 0 if intact. With `refuse` (a system
+// call's number), all its threads then refuse that call (EPERM), as a
+// sandbox's seccomp filter would.
+[[noreturn]] void target(int beats, int cmd, long refuse = -1) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   CUdeviceptr p = 0;
@@ -49,6 +57,18 @@ constexpr std::size_t kBytes = std::size_t{512} << 20;
       cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
       cuMemAlloc(&p, kBytes) != CUDA_SUCCESS || cuMemsetD32(p, 0xabcd1234u, kBytes / 4) != CUDA_SUCCESS)
     ::_exit(2);
+  if (refuse >= 0) {
+    sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<unsigned>(refuse), 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(f)), f};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0)
+      ::_exit(3);
+  }
   for (;;) {
     pollfd f{cmd, POLLIN, 0};
     if (::poll(&f, 1, 2) > 0) break;
@@ -256,4 +276,48 @@ TEST_CASE("a lock waits for the calls under way, and one not had in time leaves 
   (void)!::write(go[1], "g", 1);
   CHECK(child.wait() == 0);
   CHECK(cuCheckpointProcessGetState(pid, &s) == CUDA_ERROR_INVALID_VALUE);
+}
+
+// The driver does part of a checkpoint and of a restore inside the process
+// (driver 580: dup2 for the checkpoint; stat, mkdir, symlink for the
+// restore), and so does the double, from a thread of the process's: a
+// process whose seccomp filter refuses one of them is not checkpointed (or
+// not restored), and says so with CUDA_ERROR_OPERATING_SYSTEM, left as it was.
+TEST_CASE("a process whose filter refuses the driver's calls inside it is not checkpointed, or not restored",
+          "[gpu_double][checkpoint]") {
+  const auto [refused, part] = GENERATE(std::make_pair(long{SYS_dup2}, "checkpoint"),
+                                        std::make_pair(long{SYS_stat}, "restore"),
+                                        std::make_pair(long{SYS_symlink}, "restore"));
+  INFO("refused: system call " << refused << ", in the " << part);
+  int beats[2], cmd[2];
+  REQUIRE(::pipe(beats) == 0);
+  REQUIRE(::pipe(cmd) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) target(beats[1], cmd[0], refused);
+  Child child{pid};
+  ::fcntl(beats[0], F_SETFL, O_NONBLOCK);
+  int first = 0;
+  for (int i = 0; i < 500 && first == 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+    first = drain(beats[0]);
+  }
+  REQUIRE(first > 0);
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  CUcheckpointLockArgs lock{};
+  lock.timeoutMs = 2000;
+  REQUIRE(cuCheckpointProcessLock(pid, &lock) == CUDA_SUCCESS);
+  if (std::string(part) == "checkpoint") {
+    CHECK(cuCheckpointProcessCheckpoint(pid, nullptr) == CUDA_ERROR_OPERATING_SYSTEM);
+    CHECK(state_of(pid) == CU_PROCESS_STATE_LOCKED);  // as driver 580 left its sandboxed worker
+  } else {
+    REQUIRE(cuCheckpointProcessCheckpoint(pid, nullptr) == CUDA_SUCCESS);
+    CHECK(cuCheckpointProcessRestore(pid, nullptr) == CUDA_ERROR_OPERATING_SYSTEM);
+    CHECK(state_of(pid) == CU_PROCESS_STATE_CHECKPOINTED);
+    ::kill(pid, SIGKILL);  // it cannot come back
+    return;
+  }
+  REQUIRE(cuCheckpointProcessUnlock(pid, nullptr) == CUDA_SUCCESS);
+  (void)!::write(cmd[1], "x", 1);
+  CHECK(child.wait() == 0);  // it serves on, intact
 }

@@ -65,6 +65,9 @@ inline int device_count_env() {
 // lock is asked or held); `moved_out` and `contexts_out` are what a
 // checkpoint took off the device (the memory counted as the process's host
 // memory: gone from `used`, from others' view and NVML's list) until restored.
+// `part_*`: the process's own share of a checkpoint and a restore, which its
+// checkpoint thread does when another process asks (the system calls the
+// driver makes inside the process, which its sandbox must allow).
 struct Ledger {
   struct Entry {
     std::int32_t pid;
@@ -75,6 +78,13 @@ struct Ledger {
     std::atomic<std::uint32_t> in_api;
     std::atomic<std::uint64_t> moved_out[kMaxDevices];
     std::atomic<std::uint32_t> contexts_out[kMaxDevices];
+    // The driver's own part of a checkpoint and a restore, done inside the
+    // process by a thread of its (api_checkpoint.cc): what was asked last
+    // (a sequence number << 2 | the part), the last done, and the errno
+    // that stopped it (0: done).
+    std::atomic<std::uint32_t> part_asked;
+    std::atomic<std::uint32_t> part_done;
+    std::atomic<std::int32_t> part_errno;
   };
   static constexpr int kEntries = 512;
   Entry e[kEntries];

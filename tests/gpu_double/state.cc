@@ -233,6 +233,10 @@ int my_index() {
       e.lock_asked.store(0);
       e.in_api.store(0);
       e.checkpoint.store(CU_PROCESS_STATE_RUNNING);
+      e.part_asked.store(0);
+      e.part_done.store(0);
+      e.part_errno.store(0);
+      start_checkpoint_thread(&e);
       mine = i;
       break;
     }

@@ -282,6 +282,10 @@ void ledger_publish(int device, std::size_t used);
 void ledger_contexts(int device, unsigned count);
 // The live entry of another process `pid` (api_checkpoint.cc), or null.
 Ledger::Entry* ledger_entry_of(int pid);
+// Starts this process's checkpoint thread for its ledger entry `e`
+// (api_checkpoint.cc): it does the driver's part of a checkpoint or a
+// restore inside the process when another process asks.
+void start_checkpoint_thread(Ledger::Entry* e);
 
 // Every call this process makes counts itself in its ledger entry while it
 // runs: a lock another process asks for (cuCheckpointProcessLock) waits for

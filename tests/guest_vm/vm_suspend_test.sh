@@ -9,8 +9,9 @@
 # resume, then runs. After the resume both processes find their memory
 # intact at the same address, with no failed call and one that waited.
 #
-# The workers run without the sandbox (--sandbox off): the double, like
-# driver 580, does not checkpoint a process under a seccomp filter.
+# The workers run without the sandbox here by default (--sandbox off: this
+# machine's kernel is below the Landlock ABI that --sandbox on needs);
+# run_suspend_test.sh checks a sandboxed worker's suspension in process mode.
 #
 # usage: vm_suspend_test.sh IMAGE_DIR BUILD_DIR DRIVER_LIB
 # On the GPU machine (tests/gpu/run_all.sh vm-suspend), with the real driver
