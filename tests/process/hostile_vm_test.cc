@@ -201,6 +201,78 @@ pid_t sleeper_with_pid(pid_t want) {
   }
   return -1;
 }
+
+// Kills worker `w` (its supervisor reaps it) and gives its pid to a
+// sleeping process of the test's: that process's pid (ended again and -1
+// when it could not get that one).
+pid_t end_and_take_pid(pid_t w) {
+  ::kill(w, SIGKILL);
+  REQUIRE(wait_for([&] { return ::kill(w, 0) != 0; }, 1000));
+  const pid_t other = sleeper_with_pid(w);
+  if (other == w || other < 0) return other;
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+  return -1;
+}
+
+// The GPU test double models checkpointing across its processes through a
+// ledger file; `delay_ms` (or null): how long each checkpoint takes.
+std::string with_ledger(const std::string& path, const char* delay_ms) {
+  std::ofstream(path).close();
+  ::setenv("IVCUDA_DOUBLE_LEDGER", path.c_str(), 1);
+  if (delay_ms != nullptr) ::setenv("IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS", delay_ms, 1);
+  return path;
+}
+
+// A VM of two processes, each served by a worker of its own, on a daemon
+// with a control socket; then asked to suspend. The workers run without the
+// sandbox: --sandbox on needs a newer Landlock than CI's kernel has
+// (run_suspend_test.sh suspends a sandboxed worker in process mode).
+struct SuspendingVm {
+  const std::string tag;
+  const std::string ctl = tag + ".ctl";
+  const std::string ledger;
+  Daemon d;
+  RawGuest g;
+  pid_t sup = 0;
+  std::vector<pid_t> workers;  // ascending: the daemon asks about them in this order
+  long long id = -1;
+  SuspendingVm(const std::string& name, const char* checkpoint_delay_ms)
+      : tag("/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-" + name),
+        ledger(with_ledger(tag + ".ledger", checkpoint_delay_ms)),
+        d({"--vm-spare-workers", "0", "--sandbox", "off", "--control-socket", ctl}, "-" + name),
+        g(d.sock) {
+    ::unsetenv("IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS");
+    REQUIRE(d.alive());
+    REQUIRE(wait_for([&] { return ::access(ctl.c_str(), F_OK) == 0; }));
+    const pid_t base = ::getpid() + 300000;
+    claim(g, 0, base);
+    REQUIRE(rc(g, 0, Op::kHello, hello(base)) == CUDA_SUCCESS);
+    claim(g, 1, base + 1);
+    REQUIRE(rc(g, 1, Op::kHello, hello(base + 1)) == CUDA_SUCCESS);
+    sup = supervisor(d);
+    REQUIRE(sup != 0);
+    REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 2; }));
+    workers = Daemon::children_of(sup);
+    const nlohmann::json vm = vm_entry(ctl);
+    REQUIRE(vm.is_object());
+    id = vm["id"].get<long long>();
+    const auto asked = control(ctl, R"({"cmd":"suspend","guest":)" + std::to_string(id) + "}");
+    INFO("suspend: " << asked.dump());
+    REQUIRE(asked.value("ok", false));
+  }
+  ~SuspendingVm() {
+    ::unlink(ctl.c_str());
+    ::unsetenv("IVCUDA_DOUBLE_LEDGER");
+    ::unlink(ledger.c_str());
+  }
+  // Its entry in the daemon's status, once it says `state` (null if not within `ms`).
+  nlohmann::json when(const std::string& state, int ms) {
+    nlohmann::json vm;
+    wait_for([&] { vm = vm_entry(ctl); return vm.is_object() && vm["state"] == state; }, ms);
+    return vm.is_object() && vm["state"] == state ? vm : nlohmann::json();
+  }
+};
 }  // namespace
 
 TEST_CASE("a VM gets at most --max-workers-per-guest workers and the processes past it are refused", "[process][hostile]") {
@@ -470,44 +542,16 @@ TEST_CASE("a subverted worker's writes to the VM's shared memory neither crash n
 // and another process of the host gets its pid; evicting the VM then kills
 // the VM's remaining worker, and must leave that process alone.
 TEST_CASE("a suspended VM's ended worker's pid, taken by another process, is never acted on", "[process][hostile]") {
-  const std::string ctl = "/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-reuse.ctl";
-  // The GPU test double models checkpointing across its processes through a ledger file.
-  const std::string ledger = "/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-reuse.ledger";
-  std::ofstream(ledger).close();
-  ::setenv("IVCUDA_DOUBLE_LEDGER", ledger.c_str(), 1);
-  // The double, like driver 580, checkpoints no process under a seccomp filter.
-  Daemon d({"--vm-spare-workers", "0", "--sandbox", "off", "--control-socket", ctl}, "-reuse");
-  REQUIRE(d.alive());
-  REQUIRE(wait_for([&] { return ::access(ctl.c_str(), F_OK) == 0; }));
-  RawGuest g(d.sock);
-  const pid_t base = ::getpid() + 300000;
-  claim(g, 0, base);
-  REQUIRE(rc(g, 0, Op::kHello, hello(base)) == CUDA_SUCCESS);
-  claim(g, 1, base + 1);
-  REQUIRE(rc(g, 1, Op::kHello, hello(base + 1)) == CUDA_SUCCESS);
-  const pid_t sup = supervisor(d);
-  REQUIRE(sup != 0);
-  REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 2; }));
-  const auto workers = Daemon::children_of(sup);
-  nlohmann::json vm = vm_entry(ctl);
-  REQUIRE(vm.is_object());
-  const auto id = vm["id"].get<long long>();
-  const auto asked = control(ctl, R"({"cmd":"suspend","guest":)" + std::to_string(id) + "}");
-  INFO("suspend: " << asked.dump());
-  REQUIRE(asked.value("ok", false));
-  REQUIRE(wait_for([&] { vm = vm_entry(ctl); return vm.is_object() && vm["state"] == "suspended"; }, 15000));
+  SuspendingVm v("reuse", nullptr);
+  const auto& workers = v.workers;
+  const std::string& ctl = v.ctl;
+  const auto id = v.id;
+  REQUIRE(v.when("suspended", 15000).is_object());
 
   // The first worker ends; its supervisor reaps it, and the pid is free.
   const pid_t gone = workers[0];
-  ::kill(gone, SIGKILL);
-  REQUIRE(wait_for([&] { return ::kill(gone, 0) != 0; }));
-  const pid_t other = sleeper_with_pid(gone);
-  REQUIRE(other > 0);
-  if (other != gone) {
-    ::kill(other, SIGKILL);
-    ::waitpid(other, nullptr, 0);
-    IVCUDA_SKIP("could not start a process with pid " << gone << " (writing /proc/sys/kernel/ns_last_pid needs root)");
-  }
+  const pid_t other = end_and_take_pid(gone);
+  if (other != gone) IVCUDA_SKIP("could not start a process with pid " << gone << " (ns_last_pid needs root)");
   // Evicting a suspended VM kills its workers: the one left, not the pid's new owner.
   const auto evicted = control(ctl, R"({"cmd":"evict","guest":)" + std::to_string(id) + "}");
   INFO("evict: " << evicted.dump());
@@ -518,10 +562,7 @@ TEST_CASE("a suspended VM's ended worker's pid, taken by another process, is nev
   CHECK(::waitpid(other, nullptr, WNOHANG) == 0);
   ::kill(other, SIGKILL);
   ::waitpid(other, nullptr, 0);
-  CHECK(d.alive());
-  ::unlink(ctl.c_str());
-  ::unsetenv("IVCUDA_DOUBLE_LEDGER");
-  ::unlink(ledger.c_str());
+  CHECK(v.d.alive());
 }
 
 // The same rule where it matters most: a request waits in the daemon's
@@ -531,29 +572,9 @@ TEST_CASE("a suspended VM's ended worker's pid, taken by another process, is nev
 TEST_CASE("a VM's worker that ends while its checkpoint request waits is skipped as the request would go, and the VM "
           "suspends without it",
           "[process][hostile]") {
-  const std::string tag = "/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-queued";
-  const std::string ctl = tag + ".ctl", ledger = tag + ".ledger";
-  std::ofstream(ledger).close();
-  ::setenv("IVCUDA_DOUBLE_LEDGER", ledger.c_str(), 1);
-  ::setenv("IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS", "1500", 1);  // each checkpoint takes 1.5 s
-  Daemon d({"--vm-spare-workers", "0", "--sandbox", "off", "--control-socket", ctl}, "-queued");
-  ::unsetenv("IVCUDA_GPU_DOUBLE_CHECKPOINT_DELAY_MS");
-  REQUIRE(d.alive());
-  REQUIRE(wait_for([&] { return ::access(ctl.c_str(), F_OK) == 0; }));
-  RawGuest g(d.sock);
-  const pid_t base = ::getpid() + 300000;
-  claim(g, 0, base);
-  REQUIRE(rc(g, 0, Op::kHello, hello(base)) == CUDA_SUCCESS);
-  claim(g, 1, base + 1);
-  REQUIRE(rc(g, 1, Op::kHello, hello(base + 1)) == CUDA_SUCCESS);
-  const pid_t sup = supervisor(d);
-  REQUIRE(sup != 0);
-  REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 2; }));
-  const auto workers = Daemon::children_of(sup);  // ascending: the daemon asks about them in this order
-  nlohmann::json vm = vm_entry(ctl);
-  REQUIRE(vm.is_object());
-  const auto id = vm["id"].get<long long>();
-  REQUIRE(control(ctl, R"({"cmd":"suspend","guest":)" + std::to_string(id) + "}").value("ok", false));
+  SuspendingVm v("queued", "1500");  // each checkpoint takes 1.5 s
+  const auto& workers = v.workers;
+  Daemon& d = v.d;
   // The checkpointer starts once both workers hold their calls and both
   // requests are queued; the first takes 1.5 s.
   const auto checkpointer = [&] {
@@ -566,24 +587,15 @@ TEST_CASE("a VM's worker that ends while its checkpoint request waits is skipped
   };
   REQUIRE(wait_for([&] { return checkpointer() != 0; }));
   const pid_t gone = workers[1];
-  ::kill(gone, SIGKILL);
-  REQUIRE(wait_for([&] { return ::kill(gone, 0) != 0; }, 1000));
-  const pid_t other = sleeper_with_pid(gone);
-  REQUIRE(other > 0);
-  if (other != gone) {
-    ::kill(other, SIGKILL);
-    ::waitpid(other, nullptr, 0);
-    IVCUDA_SKIP("could not start a process with pid " << gone << " (writing /proc/sys/kernel/ns_last_pid needs root)");
-  }
-  CHECK(wait_for([&] { vm = vm_entry(ctl); return vm.is_object() && vm["state"] == "suspended"; }, 15000));
-  INFO("the VM: " << vm.dump());
+  const pid_t other = end_and_take_pid(gone);
+  if (other != gone) IVCUDA_SKIP("could not start a process with pid " << gone << " (ns_last_pid needs root)");
+  const nlohmann::json vm = v.when("suspended", 15000);
+  INFO("the VM: " << vm_entry(v.ctl).dump());
+  REQUIRE(vm.is_object());
   CHECK(vm.contains("suspend"));
   CHECK(vm["suspend"].value("last", std::string()) == "suspended");
   CHECK(running(other));
   ::kill(other, SIGKILL);
   ::waitpid(other, nullptr, 0);
   CHECK(d.alive());
-  ::unlink(ctl.c_str());
-  ::unsetenv("IVCUDA_DOUBLE_LEDGER");
-  ::unlink(ledger.c_str());
 }
