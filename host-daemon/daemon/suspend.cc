@@ -173,16 +173,9 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
     return {{"ok", false}, {"error", "guest " + std::to_string(id) + " is evicted"}};
   const auto mode = static_cast<GuestMode>(b.mode.load(std::memory_order_relaxed));
   w->susp = Served::Suspension{};
-  if (mode == GuestMode::kProcess) {
-    // Served by a warm entry: its worker, the entry process's child (named
-    // on the entry's line once ready; tend_suspensions waits for that); else
-    // the connection's process became the worker (vm_supervisor.cc).
-    if (w->worker_pid > 0 || !w->by_warm) w->susp.targets.push_back({w->worker_pid > 0 ? w->worker_pid : conn_pid});
-  } else {
-    // A VM: the connection's process is its supervisor, and every worker of
-    // the VM its child; they are listed once they all hold their calls.
-    w->susp.supervisor = conn_pid;
-  }
+  // The targets are listed once the guest holds its calls (tend_suspensions).
+  // A VM: the connection's process is its supervisor, and every worker of the VM its child.
+  if (mode != GuestMode::kProcess) w->susp.supervisor = conn_pid;
   w->susp.phase = Phase::kHolding;
   w->susp.since = clk::now();
   w->susp.deadline = clk::now() + kHoldWait;
@@ -191,9 +184,9 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
   if (w->susp.supervisor != 0)
     IVLOG_INFO("guest %lld: suspending (a VM: every worker of its supervisor, pid %d): its calls are held",
                static_cast<long long>(id), static_cast<int>(conn_pid));
-  else if (!w->susp.targets.empty())
+  else if (const pid_t worker = w->by_warm ? w->worker_pid : conn_pid; worker > 0)
     IVLOG_INFO("guest %lld: suspending (worker pid %d): its calls are held", static_cast<long long>(id),
-               static_cast<int>(w->susp.targets[0].pid));
+               static_cast<int>(worker));
   else
     IVLOG_INFO("guest %lld: suspending (its worker is still starting): its calls are held",
                static_cast<long long>(id));
@@ -538,10 +531,14 @@ void Daemon::tend_suspensions() {
         w.susp.targets.clear();
         for (const pid_t k : kids) w.susp.targets.push_back({k});
       }
-    } else if (w.susp.targets.empty()) {
-      // A warm entry's worker that was still starting: its pid comes on the entry's line.
-      all_hold = all_hold && w.worker_pid > 0;
-      if (all_hold) w.susp.targets.push_back({w.worker_pid});
+    } else {
+      // A process-mode guest: its worker. A warm entry's is the entry
+      // process's child, named on the entry's line once ready (which may be
+      // after the guest came); else the connection's process became the
+      // worker (vm_supervisor.cc).
+      const pid_t worker = w.by_warm ? w.worker_pid : pid;
+      all_hold = all_hold && worker > 0;
+      if (all_hold) w.susp.targets = {{worker}};
     }
     if (all_hold) {
       w.susp.phase = Phase::kSuspending;

@@ -207,7 +207,7 @@ pid_t sleeper_with_pid(pid_t want) {
 // when it could not get that one).
 pid_t end_and_take_pid(pid_t w) {
   ::kill(w, SIGKILL);
-  REQUIRE(wait_for([&] { return ::kill(w, 0) != 0; }, 1000));
+  REQUIRE(wait_for([&] { return ::kill(w, 0) != 0; }));
   const pid_t other = sleeper_with_pid(w);
   if (other == w || other < 0) return other;
   ::kill(other, SIGKILL);
