@@ -210,12 +210,14 @@ train() {
   local ok=$?
   [ $ok -eq 0 ] || tail -5 "$out/train-$name-native.out"
   start_daemon "$worked"
+  local mark
+  mark=$(log_mark "$log")  # the log goes on from earlier daemons: only this run's hello counts
   echo "=== $name training through ivcuda (--sandbox $worked), suspended $hold s at step 100"
   env "$@" IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" timeout 400 "$py" "$script" 300 \
     >"$out/train-$name-ivcuda.out" 2>&1 &
   tr=$!
   for _ in $(seq 2400); do grep -q '^step 100 ' "$out/train-$name-ivcuda.out" && break; sleep 0.05; done
-  g=$(sed -n 's/.*guest \([0-9]*\): process [0-9]* says hello.*/\1/p' "$log" | tail -1)
+  g=$(tail -c +$((mark + 1)) "$log" | sed -n 's/.*guest \([0-9]*\): process [0-9]* says hello.*/\1/p' | tail -1)
   [ -n "$g" ] || { ok=1; echo "the training guest was not served by ivcudad (no hello in its log)"; }
   before=$(used)
   "$ctl" --socket "$csock" suspend "${g:-0}" --wait 300 | tee "$out/train-$name-suspend.txt"
