@@ -53,14 +53,19 @@ for config in "$@"; do
   [ "$config" != "$staging" ] && delay=${config#*,}
   threads=
   [ $staging = 8M ] && threads=3
-  what="staging $staging${threads:+, $threads copy threads}${delay:+, events done ${delay} us after their record}"
+  # The long copy: 4096 chunks of 4 KiB slots (16 MiB) as of 16 KiB ones
+  # (64 MiB); 64 MiB through 4 KiB slots took a TSan run three times as long
+  # and reused each slot no differently.
+  long_mib=64
+  case $staging in 4K|12K) long_mib=16 ;; esac
+  what="staging $staging, a long copy of $long_mib MiB${threads:+, $threads copy threads}${delay:+, events done ${delay} us after their record}"
   if ! IVCUDA_GPU_DOUBLE_EVENT_DELAY_US=$delay start_ivcudad "$work/log" --socket "$work/s" --shm-size 256M \
       --channels 4 --staging-size $staging --driver "$driver"; then
     echo "FAIL ivcuda, $what"; failed=1
     continue
   fi
   if IVCUDA_COPY_THREADS=$threads IVCUDA_SOCKET=$work/s LD_LIBRARY_PATH=$build/lib timeout 280 "$prog" \
-      --ptx "$ptx" --errors --ordering >"$work/out" 2>&1; then
+      --ptx "$ptx" --errors --ordering --long-mib $long_mib >"$work/out" 2>&1; then
     echo "PASS ivcuda, $what: $(tail -1 "$work/out")"
   else
     cat "$work/out"; echo "--- ivcudad log"; tail -20 "$work/log"; echo "FAIL ivcuda, $what"; failed=1

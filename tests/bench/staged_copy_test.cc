@@ -1,6 +1,6 @@
 // Pageable copies through the staging pipeline, byte for byte.
 //
-//   staged_copy_test [--ptx FILE] [--errors] [--ordering]
+//   staged_copy_test [--ptx FILE] [--errors] [--ordering] [--long-mib N]
 //
 // Run through ivcuda with a small --staging-size (run_staged_copy.sh uses
 // 64 KiB: four 16 KiB slots), every size below crosses many chunks and slot
@@ -9,7 +9,8 @@
 // around 8 KiB cross from copies carried in the record (both ways) to staged
 // ones; threads that outnumber the channels share the overflow channel's
 // staging area; a memset / copy / copy sequence in one stream checks stream
-// order; 64 MiB runs the pipeline long. --ptx adds copies interleaved with
+// order; a long copy (--long-mib, 64 MiB by default) runs the pipeline long:
+// thousands of chunks through every slot. --ptx adds copies interleaved with
 // kernels and streams, in orders CUDA defines. ivcuda-only checks:
 // --errors adds copies that fail on the host (a pageable HtoD is posted, so
 // its error comes at the next synchronising call; the staging counter must
@@ -22,6 +23,7 @@
 #include <cuda.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -276,6 +278,12 @@ int main(int argc, char** argv) {
   const bool errors = check::flag(argc, argv, "--errors");
   const bool order = check::flag(argc, argv, "--ordering");
   const char* ptx = check::arg(argc, argv, "--ptx");
+  const char* long_mib = check::arg(argc, argv, "--long-mib");
+  const std::size_t long_bytes = (long_mib != nullptr ? std::strtoul(long_mib, nullptr, 10) : 64u) << 20;
+  if (long_bytes == 0) {
+    std::fprintf(stderr, "staged_copy_test: --long-mib wants a size of at least 1\n");
+    return 2;
+  }
   OK(cuInit(0));
   CUdevice dev;
   OK(cuDeviceGet(&dev, 0));
@@ -320,9 +328,9 @@ int main(int argc, char** argv) {
   }
   OK(cuCtxSynchronize());
 
-  // Long: 64 MiB each way, synchronous and in a stream.
+  // Long: --long-mib each way, synchronous and in a stream.
   {
-    const std::size_t n = 64u << 20;
+    const std::size_t n = long_bytes;
     CUdeviceptr big;
     OK(cuMemAlloc(&big, n + kGuardBytes + 16));
     roundtrip(big, n + kGuardBytes + 16, n, 0, 0, 64, s, false);
