@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -170,14 +171,17 @@ constexpr Syscall kAllow[] = {
     {"times", Rule::kAny, "CPU time"},
     {"getrandom", Rule::kAny, "IPC tokens, random mapping addresses"},
     {"getcpu", Rule::kAny, "where a thread runs"},
-    {"prctl", Rule::kPrctlSome, "thread names, timer slack (Worker::run), a few queries"},
+    {"prctl", Rule::kPrctlSome,
+     "thread names, timer slack (Worker::run), dumpable while suspended (Worker::hold_for_suspend), a few queries"},
 };
 
 // prctl options a sandboxed worker may use (Rule::kPrctlSome).
 constexpr int kPrSetVma = 0x53564d41;  // PR_SET_VMA (Linux 5.17; newer headers)
-constexpr int kPrctlAllowed[] = {PR_SET_NAME,         PR_GET_NAME,     PR_SET_TIMERSLACK, PR_GET_TIMERSLACK,
-                                 PR_GET_DUMPABLE,     PR_GET_SECCOMP,  PR_GET_NO_NEW_PRIVS, PR_GET_PDEATHSIG,
-                                 PR_GET_CHILD_SUBREAPER, kPrSetVma};
+// PR_SET_DUMPABLE: a worker under --user makes itself reachable by its
+// checkpointer (same user) while suspended; it exposes only itself.
+constexpr int kPrctlAllowed[] = {PR_SET_NAME,         PR_GET_NAME,     PR_SET_TIMERSLACK,   PR_GET_TIMERSLACK,
+                                 PR_GET_DUMPABLE,     PR_SET_DUMPABLE, PR_GET_SECCOMP,      PR_GET_NO_NEW_PRIVS,
+                                 PR_GET_PDEATHSIG,    PR_GET_CHILD_SUBREAPER, kPrSetVma};
 
 // Under the test switch only (Config::test_double_ipc): what the GPU test
 // double needs beyond a driver.
@@ -444,9 +448,8 @@ int add_rule(scmp_filter_ctx ctx, int nr, Rule rule, scmp_datum_t self) {
       for (const int opt : kPrctlAllowed)
         if (rc == 0) rc = allow({arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt))});
       // LeakSanitizer makes the worker traceable by its own tracer at exit.
-      if (kSanitizerRuntime)
-        for (const int opt : {PR_SET_DUMPABLE, PR_SET_PTRACER})
-          if (rc == 0) rc = allow({arg_cmp(0, SCMP_CMP_EQ, static_cast<scmp_datum_t>(opt))});
+      // (PR_SET_DUMPABLE, which it also uses, every worker has.)
+      if (kSanitizerRuntime && rc == 0) rc = allow({arg_cmp(0, SCMP_CMP_EQ, scmp_datum_t{PR_SET_PTRACER})});
       return rc;
     case Rule::kFcntlSome:
       if (!IVCUDA_RULE("worker-fcntl-no-signals")) return allow({});
@@ -638,6 +641,47 @@ void apply_to_daemon(const Config& c) {
     IVLOG_WARN("sandbox: no_new_privs on the daemon: %s", std::strerror(errno));
 }
 
+namespace {
+
+// Each open pipe's (device, inode), from /proc/self/fd.
+std::vector<std::pair<dev_t, ino_t>> open_pipes(std::vector<int>* fds = nullptr) {
+  std::vector<std::pair<dev_t, ino_t>> out;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    struct stat st {};
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(d) || ::fstat(static_cast<int>(fd), &st) != 0 ||
+        !S_ISFIFO(st.st_mode))
+      continue;
+    out.emplace_back(st.st_dev, st.st_ino);
+    if (fds != nullptr) fds->push_back(static_cast<int>(fd));
+  }
+  ::closedir(d);
+  return out;
+}
+
+// The driver's own pipes, made by its cuInit while the worker was root, are
+// root's with mode 0600; driver 580's checkpoint reopens them from the
+// calling process as /proc/PID/fd/N, which a checkpointer running as --user
+// may then not (traced on an H100: EACCES, the lock fails). So those the
+// driver made become the user's before the drop, which needs CAP_CHOWN; the
+// pipes the worker had before (the daemon's) stay as they are.
+Result<void> give_driver_pipes(const Config& c, const Applied& a) {
+  std::vector<int> fds;
+  const auto now = open_pipes(&fds);
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    if (std::find(a.pipes_before.begin(), a.pipes_before.end(), now[i]) != a.pipes_before.end()) continue;
+    if (::fchown(fds[i], c.uid, c.gid) != 0)
+      return make_error(errno, "giving the driver's pipe (fd " + std::to_string(fds[i]) + ") to --user " + c.user +
+                                   ": " + std::strerror(errno));
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<void> before_driver(const Config& c, const std::vector<std::string>& libraries, Applied* a) {
   trace_mark("worker-start");
   if (!c.enabled() || !IVCUDA_RULE("worker-sandbox")) return {};
@@ -649,6 +693,7 @@ Result<void> before_driver(const Config& c, const std::vector<std::string>& libr
       return make_error(errno, std::string("stdin from /dev/null: ") + std::strerror(errno));
     if (null != STDIN_FILENO) ::close(null);
   }
+  if (!c.user.empty()) a->pipes_before = open_pipes();
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
     return make_error(errno, std::string("no_new_privs: ") + std::strerror(errno));
   a->no_new_privs = true;
@@ -681,6 +726,7 @@ Result<void> after_driver(const Config& c, Applied* a) {
   const bool drop_caps = IVCUDA_RULE("worker-no-capabilities");
   if (drop_caps) IVCUDA_TRY(drop_bounding_set(&a->capabilities_note));
   if (!c.user.empty() && IVCUDA_RULE("worker-sandbox")) {
+    IVCUDA_TRY(give_driver_pipes(c, *a));
     const gid_t groups[] = {c.gid};
     if (::setgroups(1, groups) != 0 || ::setgid(c.gid) != 0 || ::setuid(c.uid) != 0)
       return make_error(errno, "dropping to --user " + c.user + ": " + std::strerror(errno));

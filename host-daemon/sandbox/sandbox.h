@@ -17,6 +17,7 @@
 
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ivcuda/result.h"
@@ -82,6 +83,9 @@ struct Applied {
   std::string seccomp_note;
   std::size_t allowed_syscalls = 0;  // of the product's table (--print-syscall-allowlist)
   std::size_t extra_syscalls = 0;    // the test switch's and the sanitizer runtime's
+  // Under --user: the pipes open before the driver (before_driver), so that
+  // after_driver gives the user only those the driver made.
+  std::vector<std::pair<dev_t, ino_t>> pipes_before;
 };
 
 // Step 1, in the worker right after fork: stdin becomes /dev/null (a tty the

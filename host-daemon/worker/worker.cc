@@ -670,6 +670,15 @@ void Worker::evict() {
 
 void Worker::hold_for_suspend() {
   held_ = true;
+  // The checkpointer reaches into this process through /proc (its pipes as
+  // /proc/PID/fd/N), which the kernel allows a process of the same user only
+  // while this one is dumpable; a worker that dropped to --user is not (a
+  // change of user clears it). So it is while held, before the daemon is
+  // told (quiet), and is as before once its calls go on.
+  const int was_dumpable = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+  if (was_dumpable == 0 && ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0)
+    IVLOG_WARN("guest %u: this worker cannot be made dumpable for its checkpointer: %s", cfg_.guest_id,
+               std::strerror(errno));
   cfg_.stats->quiet.fetch_add(1, std::memory_order_acq_rel);
   IVLOG_INFO("guest %u: suspending: its calls are held", cfg_.guest_id);
   const auto t0 = std::chrono::steady_clock::now();
@@ -687,6 +696,7 @@ void Worker::hold_for_suspend() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   cfg_.stats->quiet.fetch_sub(1, std::memory_order_acq_rel);
+  if (was_dumpable == 0) (void)::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   held_ = false;
   IVLOG_INFO("guest %u: its calls go on after %.0f ms held", cfg_.guest_id,
              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());

@@ -8,7 +8,8 @@
 // restore inside the process itself, from a thread of its own, and so does
 // the double (its checkpoint thread): the system calls driver 580 makes
 // there, which a sandbox must allow, or the checkpoint (or restore) fails
-// with CUDA_ERROR_OPERATING_SYSTEM. The process's pointers and handles never change
+// with CUDA_ERROR_OPERATING_SYSTEM; and the caller's reach into the process
+// through /proc, which the kernel must allow (reach). The process's pointers and handles never change
 // (its memory here is host memory all along). The states and their order are
 // the driver's (cuda.h's CUprocessState); without a ledger there is no other
 // process to act on.
@@ -82,6 +83,29 @@ int process_part(Ledger::Entry* e, std::uint32_t part) {
   }
 }
 
+// The caller's reach into the process: driver 580's caller lists
+// /proc/PID/task and reopens the process's pipes as /proc/PID/fd/N at each
+// step (traced, as above). The kernel lets it only into a process it may
+// trace (the same user and the target dumpable, or CAP_SYS_PTRACE), and
+// then only a pipe its user may open (a pipe is its maker's, mode 0600).
+// Refused, the step fails with CUDA_ERROR_OPERATING_SYSTEM, as driver 580's
+// lock did where the checkpointer ran as a worker's --user: the worker, which
+// changed its user, was not dumpable, and its driver's pipes, made before
+// the change, were root's (traced on an H100: EACCES).
+CUresult reach(int pid, const Ledger::Entry* e, const char* what) {
+  const int pipe_fd = e->pipe_fd.load();
+  const std::string path =
+      "/proc/" + std::to_string(pid) + "/fd" + (pipe_fd >= 0 ? "/" + std::to_string(pipe_fd) : std::string());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    return CUDA_SUCCESS;
+  }
+  if (errno != EACCES && errno != EPERM) return CUDA_SUCCESS;  // gone: the ledger answers for it
+  log("%s of process %d: its %s: %s", what, pid, path.c_str(), std::strerror(errno));
+  return CUDA_ERROR_OPERATING_SYSTEM;
+}
+
 // Moves entry `e` from state `from` to `to`; ILLEGAL_STATE if it is not in `from`.
 CUresult step(Ledger::Entry* e, CUprocessState from, CUprocessState to) {
   std::uint32_t want = from;
@@ -94,6 +118,8 @@ void ivcuda::gpu_double::start_checkpoint_thread(Ledger::Entry* e) {
   // Its placeholder and the descriptor it parks there, opened while the process may still open anything.
   const int placeholder = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   const int parked = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int pipe_ends[2];
+  if (::pipe2(pipe_ends, O_CLOEXEC) == 0) e->pipe_fd.store(pipe_ends[0]);  // both ends kept, as the driver's
   std::thread([e, placeholder, parked] {
     for (;;) {
       const std::uint32_t asked = e->part_asked.load();
@@ -135,6 +161,7 @@ CUresult CUDAAPI cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
     if (args != nullptr && (args->reserved0 != 0 || args->reserved1[0] != 0)) return CUDA_ERROR_INVALID_VALUE;
     if (const CUresult f = entry_for(pid, &e); f != CUDA_SUCCESS) return f;
     if (e->checkpoint.load() != CU_PROCESS_STATE_RUNNING) return CUDA_ERROR_ILLEGAL_STATE;
+    if (const CUresult f = reach(pid, e, "lock"); f != CUDA_SUCCESS) return f;
     std::uint32_t none = 0;
     return e->lock_asked.compare_exchange_strong(none, 1) ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
   });
@@ -162,6 +189,7 @@ CUresult CUDAAPI cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointAr
     Ledger::Entry* e = nullptr;
     if (const CUresult r = entry_for(pid, &e); r != CUDA_SUCCESS) return r;
     if (e->checkpoint.load() != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
+    if (const CUresult f = reach(pid, e, "checkpoint"); f != CUDA_SUCCESS) return f;
     // The process's own part: refused by its sandbox, the checkpoint fails at
     // once and leaves it locked, as driver 580 did to a worker whose filter
     // lacked dup2.
@@ -191,6 +219,7 @@ CUresult CUDAAPI cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* ar
     Ledger::Entry* e = nullptr;
     if (const CUresult r = entry_for(pid, &e); r != CUDA_SUCCESS) return r;
     if (e->checkpoint.load() != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
+    if (const CUresult f = reach(pid, e, "restore"); f != CUDA_SUCCESS) return f;
     // The memory must be free again: what every other live process holds
     // (this caller's included) and this one's must fit.
     for (int d = 0; d < kMaxDevices; ++d) {
@@ -218,6 +247,8 @@ CUresult CUDAAPI cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args
     if (args != nullptr && args->reserved[0] != 0) return CUDA_ERROR_INVALID_VALUE;
     Ledger::Entry* e = nullptr;
     if (const CUresult r = entry_for(pid, &e); r != CUDA_SUCCESS) return r;
+    if (e->checkpoint.load() == CU_PROCESS_STATE_LOCKED)
+      if (const CUresult f = reach(pid, e, "unlock"); f != CUDA_SUCCESS) return f;
     return step(e, CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_RUNNING);
   });
 }

@@ -85,6 +85,10 @@ struct Ledger {
     std::atomic<std::uint32_t> part_asked;
     std::atomic<std::uint32_t> part_done;
     std::atomic<std::int32_t> part_errno;
+    // The read end of a pipe the process made when it joined the ledger, as
+    // the driver makes its own at cuInit: another process's checkpoint calls
+    // reopen it through /proc/PID/fd/N, as driver 580's do (-1: none).
+    std::atomic<std::int32_t> pipe_fd;
   };
   static constexpr int kEntries = 512;
   Entry e[kEntries];

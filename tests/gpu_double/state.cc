@@ -236,6 +236,7 @@ int my_index() {
       e.part_asked.store(0);
       e.part_done.store(0);
       e.part_errno.store(0);
+      e.pipe_fd.store(-1);
       start_checkpoint_thread(&e);
       mine = i;
       break;

@@ -25,7 +25,7 @@ log=$work/ivcudad.log
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 13
+expect_cases 14
 guests=()
 cleanup() {
   for g in "${guests[@]}"; do kill "$g" 2>/dev/null; done
@@ -112,6 +112,42 @@ fi
 kill "$z_pid" 2>/dev/null
 wait "$z_pid" 2>/dev/null
 stop_ivcudad
+
+# --- the default sandbox with --user nobody: the worker dropped its user, which leaves it not
+# dumpable, and the checkpointer runs as that user; the double's checkpoint reaches into the
+# worker through /proc as driver 580's does, so the worker must be dumpable while held
+if [ -n "$tsan" ]; then
+  not_run "under --user a guest is suspended and resumed" "$IVCUDA_SANITIZE build: its workers have no seccomp filter"
+elif [ "$(id -u)" -ne 0 ]; then
+  not_run "under --user a guest is suspended and resumed" "the daemon must be root to drop workers"
+else
+  chmod 711 "$work" && chmod 666 "$IVCUDA_DOUBLE_LEDGER"  # the checkpointer, as nobody, loads the double
+  daemon --user nobody
+  ok=0
+  start_guest u 64 || exit 1
+  u_pid=$gpid id_u=$gid
+  "$ctl" --socket "$csock" suspend "$id_u" >"$work/u.txt" 2>&1 || ok=1
+  grep -q "guest $id_u: suspended: 64 MiB in host memory" "$work/u.txt" || { ok=1; cat "$work/u.txt"; }
+  grep -q "checkpointer: .*uid $(id -u nobody) " "$log" || { ok=1; grep checkpointer "$log"; }
+  "$ctl" --socket "$csock" resume "$id_u" >>"$work/u.txt" 2>&1 || ok=1
+  grep -q "guest $id_u: serving again: 64 MiB back on the GPU" "$work/u.txt" || { ok=1; cat "$work/u.txt"; }
+  echo check >&"$u_fd"
+  for _ in $(seq 200); do grep -q '^checked' "$work/u.out" && break; sleep 0.05; done
+  grep -q "^checked intact=1 alloc=1 .* failed_calls=0" "$work/u.out" || { ok=1; cat "$work/u.out"; }
+  # Dumpable only while held: its calls go on, and it is not any more (the kernel gives a
+  # process that is not dumpable's /proc/PID/fd to root).
+  seen=0
+  for w in $(pgrep -u nobody -f "$build/host-daemon/ivcudad"); do
+    seen=$((seen + 1))
+    owner=$(stat -c %U "/proc/$w/fd" 2>/dev/null)
+    [ "$owner" = root ] || { ok=1; echo "worker $w: /proc/$w/fd owned by $owner: dumpable after the resume"; }
+  done
+  [ "$seen" -gt 0 ] || { ok=1; echo "no worker runs as nobody"; }
+  verdict "under --user nobody a guest is suspended and resumed intact (the worker dumpable while held only)" $ok
+  kill "$u_pid" 2>/dev/null
+  wait "$u_pid" 2>/dev/null
+  stop_ivcudad
+fi
 daemon --sandbox off
 
 start_guest a 256 || exit 1
