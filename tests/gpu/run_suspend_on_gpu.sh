@@ -34,16 +34,31 @@ modes=${IVCUDA_SUSPEND_SANDBOXES:-on audit}
 sizes=${IVCUDA_SUSPEND_SIZES:-1024 16384}
 expect_cases $(($(echo "$modes" | wc -w) + $(echo "$sizes" | wc -w) + 3))
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+# IVCUDA_SUSPEND_STRACE=1: each daemon runs under strace -f (tests/gpu/strace_env.sh), and a mode
+# that fails prints the calls its checkpointer saw refused.
+traced=()
+if [ -n "${IVCUDA_SUSPEND_STRACE:-}" ]; then
+  # shellcheck source=strace_env.sh
+  . "$root/tests/gpu/strace_env.sh" || exit 1
+  traced=("${strace_cmd[@]}" -f -qq -o)
+fi
 daemon=
-stop_daemon() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null; daemon=; }
+stop_daemon() {
+  [ -n "$daemon" ] || return 0
+  kill "$daemon" 2>/dev/null
+  [ ${#traced[@]} -eq 0 ] || pkill -f -- "--socket $sock " 2>/dev/null  # strace's daemon, not strace
+  wait "$daemon" 2>/dev/null
+  daemon=
+}
 trap 'stop_daemon' EXIT
 start_daemon() {  # MODE[:USER]
-  local user=()
+  local user=() pre=()
   [[ $1 == *:* ]] && user=(--user "${1#*:}")
   sock=/tmp/ivcuda-suspend-${1/:/-}.sock csock=/tmp/ivcuda-suspend-${1/:/-}.ctl log=$out/ivcudad-${1/:/-}.log
+  [ ${#traced[@]} -eq 0 ] || pre=("${traced[@]}" "$out/strace-${1/:/-}.txt")
   rm -f "$sock" "$csock"
-  IVCUDA_SANDBOX=${1%%:*} "$build/host-daemon/ivcudad" --socket "$sock" --control-socket "$csock" --shm-size 2G \
-    --driver libcuda.so.1 "${user[@]}" >>"$log" 2>&1 &
+  IVCUDA_SANDBOX=${1%%:*} "${pre[@]}" "$build/host-daemon/ivcudad" --socket "$sock" --control-socket "$csock" \
+    --shm-size 2G --driver libcuda.so.1 "${user[@]}" >>"$log" 2>&1 &
   daemon=$!
   for _ in $(seq 200); do [ -S "$sock" ] && [ -S "$csock" ] && break; sleep 0.05; done
 }
@@ -130,6 +145,12 @@ for mode in $modes; do
       sed -E 's/ (pid|ses|auid|uid|gid|ppid|tty|sig|arch|ip|code|old-ses)=[^ ]*//g' | sort | uniq -c | sort -rn | head -20
   fi
   stop_daemon
+  cpid=$(sed -n 's/.*checkpointer started: pid \([0-9]*\).*/\1/p' "$log" | tail -1)
+  if [ $ok -ne 0 ] && [ ${#traced[@]} -gt 0 ] && [ -n "$cpid" ]; then
+    echo "calls refused (EACCES, EPERM) in any of the daemon's processes, and the checkpointer's (pid $cpid) failed ones:"
+    grep -E "= -1 E(ACCES|PERM) |^$cpid +.*= -1 E(INVAL|BADF|NOSYS|OPNOTSUPP|SRCH|NXIO|FAULT)" "$out/strace-${mode/:/-}.txt" |
+      cut -c1-220 | head -40
+  fi
   verdict "--sandbox $mode: a guest's $mib MiB suspended (the GPU's used memory $before -> $during MiB, another tenant took them), resumed after $hold s intact, no call failed" $ok
   if [ $ok -eq 0 ] && [ -z "$worked" ]; then
     worked=$mode
