@@ -672,7 +672,9 @@ Result<void> give_driver_pipes(const Config& c, const Applied& a) {
   std::vector<int> fds;
   const auto now = open_pipes(&fds);
   for (std::size_t i = 0; i < now.size(); ++i) {
-    if (std::find(a.pipes_before.begin(), a.pipes_before.end(), now[i]) != a.pipes_before.end()) continue;
+    if (IVCUDA_RULE("user-driver-pipes-only") &&
+        std::find(a.pipes_before.begin(), a.pipes_before.end(), now[i]) != a.pipes_before.end())
+      continue;
     if (::fchown(fds[i], c.uid, c.gid) != 0)
       return make_error(errno, "giving the driver's pipe (fd " + std::to_string(fds[i]) + ") to --user " + c.user +
                                    ": " + std::strerror(errno));

@@ -696,7 +696,7 @@ void Worker::hold_for_suspend() {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   cfg_.stats->quiet.fetch_sub(1, std::memory_order_acq_rel);
-  if (was_dumpable == 0) (void)::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  if (was_dumpable == 0 && IVCUDA_RULE("user-dumpable-while-held")) (void)::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   held_ = false;
   IVLOG_INFO("guest %u: its calls go on after %.0f ms held", cfg_.guest_id,
              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());

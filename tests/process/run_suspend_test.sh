@@ -143,7 +143,26 @@ else
     [ "$owner" = root ] || { ok=1; echo "worker $w: /proc/$w/fd owned by $owner: dumpable after the resume"; }
   done
   [ "$seen" -gt 0 ] || { ok=1; echo "no worker runs as nobody"; }
-  verdict "under --user nobody a guest is suspended and resumed intact (the worker dumpable while held only)" $ok
+  # Only the driver's pipes became nobody's: a pipe a worker shares with a root process of the
+  # daemon's (its lines to the daemon and its warm entry, open before the driver) is still root's.
+  shared=0
+  roots=$(pgrep -u root -f "$build/host-daemon/ivcudad")
+  for w in $(pgrep -u nobody -f "$build/host-daemon/ivcudad"); do
+    for f in /proc/"$w"/fd/*; do
+      t=$(readlink "$f" 2>/dev/null) || continue
+      [[ $t == pipe:* ]] || continue
+      for r in $roots; do
+        if ls -l /proc/"$r"/fd 2>/dev/null | grep -qF -- "$t"; then
+          shared=$((shared + 1))
+          owner=$(stat -L -c %U "$f")
+          [ "$owner" = root ] || { ok=1; echo "worker $w: ${f##*/} ($t, shared with pid $r) was given to $owner"; }
+          break
+        fi
+      done
+    done
+  done
+  [ "$shared" -gt 0 ] || { ok=1; echo "no pipe shared between a worker and the daemon's root processes was found"; }
+  verdict "under --user nobody a guest is suspended and resumed intact (the worker dumpable while held only, the daemon's pipes still root's)" $ok
   kill "$u_pid" 2>/dev/null
   wait "$u_pid" 2>/dev/null
   stop_ivcudad
