@@ -203,7 +203,7 @@ verdict "while suspended its memory is free for another tenant (who takes and fr
 # --- resume: back on the GPU, the guest saw nothing but time - after the checkpointer that
 # suspended it was killed (the daemon notices; resume starts another)
 ok=0
-ckpt=$(pgrep -x ivcuda-ckpt | head -1)
+ckpt=$(pgrep -x -P "$ivcudad_pid" ivcuda-ckpt | head -1)  # this daemon's (tests run side by side)
 [ -n "$ckpt" ] && kill -9 "$ckpt" || { ok=1; echo "no checkpointer process while suspended"; }
 for _ in $(seq 100); do grep -q "checkpointer (pid ${ckpt:-none}) ended" "$log" && break; sleep 0.05; done
 grep -q "checkpointer (pid ${ckpt:-none}) ended" "$log" || { ok=1; echo "the daemon did not notice its checkpointer's end"; }
