@@ -122,6 +122,10 @@ elif [ "$(id -u)" -ne 0 ]; then
   not_run "under --user a guest is suspended and resumed" "the daemon must be root to drop workers"
 else
   chmod 711 "$work" && chmod 666 "$IVCUDA_DOUBLE_LEDGER"  # the checkpointer, as nobody, loads the double
+  # A pipe the daemon is started with (as a shell's `2>&1 | tee` would give it), which its workers
+  # inherit: open before their driver, it must stay root's.
+  exec {keep}< <(exec sleep 600)
+  keeper=$!
   daemon --user nobody
   ok=0
   start_guest u 64 || exit 1
@@ -136,18 +140,23 @@ else
   grep -q "^checked intact=1 alloc=1 .* failed_calls=0" "$work/u.out" || { ok=1; cat "$work/u.out"; }
   # Dumpable only while held: its calls go on, and it is not any more (the kernel gives a
   # process that is not dumpable's /proc/PID/fd to root).
+  # This daemon's processes only (the mutation runs start several daemons of one build at once).
+  family() { local p; for p in $(pgrep -P "$1"); do echo "$p"; family "$p"; done; }
+  uid_of() { awk '$1 == "Uid:" {print $2}' "/proc/$1/status" 2>/dev/null; }  # (/proc/PID's owner is root's for a process not dumpable)
+  mine=$(family "$ivcudad_pid")
+  workers=$(for p in $mine; do [ "$(uid_of "$p")" = "$(id -u nobody)" ] && echo "$p"; done)
   seen=0
-  for w in $(pgrep -u nobody -f "$build/host-daemon/ivcudad"); do
+  for w in $workers; do
     seen=$((seen + 1))
     owner=$(stat -c %U "/proc/$w/fd" 2>/dev/null)
     [ "$owner" = root ] || { ok=1; echo "worker $w: /proc/$w/fd owned by $owner: dumpable after the resume"; }
   done
   [ "$seen" -gt 0 ] || { ok=1; echo "no worker runs as nobody"; }
   # Only the driver's pipes became nobody's: a pipe a worker shares with a root process of the
-  # daemon's (its lines to the daemon and its warm entry, open before the driver) is still root's.
+  # daemon's (the one it was started with, open before the driver) is still root's.
   shared=0
-  roots=$(pgrep -u root -f "$build/host-daemon/ivcudad")
-  for w in $(pgrep -u nobody -f "$build/host-daemon/ivcudad"); do
+  roots=$(for p in "$ivcudad_pid" $mine; do [ "$(uid_of "$p")" = 0 ] && echo "$p"; done)
+  for w in $workers; do
     for f in /proc/"$w"/fd/*; do
       t=$(readlink "$f" 2>/dev/null) || continue
       [[ $t == pipe:* ]] || continue
@@ -162,6 +171,8 @@ else
     done
   done
   [ "$shared" -gt 0 ] || { ok=1; echo "no pipe shared between a worker and the daemon's root processes was found"; }
+  exec {keep}<&-
+  kill "$keeper" 2>/dev/null
   verdict "under --user nobody a guest is suspended and resumed intact (the worker dumpable while held only, the daemon's pipes still root's)" $ok
   kill "$u_pid" 2>/dev/null
   wait "$u_pid" 2>/dev/null
