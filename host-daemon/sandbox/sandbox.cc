@@ -643,11 +643,12 @@ void apply_to_daemon(const Config& c) {
 
 namespace {
 
-// Each open pipe's (device, inode), from /proc/self/fd.
-std::vector<std::pair<dev_t, ino_t>> open_pipes(std::vector<int>* fds = nullptr) {
-  std::vector<std::pair<dev_t, ino_t>> out;
+// Each open pipe's (device, inode), from /proc/self/fd, and its descriptor
+// in fds; false (errno set) when the list cannot be read: the caller fails
+// rather than take every pipe for the driver's.
+bool open_pipes(std::vector<std::pair<dev_t, ino_t>>* out, std::vector<int>* fds) {
   DIR* d = ::opendir("/proc/self/fd");
-  if (d == nullptr) return out;
+  if (d == nullptr) return false;
   while (const dirent* e = ::readdir(d)) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
@@ -655,11 +656,11 @@ std::vector<std::pair<dev_t, ino_t>> open_pipes(std::vector<int>* fds = nullptr)
     if (end == e->d_name || *end != '\0' || fd == ::dirfd(d) || ::fstat(static_cast<int>(fd), &st) != 0 ||
         !S_ISFIFO(st.st_mode))
       continue;
-    out.emplace_back(st.st_dev, st.st_ino);
+    out->emplace_back(st.st_dev, st.st_ino);
     if (fds != nullptr) fds->push_back(static_cast<int>(fd));
   }
   ::closedir(d);
-  return out;
+  return true;
 }
 
 // The driver's own pipes, made by its cuInit while the worker was root, are
@@ -670,7 +671,9 @@ std::vector<std::pair<dev_t, ino_t>> open_pipes(std::vector<int>* fds = nullptr)
 // pipes the worker had before (the daemon's) stay as they are.
 Result<void> give_driver_pipes(const Config& c, const Applied& a) {
   std::vector<int> fds;
-  const auto now = open_pipes(&fds);
+  std::vector<std::pair<dev_t, ino_t>> now;
+  if (!open_pipes(&now, &fds))
+    return make_error(errno, std::string("listing the worker's pipes after its driver: ") + std::strerror(errno));
   for (std::size_t i = 0; i < now.size(); ++i) {
     if (IVCUDA_RULE("user-driver-pipes-only") &&
         std::find(a.pipes_before.begin(), a.pipes_before.end(), now[i]) != a.pipes_before.end())
@@ -695,7 +698,8 @@ Result<void> before_driver(const Config& c, const std::vector<std::string>& libr
       return make_error(errno, std::string("stdin from /dev/null: ") + std::strerror(errno));
     if (null != STDIN_FILENO) ::close(null);
   }
-  if (!c.user.empty()) a->pipes_before = open_pipes();
+  if (!c.user.empty() && !open_pipes(&a->pipes_before, nullptr))
+    return make_error(errno, std::string("listing the worker's pipes before its driver: ") + std::strerror(errno));
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
     return make_error(errno, std::string("no_new_privs: ") + std::strerror(errno));
   a->no_new_privs = true;
