@@ -7,10 +7,13 @@
 // main() reads the options, prepares the sandbox and the memory layout, and
 // hands over to the listening daemon (daemon.h) or, with --join, to one
 // peer of somebody else's ivshmem-server (launch.h).
+#include <dirent.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -29,6 +32,32 @@
 namespace {
 
 using namespace ivcuda::host;
+
+// Every descriptor above stderr that ivcudad was started with. Workers are
+// forked, never executed, so close-on-exec protects nothing here: a pipe or
+// file its starter leaked (a tool shell's fd 251, say) would live on in the
+// daemon, each connection's process and warm entry, and every worker, whose
+// seccomp filter lets read and write through on any descriptor it holds.
+// Nothing is meant to arrive this way: the service unit uses no socket
+// activation (no LISTEN_FDS), and every path the options name (--socket,
+// --join, --driver, --config, --plain-file) is opened by name. False, errno
+// set, when they cannot be closed.
+bool close_inherited_descriptors() {
+  if (::close_range(3, ~0U, 0) == 0) return true;
+  // Before Linux 5.9 (ENOSYS), or where a container's filter refuses the
+  // call: the same from the list of what is open.
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return false;
+  std::vector<int> fds;
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end != e->d_name && *end == '\0' && fd > 2 && fd != ::dirfd(d)) fds.push_back(static_cast<int>(fd));
+  }
+  ::closedir(d);
+  for (const int fd : fds) ::close(fd);
+  return true;
+}
 
 void set_log_level(const std::string& level) {
   using ivcuda::log::Level;
@@ -83,6 +112,13 @@ std::optional<ivcuda::ring::Layout> plan(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all, while nothing of ours is open (a later close would take
+  // ours too); the log writes to stderr only.
+  if (IVCUDA_RULE("daemon-closes-inherited-fds") && !close_inherited_descriptors()) {
+    IVLOG_ERROR("cannot close the descriptors ivcudad was started with (close_range, /proc/self/fd): %s",
+                std::strerror(errno));
+    return 2;
+  }
   Options o;
   if (const auto done = parse_command_line(argc, argv, &o)) return *done;
   if (o.print_allowlist) {

@@ -2,10 +2,12 @@
 # Starts and stops ivcudad for the test scripts; source it. The daemon is the
 # script's own build's, $build/host-daemon/ivcudad, or $ivcudad_bin where the
 # script sets it (the packaged one).
-#   start_ivcudad [--append] [--wait PATH]... [--wait-log PATTERN] [--may-stop] LOG ARGS...
+#   start_ivcudad [--append] [--log-pipe] [--wait PATH]... [--wait-log PATTERN] [--may-stop] LOG ARGS...
 #       runs ivcudad ARGS... in the background, stdout and stderr to LOG (emptied
 #       first; --append keeps what earlier daemons wrote, for scripts that mark the
-#       log's length before a case), and returns once it is ready: the sockets of
+#       log's length before a case; --log-pipe makes them a pipe that a cat of this
+#       shell's copies into LOG, as `ivcudad 2>&1 | tee LOG` would), and returns
+#       once it is ready: the sockets of
 #       --socket and --guest-socket in ARGS and each --wait PATH (one a config file
 #       names, a control socket) exist, and grep PATTERN matches in LOG (--join has
 #       no socket of its own; a plain file's worker is a log line). Those socket
@@ -24,13 +26,14 @@ ivcudad_pid=
 ivcudad_pids=()
 
 start_ivcudad() {
-  local append="" may_stop="" pattern="" log s ready pid rc daemon
+  local append="" may_stop="" pipe="" pattern="" log s ready pid rc daemon to
   local sockets=()
   daemon=${ivcudad_bin:-${build:?start_ivcudad: the script sets build, its build directory}/host-daemon/ivcudad}
   while :; do
     case "${1:-}" in
       --append) append=1; shift ;;
       --may-stop) may_stop=1; shift ;;
+      --log-pipe) pipe=1; shift ;;
       --wait) sockets+=("$2"); shift 2 ;;
       --wait-log) pattern=$2; shift 2 ;;
       *) break ;;
@@ -50,7 +53,13 @@ start_ivcudad() {
   # Where this daemon's lines begin: an earlier daemon's in the same log prove nothing.
   local mark=0
   [ -n "$append" ] && [ -e "$log" ] && mark=$(wc -c <"$log")
-  if [ -n "$append" ]; then
+  if [ -n "$pipe" ]; then
+    # Emptied here, not by the cat: a log emptied later could show an earlier daemon's line meanwhile.
+    [ -n "$append" ] || : >"$log"
+    exec {to}> >(exec cat >>"$log")
+    "$daemon" "$@" >&"$to" 2>&1 &
+    exec {to}>&-  # the daemon's alone: the cat ends with the daemon and what it started
+  elif [ -n "$append" ]; then
     "$daemon" "$@" >>"$log" 2>&1 &
   else
     "$daemon" "$@" >"$log" 2>&1 &

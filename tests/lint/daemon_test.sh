@@ -4,7 +4,7 @@
 # --wait) and the log line it waits for is there, never on an earlier daemon's socket; a daemon
 # that exits before it is ready fails the start with its status and its log's end (--may-stop:
 # quietly); stop_ivcudad ends every daemon started, and again does nothing; ivcudad_bin names
-# another daemon than the build's.
+# another daemon than the build's; --log-pipe gives it a pipe into its log for stdout and stderr.
 #   daemon_test.sh   (from anywhere)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,7 +46,7 @@ time.sleep(600)
 FAKE
 chmod +x "$build/host-daemon/ivcudad"
 log=$work/log
-expect_cases 9
+expect_cases 10
 
 FAKE_DELAY=0.3 start_ivcudad "$log" --socket "$work/a.sock" --guest-socket "$work/b.sock=0:mem-limit=1G" --x 1
 rc=$?
@@ -101,6 +101,15 @@ ivcudad_bin=$work/pkg/ivcudad build=$work/nowhere start_ivcudad "$log" --socket 
 rc=$?
 [ $rc -eq 0 ] && grep -q packaged "$log"
 verdict "ivcudad_bin: that daemon, not the build's" $?
+stop_ivcudad
+
+# As `ivcudad 2>&1 | tee LOG` would start it: both a pipe, its lines in LOG, an earlier one gone.
+echo "an earlier daemon's line" >"$work/log3"
+start_ivcudad --log-pipe --wait-log "^listening" "$work/log3" --socket "$work/h.sock"
+rc=$?
+out=$(readlink "/proc/$ivcudad_pid/fd/1") err=$(readlink "/proc/$ivcudad_pid/fd/2")
+[ $rc -eq 0 ] && [[ $out == pipe:* ]] && [ "$err" = "$out" ] && ! grep -q "earlier" "$work/log3"
+verdict "--log-pipe: the daemon's stdout and stderr are one pipe, copied into LOG (emptied first)" $?
 stop_ivcudad
 
 FAKE_EXIT=2 start_ivcudad --may-stop "$log" --socket "$work/e.sock" >"$work/out" 2>&1

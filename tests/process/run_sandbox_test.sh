@@ -7,7 +7,9 @@
 # any driver, refuses files outside its rules while module loads and DOT text
 # still work; the explicit test switch IVCUDA_TEST_DOUBLE_IPC=1 is said at
 # start and in each worker's line; --sandbox degraded is said at start;
-# --sandbox off applies nothing and says so; --user drops the worker.
+# --sandbox off applies nothing and says so; --user drops the worker; a
+# descriptor the daemon was started with above stderr (a parent's leak) is in
+# none of its processes.
 #
 #   run_sandbox_test.sh BUILD_DIR DRIVER_LIB
 set -u
@@ -23,7 +25,7 @@ log=$work/ivcudad.log
 . "$(dirname "$0")/../lib/verdicts.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 13
+expect_cases 14
 
 cleanup() { stop_ivcudad; rm -rf "$work"; }
 trap cleanup EXIT
@@ -116,6 +118,38 @@ run_guest "$bin/drv_kernels" --ptx "$ptx" --fatbin "$fatbin" || ok=1
 run_guest "$bin/drv_graph_build" --ptx "$ptx" || ok=1
 stop_spinner
 verdict "sandboxed workers keep serving: PTX JIT, fatbins, launches, graphs and DOT text" $ok
+
+# --- descriptors the daemon is started with above stderr, not close-on-exec (as a parent leaks
+# them: a tool shell's pipe, a file): closed at its start, so that neither the daemon nor what it
+# forks (workers are forked, never executed) has them. The pipe's other end stays in a sleeper.
+exec {stray_pipe}< <(exec sleep 600)
+sleeper=$!
+echo "not the daemon's" >"$work/stray"
+exec {stray_file}<"$work/stray"
+pipe_t=$(readlink "/proc/$$/fd/$stray_pipe") file_t=$work/stray
+start_daemon
+ok=0
+start_spinner || { ok=1; echo "the spinning guest did not start:"; cat "$work/spin" "$log"; }
+# The spinner took the first warm entry; the next one's worker is looked at too, once started.
+for _ in $(seq 400); do [ "$(grep -c "started ahead for guest" "$log")" -ge 2 ] && break; sleep 0.05; done
+family() { local p; for p in $(pgrep -P "$1"); do echo "$p"; family "$p"; done; }
+procs=$(echo "$ivcudad_pid"; family "$ivcudad_pid")
+looked=0 with_worker=0
+for p in $procs; do
+  looked=$((looked + 1))
+  [ "$p" = "$worker" ] && with_worker=1
+  for f in /proc/"$p"/fd/*; do
+    t=$(readlink "$f" 2>/dev/null) || continue
+    [ "$t" = "$pipe_t" ] || [ "$t" = "$file_t" ] &&
+      { ok=1; echo "pid $p ($(cat "/proc/$p/comm" 2>/dev/null)): fd ${f##*/} is this script's $t"; }
+  done
+done
+[ "$with_worker" = 1 ] && [ "$looked" -ge 3 ] ||
+  { ok=1; echo "looked at $looked processes (${procs//$'\n'/ }), the serving worker ${worker:-none} among them: $with_worker"; }
+stop_spinner
+exec {stray_pipe}<&- {stray_file}<&-
+kill "$sleeper" 2>/dev/null
+verdict "a pipe and a file the daemon was started with reach none of its $looked processes (daemon, connections, warm entries, workers)" $ok
 
 # --- Landlock: the GPU test double gets it like any driver
 IVCUDA_SANDBOX_SELFTEST=1 start_daemon

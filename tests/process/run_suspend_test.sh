@@ -38,8 +38,10 @@ py=$(command -v python3)
 export IVCUDA_TEST_DOUBLE_IPC=1 IVCUDA_DOUBLE_LEDGER=$work/ledger
 : >"$IVCUDA_DOUBLE_LEDGER"
 
-daemon() {  # ivcudad with this script's settings and ARGS
-  start_ivcudad --wait "$csock" "$log" --socket "$sock" --shm-size 128M --staging-size 4M --channels 8 \
+daemon() {  # ivcudad with this script's settings and ARGS (a first --log-pipe is start_ivcudad's)
+  local pipe=()
+  [ "${1:-}" = --log-pipe ] && { pipe=(--log-pipe); shift; }
+  start_ivcudad "${pipe[@]}" --wait "$csock" "$log" --socket "$sock" --shm-size 128M --staging-size 4M --channels 8 \
     --control-socket "$csock" --context-reserve 0 --driver "$driver" "$@" || exit 1
 }
 
@@ -122,11 +124,10 @@ elif [ "$(id -u)" -ne 0 ]; then
   not_run "under --user a guest is suspended and resumed" "the daemon must be root to drop workers"
 else
   chmod 711 "$work" && chmod 666 "$IVCUDA_DOUBLE_LEDGER"  # the checkpointer, as nobody, loads the double
-  # A pipe the daemon is started with (as a shell's `2>&1 | tee` would give it), which its workers
-  # inherit: open before their driver, it must stay root's.
-  exec {keep}< <(exec sleep 600)
-  keeper=$!
-  daemon --user nobody
+  # The daemon's stderr a pipe (as a shell's `2>&1 | tee` gives it), which its workers inherit:
+  # open before their driver, it must stay root's. (A pipe on a descriptor above stderr would not
+  # do: the daemon closes those at its start, daemon-closes-inherited-fds.)
+  daemon --log-pipe --user nobody
   ok=0
   start_guest u 64 || exit 1
   u_pid=$gpid id_u=$gid
@@ -153,7 +154,7 @@ else
   done
   [ "$seen" -gt 0 ] || { ok=1; echo "no worker runs as nobody"; }
   # Only the driver's pipes became nobody's: a pipe a worker shares with a root process of the
-  # daemon's (the one it was started with, open before the driver) is still root's.
+  # daemon's (its stderr, open before the driver) is still root's.
   shared=0
   roots=$(for p in "$ivcudad_pid" $mine; do [ "$(uid_of "$p")" = 0 ] && echo "$p"; done)
   for w in $workers; do
@@ -171,8 +172,6 @@ else
     done
   done
   [ "$shared" -gt 0 ] || { ok=1; echo "no pipe shared between a worker and the daemon's root processes was found"; }
-  exec {keep}<&-
-  kill "$keeper" 2>/dev/null
   verdict "under --user nobody a guest is suspended and resumed intact (the worker dumpable while held only, the daemon's pipes still root's)" $ok
   kill "$u_pid" 2>/dev/null
   wait "$u_pid" 2>/dev/null
