@@ -52,11 +52,14 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
     static std::uintptr_t next_hint = kBase;
     if (next_hint + rounded > kBase + kWindow) next_hint = kBase;
     mapped = rounded;
-    p = ::mmap(reinterpret_cast<void*>(next_hint), rounded, PROT_READ | PROT_WRITE,
-               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    // The next hint: past this one and a 2 MiB gap, 2 MiB-aligned.
-    next_hint = (next_hint + rounded + (4u << 20) - 1) & ~std::uintptr_t{(2u << 20) - 1};
-    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    p = s.reuse_freed(ctx, rounded);  // a small block the context freed, bytes and all
+    if (p == nullptr) {
+      p = ::mmap(reinterpret_cast<void*>(next_hint), rounded, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      // The next hint: past this one and a 2 MiB gap, 2 MiB-aligned.
+      next_hint = (next_hint + rounded + (4u << 20) - 1) & ~std::uintptr_t{(2u << 20) - 1};
+      if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
   } else {
     p = std::aligned_alloc(align, rounded);
   }

@@ -332,18 +332,42 @@ void State::release(std::map<std::uintptr_t, Allocation>::iterator it) {
     used[static_cast<std::size_t>(a.device)] -= a.accounted;
     ledger_publish(a.device, used[static_cast<std::size_t>(a.device)]);
   }
-  if (a.mapped != 0)
+  const bool keep = a.kind == MemKind::kDevice && a.pool == 0 && a.ipc_fd < 0 && a.mapped != 0 &&
+                    a.mapped <= kFreedSmall && freed_bytes + a.mapped <= kFreedKept && contexts.contains(a.ctx);
+  if (keep) {
+    freed_blocks[a.ctx].emplace(a.mapped, FreedBlock{a.storage, a.mapped});
+    freed_bytes += a.mapped;
+  } else if (a.mapped != 0) {
     ::munmap(a.storage, a.mapped);
-  else
+  } else {
     std::free(a.storage);
+  }
   if (a.ipc_fd >= 0) ::close(a.ipc_fd);
   allocations.erase(it);
+}
+
+void* State::reuse_freed(Handle ctx, std::size_t mapped) {
+  const auto c = freed_blocks.find(ctx);
+  if (c == freed_blocks.end()) return nullptr;
+  const auto b = c->second.find(mapped);
+  if (b == c->second.end()) return nullptr;
+  void* p = b->second.storage;
+  freed_bytes -= b->second.mapped;
+  c->second.erase(b);
+  return p;
 }
 
 void State::release_context_resources(Handle ctx) {
   for (auto it = allocations.begin(); it != allocations.end();) {
     auto cur = it++;
     if (cur->second.ctx == ctx) release(cur);
+  }
+  if (const auto f = freed_blocks.find(ctx); f != freed_blocks.end()) {
+    for (const auto& [size, b] : f->second) {
+      ::munmap(b.storage, b.mapped);
+      freed_bytes -= b.mapped;
+    }
+    freed_blocks.erase(f);
   }
   std::erase_if(streams, [&](const auto& kv) { return kv.second.ctx == ctx; });
   std::erase_if(events, [&](const auto& kv) { return kv.second.ctx == ctx; });

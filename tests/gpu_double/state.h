@@ -321,6 +321,18 @@ struct State {
   std::vector<CUresult> fault;  // per device
   std::unordered_map<Handle, Context> contexts;
   std::map<std::uintptr_t, Allocation> allocations;  // by base; ranges never overlap
+  // Small device blocks a context freed, kept with their bytes, as the
+  // driver's suballocator keeps them: the context's next allocation of that
+  // size gets one back unscrubbed (what a recycled worker that keeps its
+  // context must zero; host-daemon/worker/keep.cc). The context's end
+  // scrubs them (release_context_resources). By context, then rounded size.
+  struct FreedBlock {
+    void* storage = nullptr;
+    std::size_t mapped = 0;
+  };
+  std::map<Handle, std::multimap<std::size_t, FreedBlock>> freed_blocks;
+  std::size_t freed_bytes = 0;  // all of them, at most kFreedKept
+  static constexpr std::size_t kFreedSmall = 2u << 20, kFreedKept = 64u << 20;
   std::unordered_map<Handle, Stream> streams;
   Stream null_stream;  // the legacy and per-thread streams' attributes
   std::unordered_map<Handle, Event> events;
@@ -362,6 +374,8 @@ struct State {
   const Allocation* find(std::uintptr_t p, std::size_t n = 0) const;
   // Frees an allocation's storage and forgets it.
   void release(std::map<std::uintptr_t, Allocation>::iterator it);
+  // A block of `mapped` bytes ctx freed (freed_blocks), taken back, or null.
+  void* reuse_freed(Handle ctx, std::size_t mapped);
   // Destroys everything created in ctx (allocations, streams, events, modules, arrays).
   void release_context_resources(Handle ctx);
   // The sticky fault of ctx's device, or CUDA_SUCCESS.
