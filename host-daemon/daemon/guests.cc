@@ -173,7 +173,7 @@ void Daemon::place_guest(std::size_t li, ivshmem::PendingGuest pending, uid_t ui
   arrivals_[li].push_back(clk::now());
   // No ready entry for it (or others waiting before it): it waits for the
   // first one that becomes ready (warm_policy.h, kWaitForReady).
-  if (o_.recycle == "on" && o_.wait_for_ready == "on" && l.warm > 0 &&
+  if (o_.recycle != "off" && o_.wait_for_ready == "on" && l.warm > 0 &&
       (!waiting_[li].empty() || !pick_ready(pool_views(li), uid))) {
     IVLOG_INFO("a guest of uid %u (pid %d) on %s waits for the first worker ready for it",
                static_cast<unsigned>(uid), static_cast<int>(pid), l.path.c_str());

@@ -103,7 +103,8 @@ SupervisorConfig supervisor_config(const Options& o, const GuestSetup& g) {
   sc.budget = g.budget;
   sc.uid_limit = o.max_guests_per_uid;
   sc.running = &g_worker;
-  sc.recycle = o.recycle == "on";
+  sc.recycle = o.recycle != "off";
+  sc.keep_contexts = o.recycle == "keep";
   add_sandbox_steps(o, sc);
   return sc;
 }

@@ -112,8 +112,11 @@ void define_socket_options(CLI::App& app, Options& o) {
                  "on: a warm worker whose process-mode guest ended with nothing under way resets its contexts "
                  "(the driver frees and scrubs their memory) and waits, with new shared memory and doorbells, "
                  "for the next guest of the same user on the same socket, so that programs run back to back "
-                 "do not wait for a driver and context to start (docs/security.md says what is reset)")
-      ->check(CLI::IsMember({"on", "off"}))
+                 "do not wait for a driver and context to start; keep: the same, but a guest that used only "
+                 "what the worker can scrub (plain allocations, modules, streams, events, launches, copies) "
+                 "leaves the contexts to the next guest, its memory zeroed, instead of costing the GPU a reset "
+                 "and a new context (docs/security.md says what is reset and what is scrubbed)")
+      ->check(CLI::IsMember({"on", "keep", "off"}))
       ->capture_default_str();
   app.add_option("--wait-for-ready", o.wait_for_ready,
                  "with --recycle-workers on: a guest that finds no ready worker waits, unanswered, for the first "

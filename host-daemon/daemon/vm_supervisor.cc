@@ -812,6 +812,7 @@ int warm_worker_main(const SupervisorConfig& cfg, int line, volatile sig_atomic_
   wc.defer_connection = true;
   wc.conn_fd = -1;
   wc.recyclable = cfg.recycle;
+  wc.keep_contexts = cfg.recycle && cfg.keep_contexts;
   if (IVCUDA_RULE("worker-no-budget-books") && cfg.budget != nullptr) cfg.budget->unmap_in_child();
   if (cfg.before_start)
     if (auto st = cfg.before_start(wc); !st) {

@@ -71,6 +71,9 @@ struct SupervisorConfig {
   // tenant's next guest once this one ended with nothing under way
   // (--recycle-workers; docs/design.md, "Recycled workers").
   bool recycle = false;
+  // With recycle: the worker keeps its contexts for that guest where it can
+  // scrub them (--recycle-workers keep; WorkerConfig::keep_contexts).
+  bool keep_contexts = false;
   // A warm entry's line to the daemon (-1: none): a worker that becomes
   // ready only after its guest came is named on it then ('R' and its pid),
   // as one ready before is named by the entry (run_warm_supervisor).

@@ -152,7 +152,7 @@ void Daemon::fill_pools() {
 std::optional<Daemon::Warm> Daemon::take_warm(std::size_t li, uid_t uid, int not_theirs) {
   auto& pool = pools_[li];
   std::optional<std::size_t> pick = pick_entry(pool_views(li), uid);
-  if (!pick && o_.recycle == "on" && listeners_[li].warm > 0 && start_warm(li, not_theirs)) pick = pool.size() - 1;
+  if (!pick && o_.recycle != "off" && listeners_[li].warm > 0 && start_warm(li, not_theirs)) pick = pool.size() - 1;
   if (!pick) return std::nullopt;
   std::optional<Warm> warm = std::move(pool[*pick]);
   pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(*pick));

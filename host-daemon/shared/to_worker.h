@@ -127,6 +127,12 @@ struct WorkerConfig {
   // of the same tenant once its guest is gone, if it left nothing under way
   // (docs/design.md, "Recycled workers"): run() then ends with kRecycled.
   bool recyclable = false;
+  // With recyclable: the GPUs' contexts stay for the tenant's next guest
+  // when the guest used only what the worker can scrub from them (every
+  // allocation zeroed before the driver has it back, shared and local memory
+  // and the device heap zeroed by the worker's own kernels); otherwise they
+  // are reset (docs/security.md, "Recycled workers"; keep.cc).
+  bool keep_contexts = false;
 };
 
 // A recycled worker's next guest: its own memory and doorbells (borrowed, as

@@ -65,6 +65,13 @@ CUresult Worker::on_MemFree(Call& c) {
   const bool ipc_done = ipc_on_free(r.dptr);
   const bool pool_done = pool_on_free(r.dptr, it->second.size);
   if (!ipc_done || !pool_done) return CUDA_SUCCESS;
+  // A context the tenant's next guest may have (keep.cc): the bytes are
+  // zeroed before the driver has them back, once the guest's work that
+  // might still use them is done (cudaFree waits for it too).
+  if (cfg_.keep_contexts && keepable_) {
+    if (const CUresult st = cu_.cuCtxSynchronize(); st != CUDA_SUCCESS) return st;
+    if (const CUresult st = scrub_range(r.dptr, it->second.size); st != CUDA_SUCCESS) unkeep("zeroing a freed allocation failed");
+  }
   const CUresult st = cu_.cuMemFree(r.dptr);
   if (st == CUDA_SUCCESS) {
     pool_freed(it->second);  // a stream-ordered allocation's memory stays its pool's (pools.cc)

@@ -176,7 +176,11 @@ Result<void> Worker::start_guest_side(bool first) {
   // DMA straight from the shared pages.
   // The context is made in the GPU's turn (host-daemon/shared/context_turns.h).
   long long turn_ms = 0;
-  {
+  if (!first && kept_.live) {
+    // The last guest's context, kept and scrubbed (keep.cc): a retain of
+    // a live context is no work for the driver's queue.
+    st = cu_.cuDevicePrimaryCtxRetain(&arena_ctx_, devices_[0]);
+  } else {
     // A recycled worker's context is for a guest yet to come: workers whose
     // guests wait go first.
     const context_turns::Turn turn(devices_[0], first ? context_turns::Work::kMake : context_turns::Work::kMakeAhead);
@@ -186,6 +190,7 @@ Result<void> Worker::start_guest_side(bool first) {
   if (st != CUDA_SUCCESS) return make_error(st, std::string("cuDevicePrimaryCtxRetain: ") + err_name(st));
   cu_.cuCtxSetCurrent(arena_ctx_);
   current_ = arena_ctx_;
+  if (cfg_.keep_contexts && !kept_.live) record_keep_baseline();  // a context as the driver makes it
   const long long ctx_ms = ms_since(t_ctx);
   const auto t_reg = clock::now();
   // On use where the device sees registered memory at its host address:
@@ -589,6 +594,7 @@ void Worker::handle(Channel& ch, const ring::Record& rec) {
     // Copies in flight in a context that is about to go are waited for
     // first; a Flush answers once the channel's copies are done (memory.cc).
     settle_copies_before(static_cast<proto::Op>(op), call);
+    if (cfg_.keep_contexts) note_op(static_cast<proto::Op>(op));
     if (!is_query(static_cast<proto::Op>(op))) note_console_output();
     if (traced) stamps[1] = __rdtsc();
     st = (this->*kHandlers[op])(call);
@@ -980,8 +986,14 @@ bool Worker::nothing_under_way() {
 void Worker::release_for_recycle() noexcept {
   if (released_ || cu_.handle == nullptr) return;
   released_ = true;
-  IVLOG_INFO("guest %u: releasing %zu context(s), %zu allocation(s), %zu module(s) and resetting the GPUs' "
-             "contexts for the tenant's next guest", cfg_.guest_id, ctxs_.size(), ranges_.size(), modules_.size());
+  // Whether its contexts can stay for the next guest (keep.cc), decided
+  // before anything goes.
+  const char* unkept = cfg_.keep_contexts ? keep_reason() : "--recycle-workers on";
+  IVLOG_INFO("guest %u: releasing %zu context(s), %zu allocation(s), %zu module(s) and %s for the tenant's next "
+             "guest%s%s", cfg_.guest_id, ctxs_.size(), ranges_.size(), modules_.size(),
+             unkept == nullptr ? "scrubbing the kept context" : "resetting the GPUs' contexts",
+             unkept == nullptr || !cfg_.keep_contexts ? "" : "; not kept: ", unkept == nullptr || !cfg_.keep_contexts ? "" : unkept);
+  const auto t_release = std::chrono::steady_clock::now();
   abandon_copies();
   abandon_host_nodes();
   destroy_created_pools();
@@ -998,13 +1010,26 @@ void Worker::release_for_recycle() noexcept {
   }
   while (!arena_pinned_.empty()) unpin_arena(arena_pinned_.begin()->first);
   release_shared();
+  kept_.live = unkept == nullptr && scrub_for_next_guest();
+  if (kept_.live) {
+    ++kept_.guests;
+    IVLOG_INFO("guest %u: context kept for the next guest, scrubbed in %lld ms (%u guests since it was made)",
+               cfg_.guest_id,
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - t_release)
+                                          .count()),
+               kept_.guests);
+  } else if (unkept == nullptr) {
+    IVLOG_WARN("guest %u: scrubbing the kept context failed; resetting it", cfg_.guest_id);
+  }
+  if (!kept_.live) kept_ = KeptContext{};  // the module, the stream and the baseline go with the reset
   // Each GPU's primary context goes whatever its retain count: its
   // allocations, modules, streams, events, pools, graphs and registrations
   // with it. The driver gives a later context memory it has scrubbed
   // (measured on the H200: tests/programs/drv_ctx_reset; a guest of the
   // successor sees nothing of this one's).
   (void)cu_.cuCtxSetCurrent(nullptr);
-  if (IVCUDA_RULE("recycle-reset-contexts"))
+  if (IVCUDA_RULE("recycle-reset-contexts") && !kept_.live)
     for (CUdevice d : devices_) {
       const auto t_reset = std::chrono::steady_clock::now();
       long long turn_ms = 0;
@@ -1020,7 +1045,7 @@ void Worker::release_for_recycle() noexcept {
                                             .count()),
                  turn_ms);
     }
-  arena_ctx_ = nullptr;
+  if (!kept_.live) arena_ctx_ = nullptr;
   current_ = nullptr;
   // Its quota's books: what it held goes back now (the successor starts
   // its own), and the records that die with this object change nothing.
@@ -1054,6 +1079,8 @@ Result<std::unique_ptr<GuestWorker>> Worker::successor(const NextGuest& next) {
   w->null_end_ = null_end_;  // the reservation stays in this process (reserve_null_region)
   w->init_ms_ = 0;
   w->waiter_ = std::move(waiter_);
+  w->kept_ = kept_;
+  if (kept_.live) w->arena_ctx_ = arena_ctx_;
   cu_.handle = nullptr;  // this object's destructor releases nothing more
   if (auto st = w->waiter_->rebind(next.host_fds[0]); !st) return st.error();
   IVCUDA_TRY(w->start_guest_side(false));

@@ -291,6 +291,37 @@ class Worker final : public GuestWorker {
   void sleep_until_work();
   void cleanup() noexcept;
   void destroy_links() noexcept;  // link.cc
+  // Contexts kept for the tenant's next guest (keep.cc; --recycle-workers
+  // keep). note_op: whether the guest's calls so far leave contexts the
+  // worker can scrub. keep_reason: null if this guest's contexts may go to
+  // the next guest, else why not. scrub_for_next_guest: everything the
+  // guest made is destroyed, its memory zeroed first, and the worker's
+  // kernels zero shared memory, local memory and the device heap; false if
+  // anything failed (the contexts are then reset). scrub_range: zeroes
+  // [d, d + bytes) before the driver has it back.
+  struct KeptContext {
+    CUmodule module = nullptr;  // the scrub kernels (scrub_kernels.cu), loaded once
+    CUfunction shared = nullptr, local = nullptr, heap = nullptr;
+    CUstream stream = nullptr;  // the worker's own, for the zeroing
+    // The context as the worker first made it: a later guest's may differ
+    // in none of these.
+    unsigned flags = 0;
+    CUfunc_cache cache = CU_FUNC_CACHE_PREFER_NONE;
+    std::size_t limits[7] = {};
+    bool baseline = false;
+    bool live = false;    // the last guest's context was kept (not reset)
+    unsigned guests = 0;  // guests it has served since it was made
+  };
+  void note_op(proto::Op op) noexcept;
+  void unkeep(const char* why) noexcept;  // why: a string literal or an op's name
+  const char* keep_reason();
+  bool scrub_for_next_guest() noexcept;
+  CUresult scrub_range(CUdeviceptr d, std::uint64_t bytes) noexcept;
+  CUresult load_scrub_kernels() noexcept;
+  void record_keep_baseline() noexcept;
+  bool keepable_ = true;
+  const char* unkept_why_ = nullptr;
+  KeptContext kept_;
   void destroy_greens() noexcept;  // green.cc
   // green.cc: an image the driver gave out, remembered so that only such come back to it.
   bool issue_resource(const CUdevResource& r);

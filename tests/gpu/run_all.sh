@@ -293,26 +293,41 @@ for p in $parts; do
         if [ $first = 1 ]; then
           # A recycled worker's next guest sees nothing of the last one on the real driver too
           # (tests/programs/drv_recycle; CI: tests/process/run_recycle_test.sh), and natively.
-          for how in native ivcuda; do
-            env=() handles=
-            [ $how = ivcuda ] && env=(IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib") handles=--handles
-            env "${env[@]}" "$build/tests/bin/drv_recycle" --leave --mib 1024 --ptx "$build/tests/gpu_double/test_kernels.ptx" \
-              >"$work/recycle-$how-leave.txt" 2>&1
-            lrc=$?
-            line=$(grep '^left ' "$work/recycle-$how-leave.txt")
-            sleep 1
-            env "${env[@]}" "$build/tests/bin/drv_recycle" --probe "$line" --mib 1024 --allow-mib 4096 $handles \
-              >"$work/recycle-$how-probe.txt" 2>&1
-            prc=$?
-            echo "recycle ($how): leave status $lrc, probe status $prc: $(grep -E "^(free|the leaver|drv_recycle)" \
-              "$work/recycle-$how-probe.txt" | tr '\n' ';')" | tee -a "$final/lifecycle.txt"
-            [ $lrc -eq 0 ] && [ $prc -eq 0 ] || rc=1
-            if [ $how = ivcuda ]; then  # both were ivcudad's guests, the second on a recycled worker
-              leaver=$(sed -n 's/.*pid=\([0-9]*\) .*/\1/p' "$work/recycle-$how-leave.txt")
-              grep -q "process $leaver says hello" "$log" &&
-                grep -q "is kept for the next guest" "$log" ||
-                { echo "recycle (ivcuda): ivcudad's log does not show the leaver served and its worker kept"; rc=1; }
-            fi
+          # Two leavers: one that uses pools and page-locked memory (a worker resets its contexts
+          # after it), and a plain one whose kernels also leave the pattern in shared memory, local
+          # memory and the device heap (--recycle-workers keep keeps its context, scrubbed).
+          kptx=$build/tests/gpu_double/test_kernels.ptx
+          timeout 60 "$build/tests/bin/drv_recycle" --self --ptx "$kptx" --mib 64 2>&1 | grep -E "own past|checks" |
+            sed 's/^/recycle (native, one context): /' | tee -a "$final/lifecycle.txt"
+          for variant in full plain; do
+            extra=()
+            [ $variant = plain ] && extra=(--plain --kernels)
+            for how in native ivcuda; do
+              env=() handles=
+              [ $how = ivcuda ] && env=(IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib") handles=--handles
+              env "${env[@]}" "$build/tests/bin/drv_recycle" --leave --mib 1024 --ptx "$kptx" "${extra[@]}" \
+                >"$work/recycle-$how-leave.txt" 2>&1
+              lrc=$?
+              line=$(grep '^left ' "$work/recycle-$how-leave.txt")
+              sleep 1
+              mark=$(stat -c %s "$log")
+              env "${env[@]}" "$build/tests/bin/drv_recycle" --probe "$line" --mib 1024 --allow-mib 4096 $handles \
+                --ptx "$kptx" "${extra[@]}" >"$work/recycle-$how-probe.txt" 2>&1
+              prc=$?
+              echo "recycle ($how, $variant): leave status $lrc, probe status $prc: $(grep -E "^(free|the leaver|drv_recycle)" \
+                "$work/recycle-$how-probe.txt" | tr '\n' ';')" | tee -a "$final/lifecycle.txt"
+              [ $lrc -eq 0 ] && [ $prc -eq 0 ] || { rc=1; cat "$work/recycle-$how-leave.txt" "$work/recycle-$how-probe.txt"; }
+              if [ $how = ivcuda ]; then  # both were ivcudad's guests, the second on a recycled worker
+                leaver=$(sed -n 's/.*pid=\([0-9]*\) .*/\1/p' "$work/recycle-$how-leave.txt")
+                grep -q "process $leaver says hello" "$log" &&
+                  grep -q "is kept for the next guest" "$log" ||
+                  { echo "recycle (ivcuda): ivcudad's log does not show the leaver served and its worker kept"; rc=1; }
+                head -c "$mark" "$log" | grep -o "releasing .* for the tenant's next guest.*" | tail -1 |
+                  sed 's/^/recycle (ivcuda, '$variant'): /' | tee -a "$final/lifecycle.txt"
+                head -c "$mark" "$log" | grep -o "context kept for the next guest, scrubbed in [0-9]* ms" | tail -1 |
+                  sed 's/^/recycle (ivcuda, '$variant'): /' | tee -a "$final/lifecycle.txt"
+              fi
+            done
           done
           first=0
         fi
@@ -330,6 +345,10 @@ for p in $parts; do
             awk '{printf "%s/%s ", $2, $6}')"
           echo "resets (ms, of which waiting a turn): $(grep -o 'reset [0-9]* ms of which [0-9]*' "$log" |
             awk '{printf "%s/%s ", $2, $6}')"
+          echo "contexts kept for the next guest (scrub ms): $(grep -o 'context kept for the next guest, scrubbed in [0-9]*' "$log" |
+            awk '{printf "%s ", $NF}')"
+          echo "kept contexts' scrub failures: $(grep -c 'scrubbing the kept context failed' "$log");" \
+            "not kept, why: $(grep -o 'not kept: [^;]*$' "$log" | sort | uniq -c | sort -rn | head -4 | tr '\n' ';')"
           echo "workers ended on their guest's death: $(grep -c 'its worker ends now' "$log")"
         } | tee -a "$final/lifecycle.txt"
       done

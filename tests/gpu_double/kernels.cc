@@ -432,6 +432,30 @@ CUresult surf2d_write(KernelEnv& env) {
   return CUDA_SUCCESS;
 }
 
+// The worker's scrub kernels (host-daemon/worker/scrub_kernels.cu) and the
+// residue probes of test_kernels.cu (drv_recycle --kernels): the double has
+// no shared memory, local memory or device heap, so a kernel leaves nothing
+// there and finds nothing; only the parameters are checked.
+CUresult scrub_words(KernelEnv& env) {
+  unsigned words = 0;
+  return env.param(0, &words) ? CUDA_SUCCESS : mismatch(env);
+}
+CUresult scrub_heap(KernelEnv& env) {
+  std::uint64_t largest = 0;
+  return env.param(0, &largest) ? CUDA_SUCCESS : mismatch(env);
+}
+CUresult leave_residue(KernelEnv& env) {
+  unsigned pattern = 0;
+  return env.param(0, &pattern) ? CUDA_SUCCESS : mismatch(env);
+}
+CUresult find_residue(KernelEnv& env) {
+  unsigned pattern = 0;
+  std::uint64_t found = 0;
+  if (!env.param(0, &pattern) || !env.param(1, &found)) return mismatch(env);
+  IVC_ACCESS(env, found, 1, sizeof(unsigned));
+  return CUDA_SUCCESS;
+}
+
 struct Registered {
   std::string_view name;
   CpuKernel fn;
@@ -450,6 +474,12 @@ constexpr Registered kKernels[] = {
     {"ivc_rtf_printf", rtf_printf},
     {"ivc_rtc_axpb", rtc_axpb},     {"ivc_link_apply", link_apply},
     {"ivc_tex2d_read", tex2d_read}, {"ivc_surf2d_write", surf2d_write},
+    {"ivcuda_scrub_shared", scrub_words}, {"ivcuda_scrub_local", scrub_words},
+    {"ivcuda_scrub_heap", scrub_heap},
+    {"ivc_leave_shared", leave_residue}, {"ivc_leave_local", leave_residue},
+    {"ivc_leave_heap", leave_residue},
+    {"ivc_find_shared", find_residue}, {"ivc_find_local", find_residue},
+    {"ivc_find_heap", find_residue},
 };
 
 // Stands in for kernels the double has no CPU version of (a library's SASS) when

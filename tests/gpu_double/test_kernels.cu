@@ -134,3 +134,67 @@ extern "C" __global__ void ivc_surf2d_write(unsigned long long surf, int w, int 
   int y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x < w && y < h) surf2Dwrite(base + x + 1000.0f * y, (cudaSurfaceObject_t)surf, x * (int)sizeof(float), y);
 }
+
+// What a kernel leaves outside allocations, and whether a later kernel finds it
+// (drv_recycle --kernels: the tenant's next guest on a kept context must find
+// nothing; the worker's scrub, host-daemon/worker/scrub_kernels.cu). Shared memory:
+// as much as the launch gave the block; local memory: a 1 KiB frame a thread;
+// the device heap: 4 KiB blocks, up to 1 MiB left, up to 8 MiB looked through.
+__device__ unsigned ivc_dynamic_smem_words() {
+  unsigned bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes / 4;
+}
+extern "C" __global__ void ivc_leave_shared(unsigned pattern) {
+  extern __shared__ unsigned ivc_smem[];
+  volatile unsigned* s = ivc_smem;
+  for (unsigned i = threadIdx.x; i < ivc_dynamic_smem_words(); i += blockDim.x) s[i] = pattern;
+}
+extern "C" __global__ void ivc_find_shared(unsigned pattern, unsigned* found) {
+  extern __shared__ unsigned ivc_smem[];
+  volatile unsigned* s = ivc_smem;
+  unsigned n = 0;
+  for (unsigned i = threadIdx.x; i < ivc_dynamic_smem_words(); i += blockDim.x) n += s[i] == pattern ? 1u : 0u;
+  if (n != 0) atomicAdd(found, n);
+}
+extern "C" __global__ void ivc_leave_local(unsigned pattern) {
+  volatile unsigned frame[256];
+#pragma unroll 1
+  for (unsigned i = 0; i < 256; ++i) frame[i] = pattern;
+}
+extern "C" __global__ void ivc_find_local(unsigned pattern, unsigned* found) {
+  volatile unsigned frame[256];
+  unsigned n = 0;
+#pragma unroll 1
+  for (unsigned i = 0; i < 256; ++i) n += frame[i] == pattern ? 1u : 0u;
+  if (n != 0) atomicAdd(found, n);
+}
+extern "C" __global__ void ivc_leave_heap(unsigned pattern) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  unsigned* kept[256];
+  unsigned k = 0;
+  for (; k < 256; ++k) {
+    kept[k] = static_cast<unsigned*>(malloc(4096));
+    if (kept[k] == nullptr) break;
+    for (unsigned i = 0; i < 1024; ++i) kept[k][i] = pattern;
+  }
+  while (k > 0) free(kept[--k]);
+}
+extern "C" __global__ void ivc_find_heap(unsigned pattern, unsigned* found) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  unsigned* first = nullptr;  // the blocks taken, chained through their first words
+  unsigned n = 0;
+  for (unsigned k = 0; k < 2048; ++k) {
+    unsigned* b = static_cast<unsigned*>(malloc(4096));
+    if (b == nullptr) break;
+    for (unsigned i = 1; i < 1024; ++i) n += b[i] == pattern ? 1u : 0u;
+    *reinterpret_cast<unsigned**>(b) = first;
+    first = b;
+  }
+  while (first != nullptr) {
+    unsigned* next = *reinterpret_cast<unsigned**>(first);
+    free(first);
+    first = next;
+  }
+  *found += n;
+}

@@ -19,11 +19,27 @@
 #      free (the contexts' reset; rule recycle-reset-contexts);
 #   6. a guest killed with 10,000 launches posted: its worker ends within
 #      1 s and is not recycled (the work must not run: rule death-stops-work).
-#   run_recycle_test.sh BUILD_DIR DRIVER_LIB NVML_DOUBLE_LIB
+# With MODE keep (--recycle-workers keep; ctest kept_contexts), the cases of a
+# worker that keeps its context for the next guest (host-daemon/worker/keep.cc):
+#   K1. a guest that used only what the worker can scrub (plain allocations,
+#       some freed, a module, a stream and an event; its kernels' shared and
+#       local memory and device heap): its worker keeps the context, and the
+#       next guest finds nothing of it (the double hands a context's freed
+#       small blocks back unscrubbed, as the driver does: without the zeroing
+#       the pattern is there; rule recycle-keep-scrub);
+#   K2. a guest that used a pool and page-locked memory: the context is reset,
+#       the log says why, and the next guest finds nothing;
+#   K3. a guest that raised its stack limit: the context is reset (rule
+#       recycle-keep-only-scrubbable, with K2);
+#   K4. a guest killed while idle holding memory: the context is kept and the
+#       memory free;
+#   K5. the daemon serves the next guest.
+#   run_recycle_test.sh BUILD_DIR DRIVER_LIB NVML_DOUBLE_LIB [keep]
 set -u
 build=$(cd "$1" && pwd)
 driver=$2
 nvml=$3
+mode=${4:-on}
 bin=$build/tests/bin
 smi=$build/bin/ivcuda-smi
 ptx=$build/tests/gpu_double/test_kernels.ptx
@@ -38,7 +54,7 @@ guest=
 . "$(dirname "$0")/../lib/processes.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-expect_cases 8
+if [ "$mode" = keep ]; then expect_cases 5; else expect_cases 8; fi
 cleanup() {
   [ -n "$guest" ] && kill -9 "$guest" 2>/dev/null
   stop_ivcudad
@@ -52,7 +68,7 @@ export IVCUDA_GPU_DOUBLE_CONTEXT_MIB=16
 # ones a loaded machine starts; with 3, uid 65534's returning worker could take the place of the
 # one recycled longest ago - this user's - and case 4 saw a fresh worker (the pool's rule, not a leak).
 start_ivcudad "$log" --socket "$sock" --control-socket none --shm-size 64M --staging-size 2M \
-  --channels 4 --warm-workers 1 --warm-burst 4 --driver "$driver" --nvml "$nvml" || exit 1
+  --channels 4 --warm-workers 1 --warm-burst 4 --recycle-workers "$mode" --driver "$driver" --nvml "$nvml" || exit 1
 chmod 777 "$sock"
 through() { IVCUDA_SOCKET=$sock LD_LIBRARY_PATH=$build/lib timeout 60 "$@"; }
 # the worker that served the last guest handed over after MARK (vm_supervisor.cc logs it).
@@ -85,6 +101,92 @@ wait_ready() {
 ended() { process_ended "$1"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 for _ in $(seq 200); do grep -q "started ahead for guest" "$log" && break; sleep 0.025; done
+
+# The cases of --recycle-workers keep. The first worker that let go of a guest after MARK (one guest
+# at a time here): kept_since MARK - it kept its context for the next guest (keep.cc); reset_since
+# MARK WHY - it reset the contexts instead, saying WHY.
+first_release() { tail -c +$(($1 + 1)) "$log" | grep -m1 "releasing .* for the tenant's next guest"; }
+kept_since() {
+  local who
+  who=$(first_release "$1" | grep -o "worker g[0-9]* ")
+  [ -n "$who" ] && tail -c +$(($1 + 1)) "$log" | grep -q "$who.*context kept for the next guest, scrubbed"
+}
+reset_since() { first_release "$1" | grep -q "resetting the GPUs' contexts.*not kept: $2"; }
+if [ "$mode" = keep ]; then
+  # K1. A guest of scrubbable calls only.
+  mark=$(log_mark "$log")
+  through "$bin/drv_recycle" --leave --plain --kernels --mib 64 --ptx "$ptx" >"$work/leave" 2>&1
+  rc=$?
+  first=$(worker_after "$mark")
+  line=$(grep '^left ' "$work/leave")
+  wait_ready "$first" "$mark"
+  kept_since "$mark"
+  kept1=$?
+  mark=$(log_mark "$log")
+  through "$bin/drv_recycle" --probe "$line" --plain --kernels --ptx "$ptx" --mib 64 --allow-mib 48 --handles \
+    >"$work/probe" 2>&1
+  prc=$?
+  second=$(worker_after "$mark")
+  cat "$work/probe"
+  echo "the leaver (status $rc) was served by worker ${first:-?} (context kept: status $kept1), the next guest by ${second:-?}"
+  [ $rc -eq 0 ] && [ $kept1 -eq 0 ] && [ -n "$first" ] && [ "$first" = "$second" ] && [ $prc -eq 0 ] ||
+    { cat "$work/leave"; false; }
+  verdict "a kept context: the next guest of its worker finds none of the last one's pointers, handles or bytes" $?
+
+  # K2. Pools and page-locked memory: not kept.
+  wait_ready "$second" "$mark"
+  mark=$(log_mark "$log")
+  through "$bin/drv_recycle" --leave --mib 64 --ptx "$ptx" >"$work/leave" 2>&1
+  rc=$?
+  third=$(worker_after "$mark")
+  line=$(grep '^left ' "$work/leave")
+  wait_ready "$third" "$mark"
+  reset_since "$mark" "MemAllocAsync"
+  reset2=$?
+  mark=$(log_mark "$log")
+  through "$bin/drv_recycle" --probe "$line" --mib 64 --allow-mib 48 --handles >"$work/probe" 2>&1
+  prc=$?
+  fourth=$(worker_after "$mark")
+  echo "a pool's guest on worker ${third:-?}: contexts reset (status $reset2); the next guest on ${fourth:-?}"
+  [ $rc -eq 0 ] && [ $reset2 -eq 0 ] && [ "$third" = "$fourth" ] && [ $prc -eq 0 ] ||
+    { cat "$work/leave" "$work/probe"; grep "releasing" "$log" | tail -3; false; }
+  verdict "a guest that used a pool: its worker resets the contexts, says why, and the next guest finds nothing" $?
+
+  # K3. A raised stack limit: not kept.
+  wait_ready "$fourth" "$mark"
+  mark=$(log_mark "$log")
+  through "$bin/drv_recycle" --leave --plain --grow-stack --mib 8 --ptx "$ptx" >"$work/leave" 2>&1
+  rc=$?
+  fifth=$(worker_after "$mark")
+  wait_ready "$fifth" "$mark"
+  [ $rc -eq 0 ] && [ -n "$fifth" ] && reset_since "$mark" "a context limit" ||
+    { cat "$work/leave"; grep "releasing" "$log" | tail -3; false; }
+  verdict "a guest that raised its stack limit: its worker resets the contexts" $?
+
+  # K4. Killed while idle, holding memory: kept, the memory free.
+  mark=$(log_mark "$log")
+  env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 256 >"$work/hold" 2>&1 &
+  guest=$!
+  for _ in $(seq 400); do grep -q '^holding' "$work/hold" && break; sleep 0.025; done
+  holder=$(worker_after "$mark")
+  held=$(through "$bin/drv_isolation" --used)
+  mark=$(log_mark "$log")
+  kill -9 "$guest"
+  wait "$guest" 2>/dev/null
+  guest=
+  back=1
+  for _ in $(seq 200); do kept_since "$mark" && { back=0; break; }; sleep 0.025; done
+  after=$(through "$bin/drv_isolation" --used)
+  echo "an idle holder killed: worker ${holder:-?} kept its context (status $back); memory in use ${held:-?} MiB" \
+    "while it held 256 MiB, ${after:-?} MiB after"
+  [ -n "$holder" ] && [ $back -eq 0 ] && [ -n "$held" ] && [ -n "$after" ] && [ "$after" -le $((held - 192)) ]
+  verdict "a guest killed while idle: its worker keeps the context, and the guest's memory is free" $?
+
+  through "$bin/drv_isolation" --work 3 >/dev/null
+  verdict "ivcudad serves the next guest" $?
+  finish
+  exit
+fi
 
 # 1-2. A guest leaves things behind and exits; the next is served by its worker.
 mark=$(log_mark "$log")

@@ -1,19 +1,31 @@
 // What one process leaves on the GPU must mean nothing to the next, also
 // when ivcudad serves both with the same (recycled) worker (docs/design.md,
 // "Recycled workers"; tests/process/run_recycle_test.sh):
-//   drv_recycle --leave [--mib N] [--ptx P]
+//   drv_recycle --leave [--mib N] [--ptx P] [--plain] [--kernels]
 //       allocates N MiB (default 64) and small blocks, fills them, frees some,
 //       makes a stream, an event, a pool block it frees and page-locked host
 //       memory with the same pattern, loads P's module, and prints one line
 //       "left K=V ..." (its pid, free memory before it allocated, pointers,
-//       handles); then exits without freeing anything;
-//   drv_recycle --probe "LINE" [--mib N] [--allow-mib A] [--handles]
+//       handles); then exits without freeing anything. --plain: no pool block
+//       and no page-locked memory (what a worker may keep its context after,
+//       --recycle-workers keep); --kernels (with --ptx): its kernels also
+//       leave the pattern in shared memory, local memory and the device heap;
+//       --grow-stack: it sets an 8 KiB stack a thread (a kept context's limit
+//       changed: the worker must reset it);
+//   drv_recycle --probe "LINE" [--mib N] [--allow-mib A] [--handles] [--plain]
+//                [--ptx P --kernels]
 //       from the first call: the leaver's device pointer is not this
 //       process's; --handles (ivcuda only: natively they are wild pointers)
 //       its stream, event, module and function are refused; its N MiB are
 //       free again (A MiB may be held by what others started meanwhile);
-//       memory this process allocates - device, small blocks, a pool's, and
-//       page-locked host memory - holds none of the leaver's pattern.
+//       memory this process allocates - device, small blocks, a pool's (not
+//       with --plain), and page-locked host memory - holds none of the
+//       leaver's pattern, nor (--kernels) do shared memory, local memory or
+//       the device heap as its kernels find them;
+//   drv_recycle --self --ptx P [--mib N]
+//       both in one process and one context, and prints how much of the
+//       pattern the probe finds: what a context keeps of its own past, which
+//       a kept context's scrub must take away (a figure, not a check).
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +49,58 @@ bool has(int argc, char** argv, const char* flag) {
   return false;
 }
 
+// The residue kernels of test_kernels.cu, launched to cover every SM.
+struct Residue {
+  CUfunction leave[3] = {}, find[3] = {};
+  int sms = 0, smem = 0;
+  bool ok = false;
+};
+constexpr const char* kResidueKinds[3] = {"shared", "local", "heap"};
+
+Residue residue_kernels(CUmodule mod, CUdevice dev) {
+  Residue r;
+  for (int k = 0; k < 3; ++k) {
+    const std::string kind = kResidueKinds[k];
+    OK(cuModuleGetFunction(&r.leave[k], mod, ("ivc_leave_" + kind).c_str()));
+    OK(cuModuleGetFunction(&r.find[k], mod, ("ivc_find_" + kind).c_str()));
+  }
+  OK(cuDeviceGetAttribute(&r.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  OK(cuDeviceGetAttribute(&r.smem, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
+  r.ok = r.leave[2] != nullptr && r.find[2] != nullptr && r.sms > 0 && r.smem > 0;
+  if (r.ok) {
+    OK(cuFuncSetAttribute(r.leave[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, r.smem));
+    OK(cuFuncSetAttribute(r.find[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, r.smem));
+  }
+  return r;
+}
+
+// Launches kind k's kernel (leave, or find into *found) over every SM.
+void launch_residue(const Residue& r, int k, bool leave, CUdeviceptr found) {
+  unsigned pattern = kPattern;
+  void* leave_args[] = {&pattern};
+  void* find_args[] = {&pattern, &found};
+  const unsigned grid = k == 2 ? 1u : static_cast<unsigned>(r.sms) * (k == 0 ? 2u : 4u);
+  const unsigned smem = k == 0 ? static_cast<unsigned>(r.smem) : 0u;
+  OK(cuLaunchKernel(leave ? r.leave[k] : r.find[k], grid, 1, 1, k == 2 ? 1u : 1024u, 1, 1, smem, nullptr,
+                    leave ? leave_args : find_args, nullptr));
+}
+
+// What the find kernels count of the pattern, by kind.
+std::vector<unsigned> find_residue(const Residue& r) {
+  std::vector<unsigned> n(3, 0);
+  CUdeviceptr found = 0;
+  OK(cuMemAlloc(&found, sizeof(unsigned)));
+  if (found == 0) return n;
+  for (int k = 0; k < 3; ++k) {
+    OK(cuMemsetD32(found, 0, 1));
+    launch_residue(r, k, false, found);
+    OK(cuCtxSynchronize());
+    OK(cuMemcpyDtoH(&n[static_cast<std::size_t>(k)], found, sizeof(unsigned)));
+  }
+  OK(cuMemFree(found));
+  return n;
+}
+
 std::size_t count_pattern(const std::uint32_t* p, std::size_t words) {
   std::size_t n = 0;
   for (std::size_t i = 0; i < words; ++i) n += p[i] == kPattern ? 1 : 0;
@@ -49,7 +113,7 @@ std::size_t count_device(CUdeviceptr d, std::size_t bytes) {
   return count_pattern(h.data(), h.size());
 }
 
-int leave(std::size_t mib, const char* ptx) {
+int leave(std::size_t mib, const char* ptx, bool plain, bool kernels, bool grow_stack) {
   CUdevice dev;
   CUcontext ctx;
   OK(cuDeviceGet(&dev, 0));
@@ -70,16 +134,20 @@ int leave(std::size_t mib, const char* ptx) {
   CUevent e = nullptr;
   OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   OK(cuEventCreate(&e, 0));
-  CUdeviceptr pooled = 0;
-  OK(cuMemAllocAsync(&pooled, kPoolBytes, s));
-  OK(cuMemsetD32Async(pooled, kPattern, kPoolBytes / 4, s));
-  OK(cuMemFreeAsync(pooled, s));  // back in the device's pool, which keeps it
+  if (!plain) {
+    CUdeviceptr pooled = 0;
+    OK(cuMemAllocAsync(&pooled, kPoolBytes, s));
+    OK(cuMemsetD32Async(pooled, kPattern, kPoolBytes / 4, s));
+    OK(cuMemFreeAsync(pooled, s));  // back in the device's pool, which keeps it
+  }
   OK(cuEventRecord(e, s));
-  void* host = nullptr;
-  OK(cuMemHostAlloc(&host, kHostBytes, 0));
-  if (host != nullptr) {
-    auto* w = static_cast<std::uint32_t*>(host);
-    for (std::size_t i = 0; i < kHostBytes / 4; ++i) w[i] = kPattern;
+  if (!plain) {
+    void* host = nullptr;
+    OK(cuMemHostAlloc(&host, kHostBytes, 0));
+    if (host != nullptr) {
+      auto* w = static_cast<std::uint32_t*>(host);
+      for (std::size_t i = 0; i < kHostBytes / 4; ++i) w[i] = kPattern;
+    }
   }
   CUmodule mod = nullptr;
   CUfunction fn = nullptr;
@@ -87,7 +155,13 @@ int leave(std::size_t mib, const char* ptx) {
     const std::string image = check::read_file(ptx);
     OK(cuModuleLoadData(&mod, image.c_str()));
     if (mod != nullptr) OK(cuModuleGetFunction(&fn, mod, "ivc_spin_ns"));
+    if (mod != nullptr && kernels) {
+      const Residue r = residue_kernels(mod, dev);
+      if (r.ok)
+        for (int k = 0; k < 3; ++k) launch_residue(r, k, true, 0);
+    }
   }
+  if (grow_stack) OK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 8192));  // more local memory than a context starts with
   OK(cuCtxSynchronize());
   std::printf("left pid=%d free0=%zu dptr=%llx small=%llx stream=%p event=%p module=%p function=%p\n",
               static_cast<int>(::getpid()), free0, static_cast<unsigned long long>(big),
@@ -111,7 +185,7 @@ T as_handle(const std::string& hex) {
   return reinterpret_cast<T>(static_cast<std::uintptr_t>(std::stoull(hex, nullptr, 16)));
 }
 
-int probe(const std::string& line, std::size_t mib, std::size_t allow_mib, bool handles) {
+int probe(const std::string& line, std::size_t mib, std::size_t allow_mib, bool handles, bool plain, const char* ptx) {
   auto kv = parse(line);
   EXPECT(kv.count("dptr") == 1 && kv.count("free0") == 1);
   if (kv.count("dptr") != 1 || kv.count("free0") != 1) return check::finish("drv_recycle --probe");
@@ -154,12 +228,26 @@ int probe(const std::string& line, std::size_t mib, std::size_t allow_mib, bool 
     OK(cuMemAlloc(&b, kSmall));
     if (b != 0) found += count_device(b, kSmall);
   }
-  CUstream s = nullptr;
-  OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  CUdeviceptr pooled = 0;
-  OK(cuMemAllocAsync(&pooled, kPoolBytes, s));
-  OK(cuStreamSynchronize(s));
-  if (pooled != 0) found += count_device(pooled, kPoolBytes);
+  if (!plain) {
+    CUstream s = nullptr;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr pooled = 0;
+    OK(cuMemAllocAsync(&pooled, kPoolBytes, s));
+    OK(cuStreamSynchronize(s));
+    if (pooled != 0) found += count_device(pooled, kPoolBytes);
+  }
+  if (ptx != nullptr) {
+    const std::string image = check::read_file(ptx);
+    CUmodule mod = nullptr;
+    OK(cuModuleLoadData(&mod, image.c_str()));
+    const Residue r = mod != nullptr ? residue_kernels(mod, dev) : Residue{};
+    if (r.ok) {
+      const std::vector<unsigned> n = find_residue(r);
+      std::printf("the leaver's pattern as this process's kernels find it: shared %u, local %u, heap %u words\n",
+                  n[0], n[1], n[2]);
+      found += n[0] + n[1] + n[2];
+    }
+  }
   for (int k = 0; k < 4; ++k) {
     void* host = nullptr;
     OK(cuMemHostAlloc(&host, kHostBytes, 0));
@@ -170,17 +258,60 @@ int probe(const std::string& line, std::size_t mib, std::size_t allow_mib, bool 
   return check::finish("drv_recycle --probe");
 }
 
+// Leaver and probe in one context: how much of its own past a context shows.
+int self(std::size_t mib, const char* ptx) {
+  CUdevice dev;
+  CUcontext ctx;
+  OK(cuDeviceGet(&dev, 0));
+  OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  OK(cuCtxSetCurrent(ctx));
+  const std::string image = check::read_file(ptx);
+  CUmodule mod = nullptr;
+  OK(cuModuleLoadData(&mod, image.c_str()));
+  const Residue r = mod != nullptr ? residue_kernels(mod, dev) : Residue{};
+  if (!r.ok) return check::finish("drv_recycle --self");
+  std::vector<CUdeviceptr> small(kSmallCount);
+  for (auto& b : small) {
+    OK(cuMemAlloc(&b, kSmall));
+    OK(cuMemsetD32(b, kPattern, kSmall / 4));
+  }
+  CUdeviceptr big = 0;
+  OK(cuMemAlloc(&big, mib << 20));
+  OK(cuMemsetD32(big, kPattern, (mib << 20) / 4));
+  for (int k = 0; k < 3; ++k) launch_residue(r, k, true, 0);
+  OK(cuCtxSynchronize());
+  for (auto b : small) OK(cuMemFree(b));
+  OK(cuMemFree(big));
+  std::size_t in_small = 0, in_big = 0;
+  for (auto& b : small) {
+    OK(cuMemAlloc(&b, kSmall));
+    if (b != 0) in_small += count_device(b, kSmall);
+  }
+  OK(cuMemAlloc(&big, mib << 20));
+  if (big != 0) in_big = count_device(big, mib << 20);
+  const std::vector<unsigned> n = find_residue(r);
+  std::printf("one context's own past: small blocks %zu of %zu words, %zu MiB block %zu of %zu words, shared %u, "
+              "local %u, heap %u words\n",
+              in_small, kSmallCount * kSmall / 4, mib, in_big, (mib << 20) / 4, n[0], n[1], n[2]);
+  return check::finish("drv_recycle --self");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   OK(cuInit(0));
   const char* m = check::arg(argc, argv, "--mib");
   const std::size_t mib = m != nullptr ? std::stoull(m) : 64;
-  if (has(argc, argv, "--leave")) return leave(mib, check::arg(argc, argv, "--ptx"));
+  const char* ptx = check::arg(argc, argv, "--ptx");
+  const bool plain = has(argc, argv, "--plain"), kernels = has(argc, argv, "--kernels");
+  if (has(argc, argv, "--leave")) return leave(mib, ptx, plain, kernels, has(argc, argv, "--grow-stack"));
   if (const char* line = check::arg(argc, argv, "--probe")) {
     const char* a = check::arg(argc, argv, "--allow-mib");
-    return probe(line, mib, a != nullptr ? std::stoull(a) : 0, has(argc, argv, "--handles"));
+    return probe(line, mib, a != nullptr ? std::stoull(a) : 0, has(argc, argv, "--handles"), plain,
+                 kernels ? ptx : nullptr);
   }
-  std::fprintf(stderr, "usage: drv_recycle --leave [--mib N] [--ptx P] | --probe LINE [--mib N] [--allow-mib A] [--handles]\n");
+  if (has(argc, argv, "--self") && ptx != nullptr) return self(mib, ptx);
+  std::fprintf(stderr, "usage: drv_recycle --leave [--mib N] [--ptx P] [--plain] [--kernels] [--grow-stack] | --probe LINE [--mib N] "
+                       "[--allow-mib A] [--handles] [--plain] [--ptx P --kernels] | --self --ptx P [--mib N]\n");
   return 2;
 }
