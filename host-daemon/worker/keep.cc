@@ -21,6 +21,8 @@
 // Anything else, or any step failing, and the contexts are reset as before.
 #include <cuda.h>
 
+#include <string>
+
 #include "host-daemon/worker/worker.h"
 #include "host-daemon/worker/worker_internal.h"
 #include "host-daemon/shared/log.h"
@@ -173,7 +175,11 @@ const char* Worker::keep_reason() {
   for (std::size_t i = 0; i < std::size(kLimits); ++i) {
     std::size_t v = 0;
     if (cu_.cuCtxGetLimit(&v, kLimits[i]) != CUDA_SUCCESS) v = ~std::size_t{0};
-    if (v != kept_.limits[i]) return "a context limit (set, or grown by a kernel)";
+    if (v != kept_.limits[i]) {
+      keep_why_ = "a context limit (set, or grown by a kernel): limit " + std::to_string(static_cast<int>(kLimits[i])) +
+                  " " + std::to_string(kept_.limits[i]) + " -> " + std::to_string(v);
+      return keep_why_.c_str();
+    }
   }
   for (const auto& [addr, r] : ranges_)
     if (r.kind != RangeKind::kAlloc && r.kind != RangeKind::kGlobal) return "memory other than plain allocations";

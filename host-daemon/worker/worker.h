@@ -321,6 +321,7 @@ class Worker final : public GuestWorker {
   void record_keep_baseline() noexcept;
   bool keepable_ = true;
   const char* unkept_why_ = nullptr;
+  std::string keep_why_;  // keep_reason's words where they name figures
   KeptContext kept_;
   void destroy_greens() noexcept;  // green.cc
   // green.cc: an image the driver gave out, remembered so that only such come back to it.

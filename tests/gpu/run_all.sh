@@ -297,7 +297,7 @@ for p in $parts; do
           # after it), and a plain one whose kernels also leave the pattern in shared memory, local
           # memory and the device heap (--recycle-workers keep keeps its context, scrubbed).
           kptx=$build/tests/gpu_double/test_kernels.ptx
-          timeout 60 "$build/tests/bin/drv_recycle" --self --ptx "$kptx" --mib 64 2>&1 | grep -E "own past|checks" |
+          timeout 60 "$build/tests/bin/drv_recycle" --self --ptx "$kptx" --mib 64 2>&1 | grep -E "own past|checks|^limits" |
             sed 's/^/recycle (native, one context): /' | tee -a "$final/lifecycle.txt"
           for variant in full plain; do
             extra=()

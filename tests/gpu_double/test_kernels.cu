@@ -171,14 +171,21 @@ extern "C" __global__ void ivc_find_local(unsigned pattern, unsigned* found) {
 }
 extern "C" __global__ void ivc_leave_heap(unsigned pattern) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  unsigned* kept[256];
-  unsigned k = 0;
-  for (; k < 256; ++k) {
-    kept[k] = static_cast<unsigned*>(malloc(4096));
-    if (kept[k] == nullptr) break;
-    for (unsigned i = 0; i < 1024; ++i) kept[k][i] = pattern;
+  // Chained through their first words (an array of pointers would take more stack than a
+  // context starts with, and a grown stack makes the worker reset the context).
+  unsigned* first = nullptr;
+  for (unsigned k = 0; k < 256; ++k) {
+    unsigned* b = static_cast<unsigned*>(malloc(4096));
+    if (b == nullptr) break;
+    for (unsigned i = 2; i < 1024; ++i) b[i] = pattern;
+    *reinterpret_cast<unsigned**>(b) = first;
+    first = b;
   }
-  while (k > 0) free(kept[--k]);
+  while (first != nullptr) {
+    unsigned* next = *reinterpret_cast<unsigned**>(first);
+    free(first);
+    first = next;
+  }
 }
 extern "C" __global__ void ivc_find_heap(unsigned pattern, unsigned* found) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;

@@ -278,8 +278,22 @@ int self(std::size_t mib, const char* ptx) {
   CUdeviceptr big = 0;
   OK(cuMemAlloc(&big, mib << 20));
   OK(cuMemsetD32(big, kPattern, (mib << 20) / 4));
-  for (int k = 0; k < 3; ++k) launch_residue(r, k, true, 0);
-  OK(cuCtxSynchronize());
+  const auto limits = [] {
+    std::string out;
+    for (const CUlimit l : {CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_MALLOC_HEAP_SIZE,
+                            CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH, CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+                            CU_LIMIT_MAX_L2_FETCH_GRANULARITY, CU_LIMIT_PERSISTING_L2_CACHE_SIZE}) {
+      size_t v = 0;
+      out += cuCtxGetLimit(&v, l) == CUDA_SUCCESS ? std::to_string(v) + " " : "- ";
+    }
+    return out;
+  };
+  std::printf("limits after the module's load: %s\n", limits().c_str());
+  for (int k = 0; k < 3; ++k) {
+    launch_residue(r, k, true, 0);
+    OK(cuCtxSynchronize());
+    std::printf("limits after ivc_leave_%s: %s\n", kResidueKinds[k], limits().c_str());
+  }
   for (auto b : small) OK(cuMemFree(b));
   OK(cuMemFree(big));
   std::size_t in_small = 0, in_big = 0;
