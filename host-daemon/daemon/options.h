@@ -43,7 +43,7 @@ struct Options {
   std::string huge_pages = "off";  // --huge-pages on|off: guests' memory on 2 MiB pages
   std::uint64_t mem_limit = 0;  // device memory per guest; 0: no limit
   std::uint64_t context_reserve = kDefaultContextReserve;  // --context-reserve: per context, charged
-  std::string recycle = "on";        // --recycle-workers: a warm worker serves the tenant's next guest too
+  std::string recycle = "keep";      // --recycle-workers: a warm worker serves the tenant's next guest too (keep: its context too, scrubbed)
   std::string wait_for_ready = "off"; // --wait-for-ready: a guest with no ready worker takes the first one ready
   std::string context_turns = "off";  // --context-turns: workers make (and reset) a GPU's contexts one at a time
   std::string pin_arena = "on-use";  // --pin-arena: when a worker page-locks the guest's arena

@@ -146,6 +146,21 @@ CUresult memset_n(CUdeviceptr dst, T value, std::size_t count, const CUstream* s
     if (const CUresult r = check_device_range(s, dst, count * sizeof(T)); r != CUDA_SUCCESS)
       return r;
     auto* p = static_cast<unsigned char*>(as_ptr(dst));
+    std::size_t bytes = count * sizeof(T);
+    // Zeroing whole pages of private device memory (a kept context's scrub
+    // zeroes all a guest held): the kernel's zero pages, rather than touching
+    // (and so committing) every page of a mapping made with MAP_NORESERVE.
+    if (value == T{} && bytes >= (std::size_t{1} << 20)) {
+      const Allocation* a = s.find(dst, bytes);
+      const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+      const std::uintptr_t from = (dst + page - 1) & ~(page - 1), to = (dst + bytes) & ~(page - 1);
+      if (a != nullptr && a->kind == MemKind::kDevice && a->mapped != 0 && a->ipc_fd < 0 && from < to &&
+          ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED) == 0) {
+        std::memset(p, 0, from - dst);
+        std::memset(reinterpret_cast<unsigned char*>(to), 0, dst + bytes - to);
+        return CUDA_SUCCESS;
+      }
+    }
     for (std::size_t i = 0; i < count; ++i) std::memcpy(p + i * sizeof(T), &value, sizeof(T));
     return CUDA_SUCCESS;
   });

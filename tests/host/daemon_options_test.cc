@@ -28,7 +28,7 @@ TEST_CASE("ivcudad's defaults are the README's", "[host][options]") {
   CHECK(o.channels == 32);
   CHECK(o.warm_workers == 1);
   CHECK(o.warm_burst == 4);
-  CHECK(o.recycle == "on");
+  CHECK(o.recycle == "keep");
   CHECK(o.wait_for_ready == "off");
   CHECK(o.context_turns == "off");
   CHECK(o.pin_arena == "on-use");
