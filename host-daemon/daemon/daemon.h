@@ -101,6 +101,9 @@ class Daemon {
     sys::UniqueFd handoff;
     bool by_warm = false;
     pid_t worker_pid = 0;
+    // A process-mode guest's worker: a warm entry's child once named, else
+    // the connection's own process (conn_pid), which became the worker.
+    pid_t process_worker(pid_t conn_pid) const noexcept { return by_warm ? worker_pid : conn_pid; }
     clk::time_point started = clk::now();
     clk::time_point evict_deadline{};  // evicting: its process is killed after this
     struct Suspension {

@@ -184,7 +184,7 @@ json Daemon::suspend_guest(std::int64_t id, bool by_drain) {
   if (w->susp.supervisor != 0)
     IVLOG_INFO("guest %lld: suspending (a VM: every worker of its supervisor, pid %d): its calls are held",
                static_cast<long long>(id), static_cast<int>(conn_pid));
-  else if (const pid_t worker = w->by_warm ? w->worker_pid : conn_pid; worker > 0)
+  else if (const pid_t worker = w->process_worker(conn_pid); worker > 0)
     IVLOG_INFO("guest %lld: suspending (worker pid %d): its calls are held", static_cast<long long>(id),
                static_cast<int>(worker));
   else
@@ -536,7 +536,7 @@ void Daemon::tend_suspensions() {
       // process's child, named on the entry's line once ready (which may be
       // after the guest came); else the connection's process became the
       // worker (vm_supervisor.cc).
-      const pid_t worker = w.by_warm ? w.worker_pid : pid;
+      const pid_t worker = w.process_worker(pid);
       all_hold = all_hold && worker > 0;
       if (all_hold) w.susp.targets = {{worker}};
     }
