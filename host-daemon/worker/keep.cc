@@ -88,6 +88,7 @@ bool scrubbable(Op op) {
     case Op::kStreamSynchronize:
     case Op::kStreamWaitEvent:
     case Op::kStreamGetPriority:
+    case Op::kStreamCaptureInfo:  // a query (frameworks ask before every allocation)
     case Op::kEventCreate:
     case Op::kEventRecord:
     case Op::kEventRecordFlags:
