@@ -14,10 +14,12 @@
 //   - its context is healthy (no sticky error) and its flags, cache
 //     configuration and limits are as the worker first made them (a grown
 //     stack would leave local memory the scrub does not reach);
+//   - no kernel of the guest called device malloc (the heap's blocks are
+//     beyond any scrub's reach: keep_reason);
 //   - every allocation is zeroed before the driver has it back (while the
 //     guest lives, at each free; at the end, all it still holds), and the
-//     worker's own kernels (scrub_kernels.cu) zero each SM's shared memory,
-//     every thread's local memory and what the device heap hands out.
+//     worker's own kernels (scrub_kernels.cu) zero each SM's shared memory
+//     and every thread's local memory.
 // Anything else, or any step failing, and the contexts are reset as before.
 #include <cuda.h>
 
@@ -121,10 +123,6 @@ constexpr CUlimit kLimits[] = {CU_LIMIT_STACK_SIZE,
                                CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
                                CU_LIMIT_PERSISTING_L2_CACHE_SIZE};
 
-// The largest block the heap scrub asks for first (it then asks for a
-// quarter of that, down to 16 bytes, each until the heap has none left).
-constexpr unsigned long long kHeapLargest = 1ull << 20;
-
 }  // namespace
 
 void Worker::note_op(Op op) noexcept {
@@ -184,6 +182,14 @@ const char* Worker::keep_reason() {
   }
   for (const auto& [addr, r] : ranges_)
     if (r.kind != RangeKind::kAlloc && r.kind != RangeKind::kGlobal) return "memory other than plain allocations";
+  // The device heap: the driver refuses a new heap size once a kernel that
+  // calls malloc has run in the context (and the worker's own kernels do
+  // not), so a refusal says a guest's kernel may have left blocks there. No
+  // kernel can reach every block the heap hands out (measured on an H100:
+  // one block of threads taking all it could left a tenth of another
+  // kernel's freed blocks behind), so such a context is reset.
+  if (cu_.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, kept_.limits[2]) != CUDA_SUCCESS)
+    return "the device heap (a kernel called malloc)";
   return nullptr;
 }
 
@@ -197,7 +203,6 @@ CUresult Worker::load_scrub_kernels() noexcept {
   }
   if ((st = cu_.cuModuleGetFunction(&kept_.shared, kept_.module, "ivcuda_scrub_shared")) != CUDA_SUCCESS ||
       (st = cu_.cuModuleGetFunction(&kept_.local, kept_.module, "ivcuda_scrub_local")) != CUDA_SUCCESS ||
-      (st = cu_.cuModuleGetFunction(&kept_.heap, kept_.module, "ivcuda_scrub_heap")) != CUDA_SUCCESS ||
       (st = cu_.cuStreamCreate(&kept_.stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
     (void)cu_.cuModuleUnload(kept_.module);
     kept_ = KeptContext{.baseline = kept_.baseline};
@@ -243,8 +248,8 @@ bool Worker::scrub_for_next_guest() noexcept {
   });
   if (!ok || !IVCUDA_RULE("recycle-keep-scrub")) return ok;
   // What kernels leave on the GPU outside allocations: each SM's shared
-  // memory, every thread slot's local memory (the stack, up to the limit
-  // the context was made with) and the blocks the device heap hands out.
+  // memory and every thread slot's local memory (the stack, up to the limit
+  // the context was made with; the device heap: keep_reason).
   int sms = 0, smem = 0, threads_per_sm = 0;
   step(cu_.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, devices_[0]));
   step(cu_.cuDeviceGetAttribute(&smem, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, devices_[0]));
@@ -260,9 +265,6 @@ bool Worker::scrub_for_next_guest() noexcept {
   void* local_args[] = {&local_words};
   const unsigned waves = 2 * ((static_cast<unsigned>(threads_per_sm) + 1023) / 1024);
   step(cu_.cuLaunchKernel(kept_.local, waves * blocks, 1, 1, 1024, 1, 1, 0, kept_.stream, local_args, nullptr));
-  unsigned long long largest = kHeapLargest;
-  void* heap_args[] = {&largest};
-  step(cu_.cuLaunchKernel(kept_.heap, 1, 1, 1, 256, 1, 1, 0, kept_.stream, heap_args, nullptr));
   step(cu_.cuStreamSynchronize(kept_.stream));
   // The scrub's own frame may have grown the stack the first time: that is
   // the context's baseline from now on (nothing of a guest ran since the

@@ -296,12 +296,12 @@ class Worker final : public GuestWorker {
   // worker can scrub. keep_reason: null if this guest's contexts may go to
   // the next guest, else why not. scrub_for_next_guest: everything the
   // guest made is destroyed, its memory zeroed first, and the worker's
-  // kernels zero shared memory, local memory and the device heap; false if
+  // kernels zero shared memory and local memory; false if
   // anything failed (the contexts are then reset). scrub_range: zeroes
   // [d, d + bytes) before the driver has it back.
   struct KeptContext {
     CUmodule module = nullptr;  // the scrub kernels (scrub_kernels.cu), loaded once
-    CUfunction shared = nullptr, local = nullptr, heap = nullptr;
+    CUfunction shared = nullptr, local = nullptr;
     CUstream stream = nullptr;  // the worker's own, for the zeroing
     // The context as the worker first made it: a later guest's may differ
     // in none of these.

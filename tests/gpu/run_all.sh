@@ -293,15 +293,17 @@ for p in $parts; do
         if [ $first = 1 ]; then
           # A recycled worker's next guest sees nothing of the last one on the real driver too
           # (tests/programs/drv_recycle; CI: tests/process/run_recycle_test.sh), and natively.
-          # Two leavers: one that uses pools and page-locked memory (a worker resets its contexts
-          # after it), and a plain one whose kernels also leave the pattern in shared memory, local
-          # memory and the device heap (--recycle-workers keep keeps its context, scrubbed).
+          # Three leavers: one that uses pools and page-locked memory (a worker resets its contexts
+          # after it), a plain one whose kernels also leave the pattern in shared and local memory
+          # (--recycle-workers keep keeps its context, scrubbed), and a plain one whose kernel
+          # leaves it in the device heap (keep resets the context: the heap is beyond the scrub).
           kptx=$build/tests/gpu_double/test_kernels.ptx
           timeout 60 "$build/tests/bin/drv_recycle" --self --ptx "$kptx" --mib 64 2>&1 | grep -E "own past|checks|^limits" |
             sed 's/^/recycle (native, one context): /' | tee -a "$final/lifecycle.txt"
-          for variant in full plain; do
-            extra=()
-            [ $variant = plain ] && extra=(--plain --kernels)
+          for variant in full plain heap; do
+            extra=() probe_extra=()
+            [ $variant = plain ] && extra=(--plain --kernels) probe_extra=(--plain --kernels)
+            [ $variant = heap ] && extra=(--plain --heap) probe_extra=(--plain --kernels)
             for how in native ivcuda; do
               env=() handles=
               [ $how = ivcuda ] && env=(IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib") handles=--handles
@@ -312,7 +314,7 @@ for p in $parts; do
               sleep 1
               mark=$(stat -c %s "$log")
               env "${env[@]}" "$build/tests/bin/drv_recycle" --probe "$line" --mib 1024 --allow-mib 4096 $handles \
-                --ptx "$kptx" "${extra[@]}" >"$work/recycle-$how-probe.txt" 2>&1
+                --ptx "$kptx" "${probe_extra[@]}" >"$work/recycle-$how-probe.txt" 2>&1
               prc=$?
               echo "recycle ($how, $variant): leave status $lrc, probe status $prc: $(grep -E "^(free|the leaver|drv_recycle)" \
                 "$work/recycle-$how-probe.txt" | tr '\n' ';')" | tee -a "$final/lifecycle.txt"

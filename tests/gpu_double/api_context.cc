@@ -54,6 +54,7 @@ void discharge_context(State& s, int dev) {
 // from one.
 void reset_primary(State& s, Handle h) {
   s.release_context_resources(h);
+  s.heap_used = false;
   Context& c = s.contexts.at(h);
   if (c.active) discharge_context(s, c.device);
   c.active = false;
@@ -421,6 +422,7 @@ CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
     if (const CUresult r = work_context(s, &ctx); r != CUDA_SUCCESS) return r;
     if (limit < 0 || limit >= CU_LIMIT_MAX || limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH)
       return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (limit == CU_LIMIT_MALLOC_HEAP_SIZE && s.heap_used) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lk(g_limits_mu);
     init_limits();
     g_limits[limit] = value;

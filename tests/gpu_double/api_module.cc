@@ -581,6 +581,7 @@ CUresult launch(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsi
       return CUDA_ERROR_NOT_SUPPORTED;
     }
     const Module& mod = *fr.module;
+    if (fr.entry->calls_malloc) s.heap_used = true;
     KernelEnv env{
         .entry = *fr.entry,
         .params = params.data(),

@@ -146,6 +146,9 @@ class Parser {
         if (--depth == 0) entry = kNoEntry;
       } else if (depth > 0) {
         // Static shared memory counts toward the launch's shared-memory limit.
+        // Device-side malloc: "call.uni (retval0), malloc, (param0);" in the entry's body.
+        if (entry != kNoEntry && tok.starts_with("malloc") && (tok.size() == 6 || tok[6] == ','))
+          img_.entries[entry].calls_malloc = true;
         if (tok == ".shared" && entry != kNoEntry && prev != ".extern") {
           Decl d;
           if (!parse_decl(d)) return CUDA_ERROR_INVALID_PTX;

@@ -24,6 +24,7 @@ struct PtxEntry {
   std::vector<PtxParam> params;
   std::size_t param_bytes = 0;    // end of the last parameter
   std::size_t static_shared = 0;  // sum of the entry's .shared declarations
+  bool calls_malloc = false;      // it uses the device heap (api_context.cc, cuCtxSetLimit)
 };
 
 struct PtxGlobal {

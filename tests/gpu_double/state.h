@@ -319,6 +319,10 @@ struct State {
   // A faulting kernel poisons its device for the rest of the process, as on a GPU (the real
   // driver then fails even cuCtxCreate): every later call that does work there fails.
   std::vector<CUresult> fault;  // per device
+  // A kernel of a module that calls device malloc was launched: the heap's
+  // size is fixed from then on, as on a GPU (cuCtxSetLimit refuses it) until
+  // the primary context is reset.
+  bool heap_used = false;
   std::unordered_map<Handle, Context> contexts;
   std::map<std::uintptr_t, Allocation> allocations;  // by base; ranges never overlap
   // Small device blocks a context freed, kept with their bytes, as the

@@ -23,14 +23,15 @@
 # worker that keeps its context for the next guest (host-daemon/worker/keep.cc):
 #   K1. a guest that used only what the worker can scrub (plain allocations,
 #       some freed, a module, a stream and an event; its kernels' shared and
-#       local memory and device heap): its worker keeps the context, and the
-#       next guest finds nothing of it (the double hands a context's freed
-#       small blocks back unscrubbed, as the driver does: without the zeroing
-#       the pattern is there; rule recycle-keep-scrub);
+#       local memory): its worker keeps the context, and the next guest finds
+#       nothing of it (the double hands a context's freed small blocks back
+#       unscrubbed, as the driver does: without the zeroing the pattern is
+#       there; rule recycle-keep-scrub);
 #   K2. a guest that used a pool and page-locked memory: the context is reset,
 #       the log says why, and the next guest finds nothing;
-#   K3. a guest that raised its stack limit: the context is reset (rule
-#       recycle-keep-only-scrubbable, with K2);
+#   K3. a guest that raised its stack limit, and one whose kernel called
+#       device malloc: the context is reset (rule recycle-keep-only-scrubbable,
+#       with K2);
 #   K4. a guest killed while idle holding memory: the context is kept and the
 #       memory free;
 #   K5. the daemon serves the next guest.
@@ -54,7 +55,7 @@ guest=
 . "$(dirname "$0")/../lib/processes.sh"
 # shellcheck source=../lib/daemon.sh
 . "$(dirname "$0")/../lib/daemon.sh"
-if [ "$mode" = keep ]; then expect_cases 5; else expect_cases 8; fi
+if [ "$mode" = keep ]; then expect_cases 6; else expect_cases 8; fi
 cleanup() {
   [ -n "$guest" ] && kill -9 "$guest" 2>/dev/null
   stop_ivcudad
@@ -162,6 +163,15 @@ if [ "$mode" = keep ]; then
   [ $rc -eq 0 ] && [ -n "$fifth" ] && reset_since "$mark" "a context limit" ||
     { cat "$work/leave"; grep "releasing" "$log" | tail -3; false; }
   verdict "a guest that raised its stack limit: its worker resets the contexts" $?
+  wait_ready "$fifth" "$mark"
+  mark=$(log_mark "$log")
+  through "$bin/drv_recycle" --leave --plain --heap --mib 8 --ptx "$ptx" >"$work/leave" 2>&1
+  rc=$?
+  sixth=$(worker_after "$mark")
+  wait_ready "$sixth" "$mark"
+  [ $rc -eq 0 ] && [ -n "$sixth" ] && reset_since "$mark" "the device heap" ||
+    { cat "$work/leave"; grep "releasing" "$log" | tail -3; false; }
+  verdict "a guest whose kernel called device malloc: its worker resets the contexts" $?
 
   # K4. Killed while idle, holding memory: kept, the memory free.
   mark=$(log_mark "$log")

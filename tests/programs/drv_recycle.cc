@@ -9,7 +9,8 @@
 //       handles); then exits without freeing anything. --plain: no pool block
 //       and no page-locked memory (what a worker may keep its context after,
 //       --recycle-workers keep); --kernels (with --ptx): its kernels also
-//       leave the pattern in shared memory, local memory and the device heap;
+//       leave the pattern in shared memory and local memory, --heap in the
+//       device heap (a kernel that calls malloc: the worker resets the context);
 //       --grow-stack: it sets an 8 KiB stack a thread (a kept context's limit
 //       changed: the worker must reset it);
 //   drv_recycle --probe "LINE" [--mib N] [--allow-mib A] [--handles] [--plain]
@@ -113,7 +114,7 @@ std::size_t count_device(CUdeviceptr d, std::size_t bytes) {
   return count_pattern(h.data(), h.size());
 }
 
-int leave(std::size_t mib, const char* ptx, bool plain, bool kernels, bool grow_stack) {
+int leave(std::size_t mib, const char* ptx, bool plain, bool kernels, bool heap, bool grow_stack) {
   CUdevice dev;
   CUcontext ctx;
   OK(cuDeviceGet(&dev, 0));
@@ -155,10 +156,11 @@ int leave(std::size_t mib, const char* ptx, bool plain, bool kernels, bool grow_
     const std::string image = check::read_file(ptx);
     OK(cuModuleLoadData(&mod, image.c_str()));
     if (mod != nullptr) OK(cuModuleGetFunction(&fn, mod, "ivc_spin_ns"));
-    if (mod != nullptr && kernels) {
+    if (mod != nullptr && (kernels || heap)) {
       const Residue r = residue_kernels(mod, dev);
       if (r.ok)
-        for (int k = 0; k < 3; ++k) launch_residue(r, k, true, 0);
+        for (int k = 0; k < 3; ++k)
+          if (k == 2 ? heap : kernels) launch_residue(r, k, true, 0);
     }
   }
   if (grow_stack) OK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 8192));  // more local memory than a context starts with
@@ -318,14 +320,15 @@ int main(int argc, char** argv) {
   const std::size_t mib = m != nullptr ? std::stoull(m) : 64;
   const char* ptx = check::arg(argc, argv, "--ptx");
   const bool plain = has(argc, argv, "--plain"), kernels = has(argc, argv, "--kernels");
-  if (has(argc, argv, "--leave")) return leave(mib, ptx, plain, kernels, has(argc, argv, "--grow-stack"));
+  if (has(argc, argv, "--leave"))
+    return leave(mib, ptx, plain, kernels, has(argc, argv, "--heap"), has(argc, argv, "--grow-stack"));
   if (const char* line = check::arg(argc, argv, "--probe")) {
     const char* a = check::arg(argc, argv, "--allow-mib");
     return probe(line, mib, a != nullptr ? std::stoull(a) : 0, has(argc, argv, "--handles"), plain,
                  kernels ? ptx : nullptr);
   }
   if (has(argc, argv, "--self") && ptx != nullptr) return self(mib, ptx);
-  std::fprintf(stderr, "usage: drv_recycle --leave [--mib N] [--ptx P] [--plain] [--kernels] [--grow-stack] | --probe LINE [--mib N] "
+  std::fprintf(stderr, "usage: drv_recycle --leave [--mib N] [--ptx P] [--plain] [--kernels] [--heap] [--grow-stack] | --probe LINE [--mib N] "
                        "[--allow-mib A] [--handles] [--plain] [--ptx P --kernels] | --self --ptx P [--mib N]\n");
   return 2;
 }
