@@ -186,8 +186,8 @@ const char* Worker::keep_reason() {
   // calls malloc has run in the context (and the worker's own kernels do
   // not), so a refusal says a guest's kernel may have left blocks there. No
   // kernel can reach every block the heap hands out (measured on an H100:
-  // one block of threads taking all it could left a tenth of another
-  // kernel's freed blocks behind), so such a context is reset.
+  // one block of threads taking all it could left 12,278 of 261,632 words
+  // of another kernel's freed blocks behind), so such a context is reset.
   if (cu_.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, kept_.limits[2]) != CUDA_SUCCESS)
     return "the device heap (a kernel called malloc)";
   return nullptr;
