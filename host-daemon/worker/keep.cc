@@ -205,7 +205,7 @@ CUresult Worker::load_scrub_kernels() noexcept {
       (st = cu_.cuModuleGetFunction(&kept_.local, kept_.module, "ivcuda_scrub_local")) != CUDA_SUCCESS ||
       (st = cu_.cuStreamCreate(&kept_.stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
     (void)cu_.cuModuleUnload(kept_.module);
-    kept_ = KeptContext{.baseline = kept_.baseline};
+    kept_.module = nullptr;  // the baseline stays: the next try loads them again
     return st;
   }
   return CUDA_SUCCESS;

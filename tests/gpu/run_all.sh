@@ -321,9 +321,10 @@ for p in $parts; do
               [ $lrc -eq 0 ] && [ $prc -eq 0 ] || { rc=1; cat "$work/recycle-$how-leave.txt" "$work/recycle-$how-probe.txt"; }
               if [ $how = ivcuda ]; then  # both were ivcudad's guests, the second on a recycled worker
                 leaver=$(sed -n 's/.*pid=\([0-9]*\) .*/\1/p' "$work/recycle-$how-leave.txt")
-                grep -q "process $leaver says hello" "$log" &&
+                prober=$(sed -n 's/^probe pid=\([0-9]*\)$/\1/p' "$work/recycle-$how-probe.txt")
+                grep -q "process $leaver says hello" "$log" && grep -q "process ${prober:-none} says hello" "$log" &&
                   grep -q "is kept for the next guest" "$log" ||
-                  { echo "recycle (ivcuda): ivcudad's log does not show the leaver served and its worker kept"; rc=1; }
+                  { echo "recycle (ivcuda): ivcudad's log does not show the leaver and the probe served and a worker kept"; rc=1; }
                 head -c "$mark" "$log" | grep -o "releasing .* for the tenant's next guest.*" | tail -1 |
                   sed 's/^/recycle (ivcuda, '$variant'): /' | tee -a "$final/lifecycle.txt"
                 head -c "$mark" "$log" | grep -o "context kept for the next guest, scrubbed in [0-9]* ms" | tail -1 |

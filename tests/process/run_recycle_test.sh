@@ -113,6 +113,40 @@ kept_since() {
   [ -n "$who" ] && tail -c +$(($1 + 1)) "$log" | grep -q "$who.*context kept for the next guest, scrubbed"
 }
 reset_since() { first_release "$1" | grep -q "resetting the GPUs' contexts.*not kept: $2"; }
+# leave_reset WHY LEAVER-ARGS...: a guest (drv_recycle --leave) whose worker resets the contexts
+# saying WHY; sets $last to that worker.
+leave_reset() {
+  local why=$1 rc
+  shift
+  mark=$(log_mark "$log")
+  through "$bin/drv_recycle" --leave "$@" --ptx "$ptx" >"$work/leave" 2>&1
+  rc=$?
+  last=$(worker_after "$mark")
+  wait_ready "$last" "$mark"
+  [ $rc -eq 0 ] && [ -n "$last" ] && reset_since "$mark" "$why" ||
+    { cat "$work/leave"; grep "releasing" "$log" | tail -3; false; }
+}
+# kill_idle_holder KEPT: a guest holding 256 MiB, idle, is SIGKILLed; KEPT MARK HOLDER says
+# whether its worker was kept for the next guest after MARK. Sets holder, held and after (MiB in
+# use while it held and after) and back (0: kept).
+kill_idle_holder() {
+  mark=$(log_mark "$log")
+  env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 256 >"$work/hold" 2>&1 &
+  guest=$!
+  for _ in $(seq 400); do grep -q '^holding' "$work/hold" && break; sleep 0.025; done
+  holder=$(worker_after "$mark")
+  held=$(through "$bin/drv_isolation" --used)
+  mark=$(log_mark "$log")
+  kill -9 "$guest"
+  wait "$guest" 2>/dev/null
+  guest=
+  back=1
+  for _ in $(seq 200); do "$1" "$mark" "$holder" && { back=0; break; }; sleep 0.025; done
+  after=$(through "$bin/drv_isolation" --used)
+}
+# 192 of its 256 MiB at least must be free after: other workers' contexts (16 MiB each in the
+# double) come and go meanwhile - the warm pool refills on a loaded machine.
+holder_freed() { [ -n "$holder" ] && [ $back -eq 0 ] && [ -n "$held" ] && [ -n "$after" ] && [ "$after" -le $((held - 192)) ]; }
 if [ "$mode" = keep ]; then
   # K1. A guest of scrubbable calls only.
   mark=$(log_mark "$log")
@@ -153,43 +187,19 @@ if [ "$mode" = keep ]; then
     { cat "$work/leave" "$work/probe"; grep "releasing" "$log" | tail -3; false; }
   verdict "a guest that used a pool: its worker resets the contexts, says why, and the next guest finds nothing" $?
 
-  # K3. A raised stack limit: not kept.
+  # K3. A raised stack limit, device malloc: not kept.
   wait_ready "$fourth" "$mark"
-  mark=$(log_mark "$log")
-  through "$bin/drv_recycle" --leave --plain --grow-stack --mib 8 --ptx "$ptx" >"$work/leave" 2>&1
-  rc=$?
-  fifth=$(worker_after "$mark")
-  wait_ready "$fifth" "$mark"
-  [ $rc -eq 0 ] && [ -n "$fifth" ] && reset_since "$mark" "a context limit" ||
-    { cat "$work/leave"; grep "releasing" "$log" | tail -3; false; }
+  leave_reset "a context limit" --plain --grow-stack --mib 8
   verdict "a guest that raised its stack limit: its worker resets the contexts" $?
-  wait_ready "$fifth" "$mark"
-  mark=$(log_mark "$log")
-  through "$bin/drv_recycle" --leave --plain --heap --mib 8 --ptx "$ptx" >"$work/leave" 2>&1
-  rc=$?
-  sixth=$(worker_after "$mark")
-  wait_ready "$sixth" "$mark"
-  [ $rc -eq 0 ] && [ -n "$sixth" ] && reset_since "$mark" "the device heap" ||
-    { cat "$work/leave"; grep "releasing" "$log" | tail -3; false; }
+  leave_reset "the device heap" --plain --heap --mib 8
   verdict "a guest whose kernel called device malloc: its worker resets the contexts" $?
 
   # K4. Killed while idle, holding memory: kept, the memory free.
-  mark=$(log_mark "$log")
-  env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 256 >"$work/hold" 2>&1 &
-  guest=$!
-  for _ in $(seq 400); do grep -q '^holding' "$work/hold" && break; sleep 0.025; done
-  holder=$(worker_after "$mark")
-  held=$(through "$bin/drv_isolation" --used)
-  mark=$(log_mark "$log")
-  kill -9 "$guest"
-  wait "$guest" 2>/dev/null
-  guest=
-  back=1
-  for _ in $(seq 200); do kept_since "$mark" && { back=0; break; }; sleep 0.025; done
-  after=$(through "$bin/drv_isolation" --used)
+  kept_after() { kept_since "$1"; }
+  kill_idle_holder kept_after
   echo "an idle holder killed: worker ${holder:-?} kept its context (status $back); memory in use ${held:-?} MiB" \
     "while it held 256 MiB, ${after:-?} MiB after"
-  [ -n "$holder" ] && [ $back -eq 0 ] && [ -n "$held" ] && [ -n "$after" ] && [ "$after" -le $((held - 192)) ]
+  holder_freed
   verdict "a guest killed while idle: its worker keeps the context, and the guest's memory is free" $?
 
   through "$bin/drv_isolation" --work 3 >/dev/null
@@ -262,27 +272,11 @@ else
 fi
 
 # 5. A guest killed while it holds memory, idle: recycled, and its memory free.
-mark=$(log_mark "$log")
-env IVCUDA_SOCKET="$sock" LD_LIBRARY_PATH="$build/lib" "$bin/drv_isolation" --hold --mib 256 >"$work/hold" 2>&1 &
-guest=$!
-for _ in $(seq 400); do grep -q '^holding' "$work/hold" && break; sleep 0.025; done
-holder=$(worker_after "$mark")
-held=$(through "$bin/drv_isolation" --used)
-mark=$(log_mark "$log")
-kill -9 "$guest"
-wait "$guest" 2>/dev/null
-guest=
-back=1
-for _ in $(seq 200); do
-  tail -c +$((mark + 1)) "$log" | grep -q "its worker (pid $holder) is kept" && { back=0; break; }
-  sleep 0.025
-done
-after=$(through "$bin/drv_isolation" --used)
+recycled_after() { tail -c +$(($1 + 1)) "$log" | grep -q "its worker (pid $2) is kept"; }
+kill_idle_holder recycled_after
 echo "an idle holder killed: worker ${holder:-?} kept (status $back); memory in use ${held:-?} MiB while it held" \
   "256 MiB, ${after:-?} MiB after"
-# 192 of its 256 MiB at least: other workers' contexts (16 MiB each in the double) come and go
-# meanwhile - the warm pool refills on a loaded machine.
-[ -n "$holder" ] && [ $back -eq 0 ] && [ -n "$held" ] && [ -n "$after" ] && [ "$after" -le $((held - 192)) ]
+holder_freed
 verdict "a guest killed while idle: its worker is recycled and the guest's memory is free" $?
 
 # 6. A guest killed with work posted: its worker ends, and is not recycled.

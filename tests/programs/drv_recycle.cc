@@ -188,6 +188,7 @@ T as_handle(const std::string& hex) {
 }
 
 int probe(const std::string& line, std::size_t mib, std::size_t allow_mib, bool handles, bool plain, const char* ptx) {
+  std::printf("probe pid=%d\n", static_cast<int>(::getpid()));  // whoever served it can be found
   auto kv = parse(line);
   EXPECT(kv.count("dptr") == 1 && kv.count("free0") == 1);
   if (kv.count("dptr") != 1 || kv.count("free0") != 1) return check::finish("drv_recycle --probe");
