@@ -183,9 +183,15 @@ nlohmann::json vm_entry(const std::string& ctl) {
 }
 
 // A process of this test's, sleeping, with pid `want` if it can be had
-// (/proc/sys/kernel/ns_last_pid, as root); its pid either way.
+// (/proc/sys/kernel/ns_last_pid, as root); its pid either way. The cases
+// that call it are tagged [pid-reuse], which CTest runs alone, and a process
+// that took `want` first (between the write and the fork) is waited out for
+// up to 5 s.
 pid_t sleeper_with_pid(pid_t want) {
-  for (int attempt = 0; attempt < 20; ++attempt) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (int attempt = 0; attempt < 200 && std::chrono::steady_clock::now() < until; ++attempt) {
+    while (::kill(want, 0) == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     {
       std::ofstream last("/proc/sys/kernel/ns_last_pid");
       last << want - 1;
@@ -541,7 +547,8 @@ TEST_CASE("a subverted worker's writes to the VM's shared memory neither crash n
 // supervisor's live child. Here one of them ends while the VM is suspended,
 // and another process of the host gets its pid; evicting the VM then kills
 // the VM's remaining worker, and must leave that process alone.
-TEST_CASE("a suspended VM's ended worker's pid, taken by another process, is never acted on", "[process][hostile]") {
+TEST_CASE("a suspended VM's ended worker's pid, taken by another process, is never acted on",
+          "[process][hostile][pid-reuse]") {
   SuspendingVm v("reuse", nullptr);
   const auto& workers = v.workers;
   const std::string& ctl = v.ctl;
@@ -571,7 +578,7 @@ TEST_CASE("a suspended VM's ended worker's pid, taken by another process, is nev
 // request is dropped as it would go, and the VM is suspended without it.
 TEST_CASE("a VM's worker that ends while its checkpoint request waits is skipped as the request would go, and the VM "
           "suspends without it",
-          "[process][hostile]") {
+          "[process][hostile][pid-reuse]") {
   SuspendingVm v("queued", "1500");  // each checkpoint takes 1.5 s
   const auto& workers = v.workers;
   Daemon& d = v.d;
