@@ -31,7 +31,7 @@ namespace ivcuda::guest {
 
 namespace {
 
-bool enabled() {
+bool host_polls_on() {
   static const bool on = switched_on("IVCUDA_HOST_POLLS");
   return on;
 }
@@ -48,7 +48,7 @@ bool Runtime::maps_page_locked(std::uint64_t v) const noexcept {
 }
 
 bool Runtime::any_page_locked_word(std::span<const std::byte> params) const noexcept {
-  if (!enabled()) return false;
+  if (!host_polls_on()) return false;
   // Pointer parameters are 8-byte aligned in the packed buffer; a pointer in
   // a by-value struct is too.
   for (std::size_t off = 0; off + sizeof(std::uint64_t) <= params.size(); off += sizeof(std::uint64_t)) {
@@ -59,7 +59,7 @@ bool Runtime::any_page_locked_word(std::span<const std::byte> params) const noex
   return false;
 }
 
-bool Runtime::wants_host_polls() noexcept { return enabled(); }
+bool Runtime::wants_host_polls() noexcept { return host_polls_on(); }
 
 void Runtime::note_host_polled(std::uint32_t channel, std::uint64_t ctx, std::uint64_t stream) {
   std::lock_guard lk(polls_mu_);

@@ -44,7 +44,7 @@ namespace {
 // A fork child answers nothing here: the books are its parent's.
 std::atomic<bool> g_forked{false};
 
-bool enabled() {
+bool idle_answers_on() {
   static const bool on = [] {
     const bool want = switched_on("IVCUDA_IDLE_ANSWERS");
     if (want) ::pthread_atfork(nullptr, nullptr, [] { g_forked.store(true, std::memory_order_relaxed); });
@@ -100,7 +100,7 @@ bool is_default_stream(std::uint64_t s) {
 // known to succeed: the host found the same stream or context idle under
 // `epoch`, the current one.
 bool Runtime::answer_idle(proto::Op op, const void* req, std::size_t req_size, std::uint64_t epoch) {
-  if (!enabled()) return false;
+  if (!idle_answers_on()) return false;
   if (op != proto::Op::kStreamQuery && op != proto::Op::kStreamSynchronize && op != proto::Op::kCtxSynchronize)
     return false;
   // A capture turns some of these into errors, and its own bookkeeping is
@@ -184,7 +184,7 @@ void Runtime::note_idle(proto::Op op, const void* req, std::size_t req_size, std
 // idle is booked.
 void Runtime::note_after_call(proto::Op op, const void* req, std::size_t req_size, std::uint64_t epoch,
                               CUresult st) {
-  if (!enabled()) return;
+  if (!idle_answers_on()) return;
   if ((st != CUDA_SUCCESS && st != CUDA_ERROR_NOT_READY) || !leaves_no_work(op)) {
     work_epoch_.fetch_add(1, std::memory_order_acq_rel);
     return;
