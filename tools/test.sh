@@ -3,7 +3,8 @@
 # the dependencies, builds every preset and runs every test.
 #  - default: all tests, the VM tests under QEMU and the process-mode tests
 #    against the GPU test double included;
-#  - asan (AddressSanitizer + UBSan): all tests but the VM ones; then, as the
+#  - asan (AddressSanitizer + UBSan): all tests but the VM ones and those that
+#    build nothing of this tree (label preset-independent); then, as the
 #    mutation build, each rule of docs/security.md's table with the rule
 #    removed, whose tests must fail (tests/mutations/run_mutations.py);
 #  - tsan (ThreadSanitizer): the ring and transport tests;
@@ -62,7 +63,9 @@ for preset in default asan tsan fuzz; do
   # same whatever the -g level, and full debug info was a quarter of its product's compile time.
   [ "$preset" = default ] && extra=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
                                     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
-  cmake --preset "$preset" -DIVCUDA_ALLOW_SKIPS=$skips "${extra[@]}" >/dev/null
+  # Unity builds of the many-file libraries (IVCUDA_UNITY_BUILD, CMakeLists.txt): every preset
+  # here builds them from nothing, where a developer's tree rebuilds one edited file.
+  cmake --preset "$preset" -DIVCUDA_ALLOW_SKIPS=$skips -DIVCUDA_UNITY_BUILD=ON "${extra[@]}" >/dev/null
   if [ "$preset" = tsan ]; then
     cmake --build --preset tsan -j "$jobs" --target ivcuda_ring_tests
   elif [ "$preset" = fuzz ]; then
@@ -74,7 +77,7 @@ for preset in default asan tsan fuzz; do
 done
 step "registered tests"
 check_tests default --exclude-labels fuzz
-check_tests asan --exclude-labels vm,fuzz
+check_tests asan --exclude-labels vm,fuzz,preset-independent
 check_tests tsan --labels ring,transport
 check_tests fuzz --labels fuzz
 step "tests: fuzz (each harness a fixed time)"
@@ -85,7 +88,7 @@ cov=build/fuzz/tests/fuzz/worker_fuzz.coverage.txt
 step "tests: tsan (ring, transport)"
 run_tests tsan -L "^(ring|transport)$" -j "$jobs"
 step "tests: asan"
-run_tests asan -LE "^vm$" -j "$jobs"
+run_tests asan -LE "^(vm|preset-independent)$" -j "$jobs"
 step "mutations: each security rule's tests with the rule removed (docs/security.md, asan build)"
 # A rule's test that passed in the asan run above is its own baseline (not run again as is).
 python3 tests/mutations/run_mutations.py build/asan -j "$jobs" --passed-in build/asan/ctest-junit.xml

@@ -10,6 +10,9 @@
 #                        where it loops over them: fewer or more verdicts fail,
 #                        and so does a script that never says how many
 #   finish               prints "N passed, N failed[, N skipped]"; returns non-zero on any failure
+# With IVCUDA_FAIL_FAST=1 (the mutation runner's mutant runs: tests/mutations/run_mutations.py)
+# the first FAIL ends the script with status 1, through its EXIT trap: a run with a security rule
+# removed needs only to fail, and the cases after the first failure cost it time.
 #   "${tagged[@]}" PIDFILE CMD...  runs CMD with its process id written to PIDFILE first (exec
 #                        keeps it); an array, so that timeout and env can run it
 #   log_mark LOG         prints where LOG ends now (bytes), for served_by
@@ -21,7 +24,10 @@
 passed=0 failed=0 skipped=0 expected_cases=
 verdict() {
   if [ "$2" -eq 0 ]; then echo "PASS $1"; passed=$((passed + 1))
-  else echo "FAIL $1 (exit $2)"; failed=$((failed + 1)); fi
+  else echo "FAIL $1 (exit $2)"; failed=$((failed + 1)); fail_fast; fi
+}
+fail_fast() {
+  if [ "${IVCUDA_FAIL_FAST:-}" = 1 ]; then echo "(IVCUDA_FAIL_FAST: stopping at the first failure)"; exit 1; fi
 }
 judge() {
   local name=$1; shift
@@ -30,7 +36,7 @@ judge() {
 }
 not_run() {
   if [ "${IVCUDA_ALLOW_SKIPS:-}" = 1 ]; then echo "SKIP $1: $2"; skipped=$((skipped + 1))
-  else echo "FAIL $1: not run: $2 (IVCUDA_ALLOW_SKIPS=1 lets it skip)"; failed=$((failed + 1)); fi
+  else echo "FAIL $1: not run: $2 (IVCUDA_ALLOW_SKIPS=1 lets it skip)"; failed=$((failed + 1)); fail_fast; fi
 }
 expect_cases() { expected_cases=$1; }
 finish() {

@@ -179,12 +179,14 @@ class Job:
         self.rc, self.timed_out, self.seconds = None, False, 0.0
 
     def run(self):
-        env = {k: v for k, v in os.environ.items() if k != "IVCUDA_MUTATE"}
+        env = {k: v for k, v in os.environ.items() if k not in ("IVCUDA_MUTATE", "IVCUDA_FAIL_FAST")}
         for kv in self.spec["env"]:
             k, _, v = kv.partition("=")
             env[k] = v
         if self.rule is not None:
             env["IVCUDA_MUTATE"] = self.rule
+            # A mutant needs only to fail: test scripts stop at their first FAIL (tests/lib/verdicts.sh).
+            env["IVCUDA_FAIL_FAST"] = "1"
         start = time.monotonic()
         with open(self.log, "w") as out:
             out.write(f"# {self.test!r} with IVCUDA_MUTATE={self.rule or ''}\n# {' '.join(self.spec['command'])}\n")
