@@ -64,8 +64,9 @@ for preset in default asan tsan fuzz; do
   [ "$preset" = default ] && extra=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
                                     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
   # The TSan build has no precompiled headers (CMakeLists.txt, IVCUDA_PCH): there unity builds of
-  # the many-file libraries (IVCUDA_UNITY_BUILD) took its build from 224 s to 139 s on CI's
-  # 2 cores. With precompiled headers they saved nothing (default 367 s -> 379 s, asan slower).
+  # the many-file libraries (IVCUDA_UNITY_BUILD) took its build from 224 s to 139 s on 2 cores
+  # (clean clones, 2026-12-07). With precompiled headers they saved nothing (default 367 s ->
+  # 379 s, asan no faster).
   [ "$preset" = tsan ] && extra=(-DIVCUDA_UNITY_BUILD=ON)
   cmake --preset "$preset" -DIVCUDA_ALLOW_SKIPS=$skips "${extra[@]}" >/dev/null
   if [ "$preset" = tsan ]; then

@@ -10,9 +10,6 @@
 #                        where it loops over them: fewer or more verdicts fail,
 #                        and so does a script that never says how many
 #   finish               prints "N passed, N failed[, N skipped]"; returns non-zero on any failure
-# With IVCUDA_FAIL_FAST=1 (the mutation runner's mutant runs: tests/mutations/run_mutations.py)
-# the first FAIL ends the script with status 1, through its EXIT trap: a run with a security rule
-# removed needs only to fail, and the cases after the first failure cost it time.
 #   "${tagged[@]}" PIDFILE CMD...  runs CMD with its process id written to PIDFILE first (exec
 #                        keeps it); an array, so that timeout and env can run it
 #   log_mark LOG         prints where LOG ends now (bytes), for served_by
@@ -21,6 +18,9 @@
 #                        INFO line a served hello logs, not the refusal of one; and only past
 #                        MARK (log_mark before the process started), so that an earlier
 #                        process with the same pid proves nothing
+# With IVCUDA_FAIL_FAST=1 (the mutation runner's mutant runs: tests/mutations/run_mutations.py)
+# the first FAIL ends the script with status 1, through its EXIT trap: a run with a security rule
+# removed needs only to fail, and the cases after the first failure cost it time.
 passed=0 failed=0 skipped=0 expected_cases=
 verdict() {
   if [ "$2" -eq 0 ]; then echo "PASS $1"; passed=$((passed + 1))

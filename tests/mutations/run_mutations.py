@@ -185,7 +185,8 @@ class Job:
             env[k] = v
         if self.rule is not None:
             env["IVCUDA_MUTATE"] = self.rule
-            # A mutant needs only to fail: test scripts stop at their first FAIL (tests/lib/verdicts.sh).
+            # A mutant needs only to fail: test scripts stop at their first FAIL (tests/lib/verdicts.sh),
+            # Catch2 cases at their first failed assertion (tests/test_main.cc).
             env["IVCUDA_FAIL_FAST"] = "1"
         start = time.monotonic()
         with open(self.log, "w") as out:
