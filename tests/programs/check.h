@@ -5,6 +5,8 @@
 
 #include <cuda.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,10 +30,15 @@ inline void fail(const char* file, int line, const std::string& what) {
   std::fprintf(stderr, "FAIL %s:%d: %s\n", file, line, what.c_str());
 }
 
+// n bytes of a seeded pseudo-random pattern, eight bytes a draw: drawn a byte at a time, under
+// ThreadSanitizer the copy tests spent a quarter of their time here.
 inline std::vector<unsigned char> random_bytes(size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);
-  std::mt19937 g(seed);
-  for (auto& b : v) b = static_cast<unsigned char>(g());
+  std::mt19937_64 g(seed);
+  for (size_t i = 0; i < n; i += sizeof(std::uint64_t)) {
+    const std::uint64_t w = g();
+    std::memcpy(v.data() + i, &w, std::min(sizeof w, n - i));
+  }
   return v;
 }
 
