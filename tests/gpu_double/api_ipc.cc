@@ -86,8 +86,8 @@ CUresult map_shared(State& s, Handle ctx, const SharedMemRef& ref, MemKind kind,
   struct stat st {};
   const bool same = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_ino) == ref.ino &&
                     static_cast<std::uint64_t>(st.st_size) == ref.mapped;
-  // Away from where processes keep their own memory, as device memory is (api_memory.cc).
-  static std::uintptr_t next_hint = 0x3e8000000000;
+  // Away from where processes keep their own memory, as device memory is (state.h).
+  static std::uintptr_t next_hint = kIpcWindowBase;
   void* p = same ? ::mmap(reinterpret_cast<void*>(next_hint), ref.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                  : MAP_FAILED;
   if (p != MAP_FAILED) next_hint = reinterpret_cast<std::uintptr_t>(p) + ref.mapped + (2u << 20);

@@ -46,11 +46,10 @@ CUresult allocate(State& s, Handle ctx, std::size_t bytes, MemKind kind, unsigne
     // a long run (the fuzz harness: millions of processes' worth of
     // allocations in one) reuses addresses: ever new ones grew the page
     // tables of ASan's shadow without bound. Only a hint (not
-    // MAP_FIXED_NOREPLACE): TSan drops hints outside its application ranges,
-    // and a fixed mapping at 0 would follow.
-    constexpr std::uintptr_t kBase = 0x3f0000000000, kWindow = std::uintptr_t{256} << 30;
-    static std::uintptr_t next_hint = kBase;
-    if (next_hint + rounded > kBase + kWindow) next_hint = kBase;
+    // MAP_FIXED_NOREPLACE): a fixed mapping where something lives would fail
+    // (state.h: kDeviceWindowBase, and where TSan builds put it).
+    static std::uintptr_t next_hint = kDeviceWindowBase;
+    if (next_hint + rounded > kDeviceWindowBase + kDeviceWindow) next_hint = kDeviceWindowBase;
     mapped = rounded;
     p = s.reuse_freed(ctx, rounded);  // a small block the context freed, bytes and all
     if (p == nullptr) {

@@ -28,6 +28,19 @@
 namespace ivcuda::gpu_double {
 
 inline constexpr std::size_t kDeviceAllocAlign = 256;
+// Where device memory (api_memory.cc) and imported IPC memory (api_ipc.cc) are mapped: windows of
+// their own, away from where processes keep their own memory, as a GPU's addresses are. Under
+// ThreadSanitizer a hint outside its application ranges is dropped and the kernel places the
+// mapping in the top terabyte, where the guest process's own mappings are too: now and then the
+// first one landed on one of the guest's (the transport run's staged copies under TSan: eight
+// tries in a row, each placed next to the last, so the guest warned and misread a pointer).
+// There the windows lie in TSan's low application range, below 512 GiB.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr std::uintptr_t kDeviceWindowBase = 0x002000000000, kIpcWindowBase = 0x006000000000;
+#else
+inline constexpr std::uintptr_t kDeviceWindowBase = 0x3f0000000000, kIpcWindowBase = 0x3e8000000000;
+#endif
+inline constexpr std::uintptr_t kDeviceWindow = std::uintptr_t{256} << 30;
 inline constexpr std::size_t kHostAllocAlign = 4096;
 inline constexpr std::size_t kPitchAlign = 512;
 inline constexpr int kLeastStreamPriority = 0;
