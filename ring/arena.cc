@@ -16,6 +16,13 @@ void ArenaAllocator::reset() {
   if (size_ != 0) free_.emplace(base_, size_);
 }
 
+std::vector<ArenaAllocator::Block> ArenaAllocator::allocations() const {
+  std::vector<Block> out;
+  out.reserve(used_.size());
+  for (const auto& [off, size] : used_) out.push_back(Block{off, size});
+  return out;
+}
+
 std::optional<std::uint64_t> ArenaAllocator::allocate(std::uint64_t bytes) {
   if (bytes == 0 || bytes > size_) return std::nullopt;
   const std::uint64_t need = (bytes + granule_ - 1) / granule_ * granule_;

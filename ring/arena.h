@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <vector>
 
 namespace ivcuda::ring {
 
@@ -32,6 +33,8 @@ class ArenaAllocator {
   std::uint64_t base() const noexcept { return base_; }
   std::uint64_t size() const noexcept { return size_; }
   std::size_t live_allocations() const noexcept { return used_.size(); }
+  // Every allocation, by offset.
+  std::vector<Block> allocations() const;
   void reset();
 
  private:

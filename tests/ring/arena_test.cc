@@ -42,3 +42,19 @@ TEST_CASE("arena refuses what cannot fit", "[arena]") {
   CHECK_FALSE(a.allocate(9 * 4096));
   CHECK_FALSE(a.allocate(~0ull));
 }
+
+TEST_CASE("arena lists its live allocations, granule-rounded, in order", "[arena]") {
+  ArenaAllocator a(1 << 20, 16 * 4096);
+  CHECK(a.allocations().empty());
+  const auto x = a.allocate(1), y = a.allocate(3 * 4096 + 1), z = a.allocate(4096);
+  REQUIRE(x);
+  REQUIRE(y);
+  REQUIRE(z);
+  REQUIRE(a.free(*y));
+  const auto live = a.allocations();
+  REQUIRE(live.size() == 2);
+  CHECK(live[0].off == *x);
+  CHECK(live[0].size == 4096);
+  CHECK(live[1].off == *z);
+  CHECK(live[1].size == 4096);
+}
