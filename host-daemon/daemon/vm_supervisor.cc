@@ -38,6 +38,15 @@ using clock = std::chrono::steady_clock;
 // notices made a supervisor start and kill workers as fast as it could fork.
 constexpr std::uint32_t kStartBurst = 8;
 constexpr auto kStartEvery = std::chrono::milliseconds(500);
+// A worker asked to let its exited process go (--recycle-workers) answers
+// between two records; one that has not within this is inside a call (a long
+// kernel, a module load) and is killed, so that nothing the dead process
+// queued runs on (rule death-stops-work).
+constexpr auto kRecycleAnswer = std::chrono::milliseconds(50);
+// Spares beyond --vm-spare-workers (workers recycled after a burst) stay
+// while the VM starts processes, and go once it has started none for this
+// long, as process mode's recycled workers do (warm_policy.h, kBurstIdle).
+constexpr auto kSpareLinger = std::chrono::seconds(30);
 
 // Whether a claim is process `served`'s: the same pid in the same PID
 // namespace (a claim that does not say its namespace is a process of the
@@ -93,7 +102,9 @@ class Supervisor {
     sys::UniqueFd kick;    // eventfd the worker sleeps on; we write it
     sys::UniqueFd life;    // write end of a pipe: the worker sees it hang up when we go
     bool reclaim_guest = false;  // its process exited: free the process's channels too
-    clock::time_point killed{};
+    bool recycling = false;      // ... and it was asked to let the process go (check_recycles)
+    bool going = false;          // a spare let go (keep_spares): never given a process
+    clock::time_point killed{};  // when its process's exit was seen
   };
   // What becomes of a claim: served by a worker, tried again on a later
   // pass (no start token yet, or a fork that failed), or refused for good.
@@ -113,6 +124,8 @@ class Supervisor {
   void finish_slot(std::uint32_t s, int status);
   void read_exit_notices();
   void process_exited(const GuestProcess& who);
+  void check_recycles();
+  void recycled(std::uint32_t s);
   void sync_owners();
   GuestProcess claimant(std::uint32_t c);
   void scan_channels();
@@ -131,6 +144,22 @@ class Supervisor {
   // ivcudactl suspend holds the VM (the daemon sets its board's flag).
   bool suspended() const {
     return cfg_.worker.stats != nullptr && cfg_.worker.stats->suspend.load(std::memory_order_acquire) != 0;
+  }
+  // The VM's device-memory quota (0: none), as `ivcudactl reload` left it.
+  std::uint64_t quota() const {
+    return cfg_.worker.stats != nullptr ? cfg_.worker.stats->mem_limit.load(std::memory_order_relaxed)
+                                        : cfg_.worker.mem_limit;
+  }
+  // Whether an exited process's worker may stay as a spare: a spare's context
+  // is charged to the VM's quota (--context-reserve), so under one only up to
+  // --vm-spare-workers (the VM's processes see the quota's room as natively,
+  // where an ended process's context is gone); otherwise extras stay until
+  // kSpareLinger.
+  bool may_keep_spare() const {
+    if (quota() == 0 || cfg_.worker.context_reserve == 0) return true;
+    const auto spares = std::count_if(procs_.begin(), procs_.end(),
+                                       [](const WorkerProc& p) { return p.pid > 0 && p.guest.pid == 0 && !p.going; });
+    return static_cast<std::uint32_t>(spares) < cfg_.spares;
   }
   abi::Superblock* sb() { return ring::superblock(bar_.data()); }
   std::uint32_t guest_id() const { return cfg_.worker.guest_id; }
@@ -156,6 +185,7 @@ class Supervisor {
   std::uint32_t exit_seen_ = 0;
   bool hung_up_ = false;
   clock::time_point spares_paused_until_{};
+  clock::time_point last_process_ = clock::now();  // when a process last got a worker
   std::optional<WarmChild> warm_;
   std::optional<WarmChild> recycled_;
   std::vector<GuestProcess> held_back_;  // processes told to wait for the resume (logged once each)
@@ -391,6 +421,7 @@ void Supervisor::loop() {
     reap();
     sync_owners();
     read_exit_notices();
+    check_recycles();
     scan_channels();
     relay_doorbells();
     keep_spares();
@@ -420,6 +451,7 @@ bool Supervisor::start_worker(std::uint32_t s, const GuestProcess& who) {
   slot.guest_pid.store(who.pid);
   slot.guest_pidns.store(who.pidns);
   slot.ready.store(0);
+  slot.recycle.store(VmShared::kRecycleNone);
   const pid_t pid = ::fork();
   if (pid < 0) {
     IVLOG_ERROR("guest %u: fork: %s", guest_id(), std::strerror(errno));
@@ -450,6 +482,11 @@ bool Supervisor::start_worker(std::uint32_t s, const GuestProcess& who) {
     wc.vm = vm_;
     wc.vm_slot = s;
     wc.vm_notify_fd = notify_.get();
+    // Its process's end with nothing under way makes it the VM's spare
+    // (check_recycles), its context kept where it can be scrubbed.
+    wc.vm_recycle = cfg_.recycle;
+    wc.keep_contexts = cfg_.recycle && cfg_.keep_contexts;
+    const NextGuest same{wc.shm_fd, wc.host_fds, wc.guest_fds};
     if (cfg_.before_start)
       if (auto st = cfg_.before_start(wc); !st) {
         IVLOG_ERROR("guest %u: cannot sandbox a worker: %s", guest_id(), st.error().what.c_str());
@@ -465,10 +502,32 @@ bool Supervisor::start_worker(std::uint32_t s, const GuestProcess& who) {
         IVLOG_ERROR("guest %u: cannot sandbox a worker: %s", guest_id(), st.error().what.c_str());
         ::_exit(2);
       }
-    if (cfg_.running != nullptr) *cfg_.running = w->get();
-    slot.ready.store(1);
-    if (*stop_ != 0) (*w)->stop();
-    ::_exit((*w)->run());
+    std::unique_ptr<GuestWorker> worker = std::move(*w);
+    for (;;) {
+      if (cfg_.running != nullptr) *cfg_.running = worker.get();
+      slot.ready.store(1);
+      if (*stop_ != 0) worker->stop();
+      const int rc = worker->run();
+      if (cfg_.running != nullptr) *cfg_.running = nullptr;
+      if (rc != GuestWorker::kRecycled) ::_exit(rc);
+      // Its process exited with nothing under way: the process's objects go
+      // (scrubbed or reset, as a recycled process-mode worker's), the same BAR
+      // and doorbells stay, and it serves again once the supervisor has freed
+      // the process's channels (VmShared::kRecycleNone).
+      auto fresh = worker->successor(same);
+      worker.reset();
+      if (!fresh) {
+        IVLOG_ERROR("guest %u: a worker cannot serve on after its process: %s", guest_id(),
+                    fresh.error().what.c_str());
+        ::_exit(2);
+      }
+      worker = std::move(*fresh);
+      while (slot.recycle.load(std::memory_order_acquire) != VmShared::kRecycleNone) {
+        pollfd gone{life_r.get(), POLLRDHUP, 0};
+        if (*stop_ != 0 || ::poll(&gone, 1, 1) > 0) ::_exit(0);  // the supervisor went, or we stop
+      }
+      worker->attach_connection(life_r.get());
+    }
   }
   slot.worker_pid.store(pid);
   procs_[s] = WorkerProc{pid, who, std::move(*kick), std::move(life_w), false, {}};
@@ -553,10 +612,15 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slo
   held_back_.clear();
   std::uint32_t spare = VmShared::kMaxSlots, free = VmShared::kMaxSlots;
   for (std::uint32_t s = 0; s < procs_.size(); ++s) {
-    if (procs_[s].pid > 0 && procs_[s].guest.pid == 0 && spare == VmShared::kMaxSlots) spare = s;
+    if (procs_[s].pid > 0 && procs_[s].guest.pid == 0 && !procs_[s].going && spare == VmShared::kMaxSlots)
+      spare = s;
     if (procs_[s].pid == 0 && free == VmShared::kMaxSlots) free = s;
   }
   if (spare == VmShared::kMaxSlots) {
+    // A worker letting an exited process go is a spare within kRecycleAnswer
+    // (or killed then): cheaper to wait for than a new one.
+    if (std::any_of(procs_.begin(), procs_.end(), [](const WorkerProc& p) { return p.pid > 0 && p.recycling; }))
+      return Placed::kLater;
     refused_why_ = "the VM has all the workers it may have (--max-workers-per-guest)";
     if (free == VmShared::kMaxSlots) return Placed::kRefused;
     switch (may_start()) {
@@ -567,8 +631,9 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slo
   }
   refused_why_ = "its user id has all the workers it may have (--max-guests-per-uid)";
   if (!take_unit()) return dying() != 0 ? Placed::kLater : Placed::kRefused;  // a unit comes back with it
+  last_process_ = clock::now();
   if (spare != VmShared::kMaxSlots) {
-    // A worker started ahead takes the process.
+    // A worker started ahead (or recycled) takes the process.
     procs_[spare].guest = who;
     vm_->slot(spare).guest_pid.store(who.pid);
     vm_->slot(spare).guest_pidns.store(who.pidns);
@@ -589,7 +654,18 @@ void Supervisor::keep_spares() {
   if (clock::now() < spares_paused_until_ || suspended()) return;
   std::uint32_t have = 0;
   for (const WorkerProc& p : procs_)
-    if (p.pid > 0 && p.guest.pid == 0) ++have;
+    if (p.pid > 0 && p.guest.pid == 0 && !p.going) ++have;
+  if (have > cfg_.spares && clock::now() - last_process_ >= kSpareLinger) {
+    // The VM has started no process for a while: recycled spares beyond the
+    // ones asked for go, with the GPU memory their contexts hold.
+    for (WorkerProc& p : procs_) {
+      if (have <= cfg_.spares) break;
+      if (p.pid <= 0 || p.guest.pid != 0 || p.going) continue;
+      p.going = true;
+      ::kill(p.pid, SIGTERM);
+      --have;
+    }
+  }
   for (std::uint32_t s = 0; s < procs_.size() && have < cfg_.spares; ++s) {
     if (procs_[s].pid != 0) continue;
     if (may_start() != Start::kOk) return;  // at the bound, or no token: processes come first
@@ -636,6 +712,12 @@ void Supervisor::finish_slot(std::uint32_t s, int status) {
                "page-locked, %llu KiB of device memory)", guest_id(), guest.pid, static_cast<int>(p.pid),
                static_cast<long long>(ms), channels, static_cast<unsigned long long>(pinned >> 10),
                static_cast<unsigned long long>(charged >> 10));
+  } else if (p.going) {
+    IVLOG_INFO("guest %u: a spare worker (pid %d) beyond the %u kept ready ended: no process came for %lld s",
+               guest_id(), static_cast<int>(p.pid), cfg_.spares,
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kSpareLinger).count()));
+  } else if (guest.pid == 0 && hung_up_) {
+    IVLOG_INFO("guest %u: the VM's spare worker pid %d ended with the VM", guest_id(), static_cast<int>(p.pid));
   } else if (WIFSIGNALED(status)) {
     IVLOG_WARN("guest %u: the worker of process %d (pid %d) died of signal %d; that process's calls fail, the "
                "VM's other processes are unaffected", guest_id(), guest.pid, static_cast<int>(p.pid),
@@ -652,6 +734,7 @@ void Supervisor::finish_slot(std::uint32_t s, int status) {
   slot.guest_pidns.store(0);
   slot.worker_pid.store(0);
   slot.ready.store(0);
+  slot.recycle.store(VmShared::kRecycleNone);
   p = WorkerProc{};
   give_units();
   bump_version();
@@ -690,10 +773,22 @@ void Supervisor::read_exit_notices() {
 // that ends) and the rest is reclaimed when it has been reaped.
 void Supervisor::process_exited(const GuestProcess& who) {
   if (who.pid <= 0 || !IVCUDA_RULE("reclaim-on-exit")) return;
-  for (WorkerProc& p : procs_) {
+  for (std::uint32_t s = 0; s < procs_.size(); ++s) {
+    WorkerProc& p = procs_[s];
     if (p.pid <= 0 || p.guest.pid == 0 || p.reclaim_guest || !notice_for(who, p.guest)) continue;
     p.reclaim_guest = true;
     p.killed = clock::now();
+    // With --recycle-workers the worker is asked to let the process go and
+    // serve the VM's next one (a new worker costs a driver start and a
+    // context); a suspended VM's worker is locked and cannot answer.
+    if (cfg_.recycle && !suspended() && may_keep_spare()) {
+      // (Unless it is letting the process go already: its last goodbye.)
+      std::uint32_t none = VmShared::kRecycleNone;
+      (void)vm_->slot(s).recycle.compare_exchange_strong(none, VmShared::kRecycleAsked, std::memory_order_acq_rel);
+      p.recycling = true;
+      kick_fd(p.kick.get());
+      continue;
+    }
     ::kill(p.pid, SIGKILL);
   }
   // Channels the process claimed but that no worker took (yet, or ever).
@@ -702,6 +797,68 @@ void Supervisor::process_exited(const GuestProcess& who) {
     if (!(ring::load_acquire(sb()->active_mask[c / 64]) >> (c % 64) & 1)) continue;
     if (notice_for(who, claimant(c))) free_guest_channel(c);
   }
+}
+
+// Workers letting their process go: asked to (process_exited), or on their
+// own when the process said goodbye on its last channel. One that answered is
+// the VM's spare once the process's channels are dealt with; one asked that
+// has not answered in kRecycleAnswer is busy with the dead process's work and
+// is killed. A worker that ended instead is reclaimed when reaped.
+void Supervisor::check_recycles() {
+  for (std::uint32_t s = 0; s < procs_.size(); ++s) {
+    WorkerProc& p = procs_[s];
+    if (p.pid <= 0 || p.guest.pid == 0) continue;
+    if (vm_->slot(s).recycle.load(std::memory_order_acquire) == VmShared::kRecycling) {
+      recycled(s);
+    } else if (p.recycling && clock::now() - p.killed >= kRecycleAnswer && IVCUDA_RULE("death-stops-work")) {
+      p.recycling = false;
+      ::kill(p.pid, SIGKILL);
+    }
+  }
+}
+
+// Slot s's worker stopped serving its process and lets go of what the
+// process held: the worker becomes a spare, and is told to serve on once the
+// process's channels are dealt with. An exited process's are freed (what it
+// left in them is dropped). A process that said goodbye on its last channel
+// and lives on may have claimed another since, which the worker never served:
+// that one goes to whichever worker takes the process next (scan_channels).
+void Supervisor::recycled(std::uint32_t s) {
+  WorkerProc& p = procs_[s];
+  unsigned channels = 0;
+  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
+    if (owner_[c] != s + 1) continue;
+    ++channels;
+    owner_[c] = 0;
+    vm_->owner(c).store(0);
+    if (p.recycling) free_guest_channel(c);
+    else bound_claim_[c] = 0;  // placed anew
+  }
+  const bool keep = may_keep_spare();  // (before it counts as one)
+  const char* then = keep ? "is the VM's spare" : "ends (the VM's quota holds the spares it keeps)";
+  if (p.recycling) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - p.killed).count();
+    IVLOG_INFO("guest %u: process %d exited; its worker pid %d let it go in %lld ms (%u channel(s)) and %s",
+               guest_id(), p.guest.pid, static_cast<int>(p.pid), static_cast<long long>(ms), channels, then);
+  } else {
+    IVLOG_INFO("guest %u: process %d is done; its worker pid %d %s", guest_id(), p.guest.pid,
+               static_cast<int>(p.pid), then);
+  }
+  p.guest = GuestProcess{};
+  p.reclaim_guest = false;
+  p.recycling = false;
+  auto& slot = vm_->slot(s);
+  slot.guest_pid.store(0);
+  slot.guest_pidns.store(0);
+  slot.ready.store(0);
+  give_units();
+  bump_version();
+  if (!keep) {
+    p.going = true;
+    ::kill(p.pid, SIGTERM);  // it ends where it waits for the word below
+  }
+  slot.recycle.store(VmShared::kRecycleNone, std::memory_order_release);
+  kick_fd(p.kick.get());
 }
 
 // Workers write the shared owners one way only: a worker that lets a

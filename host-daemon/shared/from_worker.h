@@ -151,8 +151,15 @@ class VmShared {
     std::atomic<std::uint32_t> guest_pidns;  // supervisor: that process's PID namespace (0: not said)
     std::atomic<std::uint64_t> mem;          // worker: device memory charged to the VM's quota (quota.h)
     std::atomic<std::uint32_t> epoch;        // supervisor: bumped each time the slot's worker is gone
-    std::atomic<std::uint32_t> reserved;
+    std::atomic<std::uint32_t> recycle;      // both: a process's end, handed between them (kRecycle*)
   };
+  // Slot::recycle. The supervisor asks (its process exited); the worker that
+  // finds nothing of the process's under way answers kRecycling, stops
+  // serving its channels and lets go of the process's objects; the supervisor
+  // then frees those channels, makes the worker a spare and writes kRecycleNone,
+  // before which the worker serves nothing. A worker that does not answer in
+  // time is killed (vm_supervisor.cc, Supervisor::check_recycles).
+  static constexpr std::uint32_t kRecycleNone = 0, kRecycleAsked = 1, kRecycling = 2;
 
   // Maps and initialises the memory for layout l; nullptr on failure (errno).
   static VmShared* create(const ring::Layout& l);

@@ -127,7 +127,12 @@ struct WorkerConfig {
   // of the same tenant once its guest is gone, if it left nothing under way
   // (docs/design.md, "Recycled workers"): run() then ends with kRecycled.
   bool recyclable = false;
-  // With recyclable: the GPUs' contexts stay for the tenant's next guest
+  // A VM's worker (vm != null) whose process ends - it says goodbye on its
+  // last channel, or the supervisor reports its exit - with nothing under
+  // way: run() ends with kRecycled and the worker serves on as the VM's spare
+  // (VmShared::Slot::recycle). Else the process's end ends the worker.
+  bool vm_recycle = false;
+  // With recyclable or vm_recycle: the GPUs' contexts stay for the tenant's next guest
   // when the guest used only what the worker can scrub from them (every
   // allocation zeroed before the driver has it back, shared and local memory
   // and the device heap zeroed by the worker's own kernels); otherwise they

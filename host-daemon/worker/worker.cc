@@ -503,6 +503,7 @@ void Worker::vm_detach(Channel& ch) {
   if (!any && vm_had_channels_) {
     IVLOG_INFO("guest %u: the process said goodbye on its last channel", cfg_.guest_id);
     stop_ = true;
+    process_done_ = true;
   }
 }
 
@@ -912,7 +913,8 @@ void Worker::attach_connection(int conn_fd) noexcept {
 // and all, and frees their memory. Nothing a worker holds outlives it that
 // the daemon does not reclaim when it reaps it (fd_broker.h, the books).
 void Worker::watch_guest_death() {
-  if (cfg_.conn_fd < 0 || !IVCUDA_RULE("death-stops-work")) return;
+  if (death_watched_ || cfg_.conn_fd < 0 || !IVCUDA_RULE("death-stops-work")) return;
+  death_watched_ = true;
   const int fd = cfg_.conn_fd;
   const std::uint32_t guest = cfg_.guest_id;
   const bool recyclable = cfg_.recyclable;
@@ -1047,13 +1049,20 @@ void Worker::release_for_recycle() noexcept {
     }
   if (!kept_.live) arena_ctx_ = nullptr;
   current_ = nullptr;
+  // A VM's page-locked pool is the VM's books: the process's pages go back
+  // to them (unpinned above), for the VM's other processes.
+  if (cfg_.vm != nullptr) {
+    for (const auto& b : pool_.allocations()) (void)cfg_.vm->pool_free(b.off, b.size, cfg_.vm_slot);
+    pool_.reset();
+  }
   // Its quota's books: what it held goes back now (the successor starts
   // its own), and the records that die with this object change nothing.
   quota_.close();
   // The daemon zeroes the board when the guest ends ('C'), which may come
   // while the releases above still subtract from it: from nothing, they
   // would leave the next guest's count near 2^64. Nothing is charged now.
-  if (cfg_.stats != nullptr) cfg_.stats->mem_used.store(0, std::memory_order_relaxed);
+  // (A VM's board counts all its processes: close() took this one's off.)
+  if (cfg_.stats != nullptr && cfg_.vm == nullptr) cfg_.stats->mem_used.store(0, std::memory_order_relaxed);
 }
 
 Result<std::unique_ptr<GuestWorker>> Worker::successor(const NextGuest& next) {
@@ -1081,6 +1090,21 @@ Result<std::unique_ptr<GuestWorker>> Worker::successor(const NextGuest& next) {
   w->waiter_ = std::move(waiter_);
   w->kept_ = kept_;
   if (kept_.live) w->arena_ctx_ = arena_ctx_;
+  if (cfg_.vm != nullptr) {
+    // The VM's next process: the same line to the supervisor, watched by the
+    // same thread; and a line to the daemon of its own, so that what the last
+    // process shared goes with the old line (the daemon withdraws a line's
+    // shares when it ends: rule share-owner-end).
+    w->death_ = death_;
+    w->death_->store(kLive);
+    w->death_watched_ = death_watched_;
+    if (w->broker_.connected()) {
+      auto line = w->broker_.new_line();
+      if (!line) IVLOG_WARN("guest %u: no new fd broker line (%s): the VM's next process shares nothing",
+                            cfg_.guest_id, line.error().what.c_str());
+      w->broker_ = line ? BrokerClient(line->release()) : BrokerClient{};
+    }
+  }
   cu_.handle = nullptr;  // this object's destructor releases nothing more
   if (auto st = w->waiter_->rebind(next.host_fds[0]); !st) return st.error();
   IVCUDA_TRY(w->start_guest_side(false));
@@ -1103,6 +1127,13 @@ int Worker::run() {
       if (hung_up_) break;
       last_work = std::chrono::steady_clock::now();
       continue;
+    }
+    // (After a suspension: a held worker makes no driver call, and letting
+    // a process go makes several.)
+    if (cfg_.vm != nullptr &&
+        cfg_.vm->slot(cfg_.vm_slot).recycle.load(std::memory_order_acquire) == VmShared::kRecycleAsked) {
+      recycle_asked_ = true;
+      break;
     }
     const int n = serve_once();
     if (n > 0) {
@@ -1136,6 +1167,25 @@ int Worker::run() {
     // A guest in a VM cannot see the daemon's socket; this tells it we live.
     ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
     last_work = std::chrono::steady_clock::now() - cfg_.spin + std::chrono::microseconds(20);
+  }
+  // A VM's process exited (its supervisor asked): with nothing of it under
+  // way the worker is offered as the VM's next spare; else what the dead
+  // process had posted or queued must not run, and the process ends now.
+  if (recycle_asked_ || (process_done_ && cfg_.vm_recycle)) {
+    int expect = kLive;
+    if (nothing_under_way() && death_->compare_exchange_strong(expect, kRecycling)) {
+      IVLOG_INFO("guest %u: process %d ended with nothing under way; its worker becomes the VM's spare",
+                 cfg_.guest_id, static_cast<int>(cfg_.vm->slot(cfg_.vm_slot).guest_pid.load()));
+      cfg_.vm->slot(cfg_.vm_slot).recycle.store(VmShared::kRecycling, std::memory_order_release);
+      const std::uint64_t one = 1;
+      if (cfg_.vm_notify_fd >= 0) (void)!::write(cfg_.vm_notify_fd, &one, sizeof one);
+      return kRecycled;
+    }
+    if (IVCUDA_RULE("death-stops-work")) {
+      IVLOG_INFO("guest %u: process %d ended with work under way; its worker ends now", cfg_.guest_id,
+                 static_cast<int>(cfg_.vm->slot(cfg_.vm_slot).guest_pid.load()));
+      ::_exit(0);
+    }
   }
   // The guest hung up: a recyclable worker with nothing under way takes the
   // end as clean, unless its death thread has decided already; else the

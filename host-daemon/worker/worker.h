@@ -706,6 +706,14 @@ class Worker final : public GuestWorker {
   bool stop_ = false;
   bool hung_up_ = false;  // the loop ended on the guest's hang-up (not stop())
   bool released_ = false;  // release_for_recycle() ran
+  // A VM's worker whose process exited: the supervisor asked it to let the
+  // process go (VmShared::Slot::recycle) and the loop ended for that.
+  bool recycle_asked_ = false;
+  // A VM's process said goodbye on its last channel (vm_detach).
+  bool process_done_ = false;
+  // watch_guest_death's thread runs: a VM's recycled worker keeps its
+  // predecessor's, which watches the same line to the supervisor.
+  bool death_watched_ = false;
   bool evicted_ = false;
   // The guest's end, shared with watch_guest_death's thread (it outlives a
   // recycled worker): kLive; kGone (the thread saw the hang-up and waits a

@@ -204,6 +204,11 @@ echo "--- ivcudad log (last lines)"
 tail -n 8 "$tmp/ivcudad.log"
 # The host side of the SIGKILL: the kernel's exit notice, then the reclaim.
 grep -E "exited; reclaimed its worker" "$tmp/ivcudad.log" || { echo "FAIL: no reclaim in the daemon's log"; exit 1; }
+# The programs that ended cleanly left their workers to the next ones (--recycle-workers keep, the
+# default): the VM's processes after the first start on a recycled worker.
+recycled=$(grep -cE "exited; its worker pid [0-9]+ let it go in [0-9]+ ms .* and is the VM's spare" "$tmp/ivcudad.log")
+echo "exited processes whose workers became the VM's spare: $recycled"
+[[ $recycled -ge 5 ]] || { echo "FAIL: fewer than 5 of the VM's exited processes' workers were recycled"; exit 1; }
 # The daemon outlives the VM and serves on.
 kill -0 "$ivcudad_pid" || { echo "FAIL: ivcudad died"; exit 1; }
 [[ $rc -eq 0 ]] || { echo "FAIL: the guest programs failed (exit $rc)"; exit 1; }

@@ -1893,7 +1893,8 @@ TEST_CASE("a FlushWait answers once the channel's copies are done and leaves pos
 TEST_CASE("a VM's processes get a worker each and reach only their own channels and handles",
           "[process][hostile]") {
   Strays strays;
-  Daemon d({"--vm-spare-workers", "0"}, "-vm");
+  // (a's worker ends with a's goodbye; recycled, it would stay as the VM's spare.)
+  Daemon d({"--vm-spare-workers", "0", "--recycle-workers", "off"}, "-vm");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
   const pid_t a = ::getpid() + 100000, b = ::getpid() + 200000;  // the guest's own pids, not the host's

@@ -111,10 +111,12 @@ TEST_CASE("a graph's DOT text reaches the guest with every hexadecimal number ma
 
 // A VM's kernel driver reports each process that exits with the device open;
 // the supervisor kills that process's worker at once (the GPU memory it held
-// is the driver's to free when the worker ends), and nobody else's.
+// is the driver's to free when the worker ends), and nobody else's. (With
+// --recycle-workers the worker lets the process go instead, or is killed
+// when it does not: hostile_vm_test.cc.)
 TEST_CASE("a VM process's exit notice ends its worker at once, and no other", "[process][hostile]") {
   Strays strays;
-  Daemon d({"--vm-spare-workers", "0"}, "-vm");
+  Daemon d({"--vm-spare-workers", "0", "--recycle-workers", "off"}, "-vm");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
   const pid_t a = ::getpid() + 100000, b = ::getpid() + 200000;  // the VM's own pids

@@ -282,7 +282,9 @@ struct SuspendingVm {
 }  // namespace
 
 TEST_CASE("a VM gets at most --max-workers-per-guest workers and the processes past it are refused", "[process][hostile]") {
-  Daemon d({"--max-workers-per-guest", "2", "--vm-spare-workers", "0", "--max-guests-per-uid", "0"}, "-bound");
+  // (Workers end with their processes here: a recycled one would stay, as the VM's spare.)
+  Daemon d({"--max-workers-per-guest", "2", "--vm-spare-workers", "0", "--max-guests-per-uid", "0",
+            "--recycle-workers", "off"}, "-bound");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
   const pid_t base = ::getpid() + 300000;  // the guest's pids, not the host's
@@ -313,7 +315,9 @@ TEST_CASE("a VM gets at most --max-workers-per-guest workers and the processes p
 }
 
 TEST_CASE("a VM's worker starts are rate-limited however fast it forges exit notices", "[process][hostile]") {
-  Daemon d({"--vm-spare-workers", "0"}, "-rate");
+  // Each exit ends its worker (recycled ones start nothing: "a VM's exited
+  // process's worker serves its next process ...").
+  Daemon d({"--vm-spare-workers", "0", "--recycle-workers", "off"}, "-rate");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
   // Claim, be served by a fresh worker, "exit", again (the audit's churn:
@@ -339,7 +343,7 @@ TEST_CASE("a VM's worker starts are rate-limited however fast it forges exit not
 }
 
 TEST_CASE("a VM's workers beyond its first count in its user's --max-guests-per-uid", "[process][hostile]") {
-  Daemon d({"--max-guests-per-uid", "3", "--vm-spare-workers", "0"}, "-uid");
+  Daemon d({"--max-guests-per-uid", "3", "--vm-spare-workers", "0", "--recycle-workers", "off"}, "-uid");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
   const pid_t base = ::getpid() + 500000;
@@ -370,7 +374,7 @@ TEST_CASE("a VM's workers beyond its first count in its user's --max-guests-per-
 
 TEST_CASE("processes of a VM with one pid in two PID namespaces get a worker each and one's exit leaves the other's",
           "[process][hostile]") {
-  Daemon d({"--vm-spare-workers", "0"}, "-pidns");
+  Daemon d({"--vm-spare-workers", "0", "--recycle-workers", "off"}, "-pidns");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
   // Two containers' first processes: pid 1 each (the namespaces are the
@@ -442,7 +446,10 @@ TEST_CASE("a VM's worker holds the broker line made for it and neither its super
 
 TEST_CASE("a process's page-locked pages are free for the VM's next process once its worker is gone",
           "[process][hostile]") {
-  Daemon d({"--vm-spare-workers", "0"}, "-pool");
+  // Its worker ends, or lets the process go and stays as the VM's spare.
+  const std::string recycle = GENERATE(as<std::string>{}, "off", "keep");
+  INFO("--recycle-workers " << recycle);
+  Daemon d({"--vm-spare-workers", "0", "--recycle-workers", recycle}, "-pool");
   REQUIRE(d.alive());
   RawGuest g(d.sock);
   const pid_t base = ::getpid() + 700000;
@@ -456,9 +463,117 @@ TEST_CASE("a process's page-locked pages are free for the VM's next process once
   CHECK(rc(g, 1, Op::kHostAlloc, proto::ReqHostAlloc{most, 0, 0}) == CUDA_ERROR_OUT_OF_MEMORY);
   const pid_t sup = supervisor(d);
   REQUIRE(sup != 0);
+  const auto workers = Daemon::children_of(sup);
+  REQUIRE(workers.size() == 2);
   exit_notice(g, base);
-  REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 1; }));
+  if (recycle == "off") REQUIRE(wait_for([&] { return Daemon::children_of(sup).size() == 1; }));
   CHECK(wait_for([&] { return rc(g, 1, Op::kHostAlloc, proto::ReqHostAlloc{most, 0, 0}) == CUDA_SUCCESS; }, 2000));
+  if (recycle != "off") CHECK(Daemon::children_of(sup) == workers);  // nobody ended
+  CHECK(d.alive());
+}
+
+// --recycle-workers (the default, keep): a VM's process that ends with
+// nothing under way leaves its worker as the VM's spare, which serves the
+// VM's next process with none of the last one's objects, handles or bytes
+// (issue 30: a VM's back-to-back processes pay no worker start).
+TEST_CASE("a VM's exited process's worker serves its next processes, which find nothing of the last one's",
+          "[process][hostile]") {
+  const std::string ctl = "/tmp/ivcuda-hostile-vm-" + std::to_string(::getpid()) + "-recycle.ctl";
+  Daemon d({"--vm-spare-workers", "0", "--control-socket", ctl}, "-recycle");
+  REQUIRE(d.alive());
+  REQUIRE(wait_for([&] { return ::access(ctl.c_str(), F_OK) == 0; }));
+  RawGuest g(d.sock);
+  const pid_t a = ::getpid() + 800000;
+  std::vector<std::byte> out;
+  claim(g, 0, a);
+  REQUIRE(rc(g, 0, Op::kHello, hello(a)) == CUDA_SUCCESS);
+  REQUIRE(rc(g, 0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx_a = RawGuest::as<proto::RepHandle>(out).handle;
+  constexpr std::uint64_t kBytes = 8192;
+  REQUIRE(rc(g, 0, Op::kMemAlloc, proto::ReqMemAlloc{ctx_a, kBytes, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto ptr_a = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  REQUIRE(rc(g, 0, Op::kMemset, proto::ReqMemset{ctx_a, 0, ptr_a, 0, kBytes, 1, 0xa5, 1, 0, 0}) == CUDA_SUCCESS);
+  REQUIRE(rc(g, 0, Op::kStreamCreate, proto::ReqStreamCreate{ctx_a, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto stream_a = RawGuest::as<proto::RepHandle>(out).handle;
+  const pid_t sup = supervisor(d);
+  REQUIRE(sup != 0);
+  const auto workers = Daemon::children_of(sup);
+  REQUIRE(workers.size() == 1);
+  const auto channel_free = [&] {
+    return (ring::load_acquire(ring::superblock(g.bar.data())->active_mask[0]) & 1) == 0;
+  };
+
+  // a is killed (no goodbye): the host frees its channel, the worker stays.
+  exit_notice(g, a);
+  REQUIRE(wait_for(channel_free, 2000));
+  const pid_t b = a + 1;
+  claim(g, 0, b);  // the VM's next process, on the same channel
+  REQUIRE(rc(g, 0, Op::kHello, hello(b)) == CUDA_SUCCESS);
+  CHECK(Daemon::children_of(sup) == workers);  // served by the same worker
+  REQUIRE(rc(g, 0, Op::kPrimaryRetain, proto::ReqDevice{0, 0}, &out) == CUDA_SUCCESS);
+  const auto ctx_b = RawGuest::as<proto::RepHandle>(out).handle;
+  // a's handles and pointer mean nothing to b...
+  CHECK(rc(g, 0, Op::kMemAlloc, proto::ReqMemAlloc{ctx_a, 4096, 0, 0, 0, 0}) == CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(rc(g, 0, Op::kStreamSynchronize, proto::ReqHandle{ctx_b, stream_a}) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(rc(g, 0, Op::kMemGetAddressRange, proto::ReqPtr{ctx_b, ptr_a}) != CUDA_SUCCESS);
+  // ...and no byte of a's pattern is in b's memory.
+  REQUIRE(rc(g, 0, Op::kMemAlloc, proto::ReqMemAlloc{ctx_b, kBytes, 0, 0, 0, 0}, &out) == CUDA_SUCCESS);
+  const auto ptr_b = RawGuest::as<proto::RepMemAlloc>(out).dptr;
+  REQUIRE(rc(g, 0, Op::kMemcpyDtoHInline, proto::ReqCopy{ctx_b, 0, 0, ptr_b, kBytes, 0, 0, 0}, &out) ==
+          CUDA_SUCCESS);
+  REQUIRE(out.size() == sizeof(proto::RepCopyInline) + kBytes);
+  CHECK(std::count(out.begin() + sizeof(proto::RepCopyInline), out.end(), std::byte{0xa5}) == 0);
+
+  // b says goodbye on its last channel (a clean exit): the worker lets it go
+  // on its own and the VM serves no process. Twenty processes after it, one
+  // after another, each the same worker's.
+  REQUIRE(rc(g, 0, Op::kGoodbye, proto::ReqCtx{0}) == CUDA_SUCCESS);
+  CHECK(wait_for([&] {
+    const auto vm = vm_entry(ctl);
+    return vm.is_object() && vm.value("processes", 1u) == 0;
+  }));
+  for (pid_t p = b + 1; p <= b + 20; ++p) {
+    INFO("process " << p - b);
+    claim(g, 0, p);
+    REQUIRE(rc(g, 0, Op::kHello, hello(p)) == CUDA_SUCCESS);
+    REQUIRE(rc(g, 0, Op::kMemAlloc, proto::ReqMemAlloc{ctx_b, 4096, 0, 0, 0, 0}) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(Daemon::children_of(sup) == workers);
+    exit_notice(g, p);
+    REQUIRE(wait_for(channel_free, 2000));
+  }
+  CHECK(d.alive());
+  ::unlink(ctl.c_str());
+}
+
+// What a dead process posted must not run (rule death-stops-work): a worker
+// inside a long call when its process exits cannot answer, and is killed
+// rather than left to finish the call and serve on.
+TEST_CASE("a VM's process that exits while its worker is inside a long call loses the worker at once",
+          "[process][hostile]") {
+  // The double's contexts take 1.5 s to make: the worker's first one too.
+  ::setenv("IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS", "1500", 1);
+  Daemon d({"--vm-spare-workers", "0"}, "-recycle-busy");
+  ::unsetenv("IVCUDA_GPU_DOUBLE_CONTEXT_DELAY_MS");
+  REQUIRE(d.alive());
+  RawGuest g(d.sock);
+  const pid_t a = ::getpid() + 810000;
+  claim(g, 0, a);
+  REQUIRE(rc(g, 0, Op::kHello, hello(a)) == CUDA_SUCCESS);
+  const pid_t sup = supervisor(d);
+  REQUIRE(sup != 0);
+  const auto workers = Daemon::children_of(sup);
+  REQUIRE(workers.size() == 1);
+  g.post(0, Op::kCtxCreate, proto::ReqDeviceFlags{0, 0});  // 1.5 s in the driver
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto killed = std::chrono::steady_clock::now();
+  exit_notice(g, a);
+  CHECK(wait_for([&] { return !running(workers[0]); }, 1000));
+  INFO("worker gone after " << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now() - killed).count() << " ms");
+  CHECK(!running(workers[0]));
+  // The VM's next process gets a worker of its own.
+  claim(g, 1, a + 1);
+  CHECK(rc(g, 1, Op::kHello, hello(a + 1)) == CUDA_SUCCESS);
   CHECK(d.alive());
 }
 
