@@ -104,7 +104,12 @@ class Supervisor {
     bool reclaim_guest = false;  // its process exited: free the process's channels too
     bool recycling = false;      // ... and it was asked to let the process go (check_recycles)
     bool going = false;          // a spare let go (keep_spares): never given a process
+    bool was_recycled = false;   // a spare that served a process before (for the log)
     clock::time_point killed{};  // when its process's exit was seen
+    // Its process's start, for the log: when the process's first channel was
+    // claimed, and what served it; logged once the worker serves (note_waits).
+    clock::time_point claimed{};
+    const char* found = nullptr;
   };
   // What becomes of a claim: served by a worker, tried again on a later
   // pass (no start token yet, or a fork that failed), or refused for good.
@@ -126,13 +131,28 @@ class Supervisor {
   void process_exited(const GuestProcess& who);
   void check_recycles();
   void recycled(std::uint32_t s);
+  void note_waits();
+  // Takes slot s's channels from its worker; `then(c)` says what becomes of
+  // each. Returns how many there were.
+  template <class F>
+  unsigned take_channels(std::uint32_t s, F then) {
+    unsigned n = 0;
+    for (std::uint32_t c = 0; c < owner_.size(); ++c) {
+      if (owner_[c] != s + 1) continue;
+      ++n;
+      owner_[c] = 0;
+      vm_->owner(c).store(0);
+      then(c);
+    }
+    return n;
+  }
   void sync_owners();
   GuestProcess claimant(std::uint32_t c);
   void scan_channels();
   void refuse(std::uint32_t c, std::uint64_t claim, const GuestProcess& who);
   void relay_doorbells();
   void keep_spares();
-  Placed place(const GuestProcess& who, std::uint32_t* slot);
+  Placed place(const GuestProcess& who, clock::time_point claimed, std::uint32_t* slot);
   Start may_start();
   std::uint32_t process_workers() const;
   std::uint32_t dying() const;
@@ -177,6 +197,10 @@ class Supervisor {
   // released is not given out again until it is claimed anew).
   std::vector<std::uint32_t> owner_;
   std::vector<std::uint64_t> bound_claim_;
+  // Per channel, the claim not yet served and when it was first seen (its
+  // process's wait for a worker starts there: note_waits).
+  std::vector<std::uint64_t> seen_claim_;
+  std::vector<clock::time_point> seen_at_;
   std::uint32_t extra_units_ = 0;  // taken from the per-uid budget (worker_budget.h)
   std::uint32_t tokens_ = kStartBurst;
   clock::time_point tokens_at_ = clock::now();
@@ -257,6 +281,8 @@ bool Supervisor::become_vm() {
   notify_ = std::move(*efd);
   owner_.assign(l_.channels, 0);
   bound_claim_.assign(l_.channels, 0);
+  seen_claim_.assign(l_.channels, 0);
+  seen_at_.assign(l_.channels, clock::time_point{});
   if (GuestStats* b = cfg_.worker.stats)
     b->mode.store(static_cast<std::uint32_t>(cfg_.worker.poll_only ? GuestMode::kPlain : GuestMode::kVm),
                   std::memory_order_relaxed);
@@ -423,6 +449,7 @@ void Supervisor::loop() {
     read_exit_notices();
     check_recycles();
     scan_channels();
+    note_waits();
     relay_doorbells();
     keep_spares();
     if (GuestStats* b = cfg_.worker.stats) b->processes.store(process_workers(), std::memory_order_relaxed);
@@ -592,7 +619,7 @@ void Supervisor::give_units() {
 }
 
 // The worker for process `who`: its own, a spare, or a new one.
-Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slot) {
+Supervisor::Placed Supervisor::place(const GuestProcess& who, clock::time_point claimed, std::uint32_t* slot) {
   for (std::uint32_t s = 0; s < procs_.size(); ++s)
     if (procs_[s].pid > 0 && !procs_[s].reclaim_guest && same_process(who, procs_[s].guest)) {
       *slot = s;
@@ -634,11 +661,15 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slo
   last_process_ = clock::now();
   if (spare != VmShared::kMaxSlots) {
     // A worker started ahead (or recycled) takes the process.
-    procs_[spare].guest = who;
+    WorkerProc& p = procs_[spare];
+    p.guest = who;
+    p.claimed = claimed;
+    p.found = p.was_recycled ? "a recycled spare" : "a spare started ahead";
+    p.was_recycled = false;
     vm_->slot(spare).guest_pid.store(who.pid);
     vm_->slot(spare).guest_pidns.store(who.pidns);
     IVLOG_INFO("guest %u: process %d (pid namespace %u) is served by worker pid %d", guest_id(), who.pid, who.pidns,
-               static_cast<int>(procs_[spare].pid));
+               static_cast<int>(p.pid));
     *slot = spare;
     return Placed::kServed;
   }
@@ -646,6 +677,8 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, std::uint32_t* slo
     give_units();
     return Placed::kLater;
   }
+  procs_[free].claimed = claimed;
+  procs_[free].found = "a worker started for it";
   *slot = free;
   return Placed::kServed;
 }
@@ -691,15 +724,10 @@ void Supervisor::finish_slot(std::uint32_t s, int status) {
   WorkerProc& p = procs_[s];
   auto& slot = vm_->slot(s);
   const GuestProcess guest = p.guest;
-  unsigned channels = 0;
-  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
-    if (owner_[c] != s + 1) continue;
-    ++channels;
-    owner_[c] = 0;
-    vm_->owner(c).store(0);
+  const unsigned channels = take_channels(s, [&](std::uint32_t c) {
     if (p.reclaim_guest) free_guest_channel(c);
     else ring::store_release(ring::channel_desc(bar_.data(), l_, c)->host_lost, abi::kHostLostDied);
-  }
+  });
   const std::uint64_t pinned = vm_->pool_held(s);
   vm_->retire_slot(s);  // what it held of the pool is free now
   // The worker's process is gone, and with it every byte of device memory it
@@ -825,15 +853,10 @@ void Supervisor::check_recycles() {
 // that one goes to whichever worker takes the process next (scan_channels).
 void Supervisor::recycled(std::uint32_t s) {
   WorkerProc& p = procs_[s];
-  unsigned channels = 0;
-  for (std::uint32_t c = 0; c < owner_.size(); ++c) {
-    if (owner_[c] != s + 1) continue;
-    ++channels;
-    owner_[c] = 0;
-    vm_->owner(c).store(0);
+  const unsigned channels = take_channels(s, [&](std::uint32_t c) {
     if (p.recycling) free_guest_channel(c);
     else bound_claim_[c] = 0;  // placed anew
-  }
+  });
   const bool keep = may_keep_spare();  // (before it counts as one)
   const char* then = keep ? "is the VM's spare" : "ends (the VM's quota holds the spares it keeps)";
   if (p.recycling) {
@@ -847,6 +870,8 @@ void Supervisor::recycled(std::uint32_t s) {
   p.guest = GuestProcess{};
   p.reclaim_guest = false;
   p.recycling = false;
+  p.was_recycled = true;
+  p.found = nullptr;
   auto& slot = vm_->slot(s);
   slot.guest_pid.store(0);
   slot.guest_pidns.store(0);
@@ -859,6 +884,21 @@ void Supervisor::recycled(std::uint32_t s) {
   }
   slot.recycle.store(VmShared::kRecycleNone, std::memory_order_release);
   kick_fd(p.kick.get());
+}
+
+// A process's start as the host sees it: from its first claim to a worker
+// that serves it (VmShared::Slot::ready, the worker's word: for the log
+// only), and what served it. A start's whole cost to the guest is this wait
+// and the hello's round trip.
+void Supervisor::note_waits() {
+  for (std::uint32_t s = 0; s < procs_.size(); ++s) {
+    WorkerProc& p = procs_[s];
+    if (p.pid <= 0 || p.guest.pid == 0 || p.found == nullptr || vm_->slot(s).ready.load() != 1) continue;
+    const auto ms = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - p.claimed).count() / 1e3;
+    IVLOG_INFO("guest %u: process %d waited %.1f ms for its worker pid %d (%s)", guest_id(), p.guest.pid, ms,
+               static_cast<int>(p.pid), p.found);
+    p.found = nullptr;
+  }
 }
 
 // Workers write the shared owners one way only: a worker that lets a
@@ -905,8 +945,12 @@ void Supervisor::scan_channels() {
     if (claim == bound_claim_[c]) continue;  // served or refused, or released and not claimed anew
     const GuestProcess who = claimant(c);
     if (who.pid <= 0) continue;
+    if (seen_claim_[c] != claim) {
+      seen_claim_[c] = claim;
+      seen_at_[c] = clock::now();
+    }
     std::uint32_t s = 0;
-    const Placed placed = place(who, &s);
+    const Placed placed = place(who, seen_at_[c], &s);
     if (placed == Placed::kLater) continue;
     if (placed == Placed::kRefused) {
       if (owner_[c] != 0) changed = true;

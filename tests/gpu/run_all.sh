@@ -50,6 +50,10 @@
 #   vm-suspend  issue 34: a TCG VM next to the real GPU suspended and resumed as a whole
 #           (tests/guest_vm/vm_suspend_test.sh with QEMU and the guest image from .deps/qemu and
 #           .deps/guest; IVCUDA_VM_SUSPEND_SANDBOX, default off, the workers' sandbox)
+#   vm-starts  issue 30 for a VM's processes: a TCG VM next to the real GPU starts a program 20 times
+#           back to back, 8 at once and 64 over 10 s (one VM each, ivcudad's defaults); each
+#           process's wait for its worker and what served it, from ivcudad's log, and the same
+#           program natively for scale (tests/guest_vm/vm_starts.sh; vm-starts.txt/.json)
 #   ckpt-trace  issue 34: what the driver's checkpoint does inside a guest's worker and what the
 #           worker's sandbox refuses of it, under strace (trace_checkpoint_syscalls.sh)
 #   cost    natively, what the driver holds beyond allocations - a context, each limit ivcudad
@@ -421,6 +425,17 @@ for p in $parts; do
       part vm-suspend "${PIPESTATUS[0]}"
     else
       part vm-suspend 1
+    fi ;;
+  vm-starts)
+    if build_gpu ivcudad ivcuda_guest ivcuda-bench; then
+      PATH=$root/.deps/qemu:$PATH IVCUDA_VM_IMAGE_BUNDLE=$root/.deps/guest IVCUDA_GUEST_ACCEL=tcg OUT=$work \
+        timeout 500 bash tests/guest_vm/vm_starts.sh /tmp/ivcuda-vm-starts-image build/gpu libcuda.so.1 2>&1 |
+        tee "$final/vm-starts.txt"
+      rc=${PIPESTATUS[0]}
+      cp "$work/vm-starts.json" "$final/" 2>/dev/null
+      part vm-starts "$rc"
+    else
+      part vm-starts 1
     fi ;;
   ckpt-trace)
     if build_gpu ivcudad ivcuda_guest drv_checkpoint; then
