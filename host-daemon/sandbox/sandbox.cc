@@ -394,13 +394,20 @@ Result<int> apply_landlock(int abi) {
 
 // ------------------------------------------------------------------- seccomp
 
-#if defined(__SANITIZE_THREAD__)
+// The sanitizer this file is built with: g++ defines __SANITIZE_ADDRESS__ and __SANITIZE_THREAD__,
+// clang 16 (the asan preset's) answers only __has_feature.
+#if defined(__has_feature)
+#define IVCUDA_HAS_FEATURE(x) __has_feature(x)
+#else
+#define IVCUDA_HAS_FEATURE(x) 0
+#endif
+#if defined(__SANITIZE_THREAD__) || IVCUDA_HAS_FEATURE(thread_sanitizer)
 constexpr const char* kNoSeccompNote =
     "a ThreadSanitizer build (its runtime's needs under a filter are not worked out)";
 #else
 constexpr const char* kNoSeccompNote = nullptr;
 #endif
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || IVCUDA_HAS_FEATURE(address_sanitizer)
 constexpr bool kSanitizerRuntime = true;
 #else
 constexpr bool kSanitizerRuntime = false;
