@@ -60,9 +60,7 @@ guest() {
 guest "drv_kernels runs" "$work/kernels" "$bin/drv_kernels" --ptx "$ptx"
 # nvcc builds the runtime-API program without sanitizers: in a sanitizer build (IVCUDA_SANITIZE),
 # the runtimes ivcuda's library needs are loaded first, as run_process_tests.sh does.
-preload=
-case "${IVCUDA_SANITIZE:-}" in *address*) preload="$(gcc -print-file-name=libasan.so)" ;; esac
-case "${IVCUDA_SANITIZE:-}" in *undefined*) preload="$preload $(gcc -print-file-name=libubsan.so)" ;; esac
+preload=${IVCUDA_SANITIZER_PRELOAD:-}  # the build's compiler's (tests/process/CMakeLists.txt)
 guest "rt_basic (static cudart: pageable and page-locked copies) runs" "$work/rt" \
   env LD_PRELOAD="$preload" "$bin/rt_basic_static"
 guest "a third guest runs, its ${quota_mib} MiB quota kept on every path" "$work/third" \

@@ -219,15 +219,8 @@ fi
 
 # Runtime-API programs, static and shared cudart, unchanged. nvcc builds
 # them without sanitizers: in a sanitizer build, the runtimes our library
-# needs must be loaded first.
-preload=
-case "${IVCUDA_SANITIZE:-}" in
-  *address*) preload="$(gcc -print-file-name=libasan.so)" ;;
-esac
-case "${IVCUDA_SANITIZE:-}" in
-  *undefined*) preload="$preload $(gcc -print-file-name=libubsan.so)" ;;
-esac
-rt_env_preload="LD_PRELOAD=$preload" rt_env_path="LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64"
+# needs must be loaded first: the build's compiler's (IVCUDA_SANITIZER_PRELOAD, tests/process/CMakeLists.txt).
+rt_env_preload="LD_PRELOAD=${IVCUDA_SANITIZER_PRELOAD:-}" rt_env_path="LD_LIBRARY_PATH=$build/lib:/usr/local/cuda/lib64"
 for entry in "${rt_programs[@]}"; do
   for kind in "${rt_kinds[@]}"; do
     prog=$bin/${entry%%|*}_$kind

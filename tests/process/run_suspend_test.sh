@@ -70,9 +70,7 @@ field() {  # GUEST KEY: a field of its entry in the status
 # The double's free memory as another process of the ledger sees it; with
 # MIB, that process also allocates and frees MIB MiB. Python is built
 # without sanitizers: in a sanitizer build the double's runtimes load first.
-preload=
-case "${IVCUDA_SANITIZE:-}" in *address*) preload="$(gcc -print-file-name=libasan.so)" ;; esac
-case "${IVCUDA_SANITIZE:-}" in *undefined*) preload="$preload $(gcc -print-file-name=libubsan.so)" ;; esac
+preload=${IVCUDA_SANITIZER_PRELOAD:-}  # the build's compiler's (tests/process/CMakeLists.txt)
 other_tenant() {
   env LD_PRELOAD="$preload" ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
     "$py" - "$driver" "${1:-0}" <<'PY'
