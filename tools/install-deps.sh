@@ -10,6 +10,9 @@ build=(cmake ninja-build g++ make pkg-config python3 liburing-dev libseccomp-dev
 # The fuzz preset's harnesses: libFuzzer comes with clang (Debian 12: clang 14; its runtimes,
 # libFuzzer's included, are libclang-rt-14-dev).
 fuzz=(clang libclang-rt-14-dev)
+# The asan preset compiles with clang 16 (a sixth to a quarter less CPU than g++: docs/design.md)
+# and links its sanitizer runtimes (libclang-rt-16-dev).
+asan=(clang-16 libclang-rt-16-dev)
 vm=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static kmod cpio xz-utils zstd dkms dpkg-dev
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)  # tests/libvirt: a private session libvirtd
 # The GPU test double reads compressed fatbins (cuBLAS's, cuFFT's) with these, loaded at run time.
@@ -25,7 +28,7 @@ nvbench_setup() {
 # from it; pip fetches NVIDIA's wheel (python3-pip is in build: the build needs the header).
 nvml_header() { bash "$(dirname "$0")/fetch-nvml-header.sh"; }
 pkgs=("${build[@]}")
-[ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}" "${testlibs[@]}" "${fuzz[@]}" "${nvbench[@]}")
+[ "${1:-}" = "--build" ] || pkgs+=("${vm[@]}" "${testlibs[@]}" "${fuzz[@]}" "${asan[@]}" "${nvbench[@]}")
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "install-deps: all ${#pkgs[@]} packages present"; nvml_header; nvbench_setup "${1:-}"; exit 0; fi
