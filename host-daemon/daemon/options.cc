@@ -115,7 +115,9 @@ void define_socket_options(CLI::App& app, Options& o) {
                  "do not wait for a driver and context to start; keep: the same, but a guest that used only "
                  "what the worker can scrub (plain allocations, modules, streams, events, launches, copies) "
                  "leaves the contexts to the next guest, its memory zeroed, instead of costing the GPU a reset "
-                 "and a new context (docs/security.md says what is reset and what is scrubbed)")
+                 "and a new context (docs/security.md says what is reset and what is scrubbed). In a VM, the "
+                 "worker of a process that exited with nothing under way serves the VM's next process the same "
+                 "way (off: it is killed)")
       ->check(CLI::IsMember({"on", "keep", "off"}))
       ->capture_default_str();
   app.add_option("--wait-for-ready", o.wait_for_ready,
