@@ -176,10 +176,12 @@ class Supervisor {
   // where an ended process's context is gone); otherwise extras stay until
   // kSpareLinger.
   bool may_keep_spare() const {
-    if (quota() == 0 || cfg_.worker.context_reserve == 0) return true;
-    const auto spares = std::count_if(procs_.begin(), procs_.end(),
-                                       [](const WorkerProc& p) { return p.pid > 0 && p.guest.pid == 0 && !p.going; });
-    return static_cast<std::uint32_t>(spares) < cfg_.spares;
+    return quota() == 0 || cfg_.worker.context_reserve == 0 || spares() < cfg_.spares;
+  }
+  // A worker with no process that may take one.
+  static bool is_spare(const WorkerProc& p) { return p.pid > 0 && p.guest.pid == 0 && !p.going; }
+  std::uint32_t spares() const {
+    return static_cast<std::uint32_t>(std::count_if(procs_.begin(), procs_.end(), is_spare));
   }
   abi::Superblock* sb() { return ring::superblock(bar_.data()); }
   std::uint32_t guest_id() const { return cfg_.worker.guest_id; }
@@ -639,8 +641,7 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, clock::time_point 
   held_back_.clear();
   std::uint32_t spare = VmShared::kMaxSlots, free = VmShared::kMaxSlots;
   for (std::uint32_t s = 0; s < procs_.size(); ++s) {
-    if (procs_[s].pid > 0 && procs_[s].guest.pid == 0 && !procs_[s].going && spare == VmShared::kMaxSlots)
-      spare = s;
+    if (is_spare(procs_[s]) && spare == VmShared::kMaxSlots) spare = s;
     if (procs_[s].pid == 0 && free == VmShared::kMaxSlots) free = s;
   }
   if (spare == VmShared::kMaxSlots) {
@@ -685,9 +686,7 @@ Supervisor::Placed Supervisor::place(const GuestProcess& who, clock::time_point 
 
 void Supervisor::keep_spares() {
   if (clock::now() < spares_paused_until_ || suspended()) return;
-  std::uint32_t have = 0;
-  for (const WorkerProc& p : procs_)
-    if (p.pid > 0 && p.guest.pid == 0 && !p.going) ++have;
+  std::uint32_t have = spares();
   if (have > cfg_.spares && clock::now() - last_process_ >= kSpareLinger) {
     // The VM has started no process for a while: recycled spares beyond the
     // ones asked for go, with the GPU memory their contexts hold.

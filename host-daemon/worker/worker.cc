@@ -1168,9 +1168,10 @@ int Worker::run() {
     ring::store_relaxed(sb->host_heartbeat, ring::load_relaxed(sb->host_heartbeat) + 1);
     last_work = std::chrono::steady_clock::now() - cfg_.spin + std::chrono::microseconds(20);
   }
-  // A VM's process exited (its supervisor asked): with nothing of it under
-  // way the worker is offered as the VM's next spare; else what the dead
-  // process had posted or queued must not run, and the process ends now.
+  // A VM's process ended (its supervisor asked after its exit notice, or it
+  // said goodbye on its last channel): with nothing of it under way the
+  // worker is offered as the VM's next spare; else what the dead process had
+  // posted or queued must not run, and the process ends now.
   if (recycle_asked_ || (process_done_ && cfg_.vm_recycle)) {
     int expect = kLive;
     if (nothing_under_way() && death_->compare_exchange_strong(expect, kRecycling)) {
